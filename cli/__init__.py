@@ -1,0 +1,5 @@
+"""The `llmgw-store` command: parses arguments, calls one library function, formats its result."""
+
+from .main import cli, main
+
+__all__ = ["cli", "main"]

@@ -1,0 +1,277 @@
+"""`build`: from a recipe to a registered store path.
+
+The key is computed first, from facts that are memoised in the index (the uv version, the
+interpreter, the latest version, the publication time), so a build whose key is already in the
+store reads the recipe and the index and returns, asking the network nothing (DESIGN invariant 6).
+Only a miss validates requirements, resolves and installs; see realise.py for the locking.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from . import interpreters, recipe as recipes
+from . import uv as uvmod
+from .errors import RecipeError, StoreError, UsageError
+from .fsutil import free_bytes
+from .host import platform_facts
+from .keys import SCHEMA_VERSION, path_name, store_key
+from .local_store import Store
+from .realise import DEFAULT_LOCK_TIMEOUT_S, realise
+from .recipe import ONE_DAY, Build, Recipe, format_time, parse_time
+
+PYPI_SIMPLE = "https://pypi.org/simple"
+DEFAULT_TIMEOUT_S = 3600.0
+LATEST_TTL_S = 3600.0  # like Nix's tarball-ttl: "latest" is asked again at most once an hour
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    version: str | None = None
+    variant: str | None = None
+    as_of: str | None = None
+    index_url: str = PYPI_SIMPLE
+    uv: str | Path | None = None
+    python_preference: str = interpreters.DEFAULT_PREFERENCE
+    lock_timeout: float = DEFAULT_LOCK_TIMEOUT_S
+    latest_ttl: float = LATEST_TTL_S
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    path: Path
+    name: str
+    key: str
+    engine: str
+    version: str
+    variant: str
+    as_of: str
+    uv: str
+    python: str
+    how: str  # "hit", "waited" (another process built it) or "built"
+    seconds: float
+
+    @property
+    def cache_hit(self) -> bool:
+        return self.how != "built"
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "path": str(self.path), "cache_hit": self.cache_hit}
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+def build(
+    recipe_file: str | Path,
+    options: BuildOptions = BuildOptions(),
+    *,
+    root: str | Path | None = None,
+    progress: Callable[[str], None] = _quiet,
+) -> BuildResult:
+    started = time.monotonic()
+    recipe = recipes.load(recipe_file)
+    chosen = recipe.build_for(options.variant)
+    if options.as_of is not None:
+        parse_time(options.as_of)  # a bad --as-of is a usage error before the store is touched
+    with Store.open(root) as store:
+        plan = _plan(store, recipe, chosen, options, progress)
+        path, how = realise(
+            store, plan["key"], plan["name"], plan["inputs"], plan["meta"],
+            lambda partial: _make_env(store, recipe, plan, partial, progress),
+            progress=progress, lock_timeout=options.lock_timeout,
+        )
+        inputs = plan["inputs"]
+        return BuildResult(
+            path=path, name=plan["name"], key=plan["key"], engine=recipe.name, version=plan["version"],
+            variant=chosen.variant, as_of=inputs["as_of"], uv=inputs["uv"],
+            python=inputs["python"]["version"], how=how, seconds=round(time.monotonic() - started, 3),
+        )
+
+
+def _plan(store: Store, recipe: Recipe, chosen: Build, options: BuildOptions, progress) -> dict[str, Any]:
+    """Everything that decides the result, and the key and name that follow from it."""
+    index_url = options.index_url.rstrip("/")
+    uv = uvmod.resolve(store, options.uv, index_url, progress)
+    version = options.version or chosen.fields.get("version") or _latest(store, recipe, index_url, options, progress)
+    if not recipes.VERSION_RE.match(version):
+        raise UsageError(f"{version!r} is not a version")
+    fields = chosen.resolved(version)
+    if options.as_of is not None:
+        as_of = format_time(parse_time(options.as_of))
+    elif "as_of" in fields:
+        as_of = fields["as_of"]
+    else:
+        as_of = _published_plus_a_day(store, recipe, version, index_url, progress)
+    interp = interpreters.find(store, uv, fields["python"], options.python_preference, progress)
+    inputs = {
+        "schema": SCHEMA_VERSION,
+        "engine": recipe.name,
+        "pypi": recipe.pypi,
+        "binary": recipe.binary,
+        "version": version,
+        "variant": chosen.variant,
+        "build": fields,
+        "as_of": as_of,
+        "index_url": index_url,
+        "uv": uv.version,
+        "python": interp.key_facts(fields["python"]),
+        "platform": platform_facts(),
+    }
+    key = store_key(inputs)
+    return {
+        "key": key,
+        "name": path_name(key, recipe.name, version, chosen.variant),
+        "inputs": inputs,
+        "version": version,
+        "fields": fields,
+        "build_index": chosen.index,
+        "uv": uv,
+        "interpreter": interp,
+        "index_url": index_url,
+        "meta": {"engine": recipe.name, "version": version, "variant": chosen.variant, "binary": recipe.binary},
+    }
+
+
+def _latest(store: Store, recipe: Recipe, index_url: str, options: BuildOptions, progress) -> str:
+    version = store.index.latest(index_url, recipe.pypi, options.latest_ttl)
+    if version is None:
+        from . import pypi
+
+        progress(f"asking {index_url} for the latest release of {recipe.pypi}")
+        files = pypi.project_files(index_url, recipe.pypi)
+        version = pypi.latest_version(files, recipe.pypi)
+        store.index.remember_latest(index_url, recipe.pypi, version)
+        _remember_published(store, files, recipe.pypi, version, index_url)
+    return version
+
+
+def _published_plus_a_day(store: Store, recipe: Recipe, version: str, index_url: str, progress) -> str:
+    published = store.index.published(index_url, recipe.pypi, version)
+    if published is None:
+        from . import pypi
+
+        progress(f"asking {index_url} when {recipe.pypi} {version} was published")
+        files = pypi.project_files(index_url, recipe.pypi)
+        published = _remember_published(store, files, recipe.pypi, version, index_url)
+    return format_time(parse_time(published) + ONE_DAY)
+
+
+def _remember_published(store: Store, files, project: str, version: str, index_url: str) -> str:
+    from . import pypi
+
+    published = format_time(pypi.publication_time(files, project, version))
+    store.index.remember_published(index_url, project, version, published)
+    return published
+
+
+def _check_requirements(recipe: Recipe, build_index: int, fields: dict[str, Any]) -> list[str]:
+    """Requirements must be PyPI requirement specifiers: a URL or `@` reference would bypass the
+    index, `--exclude-newer` and the published hashes."""
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    where = f"build[{build_index}].requirements"
+    out = []
+    for line in fields["requirements"]:
+        try:
+            req = Requirement(line)
+        except InvalidRequirement as exc:
+            raise RecipeError(recipe.file, where, f"{line!r} is not a requirement: {exc}") from None
+        if req.url:
+            raise RecipeError(recipe.file, where, f"{line!r} is a direct reference; only PyPI packages are allowed")
+        out.append(str(req))
+    return out
+
+
+def _make_env(store: Store, recipe: Recipe, plan: dict[str, Any], partial: Path, progress) -> dict[str, Any]:
+    fields, uv, interp = plan["fields"], plan["uv"], plan["interpreter"]
+    requirements = _check_requirements(recipe, plan["build_index"], fields)
+    deadline = time.monotonic() + float(fields.get("timeout", DEFAULT_TIMEOUT_S))
+    layout = store.layout
+
+    def remaining() -> float:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise StoreError(f"the build of {plan['name']} ran past its timeout of {fields.get('timeout', DEFAULT_TIMEOUT_S):.0f}s")
+        return left
+
+    if "free_gb" in fields:
+        free = free_bytes(layout.store)
+        if free < fields["free_gb"] * 1e9:
+            raise StoreError(
+                f"only {free / 1e9:.1f} GB free under {layout.store}, the build needs {fields['free_gb']} GB; "
+                "run `llmgw-store gc` or free space"
+            )
+    unsupported = sorted(set(fields) - recipes.SUPPORTED_BUILD_FIELDS)
+    if unsupported:
+        raise UsageError(f"{recipe.file}: build field(s) {', '.join(unsupported)} are not supported by this llmgw-store yet")
+
+    env = uvmod.clean_env(
+        UV_NO_CONFIG="1",
+        UV_CACHE_DIR=str(layout.uv_cache),
+        UV_PYTHON_INSTALL_DIR=str(layout.python_installs),
+        UV_PYTHON_DOWNLOADS="never",
+        TMPDIR=str(layout.tmp),
+    )
+    python = partial / "bin" / "python"
+    meta_dir = partial / ".llmgw"
+    meta_dir.mkdir()
+    req_in, lock = meta_dir / "requirements.in", meta_dir / "requirements.lock"
+    req_in.write_text("".join(r + "\n" for r in requirements))
+
+    def uv_run(args: list, what: str) -> str:
+        return uvmod.run([uv.path, *args], what=what, env=env, log_dir=layout.logs, cwd=layout.tmp,
+                         timeout=remaining(), show=progress)
+
+    progress(f"creating the environment ({interp.implementation} {interp.version}, {interp.path})")
+    uv_run(["venv", "--relocatable", "--allow-existing", "--python", interp.path, partial], "uv venv")
+    # Test hook, like Nix's NIX_DEBUG_GC_WAIT: hold the build open with a .partial on disk, so tests
+    # can make concurrent builders meet and kill a build half-way on purpose.
+    if pause := os.environ.get("LLMGW_STORE_DEBUG_BUILD_PAUSE"):
+        time.sleep(float(pause))
+    as_of = plan["inputs"]["as_of"]
+    progress(f"resolving {len(requirements)} requirement(s) as {plan['index_url']} stood at {as_of}")
+    uv_run(
+        ["pip", "compile", req_in, "-o", lock, "--generate-hashes", "--exclude-newer", as_of,
+         "--index-url", plan["index_url"], "--python", python, "--no-header", "--quiet"],
+        "uv pip compile",
+    )
+    lock_text = lock.read_text()
+    pins = sum(1 for ln in lock_text.splitlines() if ln and not ln[0].isspace() and not ln.startswith("#"))
+    progress(f"installing {pins} pinned package(s) with --require-hashes --no-deps")
+    uv_run(
+        ["pip", "install", "--require-hashes", "--no-deps", "-r", lock, "--index-url", plan["index_url"],
+         "--python", python, "--link-mode", "hardlink", "--compile-bytecode", "--quiet"],
+        "uv pip install",
+    )
+    _verify(store, recipe, fields, partial, remaining, progress)
+    return {
+        "requirements": requirements,
+        "exclude_newer": as_of,
+        "index_url": plan["index_url"],
+        "uv_version": uv.version,
+        "python": asdict(interp),
+        "lock": lock_text,
+    }
+
+
+def _verify(store: Store, recipe: Recipe, fields: dict[str, Any], env_dir: Path, remaining, progress) -> None:
+    binary = env_dir / "bin" / recipe.binary
+    if not (binary.is_file() and os.access(binary, os.X_OK)):
+        raise StoreError(f"the environment has no executable bin/{recipe.binary} (engine.binary in {recipe.file})")
+    command = fields.get("verify")
+    if not command:
+        return
+    argv = list(command)
+    if (env_dir / "bin" / argv[0]).exists():
+        argv[0] = str(env_dir / "bin" / argv[0])
+    env = uvmod.clean_env(VIRTUAL_ENV=str(env_dir), TMPDIR=str(store.layout.tmp))
+    env["PATH"] = f"{env_dir / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+    progress(f"verifying: {' '.join(command)}")
+    uvmod.run(argv, what=f"verify command `{' '.join(command)}`", env=env, log_dir=store.layout.logs,
+              cwd=store.layout.tmp, timeout=min(remaining(), 600.0), show=progress)

@@ -1,0 +1,40 @@
+"""Filesystem helpers: freezing a finished tree and removing trees that may be frozen."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+from pathlib import Path
+
+WRITE_BITS = stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH
+
+
+def freeze(root: Path) -> None:
+    """Drop every write bit under `root` (files first, then directories, deepest first), so nothing
+    can add, remove or change a file of a finished store path without first undoing this on purpose.
+    Symlinks are skipped: their own mode means nothing on Linux and chmod would follow them."""
+    for dirpath, dirnames, filenames in os.walk(root, topdown=False):
+        for name in filenames + dirnames:
+            p = os.path.join(dirpath, name)
+            st = os.lstat(p)
+            if not stat.S_ISLNK(st.st_mode) and st.st_mode & WRITE_BITS:
+                os.chmod(p, stat.S_IMODE(st.st_mode) & ~WRITE_BITS)
+    st = os.lstat(root)
+    os.chmod(root, stat.S_IMODE(st.st_mode) & ~WRITE_BITS)
+
+
+def force_rmtree(root: Path) -> None:
+    """Remove a tree even where `freeze` took the write bits; a missing tree is not an error."""
+    if not os.path.lexists(root):
+        return
+    if os.path.islink(root) or not os.path.isdir(root):
+        os.unlink(root)
+        return
+    for dirpath, dirnames, _ in os.walk(root):
+        os.chmod(dirpath, stat.S_IMODE(os.lstat(dirpath).st_mode) | stat.S_IWUSR | stat.S_IXUSR | stat.S_IRUSR)
+    shutil.rmtree(root)
+
+
+def free_bytes(path: Path) -> int:
+    return shutil.disk_usage(path).free

@@ -1,0 +1,218 @@
+"""The SQLite index of what the store holds: a cache of the manifests plus memos of slow facts.
+
+Invariant: a row in `paths` exists only for a directory that is complete, read-only and renamed
+into `store/`; the row is inserted after the rename, in the same transaction as its build-log row.
+The index is in WAL mode, so readers (a cache-hit `build`, `list`) never wait for a writer, and a
+30 s busy timeout covers writers queuing behind each other.
+
+The schema version lives in `PRAGMA user_version`; `MIGRATIONS[i]` takes version i to i + 1.
+Reads on the cache-hit path use plain sqlite3; sqlite-utils (slow to import) is loaded only to
+create or migrate the schema and for inserts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+from .errors import IndexError_
+
+BUSY_TIMEOUT_S = 30.0
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _v1(db) -> None:
+    db["paths"].create(
+        {
+            "name": str, "key": str, "engine": str, "version": str, "variant": str, "as_of": str,
+            "uv_version": str, "python": str, "inputs": str, "content_hash": str, "size": int,
+            "files": int, "build_seconds": float, "created": str, "last_used": str,
+        },
+        pk="name",
+        if_not_exists=True,
+    )
+    db["paths"].create_index(["key"], unique=True, if_not_exists=True)
+    db["builds"].create(
+        {
+            "id": int, "key": str, "name": str, "pid": int, "host": str, "started": str,
+            "finished": str, "outcome": str, "seconds": float, "error": str,
+        },
+        pk="id",
+        if_not_exists=True,
+    )
+    db["builds"].create_index(["key"], if_not_exists=True)
+    db["releases"].create(
+        {"index_url": str, "project": str, "version": str, "published": str},
+        pk=("index_url", "project", "version"),
+        if_not_exists=True,
+    )
+    db["latest"].create(
+        {"index_url": str, "project": str, "version": str, "fetched": float},
+        pk=("index_url", "project"),
+        if_not_exists=True,
+    )
+    db["tools"].create({"kind": str, "ident": str, "stamp": str, "info": str}, pk=("kind", "ident"), if_not_exists=True)
+
+
+MIGRATIONS: list[Callable] = [_v1]
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+class Index:
+    def __init__(self, path: Path):
+        self.path = path
+        try:
+            self.conn = sqlite3.connect(str(path), timeout=BUSY_TIMEOUT_S, isolation_level=None)
+            self.conn.row_factory = sqlite3.Row
+            self.conn.execute("PRAGMA journal_mode=WAL")
+            self.conn.execute("PRAGMA synchronous=NORMAL")
+            version = self.conn.execute("PRAGMA user_version").fetchone()[0]
+            if version < SCHEMA_VERSION:
+                self._migrate()
+            elif version > SCHEMA_VERSION:
+                raise IndexError_(
+                    f"{path} has schema version {version}, newer than this llmgw-store knows "
+                    f"({SCHEMA_VERSION}); upgrade llmgw-store"
+                )
+        except sqlite3.Error as exc:
+            raise IndexError_(f"cannot open the index {path}: {exc}") from exc
+
+    def _migrate(self) -> None:
+        import sqlite_utils
+
+        db = sqlite_utils.Database(self.conn)
+        # BEGIN IMMEDIATE takes the write lock first, so two processes opening a new store at once
+        # serialise here; each step is also idempotent (IF NOT EXISTS) in case a library call commits.
+        self.conn.execute("BEGIN IMMEDIATE")
+        try:
+            version = self.conn.execute("PRAGMA user_version").fetchone()[0]
+            for step in MIGRATIONS[version:]:
+                step(db)
+            self.conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            self.conn.execute("COMMIT")
+        except BaseException:
+            self.conn.execute("ROLLBACK")
+            raise
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def _sql(self, sql: str, params: tuple | dict = ()) -> sqlite3.Cursor:
+        try:
+            return self.conn.execute(sql, params)
+        except sqlite3.Error as exc:
+            raise IndexError_(f"index {self.path}: {exc}") from exc
+
+    # --- store paths -------------------------------------------------------------------------
+    def path_by_key(self, key: str) -> dict[str, Any] | None:
+        row = self._sql("SELECT * FROM paths WHERE key = ?", (key,)).fetchone()
+        return dict(row) if row else None
+
+    def path_by_name(self, name: str) -> dict[str, Any] | None:
+        row = self._sql("SELECT * FROM paths WHERE name = ?", (name,)).fetchone()
+        return dict(row) if row else None
+
+    def paths(self) -> list[dict[str, Any]]:
+        return [dict(r) for r in self._sql("SELECT * FROM paths ORDER BY engine, version, variant, created")]
+
+    def touch(self, name: str) -> None:
+        self._sql("UPDATE paths SET last_used = ? WHERE name = ?", (now_iso(), name))
+
+    def register(self, row: dict[str, Any], build_id: int, seconds: float) -> None:
+        """Record a finished build: its path row and its log entry, in one transaction."""
+        try:
+            with self.conn:
+                self.conn.execute("BEGIN IMMEDIATE")
+                cols = ", ".join(row)
+                marks = ", ".join("?" for _ in row)
+                self.conn.execute(f"INSERT OR REPLACE INTO paths ({cols}) VALUES ({marks})", tuple(row.values()))
+                self._finish_build(build_id, "built", seconds, None)
+        except sqlite3.Error as exc:
+            raise IndexError_(f"index {self.path}: cannot register {row['name']}: {exc}") from exc
+
+    def forget(self, name: str) -> None:
+        self._sql("DELETE FROM paths WHERE name = ?", (name,))
+
+    # --- build log ---------------------------------------------------------------------------
+    def start_build(self, key: str, name: str) -> int:
+        """Log a build as running. Called with the key's lock held, so a row of this key still marked
+        running belongs to a process that died holding the lock: it is marked abandoned."""
+        self._sql(
+            "UPDATE builds SET outcome = 'abandoned', finished = ? WHERE key = ? AND outcome = 'running'",
+            (now_iso(), key),
+        )
+        import socket
+
+        cur = self._sql(
+            "INSERT INTO builds (key, name, pid, host, started, outcome) VALUES (?, ?, ?, ?, ?, 'running')",
+            (key, name, os.getpid(), socket.gethostname(), now_iso()),
+        )
+        return int(cur.lastrowid)
+
+    def _finish_build(self, build_id: int, outcome: str, seconds: float, error: str | None) -> None:
+        self.conn.execute(
+            "UPDATE builds SET finished = ?, outcome = ?, seconds = ?, error = ? WHERE id = ?",
+            (now_iso(), outcome, seconds, error, build_id),
+        )
+
+    def fail_build(self, build_id: int, seconds: float, error: str) -> None:
+        self._sql(
+            "UPDATE builds SET finished = ?, outcome = 'failed', seconds = ?, error = ? WHERE id = ?",
+            (now_iso(), seconds, error[:4000], build_id),
+        )
+
+    def builds(self, key: str | None = None) -> list[dict[str, Any]]:
+        if key is None:
+            rows = self._sql("SELECT * FROM builds ORDER BY id")
+        else:
+            rows = self._sql("SELECT * FROM builds WHERE key = ? ORDER BY id", (key,))
+        return [dict(r) for r in rows]
+
+    # --- memos of slow facts -----------------------------------------------------------------
+    def published(self, index_url: str, project: str, version: str) -> str | None:
+        row = self._sql(
+            "SELECT published FROM releases WHERE index_url = ? AND project = ? AND version = ?",
+            (index_url, project, version),
+        ).fetchone()
+        return row[0] if row else None
+
+    def remember_published(self, index_url: str, project: str, version: str, published: str) -> None:
+        self._sql("INSERT OR REPLACE INTO releases VALUES (?, ?, ?, ?)", (index_url, project, version, published))
+
+    def latest(self, index_url: str, project: str, max_age_s: float) -> str | None:
+        row = self._sql(
+            "SELECT version, fetched FROM latest WHERE index_url = ? AND project = ?", (index_url, project)
+        ).fetchone()
+        if row and time.time() - row[1] <= max_age_s:
+            return row[0]
+        return None
+
+    def remember_latest(self, index_url: str, project: str, version: str) -> None:
+        self._sql("INSERT OR REPLACE INTO latest VALUES (?, ?, ?, ?)", (index_url, project, version, time.time()))
+
+    def tool_info(self, kind: str, ident: str) -> dict[str, Any] | None:
+        """A memo about a tool (a uv binary, an interpreter); the caller checks it is still valid."""
+        row = self._sql("SELECT info FROM tools WHERE kind = ? AND ident = ?", (kind, ident)).fetchone()
+        return json.loads(row[0]) if row else None
+
+    def remember_tool(self, kind: str, ident: str, info: dict[str, Any]) -> None:
+        self._sql(
+            "INSERT OR REPLACE INTO tools VALUES (?, ?, ?, ?)", (kind, ident, info.get("stamp", ""), json.dumps(info))
+        )
+
+
+def file_stamp(path: Path) -> str | None:
+    """What makes a memo about a file stale: its inode, size and modification time."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return f"{st.st_ino}:{st.st_size}:{st.st_mtime_ns}"

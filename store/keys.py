@@ -1,0 +1,53 @@
+"""Store keys: blake3 of the canonical form of everything that decides a build's result.
+
+The canonical form is JSON with sorted keys and no whitespace, so two processes that agree on the
+inputs agree on the key byte for byte. The digest is cut to 160 bits and written in Nix's base-32
+alphabet (no e, o, u, t: no accidental words), 32 characters, exactly as Nix prints store hashes.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from blake3 import blake3
+
+SCHEMA_VERSION = 1
+KEY_BYTES = 20
+NIX_BASE32 = "0123456789abcdfghijklmnpqrsvwxyz"
+KEY_RE = re.compile(rf"^[{NIX_BASE32}]{{32}}$")
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+
+
+def canonical_json(value: Any) -> bytes:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def nix_base32(digest: bytes) -> str:
+    """Nix's printHash32: 5-bit groups taken from the end of the digest, least significant first."""
+    length = (len(digest) * 8 - 1) // 5 + 1
+    out = []
+    for n in range(length - 1, -1, -1):
+        b = n * 5
+        i, j = divmod(b, 8)
+        c = digest[i] >> j
+        if i + 1 < len(digest):
+            c |= digest[i + 1] << (8 - j)
+        out.append(NIX_BASE32[c & 0x1F])
+    return "".join(out)
+
+
+def store_key(inputs: dict[str, Any]) -> str:
+    return nix_base32(blake3(canonical_json(inputs)).digest(length=KEY_BYTES))
+
+
+def path_name(key: str, engine: str, version: str, variant: str) -> str:
+    """`<key>-<engine>-<version>-<variant>`; every part is already checked against NAME_RE."""
+    return f"{key}-{engine}-{version}-{variant}"
+
+
+def key_of_name(name: str) -> str | None:
+    """The key at the front of a store path name, or None when the name is not a store path's."""
+    key = name[:32]
+    return key if len(name) > 33 and name[32] == "-" and KEY_RE.match(key) else None

@@ -1,0 +1,85 @@
+"""Where a store keeps things on disk.
+
+    ROOT/store/<key>-<name>/            immutable environments (read-only once renamed into place)
+    ROOT/store/<key>-<name>.partial/    a build in progress; only the holder of the key's lock touches it
+    ROOT/var/db.sqlite                  the index (WAL)
+    ROOT/var/locks/                     one lock file per key (+ an .owner note saying who holds it)
+    ROOT/var/log/                       full output of failed subprocesses
+    ROOT/var/tmp/                       scratch space on the store's filesystem (renames stay atomic)
+    ROOT/python/                        interpreters uv manages for the store
+    ROOT/cache/{uv,downloads}           caches that gc may prune
+
+Every directory under ROOT is on one filesystem, so `os.rename` between them is atomic.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+
+def default_root() -> Path:
+    """`LLMGW_STORE_ROOT`, else /var/lib/llmgw-store for root, else $XDG_DATA_HOME/llmgw-store."""
+    env = os.environ.get("LLMGW_STORE_ROOT")
+    if env:
+        return Path(env)
+    if os.geteuid() == 0:
+        return Path("/var/lib/llmgw-store")
+    data = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(data) / "llmgw-store"
+
+
+@dataclass(frozen=True)
+class Layout:
+    root: Path
+
+    @classmethod
+    def at(cls, root: str | Path | None) -> "Layout":
+        return cls(Path(root).absolute() if root is not None else default_root().absolute())
+
+    @property
+    def store(self) -> Path:
+        return self.root / "store"
+
+    @property
+    def var(self) -> Path:
+        return self.root / "var"
+
+    @property
+    def db(self) -> Path:
+        return self.var / "db.sqlite"
+
+    @property
+    def locks(self) -> Path:
+        return self.var / "locks"
+
+    @property
+    def logs(self) -> Path:
+        return self.var / "log"
+
+    @property
+    def tmp(self) -> Path:
+        return self.var / "tmp"
+
+    @property
+    def python_installs(self) -> Path:
+        return self.root / "python"
+
+    @property
+    def uv_cache(self) -> Path:
+        return self.root / "cache" / "uv"
+
+    @property
+    def downloads(self) -> Path:
+        return self.root / "cache" / "downloads"
+
+    def ensure(self) -> None:
+        for d in (self.store, self.locks, self.logs, self.tmp, self.python_installs, self.uv_cache, self.downloads):
+            d.mkdir(parents=True, exist_ok=True)
+
+    def path_of(self, name: str) -> Path:
+        return self.store / name
+
+    def partial_of(self, name: str) -> Path:
+        return self.store / (name + ".partial")

@@ -1,0 +1,124 @@
+"""Making a store path exist: the one place where `.partial` trees become store paths.
+
+    hit?  ── the index has the key and its directory exists ──▶ done, no lock, no network
+      │ no
+    take the key's lock            (from here on, no other process writes this key's paths)
+    hit?  ── another process built it while we waited ──▶ done
+      │ no
+    clear leftovers                (a .partial or an unregistered directory of a dead build)
+    make(.partial)                 (the caller's steps: venv, resolve, install, verify)
+    hash the tree, write the manifest, freeze (drop write bits)
+    rename .partial → final        (atomic on one filesystem: the path appears complete or not at all)
+    register in the index          (one transaction: path row + build-log row)
+
+A crash before the rename leaves only a `.partial`, which the next build of the key (holding the
+lock) or gc removes; a crash between rename and register leaves an unregistered directory, which is
+treated the same way. Nothing half-built is ever registered.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+from . import locks, manifest
+from .fsutil import force_rmtree, freeze
+from .index import now_iso
+
+if TYPE_CHECKING:
+    from .local_store import Store
+
+DEFAULT_LOCK_TIMEOUT_S = 3600.0
+
+
+def realise(
+    store: "Store",
+    key: str,
+    name: str,
+    inputs: dict[str, Any],
+    meta: dict[str, Any],
+    make: Callable[[Path], dict[str, Any]],
+    *,
+    progress: Callable[[str], None],
+    lock_timeout: float = DEFAULT_LOCK_TIMEOUT_S,
+) -> tuple[Path, str]:
+    """Return (path, how): how is "hit", "waited" (another process built it) or "built"."""
+    layout, index = store.layout, store.index
+    final = layout.path_of(name)
+    row = index.path_by_key(key)
+    if row is not None and final.is_dir():
+        index.touch(name)
+        return final, "hit"
+
+    with locks.hold(layout.locks, key, f"building {name}", lock_timeout, progress) as waited:
+        # The lock is held: this process alone may create, clear or register this key's paths.
+        row = index.path_by_key(key)
+        if row is not None and final.is_dir():
+            index.touch(name)
+            return final, "waited"
+        if row is not None:
+            progress(f"{name} is registered but missing on disk; building it again")
+            index.forget(name)
+        partial = layout.partial_of(name)
+        for leftover in (partial, final):
+            if os.path.lexists(leftover):
+                progress(f"removing {leftover.name}, left by a build that did not finish")
+                force_rmtree(leftover)
+
+        build_id = index.start_build(key, name)
+        started = time.monotonic()
+        try:
+            partial.mkdir()
+            extra = make(partial)
+            progress("hashing the tree")
+            content_hash, size, files = manifest.tree_hash(partial)
+            seconds = round(time.monotonic() - started, 3)
+            doc = {
+                **meta,
+                **extra,
+                "name": name,
+                "key": key,
+                "inputs": inputs,
+                "content_hash": content_hash,
+                "size": size,
+                "files": files,
+                "build_seconds": seconds,
+                "installed": now_iso(),
+            }
+            manifest.write(partial, doc)
+            freeze(partial)
+            # Same directory, one filesystem: rename(2) is atomic, and the lock keeps anyone else
+            # from creating `final` meanwhile.
+            os.rename(partial, final)
+        except BaseException as exc:
+            force_rmtree(partial)
+            index.fail_build(build_id, time.monotonic() - started, f"{type(exc).__name__}: {exc}")
+            raise
+        index.register(_row(doc, inputs), build_id, seconds)
+        progress(f"built {name} in {seconds:.1f}s ({size / 1e6:.1f} MB, {files} files)")
+        return final, "built"
+
+
+def _row(doc: dict[str, Any], inputs: dict[str, Any]) -> dict[str, Any]:
+    import json
+
+    python = inputs.get("python") or {}
+    return {
+        "name": doc["name"],
+        "key": doc["key"],
+        "engine": doc["engine"],
+        "version": doc["version"],
+        "variant": doc["variant"],
+        "as_of": inputs.get("as_of"),
+        "uv_version": inputs.get("uv", inputs.get("version")),
+        "python": python.get("version"),
+        "inputs": json.dumps(inputs, sort_keys=True),
+        "content_hash": doc["content_hash"],
+        "size": doc["size"],
+        "files": doc["files"],
+        "build_seconds": doc["build_seconds"],
+        "created": doc["installed"],
+        "last_used": doc["installed"],
+    }

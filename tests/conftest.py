@@ -1,0 +1,129 @@
+"""Fixtures: a real package index on 127.0.0.1 with dated releases, the real uv, a store in tmp_path.
+
+The index holds (upload times chosen so that `--exclude-newer` decides what resolves):
+    tinydep     1.0  2024-01-01        2.0  2024-06-01
+    tinyengine  1.0  2024-02-01        1.1  2024-07-01     (requires tinydep; console script `tinyengine`)
+A build of tinyengine 1.0 resolves as of 2024-02-02 and must get tinydep 1.0, not 2.0.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.index_server import PackageIndex
+from tests.support.wheels import build_wheel
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def real_uv() -> Path:
+    from uv import find_uv_bin
+
+    return Path(find_uv_bin())
+
+
+@pytest.fixture(scope="session")
+def uv_bin() -> Path:
+    return real_uv()
+
+
+@pytest.fixture(scope="session")
+def wheels(tmp_path_factory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("wheels")
+    script = {"tinyengine": "tinyengine:main"}
+    return {
+        "tinydep-1.0": build_wheel(d, "tinydep", "1.0"),
+        "tinydep-2.0": build_wheel(d, "tinydep", "2.0"),
+        "tinyengine-1.0": build_wheel(d, "tinyengine", "1.0", requires=("tinydep",), scripts=script),
+        "tinyengine-1.1": build_wheel(d, "tinyengine", "1.1", requires=("tinydep",), scripts=script),
+    }
+
+
+RELEASE_DATES = {
+    "tinydep-1.0": "2024-01-01T00:00:00Z",
+    "tinydep-2.0": "2024-06-01T00:00:00Z",
+    "tinyengine-1.0": "2024-02-01T00:00:00Z",
+    "tinyengine-1.1": "2024-07-01T00:00:00Z",
+}
+
+
+@pytest.fixture
+def index(wheels):
+    idx = PackageIndex()
+    for key, wheel in wheels.items():
+        idx.add(key.split("-")[0], wheel, RELEASE_DATES[key])
+    idx.start()
+    yield idx
+    idx.stop()
+
+
+@pytest.fixture(autouse=True)
+def _store_env(monkeypatch):
+    # Managed-Python downloads cannot be reached offline; tests use the machine's interpreter.
+    monkeypatch.setenv("LLMGW_STORE_PYTHON_PREFERENCE", "only-system")
+    monkeypatch.delenv("LLMGW_STORE_ROOT", raising=False)
+    monkeypatch.delenv("LLMGW_STORE_UV", raising=False)
+
+
+@pytest.fixture
+def root(tmp_path) -> Path:
+    return tmp_path / "store-root"
+
+
+TINY_RECIPE = """
+[engine]
+name = "tinyengine"
+pypi = "tinyengine"
+binary = "tinyengine"
+
+[[build]]
+variant = "cpu"
+python = "{python}"
+requirements = ["tinyengine=={{version}}"]
+verify = ["tinyengine"]
+{extra}
+"""
+
+PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"
+
+
+def write_recipe(dir: Path, extra: str = "", name: str = "tiny.toml") -> Path:
+    p = dir / name
+    p.write_text(TINY_RECIPE.format(python=PYTHON, extra=extra))
+    return p
+
+
+@pytest.fixture
+def recipe(tmp_path) -> Path:
+    return write_recipe(tmp_path, 'version = "1.0"')
+
+
+def cli_cmd(root: Path, *args: str) -> list[str]:
+    """The installed console script, as a user (or cron) runs it."""
+    exe = Path(sys.executable).with_name("llmgw-store")
+    return [str(exe), "--root", str(root), *args]
+
+
+def run_cli(root: Path, *args: str, check: bool = False, env: dict | None = None, timeout: float = 300):
+    full_env = {**os.environ, **(env or {})}
+    proc = subprocess.run(cli_cmd(root, *args), capture_output=True, text=True, env=full_env, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"exit {proc.returncode}\nstdout: {proc.stdout}\nstderr: {proc.stderr}")
+    return proc
+
+
+def build_json(root: Path, recipe: Path, index: PackageIndex, uv: Path, *extra: str, **kw) -> dict:
+    proc = run_cli(root, "--json", "build", str(recipe), "--index-url", index.url, "--uv", str(uv), *extra,
+                   check=True, **kw)
+    return json.loads(proc.stdout)
+
+
+def run_in_env(env_path: Path, *argv: str) -> str:
+    return subprocess.run([str(env_path / "bin" / argv[0]), *argv[1:]], capture_output=True, text=True,
+                          check=True, timeout=60).stdout.strip()
