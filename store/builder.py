@@ -85,6 +85,7 @@ def build(
             store, plan["key"], plan["name"], plan["inputs"], plan["meta"],
             lambda partial: _make_env(store, recipe, plan, partial, progress),
             progress=progress, lock_timeout=options.lock_timeout,
+            check=lambda: plan.update(requirements=_check_requirements(recipe, chosen.index, plan["fields"])),
         )
         inputs = plan["inputs"]
         return BuildResult(
@@ -130,7 +131,6 @@ def _plan(store: Store, recipe: Recipe, chosen: Build, options: BuildOptions, pr
         "inputs": inputs,
         "version": version,
         "fields": fields,
-        "build_index": chosen.index,
         "uv": uv,
         "interpreter": interp,
         "index_url": index_url,
@@ -190,7 +190,7 @@ def _check_requirements(recipe: Recipe, build_index: int, fields: dict[str, Any]
 
 def _make_env(store: Store, recipe: Recipe, plan: dict[str, Any], partial: Path, progress) -> dict[str, Any]:
     fields, uv, interp = plan["fields"], plan["uv"], plan["interpreter"]
-    requirements = _check_requirements(recipe, plan["build_index"], fields)
+    requirements = plan["requirements"]
     deadline = time.monotonic() + float(fields.get("timeout", DEFAULT_TIMEOUT_S))
     layout = store.layout
 

@@ -72,7 +72,7 @@ class Index:
         try:
             self.conn = sqlite3.connect(str(path), timeout=BUSY_TIMEOUT_S, isolation_level=None)
             self.conn.row_factory = sqlite3.Row
-            self.conn.execute("PRAGMA journal_mode=WAL")
+            self._enable_wal()
             self.conn.execute("PRAGMA synchronous=NORMAL")
             version = self.conn.execute("PRAGMA user_version").fetchone()[0]
             if version < SCHEMA_VERSION:
@@ -84,6 +84,22 @@ class Index:
                 )
         except sqlite3.Error as exc:
             raise IndexError_(f"cannot open the index {path}: {exc}") from exc
+
+    def _enable_wal(self) -> None:
+        """WAL is a property of the file, set once by whoever creates it. Switching needs an exclusive
+        lock, for which SQLite does not call the busy handler, so processes that open a new store at
+        the same moment retry here until one of them has switched it."""
+        deadline = time.monotonic() + BUSY_TIMEOUT_S
+        while True:
+            try:
+                if self.conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal":
+                    return
+                self.conn.execute("PRAGMA journal_mode=WAL")
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.02)
 
     def _migrate(self) -> None:
         import sqlite_utils
@@ -133,7 +149,7 @@ class Index:
                 self.conn.execute("BEGIN IMMEDIATE")
                 cols = ", ".join(row)
                 marks = ", ".join("?" for _ in row)
-                self.conn.execute(f"INSERT OR REPLACE INTO paths ({cols}) VALUES ({marks})", tuple(row.values()))
+                self.conn.execute(f"INSERT INTO paths ({cols}) VALUES ({marks})", tuple(row.values()))
                 self._finish_build(build_id, "built", seconds, None)
         except sqlite3.Error as exc:
             raise IndexError_(f"index {self.path}: cannot register {row['name']}: {exc}") from exc

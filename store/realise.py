@@ -43,14 +43,19 @@ def realise(
     *,
     progress: Callable[[str], None],
     lock_timeout: float = DEFAULT_LOCK_TIMEOUT_S,
+    check: Callable[[], None] | None = None,
 ) -> tuple[Path, str]:
-    """Return (path, how): how is "hit", "waited" (another process built it) or "built"."""
+    """Return (path, how): how is "hit", "waited" (another process built it) or "built".
+    `check` runs on a miss before anything is locked or written: input validation too slow for the
+    hit path (a path can only be in the store if its inputs once passed it)."""
     layout, index = store.layout, store.index
     final = layout.path_of(name)
     row = index.path_by_key(key)
     if row is not None and final.is_dir():
         index.touch(name)
         return final, "hit"
+    if check is not None:
+        check()
 
     with locks.hold(layout.locks, key, f"building {name}", lock_timeout, progress) as waited:
         # The lock is held: this process alone may create, clear or register this key's paths.
@@ -96,7 +101,12 @@ def realise(
             force_rmtree(partial)
             index.fail_build(build_id, time.monotonic() - started, f"{type(exc).__name__}: {exc}")
             raise
-        index.register(_row(doc, inputs), build_id, seconds)
+        try:
+            index.register(_row(doc, inputs), build_id, seconds)
+        except BaseException as exc:
+            # Renamed but not registered: garbage that the next build of this key (or gc) removes.
+            index.fail_build(build_id, seconds, f"registration failed: {exc}")
+            raise
         progress(f"built {name} in {seconds:.1f}s ({size / 1e6:.1f} MB, {files} files)")
         return final, "built"
 

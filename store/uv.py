@@ -142,7 +142,11 @@ def _install_wheel(store: "Store", partial: Path, index_url: str, progress: Call
     from . import pypi
 
     progress(f"installing uv {UV_VERSION} from its wheel on {index_url}")
-    files = [f for f in pypi.project_files(index_url, "uv") if f.filename.endswith(".whl") and f.version == UV_VERSION]
+    try:
+        listed = pypi.project_files(index_url, "uv")
+    except UsageError:
+        listed = []
+    files = [f for f in listed if f.filename.endswith(".whl") and f.version == UV_VERSION]
     rank = {tag: i for i, tag in enumerate(sys_tags())}
     best = None
     for f in files:

@@ -1,0 +1,76 @@
+"""The SQLite index on a real file: schema, migrations, concurrent creation, one-transaction registration."""
+
+from __future__ import annotations
+
+import multiprocessing
+import sqlite3
+
+import pytest
+
+from llmgw_store.errors import IndexError_
+from llmgw_store.index import SCHEMA_VERSION, Index
+
+
+def _open_and_write(path: str, n: int) -> None:
+    idx = Index(__import__("pathlib").Path(path))
+    idx.remember_published("http://i", f"p{n}", "1.0", "2024-01-01T00:00:00Z")
+    idx.close()
+
+
+def test_new_index_is_wal_with_the_current_schema(tmp_path):
+    idx = Index(tmp_path / "db.sqlite")
+    assert idx.conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert idx.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    tables = {r[0] for r in idx.conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    assert {"paths", "builds", "releases", "latest", "tools"} <= tables
+
+
+def test_many_processes_creating_one_index_at_once(tmp_path):
+    db = str(tmp_path / "db.sqlite")
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_open_and_write, args=(db, n)) for n in range(8)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    con = sqlite3.connect(db)
+    assert con.execute("SELECT count(*) FROM releases").fetchone()[0] == 8
+    assert con.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+
+
+def test_newer_schema_is_refused(tmp_path):
+    Index(tmp_path / "db.sqlite").close()
+    con = sqlite3.connect(tmp_path / "db.sqlite")
+    con.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    con.commit()
+    con.close()
+    with pytest.raises(IndexError_, match="newer than this llmgw-store knows"):
+        Index(tmp_path / "db.sqlite")
+
+
+def _row(name: str, key: str) -> dict:
+    return {"name": name, "key": key, "engine": "e", "version": "1", "variant": "cpu", "as_of": "x",
+            "uv_version": "0.13.9", "python": "3.11.7", "inputs": "{}", "content_hash": "h", "size": 1,
+            "files": 1, "build_seconds": 0.1, "created": "t", "last_used": "t"}
+
+
+def test_register_writes_path_and_log_in_one_transaction(tmp_path):
+    idx = Index(tmp_path / "db.sqlite")
+    b1 = idx.start_build("k1", "k1-e")
+    idx.register(_row("k1-e", "k1"), b1, 0.1)
+    assert idx.path_by_key("k1")["name"] == "k1-e"
+    assert idx.builds("k1")[0]["outcome"] == "built"
+    # A second path with the same key violates the unique index: neither the row nor the log changes.
+    b2 = idx.start_build("k1", "k1-other")
+    with pytest.raises(IndexError_):
+        idx.register({**_row("k1-other", "k1")}, b2, 0.1)
+    assert idx.path_by_name("k1-other") is None
+    assert [b["outcome"] for b in idx.builds("k1")] == ["built", "running"]
+
+
+def test_latest_memo_expires(tmp_path):
+    idx = Index(tmp_path / "db.sqlite")
+    idx.remember_latest("http://i", "p", "2.0")
+    assert idx.latest("http://i", "p", max_age_s=60) == "2.0"
+    assert idx.latest("http://i", "p", max_age_s=-1) is None

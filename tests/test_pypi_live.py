@@ -1,0 +1,38 @@
+"""The one end-to-end build against the real PyPI: the quick start's recipe, the store's own uv.
+Skipped cleanly when PyPI cannot be reached (the rest of the suite runs offline)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, run_cli
+
+
+def pypi_reachable() -> bool:
+    import httpx
+
+    try:
+        return httpx.head("https://pypi.org/simple/uv/", timeout=5).status_code < 500
+    except httpx.HTTPError:
+        return False
+
+
+@pytest.mark.pypi
+@pytest.mark.skipif(not pypi_reachable(), reason="PyPI cannot be reached")
+def test_example_builds_from_real_pypi(tmp_path, monkeypatch):
+    root = tmp_path / "root"
+    recipe = REPO / "examples" / "black.toml"
+    doc = json.loads(run_cli(root, "--json", "build", str(recipe), check=True, timeout=900).stdout)
+    env = Path(doc["path"])
+    out = subprocess.run([str(env / "bin" / "black"), "--version"], capture_output=True, text=True, check=True).stdout
+    assert out.startswith("black, 24.4.2")
+    # black 24.4.2 was published on 2024-04-26; its dependencies resolve as PyPI stood a day later.
+    assert doc["as_of"].startswith("2024-04-27")
+    lock = (env / ".llmgw" / "requirements.lock").read_text()
+    assert "black==24.4.2" in lock and "--hash=sha256:" in lock
+    again = json.loads(run_cli(root, "--json", "build", str(recipe), check=True).stdout)
+    assert again["cache_hit"] and again["path"] == doc["path"]
