@@ -84,6 +84,7 @@ def build(
         path, how = realise(
             store, plan["key"], plan["name"], plan["inputs"], plan["meta"],
             lambda partial: _make_env(store, recipe, plan, partial, progress),
+            verify=lambda tree: _verify(store, recipe, plan["fields"], tree, plan["deadline"], progress),
             progress=progress, lock_timeout=options.lock_timeout,
             check=lambda: plan.update(requirements=_check_requirements(recipe, chosen.index, plan["fields"])),
         )
@@ -191,7 +192,7 @@ def _check_requirements(recipe: Recipe, build_index: int, fields: dict[str, Any]
 def _make_env(store: Store, recipe: Recipe, plan: dict[str, Any], partial: Path, progress) -> dict[str, Any]:
     fields, uv, interp = plan["fields"], plan["uv"], plan["interpreter"]
     requirements = plan["requirements"]
-    deadline = time.monotonic() + float(fields.get("timeout", DEFAULT_TIMEOUT_S))
+    deadline = plan["deadline"] = time.monotonic() + float(fields.get("timeout", DEFAULT_TIMEOUT_S))
     layout = store.layout
 
     def remaining() -> float:
@@ -249,7 +250,9 @@ def _make_env(store: Store, recipe: Recipe, plan: dict[str, Any], partial: Path,
          "--python", python, "--link-mode", "hardlink", "--compile-bytecode", "--quiet"],
         "uv pip install",
     )
-    _verify(store, recipe, fields, partial, remaining, progress)
+    binary = partial / "bin" / recipe.binary
+    if not (binary.is_file() and os.access(binary, os.X_OK)):
+        raise StoreError(f"the environment has no executable bin/{recipe.binary} (engine.binary in {recipe.file})")
     return {
         "requirements": requirements,
         "exclude_newer": as_of,
@@ -260,10 +263,8 @@ def _make_env(store: Store, recipe: Recipe, plan: dict[str, Any], partial: Path,
     }
 
 
-def _verify(store: Store, recipe: Recipe, fields: dict[str, Any], env_dir: Path, remaining, progress) -> None:
-    binary = env_dir / "bin" / recipe.binary
-    if not (binary.is_file() and os.access(binary, os.X_OK)):
-        raise StoreError(f"the environment has no executable bin/{recipe.binary} (engine.binary in {recipe.file})")
+def _verify(store: Store, recipe: Recipe, fields: dict[str, Any], env_dir: Path, deadline: float, progress) -> None:
+    """Run the recipe's verify command in the (already frozen) environment."""
     command = fields.get("verify")
     if not command:
         return
@@ -274,4 +275,4 @@ def _verify(store: Store, recipe: Recipe, fields: dict[str, Any], env_dir: Path,
     env["PATH"] = f"{env_dir / 'bin'}{os.pathsep}{env.get('PATH', '')}"
     progress(f"verifying: {' '.join(command)}")
     uvmod.run(argv, what=f"verify command `{' '.join(command)}`", env=env, log_dir=store.layout.logs,
-              cwd=store.layout.tmp, timeout=min(remaining(), 600.0), show=progress)
+              cwd=store.layout.tmp, timeout=max(1.0, deadline - time.monotonic()), show=progress)

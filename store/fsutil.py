@@ -3,19 +3,24 @@
 from __future__ import annotations
 
 import os
-import shutil
 import stat
 from pathlib import Path
 
 WRITE_BITS = stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH
 
 
-def freeze(root: Path) -> None:
+def freeze(root: Path, keep_writable: Path | None = None) -> None:
     """Drop every write bit under `root` (files first, then directories, deepest first), so nothing
     can add, remove or change a file of a finished store path without first undoing this on purpose.
-    Symlinks are skipped: their own mode means nothing on Linux and chmod would follow them."""
+    Symlinks are skipped: their own mode means nothing on Linux and chmod would follow them.
+    `keep_writable` (a directory under root) and what it holds are left alone."""
+    skip = os.fspath(keep_writable) if keep_writable is not None else None
     for dirpath, dirnames, filenames in os.walk(root, topdown=False):
+        if skip is not None and (dirpath == skip or dirpath.startswith(skip + os.sep)):
+            continue
         for name in filenames + dirnames:
+            if skip is not None and os.path.join(dirpath, name) == skip:
+                continue
             p = os.path.join(dirpath, name)
             st = os.lstat(p)
             if not stat.S_ISLNK(st.st_mode) and st.st_mode & WRITE_BITS:
@@ -33,8 +38,11 @@ def force_rmtree(root: Path) -> None:
         return
     for dirpath, dirnames, _ in os.walk(root):
         os.chmod(dirpath, stat.S_IMODE(os.lstat(dirpath).st_mode) | stat.S_IWUSR | stat.S_IXUSR | stat.S_IRUSR)
+    import shutil
+
     shutil.rmtree(root)
 
 
 def free_bytes(path: Path) -> int:
-    return shutil.disk_usage(path).free
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize

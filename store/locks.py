@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -51,6 +50,8 @@ def hold(lock_dir: Path, name: str, what: str, timeout: float, progress: Callabl
                 f"gave up after {timeout:.0f}s waiting for {_owner_text(owner)} to finish {what}; "
                 "try again later or raise --lock-timeout"
             ) from None
+    import socket
+
     try:
         tmp = owner.with_name(f".{owner.name}.{os.getpid()}")
         tmp.write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "what": what, "since": time.time()}))

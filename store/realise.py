@@ -41,13 +41,15 @@ def realise(
     meta: dict[str, Any],
     make: Callable[[Path], dict[str, Any]],
     *,
+    verify: Callable[[Path], None] | None = None,
     progress: Callable[[str], None],
     lock_timeout: float = DEFAULT_LOCK_TIMEOUT_S,
     check: Callable[[], None] | None = None,
 ) -> tuple[Path, str]:
     """Return (path, how): how is "hit", "waited" (another process built it) or "built".
     `check` runs on a miss before anything is locked or written: input validation too slow for the
-    hit path (a path can only be in the store if its inputs once passed it)."""
+    hit path (a path can only be in the store if its inputs once passed it). `verify` runs on the
+    frozen tree, as the environment will be used, while the tree is hashed."""
     layout, index = store.layout, store.index
     final = layout.path_of(name)
     row = index.path_by_key(key)
@@ -77,8 +79,13 @@ def realise(
         try:
             partial.mkdir()
             extra = make(partial)
-            progress("hashing the tree")
-            content_hash, size, files = manifest.tree_hash(partial)
+            # Frozen before verify: the environment must work read-only, as it will in the store, and
+            # nothing verify runs can change the bytes being hashed meanwhile. .llmgw/ stays writable
+            # until the manifest is in.
+            meta_dir = partial / manifest.MANIFEST_DIR
+            meta_dir.mkdir(exist_ok=True)
+            freeze(partial, keep_writable=meta_dir)
+            content_hash, size, files = _hash_while(verify, partial, progress)
             seconds = round(time.monotonic() - started, 3)
             doc = {
                 **meta,
@@ -93,7 +100,7 @@ def realise(
                 "installed": now_iso(),
             }
             manifest.write(partial, doc)
-            freeze(partial)
+            freeze(meta_dir)
             # Same directory, one filesystem: rename(2) is atomic, and the lock keeps anyone else
             # from creating `final` meanwhile.
             os.rename(partial, final)
@@ -109,6 +116,18 @@ def realise(
             raise
         progress(f"built {name} in {seconds:.1f}s ({size / 1e6:.1f} MB, {files} files)")
         return final, "built"
+
+
+def _hash_while(verify: Callable[[Path], None] | None, tree: Path, progress) -> tuple[str, int, int]:
+    """Hash `tree` in a thread while `verify` runs (a subprocess, mostly waiting): the two overlap."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    progress("hashing the tree" + (" while verifying" if verify else ""))
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        hashed = pool.submit(manifest.tree_hash, tree)
+        if verify is not None:
+            verify(tree)
+        return hashed.result()
 
 
 def _row(doc: dict[str, Any], inputs: dict[str, Any]) -> dict[str, Any]:
