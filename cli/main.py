@@ -69,22 +69,37 @@ def cli(ctx: click.Context, root: str | None, as_json: bool, verbose: int) -> No
     ctx.obj = Context(root, as_json, verbose)
 
 
+def build_options(f):
+    """The options that decide a build, shared by `build` and `activate RECIPE.toml`."""
+    for opt in reversed([
+        click.option("--version", "version", help="Engine version to build (default: the recipe's, else the latest release)."),
+        click.option("--variant", help="Which [[build]] of the recipe (default: the first)."),
+        click.option("--as-of", help="Resolve as the index stood at this ISO 8601 time (default: the recipe's as_of, else publication + 24 h)."),
+        click.option("--index-url", default="https://pypi.org/simple", show_default=True, help="Package index (simple API, PEP 691 JSON)."),
+        click.option("--uv", "uv_path", type=click.Path(dir_okay=False), envvar="LLMGW_STORE_UV",
+                     help="Use this uv binary instead of the store's pinned one (its --version enters the key). Env: LLMGW_STORE_UV."),
+        click.option("--python-preference", envvar="LLMGW_STORE_PYTHON_PREFERENCE", default="only-managed", show_default=True,
+                     type=click.Choice(["only-managed", "managed", "system", "only-system"]),
+                     help="Where the interpreter may come from; only-managed falls back to system when downloads fail."),
+        click.option("--lock-timeout", type=float, default=3600.0, show_default=True,
+                     help="Seconds to wait for another process building the same key (then exit 75)."),
+    ]):
+        f = opt(f)
+    return f
+
+
+def _options(kw: dict):
+    from llmgw_store.builder import BuildOptions
+
+    return BuildOptions(version=kw["version"], variant=kw["variant"], as_of=kw["as_of"], index_url=kw["index_url"],
+                        uv=kw["uv_path"], python_preference=kw["python_preference"], lock_timeout=kw["lock_timeout"])
+
+
 @cli.command()
 @click.argument("recipe", type=click.Path(dir_okay=False))
-@click.option("--version", "version", help="Engine version to build (default: the recipe's, else the latest release).")
-@click.option("--variant", help="Which [[build]] of the recipe (default: the first).")
-@click.option("--as-of", help="Resolve as the index stood at this ISO 8601 time (default: the recipe's as_of, else publication + 24 h).")
-@click.option("--index-url", default="https://pypi.org/simple", show_default=True, help="Package index (simple API, PEP 691 JSON).")
-@click.option("--uv", "uv_path", type=click.Path(dir_okay=False), envvar="LLMGW_STORE_UV",
-              help="Use this uv binary instead of the store's pinned one (its --version enters the key). Env: LLMGW_STORE_UV.")
-@click.option("--python-preference", envvar="LLMGW_STORE_PYTHON_PREFERENCE", default="only-managed", show_default=True,
-              type=click.Choice(["only-managed", "managed", "system", "only-system"]),
-              help="Where the interpreter may come from; only-managed falls back to system when downloads fail.")
-@click.option("--lock-timeout", type=float, default=3600.0, show_default=True,
-              help="Seconds to wait for another process building the same key (then exit 75).")
+@build_options
 @click.pass_obj
-def build(obj: Context, recipe: str, version: str | None, variant: str | None, as_of: str | None,
-          index_url: str, uv_path: str | None, python_preference: str, lock_timeout: float) -> None:
+def build(obj: Context, recipe: str, **kw) -> None:
     """Build RECIPE into the store (or find it there) and print its store path.
 
     \b
@@ -92,11 +107,9 @@ def build(obj: Context, recipe: str, version: str | None, variant: str | None, a
       llmgw-store build examples/black.toml
       llmgw-store --json build vllm.toml --variant cu128 --as-of 2025-06-01T00:00:00Z
     """
-    from llmgw_store.builder import BuildOptions, build as do_build
+    from llmgw_store.builder import build as do_build
 
-    options = BuildOptions(version=version, variant=variant, as_of=as_of, index_url=index_url, uv=uv_path,
-                           python_preference=python_preference, lock_timeout=lock_timeout)
-    result = do_build(recipe, options, root=obj.root, progress=obj.progress)
+    result = do_build(recipe, _options(kw), root=obj.root, progress=obj.progress)
     obj.emit(result.to_json(), str(result.path))
 
 
@@ -137,6 +150,179 @@ def info(obj: Context, path: str) -> None:
         f"requirements: {', '.join(manifest.get('requirements', []))}",
     ])
     obj.emit(row, text)
+
+
+@cli.command()
+@click.argument("profile")
+@click.argument("target")
+@build_options
+@click.pass_obj
+def activate(obj: Context, profile: str, target: str, **kw) -> None:
+    """Make TARGET the current generation of PROFILE (atomically).
+
+    TARGET is a store path (or its name or key), or a RECIPE.toml that is built first if needed
+    (the build options apply to it). Activating what is already current makes no new generation.
+
+    \b
+    Examples:
+      llmgw-store activate vllm /var/lib/llmgw-store/store/5x...-vllm-0.6.3-cu128
+      llmgw-store activate vllm recipes/vllm.toml --variant cu128
+    """
+    from llmgw_store.profiles import activate as do_activate
+
+    r = do_activate(profile, target, root=obj.root, build_options=_options(kw), progress=obj.progress)
+    text = (f"{profile}: generation {r['generation']} -> {r['path']}" if r["changed"]
+            else f"{profile}: already at generation {r['generation']} -> {r['path']}")
+    obj.emit(r, text)
+
+
+@cli.command()
+@click.argument("profile")
+@click.option("--to", "to", type=int, help="Generation number to switch to (default: the previous one).")
+@click.pass_obj
+def rollback(obj: Context, profile: str, to: int | None) -> None:
+    """Switch PROFILE back to its previous generation, or to generation N with --to N.
+
+    \b
+    Example:
+      llmgw-store rollback vllm          # the generation before the current one
+      llmgw-store rollback vllm --to 3
+    """
+    from llmgw_store.profiles import rollback as do_rollback
+
+    r = do_rollback(profile, to=to, root=obj.root, progress=obj.progress)
+    obj.emit(r, f"{profile}: generation {r['previous']} -> {r['generation']} ({r['path']})")
+
+
+@cli.command()
+@click.argument("profile")
+@click.option("--delete", "delete", type=int, multiple=True, help="Delete generation N (repeatable). Never the current one.")
+@click.option("--older-than", help="Delete generations older than this (30d, 12h, ...), except the current one.")
+@click.option("--keep", type=int, help="Keep the newest N generations (and the current one), delete the rest.")
+@click.option("--dry-run", is_flag=True, help="Say what would be deleted, delete nothing.")
+@click.pass_obj
+def generations(obj: Context, profile: str, delete: tuple[int, ...], older_than: str | None, keep: int | None,
+                dry_run: bool) -> None:
+    """List PROFILE's generations (number, date, store path, engine version, current), or delete some.
+
+    \b
+    Examples:
+      llmgw-store generations vllm
+      llmgw-store generations vllm --delete 3 --delete 4
+      llmgw-store generations vllm --older-than 30d
+    """
+    from llmgw_store import profiles
+
+    if delete or older_than or keep is not None:
+        from llmgw_store.units import parse_duration
+
+        r = profiles.delete_generations(profile, numbers=list(delete), keep=keep, dry_run=dry_run, root=obj.root,
+                                        older_than=parse_duration(older_than) if older_than else None,
+                                        progress=obj.progress)
+        verb = "would delete" if dry_run else "deleted"
+        obj.emit(r, f"{profile}: {verb} generation(s) {', '.join(map(str, r['deleted'])) or 'none'}")
+        return
+    r = profiles.generations(profile, root=obj.root)
+    for line in r["repaired"]:
+        obj.progress(f"index repaired: {line}")
+    lines = [
+        f"{g['number']:5d}  {g['created']}  {g['engine'] or '?'} {g['version'] or '?'} ({g['variant'] or '?'})  "
+        f"{g['path']}{'  (current)' if g['current'] else ''}"
+        for g in r["generations"]
+    ]
+    obj.emit(r, "\n".join(lines))
+
+
+@cli.command(name="list-profiles")
+@click.pass_obj
+def list_profiles(obj: Context) -> None:
+    """List profiles with their current generation and store path."""
+    from llmgw_store.profiles import list_profiles as do_list
+
+    rows = do_list(root=obj.root)
+    obj.emit(rows, "\n".join(f"{r['profile']}  generation {r['current']} of {r['generations']}  {r['path']}" for r in rows))
+
+
+@cli.command()
+@click.argument("name")
+@click.argument("path")
+@click.pass_obj
+def pin(obj: Context, name: str, path: str) -> None:
+    """Keep PATH from gc under the pin NAME (ROOT/gcroots/NAME).
+
+    \b
+    Example:
+      llmgw-store pin vllm-known-good /var/lib/llmgw-store/store/5x...-vllm-0.6.3-cu128
+    """
+    from llmgw_store.pins import pin as do_pin
+
+    r = do_pin(name, path, root=obj.root)
+    obj.emit(r, f"pinned {r['path']} as {name}")
+
+
+@cli.command()
+@click.argument("name")
+@click.pass_obj
+def unpin(obj: Context, name: str) -> None:
+    """Remove the pin NAME (the store path stays until a gc finds nothing else holds it)."""
+    from llmgw_store.pins import unpin as do_unpin
+
+    r = do_unpin(name, root=obj.root)
+    obj.emit(r, f"unpinned {name} ({r['path']})")
+
+
+@cli.command()
+@click.argument("a")
+@click.argument("b")
+@click.pass_obj
+def diff(obj: Context, a: str, b: str) -> None:
+    """Packages added, removed, upgraded and downgraded from A to B, and the size change.
+
+    A and B are store paths (or names or keys), PROFILE (its current generation) or PROFILE@N.
+
+    \b
+    Example:
+      llmgw-store diff vllm@6 vllm@7
+    """
+    from llmgw_store.diff import diff as do_diff
+    from llmgw_store.units import human_size
+
+    r = do_diff(a, b, root=obj.root)
+    lines = [f"+ {p['name']} {p['version']}" for p in r["added"]]
+    lines += [f"- {p['name']} {p['version']}" for p in r["removed"]]
+    lines += [f"↑ {p['name']} {p['from']} -> {p['to']}" for p in r["upgraded"]]
+    lines += [f"↓ {p['name']} {p['from']} -> {p['to']}" for p in r["downgraded"]]
+    sign = "+" if r["size_change"] >= 0 else "-"
+    lines.append(f"size: {human_size(r['a']['size'])} -> {human_size(r['b']['size'])} ({sign}{human_size(abs(r['size_change']))})")
+    obj.emit(r, "\n".join(lines))
+
+
+@cli.command()
+@click.argument("profile")
+@click.pass_obj
+def env(obj: Context, profile: str) -> None:
+    """Print shell lines (PATH, VIRTUAL_ENV) for PROFILE: eval "$(llmgw-store env vllm)"."""
+    from llmgw_store.runenv import env_lines, shell_text
+
+    variables = env_lines(profile, root=obj.root)
+    obj.emit(variables, shell_text(variables).rstrip("\n"))
+
+
+@cli.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.argument("profile")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+@click.pass_obj
+def run(obj: Context, profile: str, command: tuple[str, ...]) -> None:
+    """Run COMMAND in PROFILE's current generation (for service units).
+
+    \b
+    Example:
+      llmgw-store run vllm -- vllm serve Qwen/Qwen2.5-7B-Instruct --port 8000
+    """
+    from llmgw_store.runenv import exec_in
+
+    argv = list(command[1:] if command[:1] == ("--",) else command)
+    exec_in(profile, argv, root=obj.root)
 
 
 def main() -> None:

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from . import interpreters, recipe as recipes
+from . import debug, interpreters, recipe as recipes
 from . import uv as uvmod
 from .errors import RecipeError, StoreError, UsageError
 from .fsutil import free_bytes
@@ -231,10 +231,7 @@ def _make_env(store: Store, recipe: Recipe, plan: dict[str, Any], partial: Path,
 
     progress(f"creating the environment ({interp.implementation} {interp.version}, {interp.path})")
     uv_run(["venv", "--relocatable", "--allow-existing", "--python", interp.path, partial], "uv venv")
-    # Test hook, like Nix's NIX_DEBUG_GC_WAIT: hold the build open with a .partial on disk, so tests
-    # can make concurrent builders meet and kill a build half-way on purpose.
-    if pause := os.environ.get("LLMGW_STORE_DEBUG_BUILD_PAUSE"):
-        time.sleep(float(pause))
+    debug.pause("BUILD_PAUSE")  # a .partial with a venv exists: concurrent builders meet here
     as_of = plan["inputs"]["as_of"]
     progress(f"resolving {len(requirements)} requirement(s) as {plan['index_url']} stood at {as_of}")
     uv_run(

@@ -62,7 +62,21 @@ def _v1(db) -> None:
     db["tools"].create({"kind": str, "ident": str, "stamp": str, "info": str}, pk=("kind", "ident"), if_not_exists=True)
 
 
-MIGRATIONS: list[Callable] = [_v1]
+def _v2(db) -> None:
+    db["generations"].create(
+        {"profile": str, "number": int, "name": str, "created": str, "created_by": str, "deleted": str},
+        pk=("profile", "number"),
+        if_not_exists=True,
+    )
+    db["switches"].create(
+        {"id": int, "profile": str, "from_number": int, "to_number": int, "at": str, "by": str, "kind": str},
+        pk="id",
+        if_not_exists=True,
+    )
+    db["pins"].create({"name": str, "path_name": str, "created": str}, pk="name", if_not_exists=True)
+
+
+MIGRATIONS: list[Callable] = [_v1, _v2]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -223,6 +237,55 @@ class Index:
         self._sql(
             "INSERT OR REPLACE INTO tools VALUES (?, ?, ?, ?)", (kind, ident, info.get("stamp", ""), json.dumps(info))
         )
+
+
+    # --- profiles (the links on disk are the truth; these rows follow them) -----------------
+    def generation_rows(self, profile: str) -> dict[int, dict[str, Any]]:
+        rows = self._sql("SELECT * FROM generations WHERE profile = ?", (profile,))
+        return {r["number"]: dict(r) for r in rows}
+
+    def max_generation(self, profile: str) -> int:
+        row = self._sql("SELECT max(number) FROM generations WHERE profile = ?", (profile,)).fetchone()
+        return row[0] or 0
+
+    def record_generation(self, profile: str, number: int, name: str, created: str) -> None:
+        self._sql(
+            "INSERT OR REPLACE INTO generations (profile, number, name, created, created_by, deleted) "
+            "VALUES (?, ?, ?, ?, ?, NULL)",
+            (profile, number, name, created, _whoami()),
+        )
+
+    def mark_generation_deleted(self, profile: str, number: int) -> None:
+        self._sql("UPDATE generations SET deleted = ? WHERE profile = ? AND number = ?", (now_iso(), profile, number))
+
+    def record_switch(self, profile: str, from_number: int | None, to_number: int, kind: str) -> None:
+        self._sql(
+            "INSERT INTO switches (profile, from_number, to_number, at, by, kind) VALUES (?, ?, ?, ?, ?, ?)",
+            (profile, from_number, to_number, now_iso(), _whoami(), kind),
+        )
+
+    def switches(self, profile: str) -> list[dict[str, Any]]:
+        return [dict(r) for r in self._sql("SELECT * FROM switches WHERE profile = ? ORDER BY id", (profile,))]
+
+    def pins(self) -> dict[str, dict[str, Any]]:
+        return {r["name"]: dict(r) for r in self._sql("SELECT * FROM pins")}
+
+    def record_pin(self, name: str, path_name: str | None) -> None:
+        if path_name is None:
+            self._sql("DELETE FROM pins WHERE name = ?", (name,))
+        else:
+            self._sql("INSERT OR REPLACE INTO pins VALUES (?, ?, ?)", (name, path_name, now_iso()))
+
+
+def _whoami() -> str:
+    import getpass
+    import socket
+
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = str(os.getuid())
+    return f"{user}@{socket.gethostname()} pid {os.getpid()}"
 
 
 def file_stamp(path: Path) -> str | None:

@@ -6,6 +6,9 @@
     ROOT/var/locks/                     one lock file per key (+ an .owner note saying who holds it)
     ROOT/var/log/                       full output of failed subprocesses
     ROOT/var/tmp/                       scratch space on the store's filesystem (renames stay atomic)
+    ROOT/var/temproots/<pid>            store paths a live process is building or using (gc keeps them)
+    ROOT/profiles/<p> -> <p>-<N>-link -> ../store/<key>-<name>     generations of a profile
+    ROOT/gcroots/<pin> -> ../store/<key>-<name>                    pins
     ROOT/python/                        interpreters uv manages for the store
     ROOT/cache/{uv,downloads}           caches that gc may prune
 
@@ -63,6 +66,22 @@ class Layout:
         return self.var / "tmp"
 
     @property
+    def temproots(self) -> Path:
+        return self.var / "temproots"
+
+    @property
+    def profiles(self) -> Path:
+        return self.root / "profiles"
+
+    @property
+    def gcroots(self) -> Path:
+        return self.root / "gcroots"
+
+    @property
+    def gc_lock(self) -> Path:
+        return self.locks / "gc.lock"
+
+    @property
     def python_installs(self) -> Path:
         return self.root / "python"
 
@@ -75,7 +94,8 @@ class Layout:
         return self.root / "cache" / "downloads"
 
     def ensure(self) -> None:
-        for d in (self.store, self.locks, self.logs, self.tmp, self.python_installs, self.uv_cache, self.downloads):
+        for d in (self.store, self.locks, self.logs, self.tmp, self.temproots, self.profiles, self.gcroots,
+                  self.python_installs, self.uv_cache, self.downloads):
             d.mkdir(parents=True, exist_ok=True)
 
     def path_of(self, name: str) -> Path:

@@ -7,8 +7,6 @@ from pathlib import Path
 from typing import Any
 
 from . import manifest
-from .errors import NotFoundError
-from .keys import key_of_name
 from .local_store import Store
 
 
@@ -22,15 +20,11 @@ def list_paths(root: str | Path | None = None) -> list[dict[str, Any]]:
 
 
 def path_info(target: str | Path, root: str | Path | None = None) -> dict[str, Any]:
-    """The index row and manifest of a store path, named by its path, its name or its key."""
+    """The index row and manifest of a store path: a path, its name, its key, PROFILE or PROFILE@N."""
+    from .resolve import reference
+
     with Store.open(root) as store:
-        text = str(target).rstrip("/")
-        name = Path(text).name
-        row = store.index.path_by_name(name)
-        if row is None and key_of_name(name + "-x") == name:  # a bare key
-            row = store.index.path_by_key(name)
-        if row is None:
-            raise NotFoundError(f"{target} is not a registered store path in {store.layout.store} (see `llmgw-store list`)")
+        row = reference(store, str(target))
         path = store.layout.path_of(row["name"])
         row["path"] = str(path)
         row["inputs"] = json.loads(row["inputs"])

@@ -58,6 +58,10 @@ def realise(
         return final, "hit"
     if check is not None:
         check()
+    from .temproots import TempRoots
+
+    # From here until this process exits, gc keeps `name` (and its .partial) whatever else happens.
+    TempRoots(layout).add(name)
 
     with locks.hold(layout.locks, key, f"building {name}", lock_timeout, progress) as waited:
         # The lock is held: this process alone may create, clear or register this key's paths.

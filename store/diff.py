@@ -1,0 +1,52 @@
+"""What changes between two environments, read from their locks: what an operator checks before
+switching vLLM versions."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from .local_store import Store
+from .manifest import MANIFEST_DIR
+from .resolve import reference
+
+PIN_RE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?==([^\s;\\]+)")
+
+
+def lock_pins(env: Path) -> dict[str, str]:
+    """Package -> version from an environment's requirements.lock (normalised names)."""
+    lock = env / MANIFEST_DIR / "requirements.lock"
+    pins = {}
+    for line in lock.read_text().splitlines() if lock.exists() else []:
+        m = PIN_RE.match(line)
+        if m:
+            pins[re.sub(r"[-_.]+", "-", m.group(1)).lower()] = m.group(2)
+    return pins
+
+
+def diff(a: str, b: str, *, root: str | Path | None = None) -> dict[str, Any]:
+    from packaging.version import InvalidVersion, Version
+
+    with Store.open(root) as store:
+        ra, rb = reference(store, a), reference(store, b)
+        pa = lock_pins(store.layout.path_of(ra["name"]))
+        pb = lock_pins(store.layout.path_of(rb["name"]))
+    upgraded, downgraded = [], []
+    for name in sorted(pa.keys() & pb.keys()):
+        if pa[name] == pb[name]:
+            continue
+        try:
+            up = Version(pb[name]) > Version(pa[name])
+        except InvalidVersion:
+            up = pb[name] > pa[name]
+        (upgraded if up else downgraded).append({"name": name, "from": pa[name], "to": pb[name]})
+    return {
+        "a": {"name": ra["name"], "size": ra["size"]},
+        "b": {"name": rb["name"], "size": rb["size"]},
+        "added": [{"name": n, "version": pb[n]} for n in sorted(pb.keys() - pa.keys())],
+        "removed": [{"name": n, "version": pa[n]} for n in sorted(pa.keys() - pb.keys())],
+        "upgraded": upgraded,
+        "downgraded": downgraded,
+        "size_change": rb["size"] - ra["size"],
+    }
