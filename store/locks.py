@@ -5,7 +5,10 @@ dies, even by SIGKILL, so a crashed build never blocks the next one. Beside it, 
 who holds it (pid, host, what, since when) so that a waiter can tell a person whom it waits for;
 the note is advisory only — the flock is the truth.
 
-Lock order (never take them the other way round): the gc lock, then a key's lock.
+Profile locks and the gc lock are plain flock(2) through `flock` below: they are on the hot path
+of `activate` and `rollback`, where importing filelock would cost more than the switch itself.
+
+Lock order (never take them the other way round): the gc lock, then a key's or a profile's lock.
 """
 
 from __future__ import annotations
@@ -18,6 +21,33 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from .errors import LockTimeout
+
+POLL_S = 0.02
+
+
+@contextmanager
+def flock(path: Path, *, shared: bool, timeout: float, busy: Callable[[], str]) -> Iterator[bool]:
+    """Hold flock(2) on `path` (created if missing); yields True if it had to wait. After `timeout`
+    seconds of waiting, raises LockTimeout with the message `busy()` returns."""
+    import fcntl
+
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    mode = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
+    deadline = time.monotonic() + timeout
+    waited = False
+    try:
+        while True:
+            try:
+                fcntl.flock(fd, mode | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise LockTimeout(busy()) from None
+                waited = True
+                time.sleep(POLL_S)
+        yield waited
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock
 
 
 def _owner_text(path: Path) -> str:

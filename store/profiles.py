@@ -117,7 +117,9 @@ def _symlink_atomically(target: str, link: Path) -> None:
 
 
 def _lock(store: Store, profile: str, what: str, progress):
-    return locks.hold(store.layout.locks, f"profile-{profile}", what, PROFILE_LOCK_TIMEOUT_S, progress)
+    path = store.layout.locks / f"profile-{profile}.lock"
+    return locks.flock(path, shared=False, timeout=PROFILE_LOCK_TIMEOUT_S,
+                       busy=lambda: f"profile {profile!r} is being changed by another process ({path}); try again later")
 
 
 def _switch(store: Store, profile: str, number: int) -> None:

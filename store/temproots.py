@@ -15,37 +15,19 @@ from __future__ import annotations
 
 import fcntl
 import os
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
-from .errors import LockTimeout
 from .layout import Layout
+from .locks import flock
 
 GC_LOCK_WAIT_S = 120.0
 
 
-@contextmanager
-def gc_lock(layout: Layout, shared: bool, timeout: float) -> Iterator[None]:
-    """flock(2) on ROOT/var/locks/gc.lock, shared for adding roots, exclusive for gc."""
-    import time
-
-    fd = os.open(layout.gc_lock, os.O_RDWR | os.O_CREAT, 0o644)
-    mode = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
-    deadline = time.monotonic() + timeout
-    try:
-        while True:
-            try:
-                fcntl.flock(fd, mode | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    who = "a garbage collection" if shared else "processes adding roots"
-                    raise LockTimeout(f"the gc lock {layout.gc_lock} is held by {who}; try again later") from None
-                time.sleep(0.02)
-        yield
-    finally:
-        os.close(fd)
+def gc_lock(layout: Layout, shared: bool, timeout: float):
+    """flock(2) on ROOT/var/locks/gc.lock: shared to add roots, exclusive for gc."""
+    who = "a garbage collection" if shared else "processes adding roots"
+    return flock(layout.gc_lock, shared=shared, timeout=timeout,
+                 busy=lambda: f"the gc lock {layout.gc_lock} is held by {who}; try again later")
 
 
 class TempRoots:
