@@ -325,5 +325,46 @@ def run(obj: Context, profile: str, command: tuple[str, ...]) -> None:
     exec_in(profile, argv, root=obj.root)
 
 
+@cli.command()
+@click.option("--dry-run", is_flag=True, help="Say what would be deleted and how much it frees; delete nothing.")
+@click.option("--delete-older-than", metavar="DURATION", help="First delete generations older than this (30d, 12h), never the current one.")
+@click.option("--keep", type=int, help="First delete all but the newest N generations of each profile (never the current one).")
+@click.option("--max-freed", metavar="SIZE", help="Stop after freeing this much (50G), least recently used first.")
+@click.option("--min-free", metavar="SIZE", help="Collect only until the filesystem has this much free; nothing if it has.")
+@click.option("--lock-timeout", type=float, default=60.0, show_default=True,
+              help="Seconds to wait for the gc lock (another gc); then exit 75 so cron tries again later.")
+@click.option("--print-roots", is_flag=True, help="Print each gc root and the store paths it holds; collect nothing.")
+@click.pass_obj
+def gc(obj: Context, dry_run: bool, delete_older_than: str | None, keep: int | None, max_freed: str | None,
+       min_free: str | None, lock_timeout: float, print_roots: bool) -> None:
+    """Delete store paths no root holds (profiles, pins, running processes, builds in flight).
+
+    Safe to run from cron while builds and activations run.
+
+    \b
+    Examples:
+      llmgw-store gc --dry-run
+      llmgw-store gc --delete-older-than 30d
+      llmgw-store --json gc --min-free 100G
+    """
+    from llmgw_store import gc as gcmod
+    from llmgw_store.units import human_size, parse_duration, parse_size
+
+    if print_roots:
+        held = gcmod.print_roots(root=obj.root, lock_timeout=lock_timeout)
+        obj.emit(held, "\n".join(f"{desc}: {', '.join(names)}" for desc, names in sorted(held.items())))
+        return
+    r = gcmod.collect(
+        root=obj.root, dry_run=dry_run, keep=keep, lock_timeout=lock_timeout, progress=obj.progress,
+        delete_older_than=parse_duration(delete_older_than) if delete_older_than else None,
+        max_freed=parse_size(max_freed) if max_freed else None,
+        min_free=parse_size(min_free) if min_free else None,
+    )
+    verb = "would free" if dry_run else "freed"
+    freed = sum(r["freed"].values())
+    obj.emit(r, f"{len(r['deleted'])} store path(s) {'to delete' if dry_run else 'deleted'}, {verb} {human_size(freed)} "
+                f"in {r['seconds']:.1f}s")
+
+
 def main() -> None:
     cli(prog_name=PROG)

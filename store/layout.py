@@ -5,6 +5,7 @@
     ROOT/var/db.sqlite                  the index (WAL)
     ROOT/var/locks/                     one lock file per key (+ an .owner note saying who holds it)
     ROOT/var/log/                       full output of failed subprocesses
+    ROOT/var/trash/                     dead paths gc has renamed out of store/ and is deleting
     ROOT/var/tmp/                       scratch space on the store's filesystem (renames stay atomic)
     ROOT/var/temproots/<pid>            store paths a live process is building or using (gc keeps them)
     ROOT/profiles/<p> -> <p>-<N>-link -> ../store/<key>-<name>     generations of a profile
@@ -66,6 +67,10 @@ class Layout:
         return self.var / "tmp"
 
     @property
+    def trash(self) -> Path:
+        return self.var / "trash"
+
+    @property
     def temproots(self) -> Path:
         return self.var / "temproots"
 
@@ -94,7 +99,7 @@ class Layout:
         return self.root / "cache" / "downloads"
 
     def ensure(self) -> None:
-        for d in (self.store, self.locks, self.logs, self.tmp, self.temproots, self.profiles, self.gcroots,
+        for d in (self.store, self.locks, self.logs, self.tmp, self.trash, self.temproots, self.profiles, self.gcroots,
                   self.python_installs, self.uv_cache, self.downloads):
             d.mkdir(parents=True, exist_ok=True)
 

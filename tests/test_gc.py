@@ -1,0 +1,236 @@
+"""gc on real stores: which paths go and which stay, each option, crashes mid-sweep, concurrency."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from llmgw_store.manifest import read as read_manifest, tree_hash
+from tests.conftest import build_json, cli_cmd, real_uv, run_cli, write_recipe
+
+DATES = ("2024-02-02", "2024-06-02", "2024-08-01")
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory, wheels):
+    """A store holding three unrooted environments A, B, C (tinyengine 1.0 as of three dates)."""
+    from tests.conftest import RELEASE_DATES
+    from tests.support.index_server import PackageIndex
+
+    os.environ["LLMGW_STORE_PYTHON_PREFERENCE"] = "only-system"
+    tmp = tmp_path_factory.mktemp("gc")
+    idx = PackageIndex()
+    for key, wheel in wheels.items():
+        idx.add(key.split("-")[0], wheel, RELEASE_DATES[key])
+    idx.start()
+    root = tmp / "root"
+    recipe = write_recipe(tmp, 'version = "1.0"')
+    names = [Path(build_json(root, recipe, idx, real_uv(), "--as-of", d)["path"]).name for d in DATES]
+    yield {"root": root, "names": names, "recipe": recipe, "index": idx}
+    idx.stop()
+
+
+@pytest.fixture
+def store(template, tmp_path):
+    root = tmp_path / "root"
+    subprocess.run(["cp", "-a", str(template["root"]), str(root)], check=True)
+    return root, template["names"]
+
+
+def on_disk(root: Path) -> set[str]:
+    return {p.name for p in (root / "store").iterdir() if "-uv-" not in p.name}
+
+
+def indexed(root: Path) -> set[str]:
+    con = sqlite3.connect(root / "var" / "db.sqlite")
+    return {r[0] for r in con.execute("SELECT name FROM paths WHERE engine != 'uv'")}
+
+
+def gc(root: Path, *args: str, **kw) -> dict:
+    return json.loads(run_cli(root, "--json", "gc", *args, check=True, **kw).stdout)
+
+
+def test_unrooted_paths_go_and_rooted_stay(store):
+    root, (a, b, c) = store
+    run_cli(root, "activate", "p", str(root / "store" / a), check=True)
+    run_cli(root, "pin", "keepme", str(root / "store" / b), check=True)
+    r = gc(root)
+    assert [d["name"] for d in r["deleted"]] == [c] and r["freed"]["store_paths"] > 0
+    assert on_disk(root) == indexed(root) == {a, b}
+    assert list((root / "var" / "trash").iterdir()) == []
+    assert r["kept"]["profile p generation 1"] == [a] and r["kept"]["pin keepme"] == [b]
+    assert gc(root)["deleted"] == []
+
+
+def test_dry_run_deletes_nothing(store):
+    root, names = store
+    r = gc(root, "--dry-run")
+    assert sorted(d["name"] for d in r["deleted"]) == sorted(names) and r["dry_run"]
+    assert on_disk(root) == indexed(root) == set(names)
+    text = run_cli(root, "gc", "--dry-run", check=True)
+    assert text.stdout.startswith("3 store path(s) to delete, would free")
+
+
+def test_keep_and_delete_older_than(store):
+    root, (a, b, c) = store
+    for n in (a, b, c):
+        run_cli(root, "activate", "p", str(root / "store" / n), check=True)
+    r = gc(root, "--keep", "2")
+    assert r["generations_deleted"] == {"p": [1]} and [d["name"] for d in r["deleted"]] == [a]
+    old = time.time() - 40 * 86400
+    os.utime(root / "profiles" / "p-2-link", (old, old), follow_symlinks=False)
+    os.utime(root / "profiles" / "p-3-link", (old, old), follow_symlinks=False)  # current: kept anyway
+    r = gc(root, "--delete-older-than", "30d")
+    assert r["generations_deleted"] == {"p": [2]} and [d["name"] for d in r["deleted"]] == [b]
+    assert on_disk(root) == {c} and os.readlink(root / "profiles" / "p") == "p-3-link"
+
+
+def _set_last_used(root: Path, order: list[str]) -> None:
+    con = sqlite3.connect(root / "var" / "db.sqlite")
+    for i, name in enumerate(order):
+        con.execute("UPDATE paths SET last_used = ? WHERE name = ?", (f"2025-01-0{i + 1}T00:00:00Z", name))
+    con.commit()
+
+
+def test_max_freed_takes_least_recently_used_first(store):
+    root, (a, b, c) = store
+    _set_last_used(root, [b, c, a])
+    r = gc(root, "--max-freed", "1")
+    assert [d["name"] for d in r["deleted"]] == [b]
+    r = gc(root, "--max-freed", "1")
+    assert [d["name"] for d in r["deleted"]] == [c]
+    assert on_disk(root) == {a}
+
+
+def test_min_free(store):
+    root, (a, b, c) = store
+    assert gc(root, "--min-free", "1K")["deleted"] == []
+    _set_last_used(root, [c, a, b])
+    st = os.statvfs(root)
+    want = st.f_bavail * st.f_frsize + 1
+    r = gc(root, "--min-free", str(want))
+    assert [d["name"] for d in r["deleted"]] == [c]
+
+
+def test_running_process_keeps_its_environment(store):
+    root, (a, b, c) = store
+    env = root / "store" / a
+    proc = subprocess.Popen([str(env / "bin" / "python"), "-c", "import time; time.sleep(120)"], cwd="/")
+    try:
+        time.sleep(0.3)
+        r = gc(root)
+        assert {d["name"] for d in r["deleted"]} == {b, c}
+        assert on_disk(root) == {a}
+        assert any(k.startswith("in use by pid") and v == [a] for k, v in r["kept"].items())
+    finally:
+        proc.kill()
+        proc.wait()
+    assert [d["name"] for d in gc(root)["deleted"]] == [a]
+
+
+def test_open_file_keeps_its_environment(store):
+    root, (a, b, c) = store
+    holder = subprocess.Popen(["sh", "-c", f"exec 3<'{root / 'store' / b / 'pyvenv.cfg'}'; cd /; sleep 120"])
+    try:
+        time.sleep(0.3)
+        gc(root)
+        assert on_disk(root) == {b}
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_crash_leftovers_are_garbage_but_builds_in_flight_are_not(store, template):
+    root, names = store
+    (root / "store" / "zzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzz-junk-1-cpu").mkdir()
+    (root / "store" / "yyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyy-junk-1-cpu.partial").mkdir()
+    env = {**os.environ, "LLMGW_STORE_DEBUG_BUILD_PAUSE": "60"}
+    builder = subprocess.Popen(cli_cmd(root, "build", str(template["recipe"]), "--index-url", template["index"].url,
+                                       "--uv", str(real_uv()), "--as-of", "2024-09-09"), env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while not any(p.name.endswith(".partial") and (p / "bin" / "python").exists() and "junk" not in p.name
+                      for p in (root / "store").iterdir()):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        r = gc(root)
+        deleted = {d["name"] for d in r["deleted"]}
+        assert "zzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzz-junk-1-cpu" in deleted
+        assert "yyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyy-junk-1-cpu.partial" in deleted
+        in_flight = [p.name for p in (root / "store").iterdir() if p.name.endswith(".partial")]
+        assert len(in_flight) == 1 and in_flight[0] not in deleted
+    finally:
+        builder.kill()
+        builder.wait()
+
+
+@pytest.mark.parametrize("point", ["GC_AFTER_FORGET", "GC_BEFORE_EMPTY_TRASH"])
+def test_sigkill_mid_sweep_leaves_a_consistent_store(store, point):
+    root, (a, b, c) = store
+    run_cli(root, "activate", "p", str(root / "store" / a), check=True)
+    env = {**os.environ, f"LLMGW_STORE_DEBUG_{point}": "60"}
+    victim = subprocess.Popen(cli_cmd(root, "gc"), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while len(indexed(root)) == 3 if point == "GC_AFTER_FORGET" else not list((root / "var" / "trash").iterdir()):
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    victim.send_signal(signal.SIGKILL)
+    victim.wait(timeout=10)
+    # Every registered path is complete on disk; what is not registered is garbage for the next gc.
+    assert indexed(root) <= on_disk(root) and a in indexed(root)
+    for name in indexed(root):
+        assert tree_hash(root / "store" / name)[0] == read_manifest(root / "store" / name)["content_hash"]
+    gc(root)
+    assert on_disk(root) == indexed(root) == {a}
+    assert list((root / "var" / "trash").iterdir()) == []
+
+
+def test_second_gc_gives_up_with_75(store):
+    root, _ = store
+    env = {**os.environ, "LLMGW_STORE_DEBUG_GC_AFTER_FORGET": "30"}
+    first = subprocess.Popen(cli_cmd(root, "gc"), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while len(indexed(root)) == 3:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        second = run_cli(root, "gc", "--lock-timeout", "1")
+        assert second.returncode == 75
+        assert second.stderr == f"llmgw-store: error: the gc lock {root / 'var' / 'locks' / 'gc.lock'} is held by processes adding roots; try again later\n"
+    finally:
+        first.kill()
+        first.wait()
+
+
+def test_gc_loop_never_takes_what_builds_and_activations_make(store, template):
+    root, _ = store
+    stop = root.parent / "stop-gc"
+    loop = subprocess.Popen(["sh", "-c", f"while [ ! -e '{stop}' ]; do {' '.join(cli_cmd(root, 'gc'))} >/dev/null 2>&1 || exit 9; done"])
+    dates = [f"2024-{m:02d}-{d:02d}" for m in (3, 7) for d in range(1, 11)]  # 20 new keys
+
+    def activate(i: int) -> str:
+        proc = run_cli(root, "--json", "activate", f"w{i}", str(template["recipe"]), "--index-url",
+                       template["index"].url, "--uv", str(real_uv()), "--as-of", dates[i])
+        assert proc.returncode == 0, proc.stderr
+        return json.loads(proc.stdout)["path"]
+
+    try:
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            paths = list(pool.map(activate, range(20)))
+    finally:
+        stop.touch()
+        assert loop.wait(timeout=120) == 0
+    assert len(set(paths)) == 20
+    for p in map(Path, paths):
+        assert tree_hash(p)[0] == read_manifest(p)["content_hash"]
+    gc(root)
+    assert {Path(p).name for p in paths} <= on_disk(root)
