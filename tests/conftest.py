@@ -53,12 +53,17 @@ RELEASE_DATES = {
 }
 
 
-@pytest.fixture
-def index(wheels):
+def start_index(wheels: dict[str, Path]) -> PackageIndex:
+    """A running loopback index serving the test wheels with their release dates."""
     idx = PackageIndex()
     for key, wheel in wheels.items():
         idx.add(key.split("-")[0], wheel, RELEASE_DATES[key])
-    idx.start()
+    return idx.start()
+
+
+@pytest.fixture
+def index(wheels):
+    idx = start_index(wheels)
     yield idx
     idx.stop()
 

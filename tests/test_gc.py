@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from llmgw_store.manifest import read as read_manifest, tree_hash
-from tests.conftest import build_json, cli_cmd, real_uv, run_cli, write_recipe
+from tests.conftest import build_json, cli_cmd, real_uv, run_cli, start_index, write_recipe
 
 DATES = ("2024-02-02", "2024-06-02", "2024-08-01")
 
@@ -22,15 +22,9 @@ DATES = ("2024-02-02", "2024-06-02", "2024-08-01")
 @pytest.fixture(scope="module")
 def template(tmp_path_factory, wheels):
     """A store holding three unrooted environments A, B, C (tinyengine 1.0 as of three dates)."""
-    from tests.conftest import RELEASE_DATES
-    from tests.support.index_server import PackageIndex
-
     os.environ["LLMGW_STORE_PYTHON_PREFERENCE"] = "only-system"
     tmp = tmp_path_factory.mktemp("gc")
-    idx = PackageIndex()
-    for key, wheel in wheels.items():
-        idx.add(key.split("-")[0], wheel, RELEASE_DATES[key])
-    idx.start()
+    idx = start_index(wheels)
     root = tmp / "root"
     recipe = write_recipe(tmp, 'version = "1.0"')
     names = [Path(build_json(root, recipe, idx, real_uv(), "--as-of", d)["path"]).name for d in DATES]

@@ -13,22 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import build_json, cli_cmd, run_cli, write_recipe
+from tests.conftest import build_json, cli_cmd, real_uv, run_cli, start_index, write_recipe
 
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory, wheels):
     """One store with two environments of tinyengine 1.0: resolved before and after tinydep 2.0."""
-    from tests.conftest import RELEASE_DATES
-    from tests.support.index_server import PackageIndex
-    from tests.conftest import real_uv
-
     os.environ["LLMGW_STORE_PYTHON_PREFERENCE"] = "only-system"
     tmp = tmp_path_factory.mktemp("profiles")
-    idx = PackageIndex()
-    for key, wheel in wheels.items():
-        idx.add(key.split("-")[0], wheel, RELEASE_DATES[key])
-    idx.start()
+    idx = start_index(wheels)
     root = tmp / "root"
     recipe = write_recipe(tmp, 'version = "1.0"')
     old = build_json(root, recipe, idx, real_uv())
