@@ -331,12 +331,13 @@ def run(obj: Context, profile: str, command: tuple[str, ...]) -> None:
 @click.option("--keep", type=int, help="First delete all but the newest N generations of each profile (never the current one).")
 @click.option("--max-freed", metavar="SIZE", help="Stop after freeing this much (50G), least recently used first.")
 @click.option("--min-free", metavar="SIZE", help="Collect only until the filesystem has this much free; nothing if it has.")
+@click.option("--max-cache", metavar="SIZE", help="Clean the whole uv cache when what it holds alone (not shared with environments) is over SIZE; else only prune it.")
 @click.option("--lock-timeout", type=float, default=60.0, show_default=True,
               help="Seconds to wait for the gc lock (another gc); then exit 75 so cron tries again later.")
 @click.option("--print-roots", is_flag=True, help="Print each gc root and the store paths it holds; collect nothing.")
 @click.pass_obj
 def gc(obj: Context, dry_run: bool, delete_older_than: str | None, keep: int | None, max_freed: str | None,
-       min_free: str | None, lock_timeout: float, print_roots: bool) -> None:
+       min_free: str | None, max_cache: str | None, lock_timeout: float, print_roots: bool) -> None:
     """Delete store paths no root holds (profiles, pins, running processes, builds in flight).
 
     Safe to run from cron while builds and activations run.
@@ -359,6 +360,7 @@ def gc(obj: Context, dry_run: bool, delete_older_than: str | None, keep: int | N
         delete_older_than=parse_duration(delete_older_than) if delete_older_than else None,
         max_freed=parse_size(max_freed) if max_freed else None,
         min_free=parse_size(min_free) if min_free else None,
+        max_cache=parse_size(max_cache) if max_cache else None,
     )
     verb = "would free" if dry_run else "freed"
     freed = sum(r["freed"].values())

@@ -134,6 +134,7 @@ def collect(
     keep: int | None = None,
     max_freed: int | None = None,
     min_free: int | None = None,
+    max_cache: int | None = None,
     lock_timeout: float = DEFAULT_LOCK_TIMEOUT_S,
     progress: Callable[[str], None] = _quiet,
 ) -> dict[str, Any]:
@@ -164,10 +165,12 @@ def collect(
             root_map = roots(store, excluded)
             live = _closure(layout, {n for names in root_map.values() for n in names})
             report["kept"] = {desc: names for desc, names in root_map.items()}
-            _, stale = read_all(layout)
-            for f in stale:
-                if not dry_run:
+            live_temp, stale = read_all(layout)
+            report["freed"]["stale_files"] = 0
+            if not dry_run:
+                for f in stale:
                     f.unlink(missing_ok=True)
+                report["freed"]["stale_files"] = len(stale) + _remove_stale_key_locks(layout, live_temp)
             dead = _choose(store, live, budget)
             for item in dead:
                 progress(f"{'would delete' if dry_run else 'deleting'} {item['name']} ({item['size'] / 1e6:.1f} MB, {item['reason']})")
@@ -186,6 +189,7 @@ def collect(
             for entry in os.scandir(trash):
                 force_rmtree(Path(entry.path))
             report["freed"]["downloads"] = _prune_downloads(layout)
+        report["freed"]["uv_cache"] = _prune_uv_cache(store, max_cache, dry_run, progress)
         report["seconds"] = round(time.monotonic() - started, 3)
         report["free_after"] = free_bytes(layout.store)
         return report
@@ -245,6 +249,72 @@ def _prune_generations(store: Store, older_than, keep, dry_run, progress, report
             report["generations_deleted"][profile] = r["deleted"]
             excluded |= {(profile, n) for n in r["deleted"]}
     return excluded
+
+
+def _remove_stale_key_locks(layout: Layout, live_temp: set[str]) -> int:
+    """Lock files of keys no live process is building. Called with the gc lock held exclusively: a
+    builder adds its temp root (which needs the gc lock) before it opens its key's lock file, so no
+    process can be holding or about to open a lock file whose key no live temp root names. (Deleting
+    a lock file someone may still open would let two processes lock two different inodes.)"""
+    from .keys import key_of_name
+
+    busy = {key_of_name(n.removesuffix(".partial")) for n in live_temp}
+    removed = 0
+    for entry in os.scandir(layout.locks):
+        key, _, ext = entry.name.partition(".")
+        if ext in ("lock", "owner") and len(key) == 32 and key not in busy:
+            os.unlink(entry.path)
+            removed += 1
+    return removed
+
+
+def _exclusive_bytes(tree: Path) -> int:
+    """Bytes of regular files under `tree` that no other directory shares (link count 1): a cache
+    file hardlinked into an environment costs nothing extra, and removing it frees nothing."""
+    total = 0
+    for dirpath, _, filenames in os.walk(tree):
+        for n in filenames:
+            try:
+                st = os.lstat(os.path.join(dirpath, n))
+            except OSError:
+                continue
+            if st.st_nlink == 1:
+                total += st.st_size
+    return total
+
+
+UV_CACHE_TIMEOUT_S = 120.0
+
+
+def _prune_uv_cache(store: Store, max_cache: int | None, dry_run: bool, progress) -> int:
+    """`uv cache prune` (entries nothing references), or `uv cache clean` when what the cache holds
+    alone is over `max_cache`. uv takes its own cache lock, so builds in flight are safe; the wait
+    for it is bounded and a busy cache is skipped until the next gc."""
+    from . import uv as uvmod
+    from .errors import CommandError
+
+    cache = store.layout.uv_cache
+    before = _exclusive_bytes(cache)
+    verb = "clean" if max_cache is not None and before > max_cache else "prune"
+    if dry_run:
+        progress(f"would run `uv cache {verb}` ({before / 1e6:.1f} MB in the uv cache that no environment shares)")
+        return 0
+    pinned = [r for r in store.index.paths() if r["engine"] == "uv" and r["version"] == uvmod.UV_VERSION]
+    if pinned:
+        binary = store.layout.path_of(pinned[0]["name"]) / "bin" / "uv"
+    else:
+        from uv import find_uv_bin
+
+        binary = Path(find_uv_bin())
+    try:
+        uvmod.run([binary, "cache", verb], what=f"uv cache {verb}", log_dir=store.layout.logs, timeout=UV_CACHE_TIMEOUT_S,
+                  env=uvmod.clean_env(UV_NO_CONFIG="1", UV_CACHE_DIR=str(cache)), cwd=store.layout.tmp)
+    except CommandError as exc:
+        progress(f"left the uv cache alone this time: {exc}")
+        return 0
+    freed = max(0, before - _exclusive_bytes(cache))
+    progress(f"uv cache {verb}: freed {freed / 1e6:.1f} MB")
+    return freed
 
 
 DOWNLOAD_GRACE_S = 3600.0

@@ -162,6 +162,7 @@ def test_crash_leftovers_are_garbage_but_builds_in_flight_are_not(store, templat
         assert "yyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyy-junk-1-cpu.partial" in deleted
         in_flight = [p.name for p in (root / "store").iterdir() if p.name.endswith(".partial")]
         assert len(in_flight) == 1 and in_flight[0] not in deleted
+        assert (root / "var" / "locks" / f"{in_flight[0][:32]}.lock").exists()  # its lock is left alone
     finally:
         builder.kill()
         builder.wait()
@@ -228,3 +229,26 @@ def test_gc_loop_never_takes_what_builds_and_activations_make(store, template):
         assert tree_hash(p)[0] == read_manifest(p)["content_hash"]
     gc(root)
     assert {Path(p).name for p in paths} <= on_disk(root)
+
+
+def test_caches_and_stale_files(store):
+    root, (a, b, c) = store
+    run_cli(root, "activate", "p", str(root / "store" / a), check=True)
+    (root / "var" / "temproots" / "999999").write_text(f"{b}\n")  # no live process holds it
+    (root / "var" / "locks" / f"{'q' * 32}.lock").write_text("")
+    old, new = root / "cache" / "downloads" / "old.whl", root / "cache" / "downloads" / "new.whl"
+    old.write_bytes(b"x" * 1000)
+    new.write_bytes(b"y" * 10)
+    t = time.time() - 7200
+    os.utime(old, (t, t))
+    r = gc(root, "--max-cache", "1")
+    assert {d["name"] for d in r["deleted"]} == {b, c}  # the stale temp root did not keep b
+    assert not (root / "var" / "temproots" / "999999").exists()
+    assert not (root / "var" / "locks" / f"{'q' * 32}.lock").exists()
+    assert r["freed"]["downloads"] == 1000 and not old.exists() and new.exists()
+    assert r["freed"]["uv_cache"] > 0 and r["freed"]["stale_files"] >= 2
+    # the environment shared files with the cache through hardlinks: it is intact after the clean
+    env = root / "store" / a
+    assert tree_hash(env)[0] == read_manifest(env)["content_hash"]
+    out = subprocess.run([str(env / "bin" / "tinyengine")], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "tinyengine 1.0 tinydep 1.0"
