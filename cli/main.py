@@ -28,6 +28,9 @@ class Context:
             return
         click.echo(f"[{time.monotonic() - self.started:6.1f}s] {message}", err=True)
 
+    def exit(self, code: int) -> None:
+        click.get_current_context().exit(code)
+
     def emit(self, document: Any, text: str) -> None:
         if self.as_json:
             click.echo(json.dumps(document, indent=2, sort_keys=True, default=str))
@@ -366,6 +369,38 @@ def gc(obj: Context, dry_run: bool, delete_older_than: str | None, keep: int | N
     freed = sum(r["freed"].values())
     obj.emit(r, f"{len(r['deleted'])} store path(s) {'to delete' if dry_run else 'deleted'}, {verb} {human_size(freed)} "
                 f"in {r['seconds']:.1f}s")
+
+
+@cli.command()
+@click.argument("paths", nargs=-1)
+@click.option("--repair", is_flag=True, help="Rebuild each damaged path from its recorded inputs and swap it in if the result checks out.")
+@click.option("--uv", "uv_path", type=click.Path(dir_okay=False), envvar="LLMGW_STORE_UV", help="uv for --repair (must be the version the path was built with).")
+@click.option("--python-preference", envvar="LLMGW_STORE_PYTHON_PREFERENCE", default="only-managed", show_default=True,
+              type=click.Choice(["only-managed", "managed", "system", "only-system"]), help="For --repair: where the interpreter may come from.")
+@click.pass_obj
+def verify(obj: Context, paths: tuple[str, ...], repair: bool, uv_path: str | None, python_preference: str) -> None:
+    """Recompute the content hash of PATHS (default: every store path) and compare with the manifest
+    and the index; name modified, missing, extra and writable files. Exit 1 if any path is damaged.
+
+    \b
+    Examples:
+      llmgw-store verify
+      llmgw-store verify vllm@7 --repair
+    """
+    from llmgw_store.verify import verify as do_verify
+
+    r = do_verify(list(paths) or None, root=obj.root, repair=repair, uv=uv_path,
+                  python_preference=python_preference, progress=obj.progress)
+    lines = []
+    for p in r["paths"]:
+        state = "ok" if p["ok"] else ("repaired" if p.get("ok_after_repair") else "DAMAGED")
+        lines.append(f"{state:8s} {p['path']}")
+        for kind in ("modified", "missing", "extra", "writable"):
+            lines += [f"           {kind}: {f}" for f in p[kind]]
+        lines += [f"           {msg}" for msg in p["problems"]]
+    obj.emit(r, "\n".join(lines))
+    if r["damaged"]:
+        obj.exit(1)
 
 
 def main() -> None:

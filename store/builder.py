@@ -83,10 +83,10 @@ def build(
         plan = _plan(store, recipe, chosen, options, progress)
         path, how = realise(
             store, plan["key"], plan["name"], plan["inputs"], plan["meta"],
-            lambda partial: _make_env(store, recipe, plan, partial, progress),
-            verify=lambda tree: _verify(store, recipe, plan["fields"], tree, plan["deadline"], progress),
+            lambda partial: _make_env(store, plan, partial, progress),
+            verify=lambda tree: _verify(store, plan["fields"], tree, plan["deadline"], progress),
             progress=progress, lock_timeout=options.lock_timeout,
-            check=lambda: plan.update(requirements=_check_requirements(recipe, chosen.index, plan["fields"])),
+            check=lambda: _check_before_building(recipe, chosen.index, plan),
         )
         inputs = plan["inputs"]
         return BuildResult(
@@ -136,6 +136,8 @@ def _plan(store: Store, recipe: Recipe, chosen: Build, options: BuildOptions, pr
         "interpreter": interp,
         "index_url": index_url,
         "meta": {"engine": recipe.name, "version": version, "variant": chosen.variant, "binary": recipe.binary},
+        "binary": recipe.binary,
+        "origin": str(recipe.file),
     }
 
 
@@ -171,6 +173,13 @@ def _remember_published(store: Store, files, project: str, version: str, index_u
     return published
 
 
+def _check_before_building(recipe: Recipe, build_index: int, plan: dict[str, Any]) -> None:
+    unsupported = sorted(set(plan["fields"]) - recipes.SUPPORTED_BUILD_FIELDS)
+    if unsupported:
+        raise UsageError(f"{recipe.file}: build field(s) {', '.join(unsupported)} are not supported by this llmgw-store yet")
+    plan["requirements"] = _check_requirements(recipe, build_index, plan["fields"])
+
+
 def _check_requirements(recipe: Recipe, build_index: int, fields: dict[str, Any]) -> list[str]:
     """Requirements must be PyPI requirement specifiers: a URL or `@` reference would bypass the
     index, `--exclude-newer` and the published hashes."""
@@ -189,7 +198,8 @@ def _check_requirements(recipe: Recipe, build_index: int, fields: dict[str, Any]
     return out
 
 
-def _make_env(store: Store, recipe: Recipe, plan: dict[str, Any], partial: Path, progress) -> dict[str, Any]:
+def _make_env(store: Store, plan: dict[str, Any], partial: Path, progress) -> dict[str, Any]:
+    """venv, resolve (or take `plan["lock_text"]` as it is, for a repair), install, check the binary."""
     fields, uv, interp = plan["fields"], plan["uv"], plan["interpreter"]
     requirements = plan["requirements"]
     deadline = plan["deadline"] = time.monotonic() + float(fields.get("timeout", DEFAULT_TIMEOUT_S))
@@ -208,13 +218,9 @@ def _make_env(store: Store, recipe: Recipe, plan: dict[str, Any], partial: Path,
                 f"only {free / 1e9:.1f} GB free under {layout.store}, the build needs {fields['free_gb']} GB; "
                 "run `llmgw-store gc` or free space"
             )
-    unsupported = sorted(set(fields) - recipes.SUPPORTED_BUILD_FIELDS)
-    if unsupported:
-        raise UsageError(f"{recipe.file}: build field(s) {', '.join(unsupported)} are not supported by this llmgw-store yet")
-
     env = uvmod.clean_env(
         UV_NO_CONFIG="1",
-        UV_CACHE_DIR=str(layout.uv_cache),
+        UV_CACHE_DIR=str(plan.get("uv_cache") or layout.uv_cache),
         UV_PYTHON_INSTALL_DIR=str(layout.python_installs),
         UV_PYTHON_DOWNLOADS="never",
         TMPDIR=str(layout.tmp),
@@ -233,23 +239,29 @@ def _make_env(store: Store, recipe: Recipe, plan: dict[str, Any], partial: Path,
     uv_run(["venv", "--relocatable", "--allow-existing", "--python", interp.path, partial], "uv venv")
     debug.pause("BUILD_PAUSE")  # a .partial with a venv exists: concurrent builders meet here
     as_of = plan["inputs"]["as_of"]
-    progress(f"resolving {len(requirements)} requirement(s) as {plan['index_url']} stood at {as_of}")
-    uv_run(
-        ["pip", "compile", req_in, "-o", lock, "--generate-hashes", "--exclude-newer", as_of,
-         "--index-url", plan["index_url"], "--python", python, "--no-header", "--quiet"],
-        "uv pip compile",
-    )
+    if plan.get("lock_text") is not None:
+        lock.write_text(plan["lock_text"])
+    else:
+        progress(f"resolving {len(requirements)} requirement(s) as {plan['index_url']} stood at {as_of}")
+        uv_run(
+            ["pip", "compile", req_in, "-o", lock, "--generate-hashes", "--exclude-newer", as_of,
+             "--index-url", plan["index_url"], "--python", python, "--no-header", "--quiet"],
+            "uv pip compile",
+        )
     lock_text = lock.read_text()
     pins = sum(1 for ln in lock_text.splitlines() if ln and not ln[0].isspace() and not ln.startswith("#"))
     progress(f"installing {pins} pinned package(s) with --require-hashes --no-deps")
+    # --compile-bytecode: the tree is read-only afterwards. uv's compiler is the fastest here (a
+    # compileall pass with unchecked-hash pycs for the final path cost 1.5 s more on a 200 MB tree);
+    # its pycs keep the source mtimes of the wheels, so a rebuild at the same path is identical.
     uv_run(
         ["pip", "install", "--require-hashes", "--no-deps", "-r", lock, "--index-url", plan["index_url"],
          "--python", python, "--link-mode", "hardlink", "--compile-bytecode", "--quiet"],
         "uv pip install",
     )
-    binary = partial / "bin" / recipe.binary
+    binary = partial / "bin" / plan["binary"]
     if not (binary.is_file() and os.access(binary, os.X_OK)):
-        raise StoreError(f"the environment has no executable bin/{recipe.binary} (engine.binary in {recipe.file})")
+        raise StoreError(f"the environment has no executable bin/{plan['binary']} (engine.binary in {plan['origin']})")
     return {
         "requirements": requirements,
         "exclude_newer": as_of,
@@ -260,7 +272,7 @@ def _make_env(store: Store, recipe: Recipe, plan: dict[str, Any], partial: Path,
     }
 
 
-def _verify(store: Store, recipe: Recipe, fields: dict[str, Any], env_dir: Path, deadline: float, progress) -> None:
+def _verify(store: Store, fields: dict[str, Any], env_dir: Path, deadline: float, progress) -> None:
     """Run the recipe's verify command in the (already frozen) environment."""
     command = fields.get("verify")
     if not command:

@@ -171,6 +171,19 @@ class Index:
     def forget(self, name: str) -> None:
         self._sql("DELETE FROM paths WHERE name = ?", (name,))
 
+    def replace_content(self, name: str, content_hash: str, size: int, files: int, build_id: int, seconds: float) -> None:
+        """A repaired path's new content, and its build-log entry, in one transaction."""
+        try:
+            with self.conn:
+                self.conn.execute("BEGIN IMMEDIATE")
+                self.conn.execute(
+                    "UPDATE paths SET content_hash = ?, size = ?, files = ?, last_used = ? WHERE name = ?",
+                    (content_hash, size, files, now_iso(), name),
+                )
+                self._finish_build(build_id, "repaired", seconds, None)
+        except sqlite3.Error as exc:
+            raise IndexError_(f"index {self.path}: cannot record the repair of {name}: {exc}") from exc
+
     # --- build log ---------------------------------------------------------------------------
     def start_build(self, key: str, name: str) -> int:
         """Log a build as running. Called with the key's lock held, so a row of this key still marked

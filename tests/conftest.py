@@ -132,3 +132,20 @@ def build_json(root: Path, recipe: Path, index: PackageIndex, uv: Path, *extra: 
 def run_in_env(env_path: Path, *argv: str) -> str:
     return subprocess.run([str(env_path / "bin" / argv[0]), *argv[1:]], capture_output=True, text=True,
                           check=True, timeout=60).stdout.strip()
+
+
+def build_store(tmp: Path, wheels: dict[str, Path], *as_ofs: str) -> dict:
+    """A store holding tinyengine 1.0 built as of each date (unrooted), and the running index it
+    came from (the caller stops it): the starting point of module-scoped fixtures."""
+    os.environ["LLMGW_STORE_PYTHON_PREFERENCE"] = "only-system"
+    idx = start_index(wheels)
+    root = tmp / "root"
+    recipe = write_recipe(tmp, 'version = "1.0"')
+    paths = [build_json(root, recipe, idx, real_uv(), "--as-of", d)["path"] for d in as_ofs]
+    return {"root": root, "paths": paths, "names": [Path(p).name for p in paths], "recipe": recipe, "index": idx}
+
+
+def copy_store(src: Path, dest: Path) -> Path:
+    """A private copy of a template store for one test (cp -a keeps modes, links and the index)."""
+    subprocess.run(["cp", "-a", str(src), str(dest)], check=True)
+    return dest

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from llmgw_store.manifest import read as read_manifest, tree_hash
-from tests.conftest import build_json, cli_cmd, real_uv, run_cli, start_index, write_recipe
+from tests.conftest import build_store, cli_cmd, copy_store, real_uv, run_cli
 
 DATES = ("2024-02-02", "2024-06-02", "2024-08-01")
 
@@ -22,21 +22,14 @@ DATES = ("2024-02-02", "2024-06-02", "2024-08-01")
 @pytest.fixture(scope="module")
 def template(tmp_path_factory, wheels):
     """A store holding three unrooted environments A, B, C (tinyengine 1.0 as of three dates)."""
-    os.environ["LLMGW_STORE_PYTHON_PREFERENCE"] = "only-system"
-    tmp = tmp_path_factory.mktemp("gc")
-    idx = start_index(wheels)
-    root = tmp / "root"
-    recipe = write_recipe(tmp, 'version = "1.0"')
-    names = [Path(build_json(root, recipe, idx, real_uv(), "--as-of", d)["path"]).name for d in DATES]
-    yield {"root": root, "names": names, "recipe": recipe, "index": idx}
-    idx.stop()
+    t = build_store(tmp_path_factory.mktemp("gc"), wheels, *DATES)
+    yield t
+    t["index"].stop()
 
 
 @pytest.fixture
 def store(template, tmp_path):
-    root = tmp_path / "root"
-    subprocess.run(["cp", "-a", str(template["root"]), str(root)], check=True)
-    return root, template["names"]
+    return copy_store(template["root"], tmp_path / "root"), template["names"]
 
 
 def on_disk(root: Path) -> set[str]:

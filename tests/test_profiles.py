@@ -13,21 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import build_json, cli_cmd, real_uv, run_cli, start_index, write_recipe
+from tests.conftest import build_store, cli_cmd, run_cli
 
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory, wheels):
     """One store with two environments of tinyengine 1.0: resolved before and after tinydep 2.0."""
-    os.environ["LLMGW_STORE_PYTHON_PREFERENCE"] = "only-system"
-    tmp = tmp_path_factory.mktemp("profiles")
-    idx = start_index(wheels)
-    root = tmp / "root"
-    recipe = write_recipe(tmp, 'version = "1.0"')
-    old = build_json(root, recipe, idx, real_uv())
-    new = build_json(root, recipe, idx, real_uv(), "--as-of", "2024-06-02")
-    yield {"root": root, "old": old["path"], "new": new["path"], "recipe": recipe, "index": idx}
-    idx.stop()
+    t = build_store(tmp_path_factory.mktemp("profiles"), wheels, "2024-02-02", "2024-06-02")
+    yield {"root": t["root"], "old": t["paths"][0], "new": t["paths"][1], "recipe": t["recipe"], "index": t["index"]}
+    t["index"].stop()
 
 
 def act(root, profile, target, *extra):
