@@ -403,5 +403,65 @@ def verify(obj: Context, paths: tuple[str, ...], repair: bool, uv_path: str | No
         obj.exit(1)
 
 
+@cli.command()
+@click.option("--rebuild-index", is_flag=True, help="Recreate the index from the manifests, profile links and pins (the old one is kept as a backup).")
+@click.pass_obj
+def doctor(obj: Context, rebuild_index: bool) -> None:
+    """Check the index against the disk; exit 1 if they disagree. --rebuild-index recreates it.
+
+    \b
+    Examples:
+      llmgw-store doctor
+      llmgw-store doctor --rebuild-index
+    """
+    from llmgw_store.doctor import doctor as do_doctor
+
+    r = do_doctor(root=obj.root, rebuild_index=rebuild_index, progress=obj.progress)
+    if rebuild_index:
+        obj.emit(r, f"index rebuilt: {len(r['registered'])} path(s), {r['generations']} generation(s), "
+                    f"{r['pins']} pin(s); {len(r['skipped'])} directory(ies) left unregistered; old index kept at {r['backup']}")
+        return
+    lines = [f"{kind.replace('_', ' ')}: {item}" for kind, items in r["problems"].items() for item in items]
+    obj.emit(r, "\n".join(lines) or "index and disk agree")
+    if not r["ok"]:
+        obj.exit(1)
+
+
+@cli.command()
+@click.option("--dry-run", is_flag=True, help="Count what would be linked and freed; change nothing.")
+@click.pass_obj
+def optimise(obj: Context, dry_run: bool) -> None:
+    """Hardlink identical files across store paths (through ROOT/store/.links) and report the bytes saved."""
+    from llmgw_store.optimise import optimise as do_optimise
+    from llmgw_store.units import human_size
+
+    r = do_optimise(root=obj.root, dry_run=dry_run, progress=obj.progress)
+    obj.emit(r, f"{r['files_linked']} of {r['files_examined']} file(s) {'would be ' if dry_run else ''}linked, "
+                f"{human_size(r['bytes_saved'])} {'would be ' if dry_run else ''}freed")
+
+
+@cli.command()
+@click.option("--prometheus", type=click.Path(dir_okay=False), help="Also write the figures as a Prometheus textfile (atomically).")
+@click.pass_obj
+def stats(obj: Context, prometheus: str | None) -> None:
+    """Paths, bytes (apparent and on disk after dedup), profiles, generations, cache sizes.
+
+    \b
+    Example (node_exporter's textfile collector, after each cron gc):
+      llmgw-store stats --prometheus /var/lib/node_exporter/textfile/llmgw_store.prom
+    """
+    from llmgw_store.stats import stats as do_stats
+    from llmgw_store.units import human_size
+
+    r = do_stats(root=obj.root, prometheus=prometheus)
+    obj.emit(r, "\n".join([
+        f"paths:        {r['paths']} ({human_size(r['bytes_apparent'])} apparent, {human_size(r['bytes_on_disk'])} on disk)",
+        f"profiles:     {r['profiles']} with {r['generations']} generation(s); {r['pins']} pin(s)",
+        f"uv cache:     {human_size(r['uv_cache_bytes'])} ({human_size(r['uv_cache_bytes_unshared'])} not shared with environments)",
+        f"downloads:    {human_size(r['downloads_bytes'])}",
+        f"free:         {human_size(r['free_bytes'])}",
+    ]))
+
+
 def main() -> None:
     cli(prog_name=PROG)

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from . import debug, interpreters, recipe as recipes
+from . import bytecode, debug, interpreters, recipe as recipes
 from . import uv as uvmod
 from .errors import RecipeError, StoreError, UsageError
 from .fsutil import free_bytes
@@ -251,14 +251,16 @@ def _make_env(store: Store, plan: dict[str, Any], partial: Path, progress) -> di
     lock_text = lock.read_text()
     pins = sum(1 for ln in lock_text.splitlines() if ln and not ln[0].isspace() and not ln.startswith("#"))
     progress(f"installing {pins} pinned package(s) with --require-hashes --no-deps")
-    # --compile-bytecode: the tree is read-only afterwards. uv's compiler is the fastest here (a
-    # compileall pass with unchecked-hash pycs for the final path cost 1.5 s more on a 200 MB tree);
-    # its pycs keep the source mtimes of the wheels, so a rebuild at the same path is identical.
     uv_run(
         ["pip", "install", "--require-hashes", "--no-deps", "-r", lock, "--index-url", plan["index_url"],
-         "--python", python, "--link-mode", "hardlink", "--compile-bytecode", "--quiet"],
+         "--python", python, "--link-mode", "hardlink", "--quiet"],
         "uv pip install",
     )
+    progress("compiling bytecode")
+    modules, failed = bytecode.compile_tree(python, partial, lambda argv, what: uvmod.run(
+        argv, what=what, env=env, log_dir=layout.logs, cwd=layout.tmp, timeout=remaining(), show=progress))
+    if failed:
+        progress(f"{failed} of {modules} module(s) do not compile; they stay as source")
     binary = partial / "bin" / plan["binary"]
     if not (binary.is_file() and os.access(binary, os.X_OK)):
         raise StoreError(f"the environment has no executable bin/{plan['binary']} (engine.binary in {plan['origin']})")

@@ -190,6 +190,13 @@ def collect(
                 force_rmtree(Path(entry.path))
             report["freed"]["downloads"] = _prune_downloads(layout)
         report["freed"]["uv_cache"] = _prune_uv_cache(store, max_cache, dry_run, progress)
+        if not dry_run:
+            from .optimise import prune_pool
+
+            # After the uv cache: a pool entry the cache still links costs nothing, one it no longer
+            # does is freed here. Exclusive again, briefly: optimise links into the pool shared.
+            with gc_lock(layout, shared=False, timeout=lock_timeout):
+                report["freed"]["optimise_pool"] = prune_pool(store)
         report["seconds"] = round(time.monotonic() - started, 3)
         report["free_after"] = free_bytes(layout.store)
         return report
