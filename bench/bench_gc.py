@@ -22,29 +22,12 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import clone_registered  # noqa: E402
+
 REPO = Path(__file__).resolve().parent.parent
 PY = Path(sys.executable)
 CLI = PY.with_name("llmgw-store")
-
-
-def clone_registered(root: Path, src_name: str, n: int) -> list[str]:
-    """n copies of store path `src_name`, registered under fresh keys."""
-    sys.path.insert(0, str(REPO))
-    from llmgw_store.index import Index
-    from llmgw_store.keys import store_key
-
-    idx = Index(root / "var" / "db.sqlite")
-    row = idx.path_by_name(src_name)
-    names = []
-    for i in range(n):
-        key = store_key({"bench": i, "src": src_name})
-        name = f"{key}-{src_name.split('-', 1)[1]}"
-        subprocess.run(["cp", "-a", str(root / "store" / src_name), str(root / "store" / name)], check=True)
-        b = idx.start_build(key, name)
-        idx.register({**row, "name": name, "key": key}, b, 0.0)
-        names.append(name)
-    idx.close()
-    return names
 
 
 def main() -> None:

@@ -32,6 +32,7 @@ CONTENTS = f"{MANIFEST_DIR}/contents"
 _EXCLUDED = {MANIFEST, CONTENTS}
 CHUNK = 1 << 20
 THREADS = min(8, (os.cpu_count() or 1) * 2)
+_WRITE = stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH
 
 
 @dataclass(frozen=True)
@@ -77,11 +78,15 @@ def file_digest(path: str) -> str:
 BIG = 1 << 18  # files from 256 KiB up are hashed in the pool; smaller ones inline (less overhead)
 
 
-def scan(root: Path) -> list[Entry]:
+def scan(root: Path, writable: list[str] | None = None) -> list[Entry]:
     """Every entry under `root` (manifest and listing excluded), in canonical order, files hashed.
-    A depth-first walk over sorted names yields the component-wise sorted order directly."""
+    A depth-first walk over sorted names yields the component-wise sorted order directly. With
+    `writable`, the paths of entries that have a write bit are appended to it (root itself as ".")."""
     entries: list[Entry] = []
     pending: list[tuple[int, Any]] = []
+    check_w = writable is not None
+    if check_w and os.lstat(root).st_mode & _WRITE:
+        writable.append(".")
     with ThreadPoolExecutor(THREADS) as pool:
 
         def walk(dir_path: str, prefix: str) -> None:
@@ -93,14 +98,21 @@ def scan(root: Path) -> list[Entry]:
                     continue
                 st = e.stat(follow_symlinks=False)
                 mode = st.st_mode
+                if check_w and mode & _WRITE and not stat.S_ISLNK(mode):
+                    writable.append(rel)
                 if stat.S_ISREG(mode):
                     kind = "x" if mode & stat.S_IXUSR else "f"
-                    if st.st_size >= BIG:
+                    size = st.st_size
+                    if size >= BIG:
                         pending.append((len(entries), pool.submit(file_digest, e.path)))
-                        entries.append(Entry(rel, kind, st.st_size, ""))
+                        entries.append(Entry(rel, kind, size, ""))
                     else:
-                        with open(e.path, "rb") as f:
-                            entries.append(Entry(rel, kind, st.st_size, blake3(f.read()).hexdigest()))
+                        fd = os.open(e.path, os.O_RDONLY)
+                        try:
+                            data = os.read(fd, size + 1)
+                        finally:
+                            os.close(fd)
+                        entries.append(Entry(rel, kind, size, blake3(data).hexdigest()))
                 elif stat.S_ISDIR(mode):
                     entries.append(Entry(rel, "d", 0, ""))
                     walk(e.path, rel + "/")

@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 from pathlib import Path
 from typing import Any, Callable
 
 from . import manifest
 from .errors import NotFoundError, UsageError
-from .fsutil import WRITE_BITS, force_rmtree
+from .fsutil import force_rmtree
 from .local_store import Store
 from .resolve import registered
 
@@ -49,7 +48,8 @@ def check_path(store: Store, row: dict[str, Any]) -> dict[str, Any]:
     except (OSError, ValueError) as exc:
         recorded = None
         r["problems"].append(f"the contents listing cannot be read: {exc}")
-    actual = manifest.scan(env)
+    writable: list[str] = []
+    actual = manifest.scan(env, writable)
     now = manifest.content_hash(actual)
     if recorded is not None:
         r.update(manifest.compare(recorded, actual))
@@ -59,20 +59,9 @@ def check_path(store: Store, row: dict[str, Any]) -> dict[str, Any]:
         r["problems"].append("the manifest and the index record different content hashes")
     if now != row["content_hash"] and not (r["modified"] or r["missing"] or r["extra"]):
         r["problems"].append("the tree's content hash differs from the index")
-    r["writable"] = _writable(env)
+    r["writable"] = sorted(writable)
     r["ok"] = not (r["modified"] or r["missing"] or r["extra"] or r["writable"] or r["problems"])
     return r
-
-
-def _writable(env: Path) -> list[str]:
-    out = []
-    for dirpath, dirnames, filenames in os.walk(env):
-        for n in ["."] + dirnames + filenames if dirpath == os.fspath(env) else dirnames + filenames:
-            full = os.path.normpath(os.path.join(dirpath, n))
-            st = os.lstat(full)
-            if not stat.S_ISLNK(st.st_mode) and st.st_mode & WRITE_BITS:
-                out.append(os.path.relpath(full, env))
-    return sorted(out)
 
 
 def verify(
