@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from . import bytecode, debug, interpreters, recipe as recipes
+from . import bytecode, debug, interpreters, lockfiles, recipe as recipes
 from . import uv as uvmod
 from .errors import RecipeError, StoreError, UsageError
 from .fsutil import free_bytes
@@ -228,8 +228,18 @@ def _make_env(store: Store, plan: dict[str, Any], partial: Path, progress) -> di
     python = partial / "bin" / "python"
     meta_dir = partial / ".llmgw"
     meta_dir.mkdir()
-    req_in, lock = meta_dir / "requirements.in", meta_dir / "requirements.lock"
-    req_in.write_text("".join(r + "\n" for r in requirements))
+    extra_index = fields.get("extra_index")
+    lock = meta_dir / ("pylock.toml" if extra_index else "requirements.lock")
+    if extra_index:
+        # PEP 751 with an explicit second index: only `index_packages` may come from it; every
+        # other package, even one the second index also offers (the 2022 torchtriton confusion),
+        # resolves from the main index.
+        source = meta_dir / "pyproject.toml"
+        source.write_text(lockfiles.pyproject_with_index(requirements, extra_index, fields["index_packages"],
+                                                         interp.version))
+    else:
+        source = meta_dir / "requirements.in"
+        source.write_text("".join(r + "\n" for r in requirements))
 
     def uv_run(args: list, what: str) -> str:
         return uvmod.run([uv.path, *args], what=what, env=env, log_dir=layout.logs, cwd=layout.tmp,
@@ -242,14 +252,16 @@ def _make_env(store: Store, plan: dict[str, Any], partial: Path, progress) -> di
     if plan.get("lock_text") is not None:
         lock.write_text(plan["lock_text"])
     else:
-        progress(f"resolving {len(requirements)} requirement(s) as {plan['index_url']} stood at {as_of}")
+        where = plan["index_url"] + (f" (and {extra_index} for {', '.join(fields['index_packages'])})" if extra_index else "")
+        progress(f"resolving {len(requirements)} requirement(s) as {where} stood at {as_of}")
+        fmt = ["--format", "pylock.toml"] if extra_index else ["--generate-hashes"]
         uv_run(
-            ["pip", "compile", req_in, "-o", lock, "--generate-hashes", "--exclude-newer", as_of,
+            ["pip", "compile", source, "-o", lock, *fmt, "--exclude-newer", as_of,
              "--index-url", plan["index_url"], "--python", python, "--no-header", "--quiet"],
             "uv pip compile",
         )
     lock_text = lock.read_text()
-    pins = sum(1 for ln in lock_text.splitlines() if ln and not ln[0].isspace() and not ln.startswith("#"))
+    pins = len(lockfiles.pins(lock_text, lock.name))
     progress(f"installing {pins} pinned package(s) with --require-hashes --no-deps")
     uv_run(
         ["pip", "install", "--require-hashes", "--no-deps", "-r", lock, "--index-url", plan["index_url"],
@@ -271,6 +283,7 @@ def _make_env(store: Store, plan: dict[str, Any], partial: Path, progress) -> di
         "uv_version": uv.version,
         "python": asdict(interp),
         "lock": lock_text,
+        "lock_format": lock.name,
     }
 
 

@@ -3,26 +3,21 @@ switching vLLM versions."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
+from . import lockfiles
 from .local_store import Store
 from .manifest import MANIFEST_DIR
 from .resolve import reference
 
-PIN_RE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?==([^\s;\\]+)")
-
-
 def lock_pins(env: Path) -> dict[str, str]:
-    """Package -> version from an environment's requirements.lock (normalised names)."""
-    lock = env / MANIFEST_DIR / "requirements.lock"
-    pins = {}
-    for line in lock.read_text().splitlines() if lock.exists() else []:
-        m = PIN_RE.match(line)
-        if m:
-            pins[re.sub(r"[-_.]+", "-", m.group(1)).lower()] = m.group(2)
-    return pins
+    """Package -> version from an environment's lock, whichever format it has."""
+    for name in ("pylock.toml", "requirements.lock"):
+        lock = env / MANIFEST_DIR / name
+        if lock.exists():
+            return lockfiles.pins(lock.read_text(), name)
+    return {}
 
 
 def diff(a: str, b: str, *, root: str | Path | None = None) -> dict[str, Any]:

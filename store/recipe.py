@@ -50,7 +50,8 @@ BUILD_FIELDS: dict[str, tuple[tuple[type, ...], bool]] = {
 }
 LIST_OF_STR = ("requirements", "verify", "index_packages", "assets")
 # What this version of the builder does; the rest is typed above but refused at build time.
-SUPPORTED_BUILD_FIELDS = {"variant", "python", "requirements", "verify", "as_of", "version", "free_gb", "timeout"}
+SUPPORTED_BUILD_FIELDS = {"variant", "python", "requirements", "verify", "as_of", "version", "free_gb", "timeout",
+                          "extra_index", "index_packages"}
 
 
 @dataclass(frozen=True)
@@ -133,6 +134,9 @@ def parse(data: dict[str, Any], file: str | Path) -> Recipe:
             raise RecipeError(file, f"{where}.version", f"{b['version']!r} is not a version")
         if "as_of" in b:
             b["as_of"] = format_time(parse_time(b["as_of"], lambda msg: RecipeError(file, f"{where}.as_of", msg)))
+        if ("extra_index" in b) != ("index_packages" in b) or ("index_packages" in b and not b["index_packages"]):
+            raise RecipeError(file, f"{where}.extra_index", "extra_index and a non-empty index_packages go together: "
+                              "the second index serves only the packages named for it")
         for name in ("free_gb", "timeout"):
             if name in b and b[name] < 0:
                 raise RecipeError(file, f"{where}.{name}", "must not be negative")
