@@ -9,6 +9,7 @@ Only a miss validates requirements, resolves and installs; see realise.py for th
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -17,7 +18,7 @@ from typing import Any, Callable
 from . import bytecode, debug, interpreters, lockfiles, recipe as recipes
 from . import uv as uvmod
 from .errors import RecipeError, StoreError, UsageError
-from .fsutil import free_bytes
+from .fsutil import force_rmtree, free_bytes
 from .host import platform_facts
 from .keys import SCHEMA_VERSION, path_name, store_key
 from .local_store import Store
@@ -116,6 +117,7 @@ def _plan(store: Store, recipe: Recipe, chosen: Build, options: BuildOptions, pr
         "engine": recipe.name,
         "pypi": recipe.pypi,
         "binary": recipe.binary,
+        "repo": recipe.engine.get("repo"),
         "version": version,
         "variant": chosen.variant,
         "build": fields,
@@ -138,6 +140,8 @@ def _plan(store: Store, recipe: Recipe, chosen: Build, options: BuildOptions, pr
         "meta": {"engine": recipe.name, "version": version, "variant": chosen.variant, "binary": recipe.binary},
         "binary": recipe.binary,
         "origin": str(recipe.file),
+        "repo": recipe.engine.get("repo"),
+        "build_index": chosen.index,
     }
 
 
@@ -228,6 +232,15 @@ def _make_env(store: Store, plan: dict[str, Any], partial: Path, progress) -> di
     python = partial / "bin" / "python"
     meta_dir = partial / ".llmgw"
     meta_dir.mkdir()
+
+    def uv_run(args: list, what: str) -> str:
+        return uvmod.run([uv.path, *args], what=what, env=env, log_dir=layout.logs, cwd=layout.tmp,
+                         timeout=remaining(), show=progress)
+
+    progress(f"creating the environment ({interp.implementation} {interp.version}, {interp.path})")
+    uv_run(["venv", "--relocatable", "--allow-existing", "--python", interp.path, partial], "uv venv")
+    debug.pause("BUILD_PAUSE")  # a .partial with a venv exists: concurrent builders meet here
+    requirements = requirements + _fetch_extras(store, plan, partial, progress)
     extra_index = fields.get("extra_index")
     lock = meta_dir / ("pylock.toml" if extra_index else "requirements.lock")
     if extra_index:
@@ -241,13 +254,6 @@ def _make_env(store: Store, plan: dict[str, Any], partial: Path, progress) -> di
         source = meta_dir / "requirements.in"
         source.write_text("".join(r + "\n" for r in requirements))
 
-    def uv_run(args: list, what: str) -> str:
-        return uvmod.run([uv.path, *args], what=what, env=env, log_dir=layout.logs, cwd=layout.tmp,
-                         timeout=remaining(), show=progress)
-
-    progress(f"creating the environment ({interp.implementation} {interp.version}, {interp.path})")
-    uv_run(["venv", "--relocatable", "--allow-existing", "--python", interp.path, partial], "uv venv")
-    debug.pause("BUILD_PAUSE")  # a .partial with a venv exists: concurrent builders meet here
     as_of = plan["inputs"]["as_of"]
     if plan.get("lock_text") is not None:
         lock.write_text(plan["lock_text"])
@@ -285,6 +291,52 @@ def _make_env(store: Store, plan: dict[str, Any], partial: Path, progress) -> di
         "lock": lock_text,
         "lock_format": lock.name,
     }
+
+
+def _fetch_extras(store: Store, plan: dict[str, Any], partial: Path, progress) -> list[str]:
+    """The build's source archive, release assets and release wheel, each checked against its
+    digest; returns the requirements they add (the source's requirements file, the pinned wheel)."""
+    from . import fetch
+
+    fields, origin, where = plan["fields"], plan["origin"], f"build[{plan.get('build_index', 0)}]"
+    downloads = store.layout.downloads
+    added: list[str] = []
+    if "source" in fields:
+        src = fields["source"]
+        archive = fetch.cached_download(src["url"], src["sha256"], downloads, progress)
+        progress(f"unpacking {archive.name} (checked against its sha256)")
+        scratch = store.layout.tmp / f"unpack-{os.getpid()}-{time.monotonic_ns()}"
+        try:
+            top = fetch.unpack_source(archive, scratch, src.get("top"), origin, f"{where}.source")
+            if "requirements" in src:
+                added += fetch.source_requirements(top / src["requirements"], origin, f"{where}.source")
+            dest = partial / src.get("dir", "src")
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            os.rename(top, dest)
+        finally:
+            force_rmtree(scratch)
+    if "assets" in fields:
+        repo, tag = plan["repo"], fields["asset_tag"]
+        listed = fetch.release(repo, tag)
+        asset_dir = partial / fields.get("asset_dir", "bin")
+        asset_dir.mkdir(parents=True, exist_ok=True)
+        for name in fields["assets"]:
+            asset = fetch.pick(listed, repo, tag, name=name)
+            got = fetch.cached_download(asset["url"], asset["sha256"], downloads, progress)
+            target = asset_dir / name
+            shutil.copyfile(got, target)
+            if fields.get("asset_dir", "bin") == "bin":
+                target.chmod(0o755)
+            progress(f"asset {name} from release {tag} of {repo} (sha256 {asset['sha256'][:12]}…)")
+    if "wheel" in fields:
+        w = fields["wheel"]
+        repo = w.get("repo", plan["repo"])
+        asset = fetch.pick(fetch.release(repo, w["tag"]), repo, w["tag"], prefix=w.get("prefix", ""),
+                           suffix=w.get("suffix", ".whl"))
+        # Pinned to the digest the release publishes: uv checks the fragment when it downloads.
+        added.append(f"{w['project']} @ {asset['url']}#sha256={asset['sha256']}")
+        progress(f"release wheel {asset['name']} from {repo} {w['tag']} (sha256 {asset['sha256'][:12]}…)")
+    return added
 
 
 def _verify(store: Store, fields: dict[str, Any], env_dir: Path, deadline: float, progress) -> None:

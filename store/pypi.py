@@ -150,10 +150,17 @@ def download(url: str, dest: Path, sha256: str, progress: Callable[[str], None] 
         with _client() as client, client.stream("GET", url) as resp:
             if resp.status_code != 200:
                 raise NetworkError(f"download of {url} failed: HTTP {resp.status_code}")
+            total = int(resp.headers.get("content-length") or 0)
+            done, next_report = 0, 0.25
             with open(tmp, "wb") as out:
                 for chunk in resp.iter_bytes(1 << 20):
                     digest.update(chunk)
                     out.write(chunk)
+                    done += len(chunk)
+                    # One line per quarter of a large download: readable on a terminal and in a log.
+                    if progress is not None and total > 8 << 20 and done / total >= next_report:
+                        progress(f"  {dest.name}: {done / 1e6:.0f} of {total / 1e6:.0f} MB")
+                        next_report += 0.25
     except httpx.HTTPError as exc:
         tmp.unlink(missing_ok=True)
         raise NetworkError(f"download of {url} failed: {exc}") from exc

@@ -51,7 +51,16 @@ BUILD_FIELDS: dict[str, tuple[tuple[type, ...], bool]] = {
 LIST_OF_STR = ("requirements", "verify", "index_packages", "assets")
 # What this version of the builder does; the rest is typed above but refused at build time.
 SUPPORTED_BUILD_FIELDS = {"variant", "python", "requirements", "verify", "as_of", "version", "free_gb", "timeout",
-                          "extra_index", "index_packages"}
+                          "extra_index", "index_packages", "source", "wheel", "assets", "asset_tag", "asset_dir"}
+SOURCE_FIELDS: dict[str, tuple[tuple[type, ...], bool]] = {
+    "url": ((str,), True), "sha256": ((str,), True), "top": ((str,), False), "dir": ((str,), False),
+    "requirements": ((str,), False),
+}
+WHEEL_FIELDS: dict[str, tuple[tuple[type, ...], bool]] = {
+    "repo": ((str,), False), "tag": ((str,), True), "prefix": ((str,), False), "suffix": ((str,), False),
+    "project": ((str,), True),
+}
+SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 
 
 @dataclass(frozen=True)
@@ -128,7 +137,7 @@ def parse(data: dict[str, Any], file: str | Path) -> Recipe:
         if b["variant"] in seen:
             raise RecipeError(file, f"{where}.variant", f"variant {b['variant']!r} appears twice")
         seen.add(b["variant"])
-        if not b["requirements"] and "source" not in b:
+        if not b["requirements"] and "source" not in b and "wheel" not in b:
             raise RecipeError(file, f"{where}.requirements", "must name at least one requirement")
         if "version" in b and not VERSION_RE.match(b["version"]):
             raise RecipeError(file, f"{where}.version", f"{b['version']!r} is not a version")
@@ -137,6 +146,24 @@ def parse(data: dict[str, Any], file: str | Path) -> Recipe:
         if ("extra_index" in b) != ("index_packages" in b) or ("index_packages" in b and not b["index_packages"]):
             raise RecipeError(file, f"{where}.extra_index", "extra_index and a non-empty index_packages go together: "
                               "the second index serves only the packages named for it")
+        if "source" in b:
+            _check_table(b["source"], SOURCE_FIELDS, file, f"{where}.source")
+            if not SHA256_RE.match(b["source"]["sha256"]):
+                raise RecipeError(file, f"{where}.source.sha256", "must be 64 lowercase hex digits")
+            for key in ("dir", "top", "requirements"):
+                if key in b["source"] and (b["source"][key].startswith("/") or ".." in b["source"][key].split("/")):
+                    raise RecipeError(file, f"{where}.source.{key}", "must be a relative path inside the tree")
+        if "wheel" in b:
+            _check_table(b["wheel"], WHEEL_FIELDS, file, f"{where}.wheel")
+            if "repo" not in b["wheel"] and "repo" not in engine:
+                raise RecipeError(file, f"{where}.wheel.repo", "needs a repo (here or engine.repo)")
+        if "assets" in b:
+            if "asset_tag" not in b:
+                raise RecipeError(file, f"{where}.asset_tag", "assets need the release tag they come from")
+            if "repo" not in engine:
+                raise RecipeError(file, "engine.repo", "assets need the repository they come from")
+        if "asset_dir" in b and (b["asset_dir"].startswith("/") or ".." in b["asset_dir"].split("/")):
+            raise RecipeError(file, f"{where}.asset_dir", "must be a relative path inside the environment")
         for name in ("free_gb", "timeout"):
             if name in b and b[name] < 0:
                 raise RecipeError(file, f"{where}.{name}", "must not be negative")

@@ -115,7 +115,7 @@ def _repair(store: Store, row: dict[str, Any], uv_path, python_preference, progr
     plan = {
         "fields": inputs["build"], "uv": uv, "interpreter": interp, "requirements": inputs["build"]["requirements"],
         "index_url": inputs["index_url"], "inputs": inputs, "name": name, "binary": inputs["binary"],
-        "origin": f"the recorded inputs of {name}", "lock_text": lock_text,
+        "origin": f"the recorded inputs of {name}", "lock_text": lock_text, "repo": inputs.get("repo"),
         # A private, empty uv cache: the shared one is hardlinked into the environments, so whatever
         # damaged this path may have damaged the cache too. Every wheel is fetched and checked
         # against the lock's hashes again.

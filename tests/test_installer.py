@@ -88,3 +88,154 @@ def test_extra_index_without_packages_is_a_recipe_error(tmp_path, two_indexes):
     f.write_text(RECIPE.format(python=PYTHON, extra=extra.url, packages="[]"))
     proc = run_cli(tmp_path / "root", "build", str(f), "--index-url", main.url)
     assert proc.returncode == 2 and "build[0].extra_index: extra_index and a non-empty index_packages go together" in proc.stderr
+
+
+# --- source archives, release assets, release wheels -------------------------------------------
+
+import hashlib  # noqa: E402
+import io  # noqa: E402
+import tarfile  # noqa: E402
+
+from tests.support.release_server import ReleaseServer  # noqa: E402
+
+FULL = """
+[engine]
+name = "tinyengine"
+binary = "tinyengine"
+repo = "org/tinyengine"
+
+[[build]]
+variant = "full"
+python = "{python}"
+version = "1.0"
+requirements = []
+verify = ["tinyengine"]
+assets = ["tinytool"]
+asset_tag = "v{{version}}"
+
+[build.source]
+url = "{base}/download/src/tinysrc.tar.gz"
+sha256 = "{sha}"
+requirements = "requirements.txt"
+dir = "src"
+
+[build.wheel]
+tag = "v{{version}}"
+prefix = "tinyengine-"
+project = "tinyengine"
+"""
+
+
+def make_tar(members: list[tuple[tarfile.TarInfo, bytes | None]]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tf:
+        for info, data in members:
+            tf.addfile(info, io.BytesIO(data) if data is not None else None)
+    return buf.getvalue()
+
+
+def file_member(name: str, data: bytes) -> tuple[tarfile.TarInfo, bytes]:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    return info, data
+
+
+GOOD_SOURCE = [file_member("tinysrc-1.0/requirements.txt", b"# what serve.py needs\ntinydep<2\n"),
+               file_member("tinysrc-1.0/serve.py", b"print('serving')\n")]
+
+
+@pytest.fixture
+def releases(wheels):
+    srv = ReleaseServer()
+    srv.add("org/tinyengine", "v1.0", wheels["tinyengine-1.0"].name, wheels["tinyengine-1.0"].read_bytes())
+    srv.add("org/tinyengine", "v1.0", "tinytool", b"#!/bin/sh\necho tinytool 1.0\n")
+    yield srv
+    srv.stop()
+
+
+def _full(tmp_path: Path, releases: ReleaseServer, source: bytes, text: str = FULL) -> Path:
+    sha = releases.add("org/tinyengine", "src", "tinysrc.tar.gz", source)
+    f = tmp_path / "full.toml"
+    f.write_text(text.format(python=PYTHON, base=releases.base, sha=sha))
+    return f
+
+
+def test_source_assets_and_release_wheel_end_to_end(tmp_path, index, releases, uv_bin):
+    recipe = _full(tmp_path, releases, make_tar(GOOD_SOURCE))
+    doc = build_json(tmp_path / "root", recipe, index, uv_bin, env={"LLMGW_STORE_GITHUB_API": releases.base})
+    env = Path(doc["path"])
+    assert (env / "src" / "serve.py").read_text() == "print('serving')\n"
+    assert run_in_env(env, "tinytool") == "tinytool 1.0"
+    assert run_in_env(env, "tinyengine") == "tinyengine 1.0 tinydep 1.0"
+    lock = (env / ".llmgw" / "requirements.lock").read_text()
+    wheel = releases.releases[("org/tinyengine", "v1.0")]["tinyengine-1.0-py3-none-any.whl"]
+    assert f"tinyengine @ {releases.base}/download/v1.0/tinyengine-1.0-py3-none-any.whl" in lock
+    assert f"--hash=sha256:{hashlib.sha256(wheel).hexdigest()}" in lock
+
+
+def test_source_with_wrong_sha256_is_refused(tmp_path, index, releases, uv_bin):
+    recipe = _full(tmp_path, releases, make_tar(GOOD_SOURCE))
+    text = recipe.read_text()
+    sha = text.split('sha256 = "')[1][:64]
+    recipe.write_text(text.replace(sha, "0" * 64))
+    proc = run_cli(tmp_path / "root", "build", str(recipe), "--index-url", index.url, "--uv", str(uv_bin),
+                   env={"LLMGW_STORE_GITHUB_API": releases.base})
+    assert proc.returncode == 1 and "refusing it" in proc.stderr and "sha256 is" in proc.stderr
+    assert list((tmp_path / "root" / "store").iterdir()) == []
+
+
+def _evil(kind: str) -> list:
+    if kind == "dotdot":
+        return [file_member("tinysrc-1.0/../../evil", b"x")]
+    if kind == "absolute":
+        return [file_member("/tmp/llmgw-evil-abs", b"x")]
+    info = tarfile.TarInfo("tinysrc-1.0/link")
+    if kind == "symlink-out":
+        info.type, info.linkname = tarfile.SYMTYPE, "/etc/passwd"
+        return [(info, None)]
+    info.type = tarfile.CHRTYPE  # device file
+    info.devmajor, info.devminor = 1, 3
+    return [(info, None)]
+
+
+@pytest.mark.parametrize("kind", ["dotdot", "absolute", "symlink-out", "device"])
+def test_unsafe_archives_are_refused_and_nothing_is_written(tmp_path, index, releases, uv_bin, kind):
+    recipe = _full(tmp_path, releases, make_tar(GOOD_SOURCE + _evil(kind)))
+    proc = run_cli(tmp_path / "root", "build", str(recipe), "--index-url", index.url, "--uv", str(uv_bin),
+                   env={"LLMGW_STORE_GITHUB_API": releases.base})
+    assert proc.returncode == 1 and "refusing to unpack" in proc.stderr, proc.stderr
+    root = tmp_path / "root"
+    assert list((root / "store").iterdir()) == [] and list((root / "var" / "tmp").iterdir()) == []
+    assert not Path("/tmp/llmgw-evil-abs").exists() and not (tmp_path / "evil").exists()
+
+
+@pytest.mark.parametrize("line, words", [
+    ("-e .", "options are not allowed"),
+    ("--index-url https://evil.example/simple", "options are not allowed"),
+    ("https://evil.example/x.whl", "URLs are not allowed"),
+    ("tinydep @ file:///tmp/x.whl", "URLs are not allowed"),
+])
+def test_source_requirements_take_only_pypi_lines(tmp_path, index, releases, uv_bin, line, words):
+    source = [file_member("tinysrc-1.0/requirements.txt", f"tinydep\n{line}\n".encode())]
+    recipe = _full(tmp_path, releases, make_tar(source))
+    proc = run_cli(tmp_path / "root", "build", str(recipe), "--index-url", index.url, "--uv", str(uv_bin),
+                   env={"LLMGW_STORE_GITHUB_API": releases.base})
+    assert proc.returncode == 2, proc.stderr
+    assert f"build[0].source.requirements: requirements.txt line 2: {line!r}: {words}" in proc.stderr
+
+
+def test_asset_without_published_digest_is_refused(tmp_path, index, releases, uv_bin):
+    releases.no_digest.add("tinytool")
+    recipe = _full(tmp_path, releases, make_tar(GOOD_SOURCE))
+    proc = run_cli(tmp_path / "root", "build", str(recipe), "--index-url", index.url, "--uv", str(uv_bin),
+                   env={"LLMGW_STORE_GITHUB_API": releases.base})
+    assert proc.returncode == 1 and "publishes no sha256 digest for tinytool; refusing it" in proc.stderr
+
+
+def test_tampered_asset_is_refused(tmp_path, index, releases, uv_bin):
+    releases.tampered.add("tinytool")
+    recipe = _full(tmp_path, releases, make_tar(GOOD_SOURCE))
+    proc = run_cli(tmp_path / "root", "build", str(recipe), "--index-url", index.url, "--uv", str(uv_bin),
+                   env={"LLMGW_STORE_GITHUB_API": releases.base})
+    assert proc.returncode == 1 and "tinytool" in proc.stderr and "refusing it" in proc.stderr
+    assert list((tmp_path / "root" / "store").iterdir()) == []
