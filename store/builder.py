@@ -15,9 +15,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from . import bytecode, debug, interpreters, lockfiles, recipe as recipes
+from . import bytecode, debug, gpu, interpreters, lockfiles, recipe as recipes
 from . import uv as uvmod
-from .errors import RecipeError, StoreError, UsageError
+from .errors import CommandError, RecipeError, StoreError, UsageError
 from .fsutil import force_rmtree, free_bytes
 from .host import platform_facts
 from .keys import SCHEMA_VERSION, path_name, store_key
@@ -77,7 +77,11 @@ def build(
 ) -> BuildResult:
     started = time.monotonic()
     recipe = recipes.load(recipe_file)
-    chosen = recipe.build_for(options.variant)
+    if options.variant is None and len(recipe.builds) > 1:
+        chosen, why = gpu.choose(recipe, None, gpu.probe_host())
+        progress(f"chose build {chosen.variant!r}: {why}")
+    else:
+        chosen = recipe.build_for(options.variant)
     if options.as_of is not None:
         parse_time(options.as_of)  # a bad --as-of is a usage error before the store is touched
     with Store.open(root) as store:
@@ -178,9 +182,6 @@ def _remember_published(store: Store, files, project: str, version: str, index_u
 
 
 def _check_before_building(recipe: Recipe, build_index: int, plan: dict[str, Any]) -> None:
-    unsupported = sorted(set(plan["fields"]) - recipes.SUPPORTED_BUILD_FIELDS)
-    if unsupported:
-        raise UsageError(f"{recipe.file}: build field(s) {', '.join(unsupported)} are not supported by this llmgw-store yet")
     plan["requirements"] = _check_requirements(recipe, build_index, plan["fields"])
 
 
@@ -340,15 +341,34 @@ def _fetch_extras(store: Store, plan: dict[str, Any], partial: Path, progress) -
 
 
 def _verify(store: Store, fields: dict[str, Any], env_dir: Path, deadline: float, progress) -> None:
-    """Run the recipe's verify command in the (already frozen) environment."""
-    command = fields.get("verify")
-    if not command:
-        return
-    argv = list(command)
-    if (env_dir / "bin" / argv[0]).exists():
-        argv[0] = str(env_dir / "bin" / argv[0])
+    """Run the recipe's verify command, then the GPU check, in the (already frozen) environment."""
     env = uvmod.clean_env(VIRTUAL_ENV=str(env_dir), TMPDIR=str(store.layout.tmp))
     env["PATH"] = f"{env_dir / 'bin'}{os.pathsep}{env.get('PATH', '')}"
-    progress(f"verifying: {' '.join(command)}")
-    uvmod.run(argv, what=f"verify command `{' '.join(command)}`", env=env, log_dir=store.layout.logs,
-              cwd=store.layout.tmp, timeout=max(1.0, deadline - time.monotonic()), show=progress)
+    command = fields.get("verify")
+    if command:
+        argv = list(command)
+        if (env_dir / "bin" / argv[0]).exists():
+            argv[0] = str(env_dir / "bin" / argv[0])
+        progress(f"verifying: {' '.join(command)}")
+        uvmod.run(argv, what=f"verify command `{' '.join(command)}`", env=env, log_dir=store.layout.logs,
+                  cwd=store.layout.tmp, timeout=max(1.0, deadline - time.monotonic()), show=progress)
+    if fields.get("gpu_check"):
+        _gpu_probe(store, env_dir, env, deadline, progress)
+
+
+def _gpu_probe(store: Store, env_dir: Path, env: dict[str, str], deadline: float, progress) -> None:
+    """Where an NVIDIA driver is present, torch in the new environment must see the GPU and run a
+    kernel on it; the seed's hint is added when the build has no kernels for the card."""
+    host = gpu.probe_host()
+    if host.driver is None:
+        progress("no NVIDIA driver on this host: GPU check skipped")
+        return
+    progress(f"GPU check ({host.driver}; {', '.join(f'{g.name} sm {g.capability:g}' for g in host.gpus) or 'no GPU listed'})")
+    try:
+        out = uvmod.run([env_dir / "bin" / "python", "-c", gpu.PROBE], what="GPU check", env=env,
+                        log_dir=store.layout.logs, cwd=store.layout.tmp,
+                        timeout=max(1.0, min(600.0, deadline - time.monotonic())), show=progress)
+    except CommandError as exc:
+        raise CommandError(f"GPU check failed{gpu.kernel_hint(exc.output_tail, host)}", output_tail=exc.output_tail,
+                           log=exc.log) from None
+    progress(out.strip().splitlines()[-1] if out.strip() else "GPU check passed")

@@ -19,8 +19,7 @@ from .keys import NAME_RE
 
 VERSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9+._!-]*$")
 
-# field -> (python types, required). Fields of DESIGN.md; those marked later are parsed and typed now
-# so that a recipe written for them is checked, and the builder says plainly if it cannot do them yet.
+# field -> (python types, required): the fields of DESIGN.md, each documented in docs/recipes.md.
 ENGINE_FIELDS: dict[str, tuple[tuple[type, ...], bool]] = {
     "name": ((str,), True),
     "pypi": ((str,), False),
@@ -49,9 +48,6 @@ BUILD_FIELDS: dict[str, tuple[tuple[type, ...], bool]] = {
     "asset_dir": ((str,), False),
 }
 LIST_OF_STR = ("requirements", "verify", "index_packages", "assets")
-# What this version of the builder does; the rest is typed above but refused at build time.
-SUPPORTED_BUILD_FIELDS = {"variant", "python", "requirements", "verify", "as_of", "version", "free_gb", "timeout",
-                          "extra_index", "index_packages", "source", "wheel", "assets", "asset_tag", "asset_dir"}
 SOURCE_FIELDS: dict[str, tuple[tuple[type, ...], bool]] = {
     "url": ((str,), True), "sha256": ((str,), True), "top": ((str,), False), "dir": ((str,), False),
     "requirements": ((str,), False),
