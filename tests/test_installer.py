@@ -173,6 +173,28 @@ def test_source_assets_and_release_wheel_end_to_end(tmp_path, index, releases, u
     assert f"--hash=sha256:{hashlib.sha256(wheel).hexdigest()}" in lock
 
 
+def test_everything_at_once_extra_index_source_asset_and_wheel(tmp_path, index, releases, uv_bin, wheels):
+    """One recipe with every step of the installer: tinydep from a second index (named for it),
+    the engine's wheel from a release, a release binary, a source archive with requirements."""
+    extra = PackageIndex()
+    extra.add("tinydep", build_wheel(tmp_path / "extra", "tinydep", "1.0+cu126"), "2024-01-01T00:00:00Z")
+    extra.start()
+    try:
+        text = FULL.replace('asset_tag = "v{{version}}"', f'asset_tag = "v{{{{version}}}}"\nextra_index = "{extra.url}"\n'
+                            'index_packages = ["tinydep"]')
+        recipe = _full(tmp_path, releases, make_tar(GOOD_SOURCE), text)
+        doc = build_json(tmp_path / "root", recipe, index, uv_bin, env={"LLMGW_STORE_GITHUB_API": releases.base})
+    finally:
+        extra.stop()
+    env = Path(doc["path"])
+    assert run_in_env(env, "tinyengine") == "tinyengine 1.0 tinydep 1.0+cu126"
+    assert run_in_env(env, "tinytool") == "tinytool 1.0" and (env / "src" / "serve.py").exists()
+    lock = tomllib.loads((env / ".llmgw" / "pylock.toml").read_text())
+    where = {p["name"]: p for p in lock["packages"]}
+    assert where["tinydep"]["wheels"][0]["url"].startswith(extra.url.rsplit("/simple", 1)[0])
+    assert "download/v1.0/tinyengine-1.0" in json.dumps(where["tinyengine"])
+
+
 def test_source_with_wrong_sha256_is_refused(tmp_path, index, releases, uv_bin):
     recipe = _full(tmp_path, releases, make_tar(GOOD_SOURCE))
     text = recipe.read_text()
