@@ -276,10 +276,10 @@ def _make_env(store: Store, plan: dict[str, Any], partial: Path, progress) -> di
         "uv pip install",
     )
     progress("compiling bytecode")
-    modules, failed = bytecode.compile_tree(python, partial, lambda argv, what: uvmod.run(
+    modules, failed, reused = bytecode.compile_tree(python, partial, layout.pyc_cache, lambda argv, what: uvmod.run(
         argv, what=what, env=env, log_dir=layout.logs, cwd=layout.tmp, timeout=remaining(), show=progress))
-    if failed:
-        progress(f"{failed} of {modules} module(s) do not compile; they stay as source")
+    progress(f"{modules} module(s): {modules - reused - failed} compiled, {reused} from the bytecode cache"
+             + (f", {failed} left as source (they do not compile)" if failed else ""))
     binary = partial / "bin" / plan["binary"]
     if not (binary.is_file() and os.access(binary, os.X_OK)):
         raise StoreError(f"the environment has no executable bin/{plan['binary']} (engine.binary in {plan['origin']})")

@@ -11,6 +11,14 @@ Two choices differ from `uv pip install --compile-bytecode`:
 Together: identical sources give identical pycs in every environment, so a rebuild is byte-identical
 and `optimise` can share pycs across environments. It was also faster than uv's compiler here
 (5.0 s against 5.4 s for a 200 MB environment of 2,642 modules on 2 cores).
+
+Because the bytes depend only on the source, the interpreter's magic number and the recorded
+relative path, compiled files are kept in a store-wide cache, `ROOT/cache/pyc/<magic>/`, named by
+sha256 of (source bytes, relative path), and hardlinked into each environment: a second environment
+with mostly the same packages compiles only what is new, and shares those pycs on disk. (Compiling
+is most of a vLLM build: 80 of 120 s for its 98,000 files here.) The key is the content, never an
+inode or a time, so a stale entry cannot stand in for a changed source. gc deletes entries no
+environment links any more.
 """
 
 from __future__ import annotations
@@ -18,32 +26,64 @@ from __future__ import annotations
 from pathlib import Path
 
 SCRIPT = r"""
-import os, sys, py_compile
+import hashlib, importlib.util, os, sys, py_compile
 from concurrent.futures import ProcessPoolExecutor
 
+def reuse(cached, target):
+    try:
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        os.link(cached, target)
+        return True
+    except FileExistsError:
+        os.unlink(target)
+        return reuse(cached, target)
+    except OSError:  # gone meanwhile (gc), or another filesystem: compile instead
+        return False
+
 def work(args):
-    root, chunk = args
-    failed = 0
+    root, cache, chunk = args
+    failed = reused = 0
     for src in chunk:
+        rel = os.path.relpath(src, root)
         try:
-            py_compile.compile(src, dfile=os.path.relpath(src, root), doraise=True,
+            with open(src, "rb") as f:
+                data = f.read()
+        except OSError:
+            failed += 1
+            continue
+        key = hashlib.sha256(data + b"\0" + rel.encode()).hexdigest()
+        cached = os.path.join(cache, key[:2], key + ".pyc")
+        target = importlib.util.cache_from_source(src)
+        if os.path.exists(cached) and reuse(cached, target):
+            reused += 1
+            continue
+        try:
+            py_compile.compile(src, cfile=target, dfile=rel, doraise=True,
                                invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
         except (py_compile.PyCompileError, SyntaxError, ValueError, UnicodeDecodeError):
             failed += 1  # like compileall and uv: a module that does not compile is left as source
-    return failed
+            continue
+        try:
+            os.makedirs(os.path.dirname(cached), exist_ok=True)
+            os.link(target, cached)
+        except OSError:
+            pass  # another build cached the same file first
+    return failed, reused
 
 if __name__ == "__main__":
-    root, lib = sys.argv[1], sys.argv[2]
+    root, lib, cache = sys.argv[1], sys.argv[2], sys.argv[3]
+    cache = os.path.join(cache, importlib.util.MAGIC_NUMBER.hex())
     files = sorted(os.path.join(d, f) for d, _, fs in os.walk(lib) for f in fs if f.endswith(".py"))
     n = max(1, min(os.cpu_count() or 1, len(files) // 50 or 1))
     with ProcessPoolExecutor(n) as pool:
-        failed = sum(pool.map(work, [(root, files[i::n]) for i in range(n)]))
-    print(len(files), failed)
+        results = list(pool.map(work, [(root, cache, files[i::n]) for i in range(n)]))
+    print(len(files), sum(r[0] for r in results), sum(r[1] for r in results))
 """
 
 
-def compile_tree(python: Path, env: Path, run) -> tuple[int, int]:
-    """(modules, modules that failed to compile) for `env/lib`, using `run(argv, what)`."""
-    out = run([python, "-c", SCRIPT, env, env / "lib"], "compiling bytecode")
-    total, failed = out.split()[-2:]
-    return int(total), int(failed)
+def compile_tree(python: Path, env: Path, cache: Path, run) -> tuple[int, int, int]:
+    """(modules, modules that failed to compile, modules reused from the cache) for `env/lib`,
+    using `run(argv, what)`."""
+    out = run([python, "-c", SCRIPT, env, env / "lib", cache], "compiling bytecode")
+    total, failed, reused = out.split()[-3:]
+    return int(total), int(failed), int(reused)

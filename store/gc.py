@@ -191,12 +191,12 @@ def collect(
             report["freed"]["downloads"] = _prune_downloads(layout)
         report["freed"]["uv_cache"] = _prune_uv_cache(store, max_cache, dry_run, progress)
         if not dry_run:
-            from .optimise import prune_pool
+            from .optimise import POOL
 
-            # After the uv cache: a pool entry the cache still links costs nothing, one it no longer
-            # does is freed here. Exclusive again, briefly: optimise links into the pool shared.
+            # After the uv cache: a file the uv cache still links costs nothing. Exclusive again,
+            # briefly: optimise links into the pool with the lock shared.
             with gc_lock(layout, shared=False, timeout=lock_timeout):
-                report["freed"]["optimise_pool"] = prune_pool(store)
+                report["freed"]["linked_caches"] = _prune_linked_caches([layout.store / POOL, layout.pyc_cache])
         report["seconds"] = round(time.monotonic() - started, 3)
         report["free_after"] = free_bytes(layout.store)
         return report
@@ -273,6 +273,36 @@ def _remove_stale_key_locks(layout: Layout, live_temp: set[str]) -> int:
             os.unlink(entry.path)
             removed += 1
     return removed
+
+
+def _prune_linked_caches(trees: list[Path]) -> int:
+    """Delete the files of optimise's pool and of the bytecode cache that no environment links
+    any more: an inode all of whose links are inside these caches (they may link each other: a
+    pooled pyc is both) is garbage. Returns the bytes freed."""
+    links: dict[tuple[int, int], list[str]] = {}
+    sizes: dict[tuple[int, int], tuple[int, int]] = {}
+    for tree in trees:
+        for dirpath, _, filenames in os.walk(tree):
+            for n in filenames:
+                p = os.path.join(dirpath, n)
+                try:
+                    st = os.lstat(p)
+                except FileNotFoundError:
+                    continue
+                ident = (st.st_dev, st.st_ino)
+                links.setdefault(ident, []).append(p)
+                sizes[ident] = (st.st_nlink, st.st_size)
+    freed = 0
+    for ident, paths in links.items():
+        nlink, size = sizes[ident]
+        if nlink <= len(paths):
+            for p in paths:
+                try:
+                    os.unlink(p)
+                except FileNotFoundError:
+                    pass
+            freed += size
+    return freed
 
 
 def _exclusive_bytes(tree: Path) -> int:

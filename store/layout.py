@@ -11,7 +11,7 @@
     ROOT/profiles/<p> -> <p>-<N>-link -> ../store/<key>-<name>     generations of a profile
     ROOT/gcroots/<pin> -> ../store/<key>-<name>                    pins
     ROOT/python/                        interpreters uv manages for the store
-    ROOT/cache/{uv,downloads}           caches that gc may prune
+    ROOT/cache/{uv,pyc,downloads}       caches that gc may prune
 
 Every directory under ROOT is on one filesystem, so `os.rename` between them is atomic.
 """
@@ -95,12 +95,16 @@ class Layout:
         return self.root / "cache" / "uv"
 
     @property
+    def pyc_cache(self) -> Path:
+        return self.root / "cache" / "pyc"
+
+    @property
     def downloads(self) -> Path:
         return self.root / "cache" / "downloads"
 
     def ensure(self) -> None:
         for d in (self.store, self.locks, self.logs, self.tmp, self.trash, self.temproots, self.profiles, self.gcroots,
-                  self.python_installs, self.uv_cache, self.downloads):
+                  self.python_installs, self.uv_cache, self.pyc_cache, self.downloads):
             d.mkdir(parents=True, exist_ok=True)
 
     def path_of(self, name: str) -> Path:

@@ -96,15 +96,3 @@ def _share(path: Path, pool_entry: Path, size: int, dry_run: bool) -> tuple[int,
             os.unlink(tmp)
         os.chmod(parent, mode & ~WRITE_BITS)
     return 1, freed
-
-
-def prune_pool(store: Store) -> int:
-    """Delete pool entries nothing else links (call with the gc lock held exclusively)."""
-    pool = store.layout.store / POOL
-    freed = 0
-    for entry in os.scandir(pool) if pool.is_dir() else []:
-        st = entry.stat(follow_symlinks=False)
-        if st.st_nlink == 1:
-            os.unlink(entry.path)
-            freed += st.st_size
-    return freed

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sqlite3
 import stat
+import sys
 from pathlib import Path
 
-from tests.conftest import build_json, run_cli, run_in_env, write_recipe
+from tests.conftest import PYTHON, build_json, run_cli, run_in_env, write_recipe
 
 
 def registered(root: Path) -> list[dict]:
@@ -125,3 +127,20 @@ def test_list_and_info(root, recipe, index, uv_bin):
     assert "tinyengine 1.0 (cpu)" in text and "2024-02-02T00:00:00Z" in text
     missing = run_cli(root, "info", str(root / "store" / "nothing-here"))
     assert missing.returncode == 2 and missing.stderr.startswith("llmgw-store: error:")
+
+
+def test_second_environment_reuses_compiled_bytecode(root, recipe, index, uv_bin):
+    first = build_json(root, recipe, index, uv_bin)
+    proc = run_cli(root, "--json", "build", str(recipe), "--index-url", index.url, "--uv", str(uv_bin),
+                   "--as-of", "2024-06-02", check=True)
+    second = json.loads(proc.stdout)
+    # tinyengine is the same file in both: its pyc comes from the cache, as the same inode
+    assert re.search(r"compiled, [1-9][0-9]* from the bytecode cache", proc.stderr)
+    tag = f"cpython-{sys.version_info.major}{sys.version_info.minor}"
+    rel = f"lib/python{PYTHON}/site-packages/tinyengine/__pycache__/__init__.{tag}.pyc"
+    a, b = Path(first["path"]) / rel, Path(second["path"]) / rel
+    assert a.read_bytes() == b.read_bytes() and os.stat(a).st_ino == os.stat(b).st_ino
+    # tinydep differs (1.0 against 2.0): compiled anew
+    rel_dep = rel.replace("tinyengine", "tinydep")
+    assert os.stat(Path(first["path"]) / rel_dep).st_ino != os.stat(Path(second["path"]) / rel_dep).st_ino
+    assert run_in_env(Path(second["path"]), "tinyengine") == "tinyengine 1.0 tinydep 2.0"
