@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from . import bytecode, debug, gpu, interpreters, lockfiles, recipe as recipes
+from . import bytecode, debug, interpreters, lockfiles, recipe as recipes
 from . import uv as uvmod
 from .errors import CommandError, RecipeError, StoreError, UsageError
 from .fsutil import force_rmtree, free_bytes
@@ -78,6 +78,8 @@ def build(
     started = time.monotonic()
     recipe = recipes.load(recipe_file)
     if options.variant is None and len(recipe.builds) > 1:
+        from . import gpu
+
         chosen, why = gpu.choose(recipe, None, gpu.probe_host())
         progress(f"chose build {chosen.variant!r}: {why}")
     else:
@@ -359,6 +361,8 @@ def _verify(store: Store, fields: dict[str, Any], env_dir: Path, deadline: float
 def _gpu_probe(store: Store, env_dir: Path, env: dict[str, str], deadline: float, progress) -> None:
     """Where an NVIDIA driver is present, torch in the new environment must see the GPU and run a
     kernel on it; the seed's hint is added when the build has no kernels for the card."""
+    from . import gpu
+
     host = gpu.probe_host()
     if host.driver is None:
         progress("no NVIDIA driver on this host: GPU check skipped")

@@ -9,8 +9,6 @@ tests stand in for hardware this machine does not have.
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,6 +35,9 @@ class Host:
 
 
 def probe_host() -> Host:
+    import shutil
+    import subprocess
+
     proc = Path(os.environ.get("LLMGW_STORE_NVIDIA_PROC", "/proc/driver/nvidia/version"))
     driver = None
     try:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import os
 import stat
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -82,6 +81,8 @@ def scan(root: Path, writable: list[str] | None = None) -> list[Entry]:
     """Every entry under `root` (manifest and listing excluded), in canonical order, files hashed.
     A depth-first walk over sorted names yields the component-wise sorted order directly. With
     `writable`, the paths of entries that have a write bit are appended to it (root itself as ".")."""
+    from concurrent.futures import ThreadPoolExecutor
+
     entries: list[Entry] = []
     pending: list[tuple[int, Any]] = []
     check_w = writable is not None
