@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import stat
 from pathlib import Path
+from typing import Iterator
 
 WRITE_BITS = stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH
 
@@ -46,3 +47,15 @@ def force_rmtree(root: Path) -> None:
 def free_bytes(path: Path) -> int:
     st = os.statvfs(path)
     return st.f_bavail * st.f_frsize
+
+
+def walk_files(tree: Path) -> Iterator[tuple[str, os.stat_result]]:
+    """(path, lstat) of every non-directory under `tree`; entries that vanish meanwhile are skipped."""
+    for dirpath, _, filenames in os.walk(tree):
+        for n in filenames:
+            p = os.path.join(dirpath, n)
+            try:
+                st = os.lstat(p)
+            except OSError:
+                continue
+            yield p, st

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from . import debug
-from .fsutil import force_rmtree, free_bytes
+from .fsutil import force_rmtree, free_bytes, walk_files
 from .layout import Layout
 from .local_store import Store
 from .temproots import gc_lock, read_all
@@ -39,14 +39,7 @@ def _quiet(_: str) -> None:
 
 
 def _du(path: Path) -> int:
-    total = 0
-    for dirpath, dirnames, filenames in os.walk(path):
-        for n in filenames:
-            try:
-                total += os.lstat(os.path.join(dirpath, n)).st_size
-            except OSError:
-                pass
-    return total
+    return sum(st.st_size for _, st in walk_files(path))
 
 
 def runtime_roots(layout: Layout) -> dict[str, set[str]]:
@@ -282,16 +275,10 @@ def _prune_linked_caches(trees: list[Path]) -> int:
     links: dict[tuple[int, int], list[str]] = {}
     sizes: dict[tuple[int, int], tuple[int, int]] = {}
     for tree in trees:
-        for dirpath, _, filenames in os.walk(tree):
-            for n in filenames:
-                p = os.path.join(dirpath, n)
-                try:
-                    st = os.lstat(p)
-                except FileNotFoundError:
-                    continue
-                ident = (st.st_dev, st.st_ino)
-                links.setdefault(ident, []).append(p)
-                sizes[ident] = (st.st_nlink, st.st_size)
+        for p, st in walk_files(tree):
+            ident = (st.st_dev, st.st_ino)
+            links.setdefault(ident, []).append(p)
+            sizes[ident] = (st.st_nlink, st.st_size)
     freed = 0
     for ident, paths in links.items():
         nlink, size = sizes[ident]
@@ -308,16 +295,7 @@ def _prune_linked_caches(trees: list[Path]) -> int:
 def _exclusive_bytes(tree: Path) -> int:
     """Bytes of regular files under `tree` that no other directory shares (link count 1): a cache
     file hardlinked into an environment costs nothing extra, and removing it frees nothing."""
-    total = 0
-    for dirpath, _, filenames in os.walk(tree):
-        for n in filenames:
-            try:
-                st = os.lstat(os.path.join(dirpath, n))
-            except OSError:
-                continue
-            if st.st_nlink == 1:
-                total += st.st_size
-    return total
+    return sum(st.st_size for _, st in walk_files(tree) if st.st_nlink == 1)
 
 
 UV_CACHE_TIMEOUT_S = 120.0

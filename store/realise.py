@@ -63,7 +63,7 @@ def realise(
     # From here until this process exits, gc keeps `name` (and its .partial) whatever else happens.
     TempRoots(layout).add(name)
 
-    with locks.hold(layout.locks, key, f"building {name}", lock_timeout, progress) as waited:
+    with locks.hold(layout.locks, key, f"building {name}", lock_timeout, progress):
         # The lock is held: this process alone may create, clear or register this key's paths.
         row = index.path_by_key(key)
         if row is not None and final.is_dir():

@@ -7,24 +7,19 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .fsutil import free_bytes
+from .fsutil import free_bytes, walk_files
 from .local_store import Store
 
 
 def _disk_usage(tree: Path, seen: set[tuple[int, int]]) -> tuple[int, int]:
     """(apparent bytes, bytes on disk) of regular files, each inode counted once across calls."""
     apparent = disk = 0
-    for dirpath, _, filenames in os.walk(tree):
-        for n in filenames:
-            try:
-                st = os.lstat(os.path.join(dirpath, n))
-            except OSError:
-                continue
-            apparent += st.st_size
-            ident = (st.st_dev, st.st_ino)
-            if ident not in seen:
-                seen.add(ident)
-                disk += st.st_blocks * 512
+    for _, st in walk_files(tree):
+        apparent += st.st_size
+        ident = (st.st_dev, st.st_ino)
+        if ident not in seen:
+            seen.add(ident)
+            disk += st.st_blocks * 512
     return apparent, disk
 
 

@@ -11,7 +11,7 @@ import pytest
 from llmgw_store import recipe as recipes
 from llmgw_store.errors import UsageError
 from llmgw_store.gpu import GPU, Host, choose
-from tests.conftest import PYTHON, build_json, run_cli
+from tests.conftest import PYTHON, run_cli
 
 MULTI = """
 [engine]

@@ -42,7 +42,7 @@ def build_wheel(
     ).encode()
     files: dict[str, bytes] = {f"{pkg}/__init__.py": module}
     files.update(extra_files or {})
-    meta = [f"Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"]
+    meta = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"]
     meta += [f"Requires-Dist: {r}" for r in requires]
     files[f"{dist_info}/METADATA"] = ("\n".join(meta) + "\n").encode()
     files[f"{dist_info}/WHEEL"] = (
