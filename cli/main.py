@@ -86,6 +86,12 @@ def build_options(f):
                      help="Where the interpreter may come from; only-managed falls back to system when downloads fail."),
         click.option("--lock-timeout", type=float, default=3600.0, show_default=True,
                      help="Seconds to wait for another process building the same key (then exit 75)."),
+        click.option("--substituter", "substituters", multiple=True, envvar="LLMGW_STORE_SUBSTITUTERS",
+                     help="Binary cache to ask before building (file:///dir, http(s)://...); repeatable. "
+                          "Env: LLMGW_STORE_SUBSTITUTERS (space-separated)."),
+        click.option("--trusted-key", "trusted_keys", multiple=True,
+                     help="Public key (name:base64, or a .public file) whose signatures are accepted; repeatable. "
+                          "Also LLMGW_STORE_TRUSTED_KEYS."),
     ]):
         f = opt(f)
     return f
@@ -95,7 +101,8 @@ def _options(kw: dict):
     from llmgw_store.builder import BuildOptions
 
     return BuildOptions(version=kw["version"], variant=kw["variant"], as_of=kw["as_of"], index_url=kw["index_url"],
-                        uv=kw["uv_path"], python_preference=kw["python_preference"], lock_timeout=kw["lock_timeout"])
+                        uv=kw["uv_path"], python_preference=kw["python_preference"], lock_timeout=kw["lock_timeout"],
+                        substituters=tuple(kw["substituters"]), trusted_keys=tuple(kw["trusted_keys"]))
 
 
 @cli.command()
@@ -461,6 +468,60 @@ def stats(obj: Context, prometheus: str | None) -> None:
         f"downloads:    {human_size(r['downloads_bytes'])}",
         f"free:         {human_size(r['free_bytes'])}",
     ]))
+
+
+@cli.command()
+@click.argument("name")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=".", show_default=True,
+              help="Directory for NAME.secret (mode 600) and NAME.public.")
+@click.pass_obj
+def keygen(obj: Context, name: str, out_dir: str) -> None:
+    """Make an ed25519 key pair for signing pushes (NAME.secret) and trusting them (NAME.public).
+
+    \b
+    Example:
+      llmgw-store keygen builder-1 --out /etc/llmgw-store
+    """
+    from llmgw_store.fleet import keygen as do_keygen
+
+    r = do_keygen(name, out_dir)
+    obj.emit(r, f"secret key: {r['secret']}\npublic key: {r['public']} ({r['public_key']})")
+
+
+@cli.command()
+@click.argument("paths", nargs=-1, required=True)
+@click.option("--to", "to", required=True, help="Cache URL: file:///dir or http(s)://host/prefix (PUT).")
+@click.option("--secret-key", required=True, envvar="LLMGW_STORE_SECRET_KEY", help="Signing key file (from keygen).")
+@click.pass_obj
+def push(obj: Context, paths: tuple[str, ...], to: str, secret_key: str) -> None:
+    """Upload store PATHS and what they reference to a binary cache, signed.
+
+    \b
+    Example:
+      llmgw-store push vllm --to file:///srv/llmgw-cache --secret-key /etc/llmgw-store/builder-1.secret
+    """
+    from llmgw_store.fleet import push as do_push
+
+    r = do_push(list(paths), to, secret_key, root=obj.root, progress=obj.progress)
+    obj.emit(r, f"pushed {len(r['pushed'])}, already there {len(r['already_there'])}")
+
+
+@cli.command()
+@click.argument("target")
+@click.option("--from", "from_", multiple=True, required=True, help="Cache URL; repeatable (asked in order).")
+@click.option("--trusted-key", "trusted_keys", multiple=True, help="Public key accepted (name:base64 or a .public file).")
+@click.pass_obj
+def pull(obj: Context, target: str, from_: tuple[str, ...], trusted_keys: tuple[str, ...]) -> None:
+    """Fetch a store path (by key or store path name) and its references from a binary cache.
+
+    \b
+    Example:
+      llmgw-store pull 5x...-vllm-0.33.0-cu130 --from https://cache.internal/llmgw --trusted-key builder-1.public
+    """
+    from llmgw_store.fleet import pull as do_pull
+
+    r = do_pull(target, list(from_), list(trusted_keys), root=obj.root, progress=obj.progress)
+    obj.emit(r, r["path"])
 
 
 def main() -> None:

@@ -40,6 +40,8 @@ class BuildOptions:
     python_preference: str = interpreters.DEFAULT_PREFERENCE
     lock_timeout: float = DEFAULT_LOCK_TIMEOUT_S
     latest_ttl: float = LATEST_TTL_S
+    substituters: tuple[str, ...] = ()
+    trusted_keys: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -94,6 +96,7 @@ def build(
             verify=lambda tree: _verify(store, plan["fields"], tree, plan["deadline"], progress),
             progress=progress, lock_timeout=options.lock_timeout,
             check=lambda: _check_before_building(recipe, chosen.index, plan),
+            substitute=(lambda: _substitute(store, plan, options, progress)) if options.substituters else None,
         )
         inputs = plan["inputs"]
         return BuildResult(
@@ -181,6 +184,28 @@ def _remember_published(store: Store, files, project: str, version: str, index_u
     published = format_time(pypi.publication_time(files, project, version))
     store.index.remember_published(index_url, project, version, published)
     return published
+
+
+def _substitute(store: Store, plan: dict[str, Any], options: BuildOptions, progress) -> bool:
+    """Ask each binary cache for the key before building it. A cache that is down, lacks the key or
+    serves something that fails a check is passed over (said on stderr); the build goes on locally."""
+    import json
+
+    from . import fleet
+    from .errors import StoreError
+
+    keys = fleet.trusted_keys(options.trusted_keys)
+    for url in options.substituters:
+        try:
+            backend = fleet.backend_for(url)
+            data = backend.get(f"{plan['key']}.json")
+            if data is None:
+                continue
+            fleet.fetch_into_store(store, backend, json.loads(data), keys, progress)
+            return True
+        except (StoreError, ValueError) as exc:
+            progress(f"cache {url}: {exc}; building instead")
+    return False
 
 
 def _check_before_building(recipe: Recipe, build_index: int, plan: dict[str, Any]) -> None:

@@ -45,8 +45,10 @@ def realise(
     progress: Callable[[str], None],
     lock_timeout: float = DEFAULT_LOCK_TIMEOUT_S,
     check: Callable[[], None] | None = None,
+    substitute: Callable[[], bool] | None = None,
 ) -> tuple[Path, str]:
-    """Return (path, how): how is "hit", "waited" (another process built it) or "built".
+    """Return (path, how): how is "hit", "waited" (another process built it), "substituted" (fetched
+    from a binary cache by `substitute`, under the lock) or "built".
     `check` runs on a miss before anything is locked or written: input validation too slow for the
     hit path (a path can only be in the store if its inputs once passed it). `verify` runs on the
     frozen tree, as the environment will be used, while the tree is hashed."""
@@ -78,6 +80,8 @@ def realise(
                 progress(f"removing {leftover.name}, left by a build that did not finish")
                 force_rmtree(leftover)
 
+        if substitute is not None and substitute():
+            return final, "substituted"
         build_id = index.start_build(key, name)
         doc = _produce(store, key, name, inputs, meta, make, verify, build_id, progress)
         try:
@@ -120,6 +124,8 @@ def replace(
     TempRoots(layout).add(name)
     with locks.hold(layout.locks, key, f"repairing {name}", lock_timeout, progress):
         force_rmtree(partial)
+        if substitute is not None and substitute():
+            return final, "substituted"
         build_id = index.start_build(key, name)
         doc = _produce(store, key, name, inputs, meta, make, verify, build_id, progress)
         try:

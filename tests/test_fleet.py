@@ -1,0 +1,130 @@
+"""Binary caches on real backends (a directory, an HTTP server on 127.0.0.1): push, pull,
+substitution on build, signatures, tampering."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import build_store, copy_store, run_cli, run_in_env
+from tests.support.object_server import ObjectServer
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory, wheels):
+    t = build_store(tmp_path_factory.mktemp("fleet"), wheels, "2024-02-02")
+    yield t
+    t["index"].stop()
+
+
+@pytest.fixture
+def builder(template, tmp_path):
+    root = copy_store(template["root"], tmp_path / "builder")
+    keys = tmp_path / "keys"
+    run_cli(root, "keygen", "builder-1", "--out", str(keys), check=True)
+    run_cli(root, "keygen", "intruder", "--out", str(keys), check=True)
+    return root, Path(template["paths"][0]).name, keys
+
+
+@pytest.fixture(params=["file", "http"])
+def cache(request, tmp_path):
+    if request.param == "file":
+        yield f"file://{tmp_path / 'cache'}"
+    else:
+        srv = ObjectServer()
+        yield srv.url
+        srv.stop()
+
+
+def push(root, name, cache, secret):
+    return json.loads(run_cli(root, "--json", "push", str(root / "store" / name), "--to", cache,
+                              "--secret-key", str(secret), check=True).stdout)
+
+
+def test_push_then_pull_into_another_store(builder, cache, tmp_path):
+    root, name, keys = builder
+    assert push(root, name, cache, keys / "builder-1.secret")["pushed"] == [name]
+    assert push(root, name, cache, keys / "builder-1.secret")["already_there"] == [name]
+    node = tmp_path / "node"  # another root: the environment is relocatable
+    r = json.loads(run_cli(node, "--json", "pull", name, "--from", cache, "--trusted-key",
+                           str(keys / "builder-1.public"), check=True).stdout)
+    assert r["pulled"] == [name] and r["path"] == str(node / "store" / name)
+    assert run_in_env(node / "store" / name, "tinyengine") == "tinyengine 1.0 tinydep 1.0"
+    assert run_cli(node, "verify").returncode == 0
+    con = sqlite3.connect(node / "var" / "db.sqlite")
+    assert con.execute("SELECT outcome FROM builds").fetchall() == [("substituted",)]
+    again = json.loads(run_cli(node, "--json", "pull", name, "--from", cache, "--trusted-key",
+                               str(keys / "builder-1.public"), check=True).stdout)
+    assert again["pulled"] == [] and again["already_present"] == [name]
+
+
+def test_build_substitutes_from_the_cache_instead_of_building(builder, cache, template, tmp_path, uv_bin):
+    root, name, keys = builder
+    push(root, name, cache, keys / "builder-1.secret")
+    node = tmp_path / "node"
+    proc = run_cli(node, "--json", "build", str(template["recipe"]), "--as-of", "2024-02-02", "--index-url",
+                   template["index"].url, "--uv", str(uv_bin), "--substituter", cache,
+                   "--trusted-key", str(keys / "builder-1.public"), check=True)
+    doc = json.loads(proc.stdout)
+    assert doc["how"] == "substituted" and Path(doc["path"]).name == name
+    assert "substituted" in proc.stderr and "resolving" not in proc.stderr
+
+
+@pytest.mark.parametrize("problem", ["untrusted", "tampered-archive", "tampered-metadata", "unsigned"])
+def test_refused_objects_register_nothing(builder, tmp_path, problem):
+    root, name, keys = builder
+    cache_dir = tmp_path / "cache"
+    secret = keys / ("intruder.secret" if problem == "untrusted" else "builder-1.secret")
+    push(root, name, f"file://{cache_dir}", secret)
+    key = name[:32]
+    meta_path = cache_dir / f"{key}.json"
+    meta = json.loads(meta_path.read_text())
+    if problem == "tampered-archive":
+        data = bytearray((cache_dir / meta["archive"]).read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        (cache_dir / meta["archive"]).write_bytes(bytes(data))
+    elif problem == "tampered-metadata":
+        meta["content_hash"] = "0" * 64
+        meta_path.write_text(json.dumps(meta))
+    elif problem == "unsigned":
+        meta["signatures"] = []
+        meta_path.write_text(json.dumps(meta))
+    node = tmp_path / "node"
+    proc = run_cli(node, "pull", key, "--from", f"file://{cache_dir}", "--trusted-key", str(keys / "builder-1.public"))
+    assert proc.returncode == 1 and "refusing it" in proc.stderr, proc.stderr
+    assert list((node / "store").iterdir()) == [] and list((node / "var" / "tmp").iterdir()) == []
+    assert sqlite3.connect(node / "var" / "db.sqlite").execute("SELECT count(*) FROM paths").fetchone()[0] == 0
+
+
+def test_pull_needs_a_trusted_key_and_an_existing_object(builder, tmp_path):
+    root, name, keys = builder
+    node = tmp_path / "node"
+    proc = run_cli(node, "pull", name, "--from", f"file://{tmp_path / 'empty'}", "--trusted-key",
+                   str(keys / "builder-1.public"))
+    assert proc.returncode == 2 and f"no cache has {name[:32]}" in proc.stderr
+
+
+def test_read_only_http_cache_refuses_push(builder):
+    root, name, keys = builder
+    srv = ObjectServer(writable=False)
+    try:
+        proc = run_cli(root, "push", name, "--to", srv.url, "--secret-key", str(keys / "builder-1.secret"))
+        assert proc.returncode == 1 and "HTTP 405" in proc.stderr
+    finally:
+        srv.stop()
+
+
+def test_environment_whose_interpreter_is_missing_here_is_refused(tmp_path):
+    from llmgw_store.errors import UsageError
+    from llmgw_store.fleet import _check_relocatable
+
+    env = tmp_path / "env"
+    env.mkdir()
+    (env / "pyvenv.cfg").write_text("home = /nonexistent/python/bin\nversion_info = 3.12.7\n")
+    with pytest.raises(UsageError, match="its interpreter /nonexistent/python/bin does not exist on this machine"):
+        _check_relocatable(env, "x")
+    (env / "pyvenv.cfg").write_text(f"home = {Path(__import__('sys').executable).parent}\n")
+    _check_relocatable(env, "x")  # an interpreter that exists here: accepted
