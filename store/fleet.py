@@ -195,12 +195,61 @@ class HttpBackend:
             raise NetworkError(f"PUT {url}: HTTP {r.status_code} (does the server accept writes?)")
 
 
+class S3Backend:
+    """S3-compatible object storage through boto3 (`pip install 'llmgw-store[s3]'`). Credentials and
+    region come from boto3's usual places; `LLMGW_STORE_S3_ENDPOINT` (or AWS_ENDPOINT_URL) names a
+    non-AWS endpoint (MinIO, Ceph, a test server)."""
+
+    def __init__(self, url: str):
+        try:
+            import boto3
+        except ImportError:
+            raise UsageError("s3:// caches need boto3: pip install 'llmgw-store[s3]'") from None
+        bucket, _, prefix = url[len("s3://"):].partition("/")
+        if not bucket:
+            raise UsageError(f"{url!r}: an S3 cache URL is s3://bucket/prefix")
+        self.bucket, self.prefix = bucket, prefix.strip("/")
+        endpoint = os.environ.get("LLMGW_STORE_S3_ENDPOINT") or os.environ.get("AWS_ENDPOINT_URL")
+        self.client = boto3.client("s3", endpoint_url=endpoint)
+
+    def _key(self, name: str) -> str:
+        return f"{self.prefix}/{name}" if self.prefix else name
+
+    def get(self, name: str, dest: Path | None = None) -> bytes | None:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            if dest is not None:
+                self.client.download_file(self.bucket, self._key(name), str(dest))
+                return b""
+            return self.client.get_object(Bucket=self.bucket, Key=self._key(name))["Body"].read()
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
+                return None
+            raise NetworkError(f"s3://{self.bucket}/{self._key(name)}: {exc}") from exc
+        except BotoCoreError as exc:
+            raise NetworkError(f"s3://{self.bucket}/{self._key(name)}: {exc}") from exc
+
+    def put(self, name: str, src: Path | bytes) -> None:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            if isinstance(src, bytes):
+                self.client.put_object(Bucket=self.bucket, Key=self._key(name), Body=src)
+            else:
+                self.client.upload_file(str(src), self.bucket, self._key(name))
+        except (ClientError, BotoCoreError) as exc:
+            raise NetworkError(f"s3://{self.bucket}/{self._key(name)}: {exc}") from exc
+
+
 def backend_for(url: str):
     if url.startswith("file://"):
         return FileBackend(Path(url[len("file://"):]))
     if url.startswith(("http://", "https://")):
         return HttpBackend(url)
-    raise UsageError(f"{url!r}: a cache URL is file:///dir or http(s)://host/prefix")
+    if url.startswith("s3://"):
+        return S3Backend(url)
+    raise UsageError(f"{url!r}: a cache URL is file:///dir, http(s)://host/prefix or s3://bucket/prefix")
 
 
 # --- push ----------------------------------------------------------------------------------
