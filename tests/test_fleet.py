@@ -150,3 +150,43 @@ def test_environment_whose_interpreter_is_missing_here_is_refused(tmp_path):
         _check_relocatable(env, "x")
     (env / "pyvenv.cfg").write_text(f"home = {Path(__import__('sys').executable).parent}\n")
     _check_relocatable(env, "x")  # an interpreter that exists here: accepted
+
+
+def test_signed_archive_that_writes_through_a_symlink_is_refused(builder, tmp_path):
+    """Even a trusted signer's archive may not write outside the tree (defence in depth)."""
+    import hashlib
+    import io
+    import tarfile
+
+    import zstandard
+
+    from llmgw_store import fleet
+    from llmgw_store.keys import canonical_json
+
+    root, name, keys = builder
+    key = name[:32]
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tf:
+        d = tarfile.TarInfo(name)
+        d.type = tarfile.DIRTYPE
+        tf.addfile(d)
+        link = tarfile.TarInfo(f"{name}/escape")
+        link.type, link.linkname = tarfile.SYMTYPE, str(outside)
+        tf.addfile(link)
+        evil = tarfile.TarInfo(f"{name}/escape/pwned")
+        evil.size = 2
+        tf.addfile(evil, io.BytesIO(b"hi"))
+    archive = zstandard.ZstdCompressor().compress(buf.getvalue())
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / f"{key}.tar.zst").write_bytes(archive)
+    meta = {"name": name, "key": key, "content_hash": "0" * 64, "archive": f"{key}.tar.zst",
+            "archive_sha256": hashlib.sha256(archive).hexdigest(), "references": []}
+    fleet.sign(meta, str(keys / "builder-1.secret"))
+    (cache / f"{key}.json").write_bytes(canonical_json(meta))
+    proc = run_cli(tmp_path / "node", "pull", key, "--from", f"file://{cache}", "--trusted-key",
+                   str(keys / "builder-1.public"))
+    assert proc.returncode == 1 and "would be written through a symlink; refusing it" in proc.stderr
+    assert list(outside.iterdir()) == []
