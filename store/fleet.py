@@ -277,7 +277,7 @@ def _archive(tree: Path, name: str, out: Path) -> None:
 
     with open(out, "wb") as raw:
         cctx = zstandard.ZstdCompressor(level=ZSTD_LEVEL, threads=-1)
-        with cctx.stream_writer(raw) as zw, tarfile.open(fileobj=zw, mode="w|", format=tarfile.PAX_FORMAT) as tf:
+        with cctx.stream_writer(raw) as zw, tarfile.open(fileobj=zw, mode="w|", format=tarfile.GNU_FORMAT) as tf:
             tf.add(tree, arcname=name)
 
 
