@@ -53,6 +53,16 @@ class StoreGroup(click.Group):
         except KeyboardInterrupt:
             click.echo(f"{PROG}: interrupted", err=True)
             ctx.exit(130)
+        except (click.exceptions.Exit, click.exceptions.ClickException, click.exceptions.Abort):
+            raise
+        except Exception as exc:  # a bug: still one line, the traceback with -v
+            obj = ctx.find_object(Context)
+            if obj is not None and obj.verbose:
+                import traceback
+
+                traceback.print_exc()
+            click.echo(f"{PROG}: internal error: {type(exc).__name__}: {exc} (run with -v for the traceback)", err=True)
+            ctx.exit(1)
 
 
 @click.group(cls=StoreGroup, context_settings={"help_option_names": ["-h", "--help"]})

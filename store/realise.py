@@ -124,8 +124,6 @@ def replace(
     TempRoots(layout).add(name)
     with locks.hold(layout.locks, key, f"repairing {name}", lock_timeout, progress):
         force_rmtree(partial)
-        if substitute is not None and substitute():
-            return final, "substituted"
         build_id = index.start_build(key, name)
         doc = _produce(store, key, name, inputs, meta, make, verify, build_id, progress)
         try:
