@@ -72,6 +72,10 @@ def hold(lock_dir: Path, name: str, what: str, timeout: float, progress: Callabl
         lock.acquire(timeout=0)
     except Timeout:
         waited = True
+        # The holder writes its note just after it takes the lock: give it a moment to appear.
+        note_deadline = time.monotonic() + 1.0
+        while not owner.exists() and time.monotonic() < note_deadline:
+            time.sleep(0.02)
         progress(f"waiting for {_owner_text(owner)} to finish {what}")
         try:
             lock.acquire(timeout=timeout)
