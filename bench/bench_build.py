@@ -26,14 +26,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-PY = Path(sys.executable)
-CLI = PY.with_name("llmgw-store")
+sys.path.insert(0, str(REPO / "bench"))
+from common import CLI, PY, timed  # noqa: E402
 
-
-def timed(argv: list[str], env: dict[str, str] | None = None, cwd: Path | None = None) -> float:
-    t = time.perf_counter()
-    subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=cwd)
-    return time.perf_counter() - t
 
 
 def build(root: Path, recipe: Path, uv: Path, *extra: str) -> dict:

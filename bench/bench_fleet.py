@@ -20,20 +20,12 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import REPO  # noqa: E402
-
-PY = Path(sys.executable)
-CLI = PY.with_name("llmgw-store")
+from common import CLI, REPO, timed  # noqa: E402
 
 
-def timed(argv: list[str]) -> float:
-    t = time.perf_counter()
-    subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return time.perf_counter() - t
 
 
 def main() -> None:

@@ -23,11 +23,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import clone_registered  # noqa: E402
+from common import CLI, clone_registered  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
-PY = Path(sys.executable)
-CLI = PY.with_name("llmgw-store")
 
 
 def main() -> None:

@@ -26,10 +26,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import REPO, clone_registered  # noqa: E402
+from common import CLI, REPO, clone_registered  # noqa: E402
 
-PY = Path(sys.executable)
-CLI = PY.with_name("llmgw-store")
 
 
 def du(path: Path) -> int:

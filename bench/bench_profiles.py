@@ -17,23 +17,17 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "bench"))
+from common import CLI, PY, timed  # noqa: E402
 sys.path.insert(0, str(REPO))
 
 from tests.support.index_server import PackageIndex  # noqa: E402
 from tests.support.wheels import build_wheel  # noqa: E402
 
-PY = Path(sys.executable)
-CLI = PY.with_name("llmgw-store")
 
-
-def timed(argv: list[str]) -> float:
-    t = time.perf_counter()
-    subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return time.perf_counter() - t
 
 
 def main() -> None:

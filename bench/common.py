@@ -7,6 +7,17 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+PY = Path(sys.executable)
+CLI = PY.with_name("llmgw-store")
+
+
+def timed(argv: list[str]) -> float:
+    """Wall seconds of one command, its output discarded."""
+    import time
+
+    t = time.perf_counter()
+    subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return time.perf_counter() - t
 
 
 def clone_registered(root: Path, src_name: str, n: int) -> list[str]:
