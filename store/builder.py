@@ -95,7 +95,7 @@ def build(
             lambda partial: _make_env(store, plan, partial, progress),
             verify=lambda tree: _verify(store, plan["fields"], tree, plan["deadline"], progress),
             progress=progress, lock_timeout=options.lock_timeout,
-            check=lambda: _check_before_building(recipe, chosen.index, plan),
+            check=lambda: plan.update(requirements=_check_requirements(recipe, chosen.index, plan["fields"])),
             substitute=(lambda: _substitute(store, plan, options, progress)) if options.substituters else None,
         )
         inputs = plan["inputs"]
@@ -147,9 +147,7 @@ def _plan(store: Store, recipe: Recipe, chosen: Build, options: BuildOptions, pr
         "interpreter": interp,
         "index_url": index_url,
         "meta": {"engine": recipe.name, "version": version, "variant": chosen.variant, "binary": recipe.binary},
-        "binary": recipe.binary,
         "origin": str(recipe.file),
-        "repo": recipe.engine.get("repo"),
         "build_index": chosen.index,
     }
 
@@ -192,7 +190,6 @@ def _substitute(store: Store, plan: dict[str, Any], options: BuildOptions, progr
     import json
 
     from . import fleet
-    from .errors import StoreError
 
     keys = fleet.trusted_keys(options.trusted_keys)
     for url in options.substituters:
@@ -206,10 +203,6 @@ def _substitute(store: Store, plan: dict[str, Any], options: BuildOptions, progr
         except (StoreError, ValueError) as exc:
             progress(f"cache {url}: {exc}; building instead")
     return False
-
-
-def _check_before_building(recipe: Recipe, build_index: int, plan: dict[str, Any]) -> None:
-    plan["requirements"] = _check_requirements(recipe, build_index, plan["fields"])
 
 
 def _check_requirements(recipe: Recipe, build_index: int, fields: dict[str, Any]) -> list[str]:
@@ -307,9 +300,10 @@ def _make_env(store: Store, plan: dict[str, Any], partial: Path, progress) -> di
         argv, what=what, env=env, log_dir=layout.logs, cwd=layout.tmp, timeout=remaining(), show=progress))
     progress(f"{modules} module(s): {modules - reused - failed} compiled, {reused} from the bytecode cache"
              + (f", {failed} left as source (they do not compile)" if failed else ""))
-    binary = partial / "bin" / plan["binary"]
+    name = plan["inputs"]["binary"]
+    binary = partial / "bin" / name
     if not (binary.is_file() and os.access(binary, os.X_OK)):
-        raise StoreError(f"the environment has no executable bin/{plan['binary']} (engine.binary in {plan['origin']})")
+        raise StoreError(f"the environment has no executable bin/{name} (engine.binary in {plan['origin']})")
     return {
         "requirements": requirements,
         "exclude_newer": as_of,
@@ -344,7 +338,7 @@ def _fetch_extras(store: Store, plan: dict[str, Any], partial: Path, progress) -
         finally:
             force_rmtree(scratch)
     if "assets" in fields:
-        repo, tag = plan["repo"], fields["asset_tag"]
+        repo, tag = plan["inputs"]["repo"], fields["asset_tag"]
         listed = fetch.release(repo, tag)
         asset_dir = partial / fields.get("asset_dir", "bin")
         asset_dir.mkdir(parents=True, exist_ok=True)
@@ -358,7 +352,7 @@ def _fetch_extras(store: Store, plan: dict[str, Any], partial: Path, progress) -
             progress(f"asset {name} from release {tag} of {repo} (sha256 {asset['sha256'][:12]}…)")
     if "wheel" in fields:
         w = fields["wheel"]
-        repo = w.get("repo", plan["repo"])
+        repo = w.get("repo", plan["inputs"]["repo"])
         asset = fetch.pick(fetch.release(repo, w["tag"]), repo, w["tag"], prefix=w.get("prefix", ""),
                            suffix=w.get("suffix", ".whl"))
         # Pinned to the digest the release publishes: uv checks the fragment when it downloads.

@@ -30,9 +30,10 @@ def api_base() -> str:
 def cached_download(url: str, sha256: str, downloads: Path, progress: Callable[[str], None]) -> Path:
     """The file at `url`, checked against `sha256`, from the download cache when already there."""
     from . import pypi
+    from .fsutil import sha256_of
 
     dest = downloads / f"{sha256[:16]}-{Path(url.split('?')[0]).name or 'download'}"
-    if dest.exists() and pypi.sha256_of(dest) == sha256.lower():
+    if dest.exists() and sha256_of(dest) == sha256.lower():
         return dest
     progress(f"downloading {url}")
     return pypi.download(url, dest, sha256, progress=progress)

@@ -23,7 +23,6 @@ Keys are `name:base64` (as Nix writes them): `<name>.secret` holds the 32-byte e
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
 import os
 import tarfile
@@ -32,6 +31,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .errors import IntegrityError, NetworkError, NotFoundError, UsageError
+from .fsutil import sha256_of
 from .keys import KEY_RE, canonical_json
 from .local_store import Store
 
@@ -300,14 +300,10 @@ def push(targets: list[str], to: str, secret_key: str, *, root: str | Path | Non
             started = time.monotonic()
             try:
                 _archive(tree, name, tmp)
-                digest = hashlib.sha256()
-                with open(tmp, "rb") as f:
-                    while chunk := f.read(1 << 20):
-                        digest.update(chunk)
                 meta = {
                     "name": name, "key": key, "inputs": json.loads(row["inputs"]),
                     "content_hash": row["content_hash"], "size": row["size"], "files": row["files"],
-                    "compression": "zstd", "archive": f"{key}.tar.zst", "archive_sha256": digest.hexdigest(),
+                    "compression": "zstd", "archive": f"{key}.tar.zst", "archive_sha256": sha256_of(tmp),
                     "archive_size": tmp.stat().st_size,
                     "references": sorted(_closure(store, [name])[:-1]),
                 }
@@ -433,11 +429,7 @@ def fetch_into_store(store: Store, backend, meta: dict[str, Any], trusted: dict[
     try:
         force_rmtree(scratch)
         backend.get(meta["archive"], dest=archive)
-        digest = hashlib.sha256()
-        with open(archive, "rb") as f:
-            while chunk := f.read(1 << 20):
-                digest.update(chunk)
-        if digest.hexdigest() != meta["archive_sha256"]:
+        if sha256_of(archive) != meta["archive_sha256"]:
             raise IntegrityError(f"{meta['archive']}: sha256 differs from the signed metadata; refusing it")
         scratch.mkdir(parents=True)
         _check_members(archive, name, meta["archive"])

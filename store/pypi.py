@@ -131,14 +131,6 @@ def publication_time(files: list[IndexFile], project: str, version: str) -> date
     return max(times)
 
 
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def download(url: str, dest: Path, sha256: str, progress: Callable[[str], None] | None = None) -> Path:
     """Stream `url` to `dest`, checking its sha256. The bytes land under a temporary name and are
     renamed to `dest` only after the digest matched, so `dest` is either absent or verified."""

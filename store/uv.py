@@ -140,6 +140,7 @@ def _install_wheel(store: "Store", partial: Path, index_url: str, progress: Call
     from packaging.utils import parse_wheel_filename
 
     from . import pypi
+    from .fsutil import sha256_of
 
     progress(f"installing uv {UV_VERSION} from its wheel on {index_url}")
     try:
@@ -160,7 +161,7 @@ def _install_wheel(store: "Store", partial: Path, index_url: str, progress: Call
     if not wheel.sha256:
         raise IntegrityError(f"{index_url} publishes no sha256 for {wheel.filename}; refusing an unverifiable uv")
     dest = store.layout.downloads / wheel.filename
-    if not dest.exists() or pypi.sha256_of(dest) != wheel.sha256:
+    if not dest.exists() or sha256_of(dest) != wheel.sha256:
         pypi.download(wheel.url, dest, wheel.sha256)
     member = f"uv-{UV_VERSION}.data/scripts/uv"
     (partial / "bin").mkdir(parents=True)

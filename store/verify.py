@@ -114,8 +114,8 @@ def _repair(store: Store, row: dict[str, Any], uv_path, python_preference, progr
         raise NotFoundError(f"repairing {name} needs {want['implementation']} {want['version']}; found {interp.implementation} {interp.version}")
     plan = {
         "fields": inputs["build"], "uv": uv, "interpreter": interp, "requirements": inputs["build"]["requirements"],
-        "index_url": inputs["index_url"], "inputs": inputs, "name": name, "binary": inputs["binary"],
-        "origin": f"the recorded inputs of {name}", "lock_text": lock_text, "repo": inputs.get("repo"),
+        "index_url": inputs["index_url"], "inputs": inputs, "name": name,
+        "origin": f"the recorded inputs of {name}", "lock_text": lock_text,
         # A private, empty uv cache: the shared one is hardlinked into the environments, so whatever
         # damaged this path may have damaged the cache too. Every wheel is fetched and checked
         # against the lock's hashes again.
