@@ -67,8 +67,8 @@ def main() -> None:
             hit_t.append(timed([str(CLI), "--root", str(warm), "build", str(args.recipe), "--uv", str(uv)]))
         # The same hit as a library call in one process (no interpreter start, no click).
         sys.path.insert(0, str(REPO))
-        from llmgw_store.builder import BuildOptions, build as lib_build
-        from llmgw_store.uv import clean_env  # the variables a store build passes to uv (proxy, CA)
+        from llmgw_store.build.builder import BuildOptions, build as lib_build
+        from llmgw_store.build.uv import clean_env  # the variables a store build passes to uv (proxy, CA)
 
         opts = BuildOptions(uv=uv, python_preference=args.python_preference)
         lib_t = []

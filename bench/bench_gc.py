@@ -69,7 +69,7 @@ def main() -> None:
         # (b) planning on a big index
         proot = work / "plan"
         sys.path.insert(0, str(REPO))
-        from llmgw_store.local_store import Store
+        from llmgw_store.core.local_store import Store
 
         with Store.open(proot) as store:
             conn = store.index.conn

@@ -57,8 +57,8 @@ def main() -> None:
         sys.path.insert(0, str(REPO))
         from blake3 import blake3
 
-        from llmgw_store.local_store import Store
-        from llmgw_store.verify import check_path
+        from llmgw_store.core.local_store import Store
+        from llmgw_store.integrity.verify import check_path
 
         # (a) verify vs one blake3 pass over the same bytes (page cache warm for both)
         files = [os.path.join(d, f) for d, _, fs in os.walk(env) for f in fs if not os.path.islink(os.path.join(d, f))]

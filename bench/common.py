@@ -23,8 +23,8 @@ def timed(argv: list[str]) -> float:
 def clone_registered(root: Path, src_name: str, n: int) -> list[str]:
     """n copies of store path `src_name`, registered under fresh keys."""
     sys.path.insert(0, str(REPO))
-    from llmgw_store.index import Index
-    from llmgw_store.keys import store_key
+    from llmgw_store.core.index import Index
+    from llmgw_store.core.keys import store_key
 
     idx = Index(root / "var" / "db.sqlite")
     row = idx.path_by_name(src_name)

@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from llmgw_store.errors import CommandError, StoreError
+from llmgw_store.core.errors import CommandError, StoreError
 
 PROG = "llmgw-store"
 
@@ -108,11 +108,14 @@ def build_options(f):
 
 
 def _options(kw: dict):
-    from llmgw_store.builder import BuildOptions
+    from llmgw_store.build.builder import BuildOptions
 
     return BuildOptions(version=kw["version"], variant=kw["variant"], as_of=kw["as_of"], index_url=kw["index_url"],
-                        uv=kw["uv_path"], python_preference=kw["python_preference"], lock_timeout=kw["lock_timeout"],
-                        substituters=tuple(kw["substituters"]), trusted_keys=tuple(kw["trusted_keys"]))
+                        uv=kw["uv_path"], python_preference=kw["python_preference"], lock_timeout=kw["lock_timeout"])
+
+
+def _caches(kw: dict) -> dict:
+    return {"substituters": tuple(kw["substituters"]), "trusted_keys": tuple(kw["trusted_keys"])}
 
 
 @cli.command()
@@ -127,9 +130,9 @@ def build(obj: Context, recipe: str, **kw) -> None:
       llmgw-store build examples/black.toml
       llmgw-store --json build vllm.toml --variant cu128 --as-of 2025-06-01T00:00:00Z
     """
-    from llmgw_store.builder import build as do_build
+    from llmgw_store.api import build as do_build
 
-    result = do_build(recipe, _options(kw), root=obj.root, progress=obj.progress)
+    result = do_build(recipe, _options(kw), **_caches(kw), root=obj.root, progress=obj.progress)
     obj.emit(result.to_json(), str(result.path))
 
 
@@ -137,7 +140,7 @@ def build(obj: Context, recipe: str, **kw) -> None:
 @click.pass_obj
 def list_cmd(obj: Context) -> None:
     """List the store paths the index holds: name, size, files, last used."""
-    from llmgw_store.queries import list_paths
+    from llmgw_store.integrity.queries import list_paths
 
     rows = list_paths(obj.root)
     lines = [
@@ -152,7 +155,7 @@ def list_cmd(obj: Context) -> None:
 @click.pass_obj
 def info(obj: Context, path: str) -> None:
     """Show what the index and manifest say of PATH (a store path, its name or its key)."""
-    from llmgw_store.queries import path_info
+    from llmgw_store.integrity.queries import path_info
 
     row = path_info(path, obj.root)
     manifest = row.get("manifest") or {}
@@ -188,9 +191,9 @@ def activate(obj: Context, profile: str, target: str, **kw) -> None:
       llmgw-store activate vllm /var/lib/llmgw-store/store/5x...-vllm-0.6.3-cu128
       llmgw-store activate vllm recipes/vllm.toml --variant cu128
     """
-    from llmgw_store.profiles import activate as do_activate
+    from llmgw_store.api import activate as do_activate
 
-    r = do_activate(profile, target, root=obj.root, build_options=_options(kw), progress=obj.progress)
+    r = do_activate(profile, target, _options(kw), **_caches(kw), root=obj.root, progress=obj.progress)
     text = (f"{profile}: generation {r['generation']} -> {r['path']}" if r["changed"]
             else f"{profile}: already at generation {r['generation']} -> {r['path']}")
     obj.emit(r, text)
@@ -208,7 +211,7 @@ def rollback(obj: Context, profile: str, to: int | None) -> None:
       llmgw-store rollback vllm          # the generation before the current one
       llmgw-store rollback vllm --to 3
     """
-    from llmgw_store.profiles import rollback as do_rollback
+    from llmgw_store.roots.profiles import rollback as do_rollback
 
     r = do_rollback(profile, to=to, root=obj.root, progress=obj.progress)
     obj.emit(r, f"{profile}: generation {r['previous']} -> {r['generation']} ({r['path']})")
@@ -231,10 +234,10 @@ def generations(obj: Context, profile: str, delete: tuple[int, ...], older_than:
       llmgw-store generations vllm --delete 3 --delete 4
       llmgw-store generations vllm --older-than 30d
     """
-    from llmgw_store import profiles
+    from llmgw_store.roots import profiles
 
     if delete or older_than or keep is not None:
-        from llmgw_store.units import parse_duration
+        from llmgw_store.core.units import parse_duration
 
         r = profiles.delete_generations(profile, numbers=list(delete), keep=keep, dry_run=dry_run, root=obj.root,
                                         older_than=parse_duration(older_than) if older_than else None,
@@ -257,7 +260,7 @@ def generations(obj: Context, profile: str, delete: tuple[int, ...], older_than:
 @click.pass_obj
 def list_profiles(obj: Context) -> None:
     """List profiles with their current generation and store path."""
-    from llmgw_store.profiles import list_profiles as do_list
+    from llmgw_store.roots.profiles import list_profiles as do_list
 
     rows = do_list(root=obj.root)
     obj.emit(rows, "\n".join(f"{r['profile']}  generation {r['current']} of {r['generations']}  {r['path']}" for r in rows))
@@ -274,7 +277,7 @@ def pin(obj: Context, name: str, path: str) -> None:
     Example:
       llmgw-store pin vllm-known-good /var/lib/llmgw-store/store/5x...-vllm-0.6.3-cu128
     """
-    from llmgw_store.pins import pin as do_pin
+    from llmgw_store.roots.pins import pin as do_pin
 
     r = do_pin(name, path, root=obj.root)
     obj.emit(r, f"pinned {r['path']} as {name}")
@@ -285,7 +288,7 @@ def pin(obj: Context, name: str, path: str) -> None:
 @click.pass_obj
 def unpin(obj: Context, name: str) -> None:
     """Remove the pin NAME (the store path stays until a gc finds nothing else holds it)."""
-    from llmgw_store.pins import unpin as do_unpin
+    from llmgw_store.roots.pins import unpin as do_unpin
 
     r = do_unpin(name, root=obj.root)
     obj.emit(r, f"unpinned {name} ({r['path']})")
@@ -304,8 +307,8 @@ def diff(obj: Context, a: str, b: str) -> None:
     Example:
       llmgw-store diff vllm@6 vllm@7
     """
-    from llmgw_store.diff import diff as do_diff
-    from llmgw_store.units import human_size
+    from llmgw_store.integrity.diff import diff as do_diff
+    from llmgw_store.core.units import human_size
 
     r = do_diff(a, b, root=obj.root)
     lines = [f"+ {p['name']} {p['version']}" for p in r["added"]]
@@ -322,7 +325,7 @@ def diff(obj: Context, a: str, b: str) -> None:
 @click.pass_obj
 def env(obj: Context, profile: str) -> None:
     """Print shell lines (PATH, VIRTUAL_ENV) for PROFILE: eval "$(llmgw-store env vllm)"."""
-    from llmgw_store.runenv import env_lines, shell_text
+    from llmgw_store.roots.runenv import env_lines, shell_text
 
     variables = env_lines(profile, root=obj.root)
     obj.emit(variables, shell_text(variables).rstrip("\n"))
@@ -339,7 +342,7 @@ def run(obj: Context, profile: str, command: tuple[str, ...]) -> None:
     Example:
       llmgw-store run vllm -- vllm serve Qwen/Qwen2.5-7B-Instruct --port 8000
     """
-    from llmgw_store.runenv import exec_in
+    from llmgw_store.roots.runenv import exec_in
 
     argv = list(command[1:] if command[:1] == ("--",) else command)
     exec_in(profile, argv, root=obj.root)
@@ -368,8 +371,8 @@ def gc(obj: Context, dry_run: bool, delete_older_than: str | None, keep: int | N
       llmgw-store gc --delete-older-than 30d
       llmgw-store --json gc --min-free 100G
     """
-    from llmgw_store import gc as gcmod
-    from llmgw_store.units import human_size, parse_duration, parse_size
+    from llmgw_store.roots import gc as gcmod
+    from llmgw_store.core.units import human_size, parse_duration, parse_size
 
     if print_roots:
         held = gcmod.print_roots(root=obj.root, lock_timeout=lock_timeout)
@@ -404,7 +407,7 @@ def verify(obj: Context, paths: tuple[str, ...], repair: bool, uv_path: str | No
       llmgw-store verify
       llmgw-store verify vllm@7 --repair
     """
-    from llmgw_store.verify import verify as do_verify
+    from llmgw_store.integrity.verify import verify as do_verify
 
     r = do_verify(list(paths) or None, root=obj.root, repair=repair, uv=uv_path,
                   python_preference=python_preference, progress=obj.progress)
@@ -431,7 +434,7 @@ def doctor(obj: Context, rebuild_index: bool) -> None:
       llmgw-store doctor
       llmgw-store doctor --rebuild-index
     """
-    from llmgw_store.doctor import doctor as do_doctor
+    from llmgw_store.integrity.doctor import doctor as do_doctor
 
     r = do_doctor(root=obj.root, rebuild_index=rebuild_index, progress=obj.progress)
     if rebuild_index:
@@ -449,8 +452,8 @@ def doctor(obj: Context, rebuild_index: bool) -> None:
 @click.pass_obj
 def optimise(obj: Context, dry_run: bool) -> None:
     """Hardlink identical files across store paths (through ROOT/store/.links) and report the bytes saved."""
-    from llmgw_store.optimise import optimise as do_optimise
-    from llmgw_store.units import human_size
+    from llmgw_store.integrity.optimise import optimise as do_optimise
+    from llmgw_store.core.units import human_size
 
     r = do_optimise(root=obj.root, dry_run=dry_run, progress=obj.progress)
     obj.emit(r, f"{r['files_linked']} of {r['files_examined']} file(s) {'would be ' if dry_run else ''}linked, "
@@ -467,8 +470,8 @@ def stats(obj: Context, prometheus: str | None) -> None:
     Example (node_exporter's textfile collector, after each cron gc):
       llmgw-store stats --prometheus /var/lib/node_exporter/textfile/llmgw_store.prom
     """
-    from llmgw_store.stats import stats as do_stats
-    from llmgw_store.units import human_size
+    from llmgw_store.integrity.stats import stats as do_stats
+    from llmgw_store.core.units import human_size
 
     r = do_stats(root=obj.root, prometheus=prometheus)
     obj.emit(r, "\n".join([
@@ -492,7 +495,7 @@ def keygen(obj: Context, name: str, out_dir: str) -> None:
     Example:
       llmgw-store keygen builder-1 --out /etc/llmgw-store
     """
-    from llmgw_store.fleet import keygen as do_keygen
+    from llmgw_store.cache.signing import keygen as do_keygen
 
     r = do_keygen(name, out_dir)
     obj.emit(r, f"secret key: {r['secret']}\npublic key: {r['public']} ({r['public_key']})")
@@ -510,7 +513,7 @@ def push(obj: Context, paths: tuple[str, ...], to: str, secret_key: str) -> None
     Example:
       llmgw-store push vllm --to file:///srv/llmgw-cache --secret-key /etc/llmgw-store/builder-1.secret
     """
-    from llmgw_store.fleet import push as do_push
+    from llmgw_store.api import push as do_push
 
     r = do_push(list(paths), to, secret_key, root=obj.root, progress=obj.progress)
     obj.emit(r, f"pushed {len(r['pushed'])}, already there {len(r['already_there'])}")
@@ -528,7 +531,7 @@ def pull(obj: Context, target: str, from_: tuple[str, ...], trusted_keys: tuple[
     Example:
       llmgw-store pull 5x...-vllm-0.33.0-cu130 --from https://cache.internal/llmgw --trusted-key builder-1.public
     """
-    from llmgw_store.fleet import pull as do_pull
+    from llmgw_store.cache.pull import pull as do_pull
 
     r = do_pull(target, list(from_), list(trusted_keys), root=obj.root, progress=obj.progress)
     obj.emit(r, r["path"])

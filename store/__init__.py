@@ -1,7 +1,8 @@
 """llmgw-store: a Nix-style content-addressed store for uv-built inference-engine environments.
 
-The public names are loaded on first use (PEP 562), so `import llmgw_store.errors` from the CLI does
-not pay for the builder's imports on commands that never build.
+The library is five layers, each importing only from those below it (docs/architecture.md):
+`core` < `build` | `cache` < `roots` < `integrity` < `api` (what the commands do) < `cli`.
+The public names are loaded on first use (PEP 562), so importing the package costs nothing.
 """
 
 from __future__ import annotations
@@ -10,11 +11,11 @@ from importlib import import_module
 from typing import Any
 
 _EXPORTS = {
-    "build": "builder", "BuildOptions": "builder", "BuildResult": "builder",
-    "Store": "local_store",
-    "StoreError": "errors", "UsageError": "errors", "RecipeError": "errors", "NotFoundError": "errors",
-    "LockTimeout": "errors", "NetworkError": "errors", "IntegrityError": "errors", "CommandError": "errors",
-    "IndexError_": "errors",
+    "BuildOptions": "build.builder", "BuildResult": "build.builder",
+    "Store": "core.local_store",
+    "StoreError": "core.errors", "UsageError": "core.errors", "RecipeError": "core.errors", "NotFoundError": "core.errors",
+    "LockTimeout": "core.errors", "NetworkError": "core.errors", "IntegrityError": "core.errors", "CommandError": "core.errors",
+    "IndexError_": "core.errors",
 }
 __all__ = sorted(_EXPORTS)
 

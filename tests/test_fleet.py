@@ -140,8 +140,8 @@ def test_read_only_http_cache_refuses_push(builder):
 
 
 def test_environment_whose_interpreter_is_missing_here_is_refused(tmp_path):
-    from llmgw_store.errors import UsageError
-    from llmgw_store.fleet import _check_relocatable
+    from llmgw_store.core.errors import UsageError
+    from llmgw_store.cache.pull import _check_relocatable
 
     env = tmp_path / "env"
     env.mkdir()
@@ -160,8 +160,8 @@ def test_signed_archive_that_writes_through_a_symlink_is_refused(builder, tmp_pa
 
     import zstandard
 
-    from llmgw_store import fleet
-    from llmgw_store.keys import canonical_json
+    from llmgw_store.cache import signing
+    from llmgw_store.core.keys import canonical_json
 
     root, name, keys = builder
     key = name[:32]
@@ -184,7 +184,7 @@ def test_signed_archive_that_writes_through_a_symlink_is_refused(builder, tmp_pa
     (cache / f"{key}.tar.zst").write_bytes(archive)
     meta = {"name": name, "key": key, "content_hash": "0" * 64, "archive": f"{key}.tar.zst",
             "archive_sha256": hashlib.sha256(archive).hexdigest(), "references": []}
-    fleet.sign(meta, str(keys / "builder-1.secret"))
+    signing.sign(meta, str(keys / "builder-1.secret"))
     (cache / f"{key}.json").write_bytes(canonical_json(meta))
     proc = run_cli(tmp_path / "node", "pull", key, "--from", f"file://{cache}", "--trusted-key",
                    str(keys / "builder-1.public"))

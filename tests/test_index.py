@@ -7,8 +7,8 @@ import sqlite3
 
 import pytest
 
-from llmgw_store.errors import IndexError_
-from llmgw_store.index import SCHEMA_VERSION, Index
+from llmgw_store.core.errors import IndexError_
+from llmgw_store.core.index import SCHEMA_VERSION, Index
 
 
 def _open_and_write(path: str, n: int) -> None:

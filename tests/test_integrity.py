@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from llmgw_store import manifest
+from llmgw_store.core import manifest
 from tests.conftest import build_store, copy_store, run_cli
 
 

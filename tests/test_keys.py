@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from llmgw_store.keys import KEY_RE, canonical_json, key_of_name, nix_base32, path_name, store_key
+from llmgw_store.core.keys import KEY_RE, canonical_json, key_of_name, nix_base32, path_name, store_key
 
 # Printed by `nix-hash --type sha1|sha256 --flat --base32` (Nix 2.8.0) for a file holding "hello".
 NIX_VECTORS = {

@@ -157,7 +157,7 @@ print(n, bad)
 
 SWITCHER = r"""
 import sys
-from llmgw_store.profiles import rollback
+from llmgw_store.roots.profiles import rollback
 root, profile, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
 for i in range(count):
     rollback(profile, to=1 + i % 2, root=root)

@@ -10,7 +10,7 @@ import sqlite3
 
 import pytest
 
-from llmgw_store.uv import UV_VERSION
+from llmgw_store.build.uv import UV_VERSION
 from tests.conftest import run_cli
 from tests.support.wheels import build_wheel
 

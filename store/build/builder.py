@@ -1,0 +1,413 @@
+"""`build`: from a recipe to a registered store path.
+
+The key is computed first, from facts that are memoised in the index (the uv version, the
+interpreter, the latest version, the publication time), so a build whose key is already in the
+store reads the recipe and the index and returns, asking the network nothing (DESIGN invariant 6).
+Only a miss validates requirements, resolves and installs; see realise.py for the locking.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable, Protocol
+
+from llmgw_store.build import bytecode
+from llmgw_store.core import debug
+from llmgw_store.build import interpreters
+from llmgw_store.build import lockfiles
+from llmgw_store.build import recipe as recipes
+from llmgw_store.build import uv as uvmod
+from llmgw_store.core.errors import CommandError, RecipeError, StoreError, UsageError
+from llmgw_store.core.fsutil import force_rmtree, free_bytes
+from llmgw_store.core.host import platform_facts
+from llmgw_store.core.keys import SCHEMA_VERSION, path_name, store_key
+from llmgw_store.core.local_store import Store
+from llmgw_store.build.realise import DEFAULT_LOCK_TIMEOUT_S, realise
+from llmgw_store.build.recipe import ONE_DAY, Build, Recipe, format_time, parse_time
+
+PYPI_SIMPLE = "https://pypi.org/simple"
+DEFAULT_TIMEOUT_S = 3600.0
+LATEST_TTL_S = 3600.0  # like Nix's tarball-ttl: "latest" is asked again at most once an hour
+
+
+class Substituter(Protocol):
+    """Something that can put a store path in place instead of building it (a binary cache).
+    Called with the key's lock held; returns True once the path is registered, False to build."""
+
+    def substitute(self, store: Store, key: str, name: str, progress: Callable[[str], None]) -> bool: ...
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    version: str | None = None
+    variant: str | None = None
+    as_of: str | None = None
+    index_url: str = PYPI_SIMPLE
+    uv: str | Path | None = None
+    python_preference: str = interpreters.DEFAULT_PREFERENCE
+    lock_timeout: float = DEFAULT_LOCK_TIMEOUT_S
+    latest_ttl: float = LATEST_TTL_S
+
+
+@dataclass(frozen=True)
+class BuildPlan:
+    """Everything that decides a build's result, and the key and name that follow from it.
+    Frozen: once the key is computed from `inputs`, nothing the build does may change them."""
+
+    key: str
+    name: str
+    inputs: dict[str, Any]
+    version: str
+    fields: dict[str, Any]
+    uv: uvmod.UvTool
+    interpreter: interpreters.Interpreter
+    index_url: str
+    meta: dict[str, Any]
+    origin: str
+    build_index: int = 0
+    lock_text: str | None = None  # install exactly this lock (a repair) instead of resolving
+    uv_cache: Path | None = None  # a private uv cache (a repair) instead of the store's
+
+
+class Deadline:
+    """The build's time limit (the recipe's `timeout`), shared by install and verify."""
+
+    def __init__(self, plan: BuildPlan):
+        self.seconds = float(plan.fields.get("timeout", DEFAULT_TIMEOUT_S))
+        self.at = time.monotonic() + self.seconds
+        self.name = plan.name
+
+    def remaining(self) -> float:
+        left = self.at - time.monotonic()
+        if left <= 0:
+            raise StoreError(f"the build of {self.name} ran past its timeout of {self.seconds:.0f}s")
+        return left
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    path: Path
+    name: str
+    key: str
+    engine: str
+    version: str
+    variant: str
+    as_of: str
+    uv: str
+    python: str
+    how: str  # "hit", "waited" (another process built it) or "built"
+    seconds: float
+
+    @property
+    def cache_hit(self) -> bool:
+        return self.how != "built"
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "path": str(self.path), "cache_hit": self.cache_hit}
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+def build(
+    recipe_file: str | Path,
+    options: BuildOptions = BuildOptions(),
+    *,
+    root: str | Path | None = None,
+    progress: Callable[[str], None] = _quiet,
+    substituter: Substituter | None = None,
+) -> BuildResult:
+    """Build the recipe into the store, or find it there. `substituter` (a binary cache, from the
+    cache layer) is asked for the key under its lock before anything is built."""
+    started = time.monotonic()
+    recipe = recipes.load(recipe_file)
+    if options.variant is None and len(recipe.builds) > 1:
+        from llmgw_store.build import gpu
+
+        chosen, why = gpu.choose(recipe, None, gpu.probe_host())
+        progress(f"chose build {chosen.variant!r}: {why}")
+    else:
+        chosen = recipe.build_for(options.variant)
+    if options.as_of is not None:
+        parse_time(options.as_of)  # a bad --as-of is a usage error before the store is touched
+    with Store.open(root) as store:
+        plan = _plan(store, recipe, chosen, options, progress)
+        deadline = Deadline(plan)
+        path, how = realise(
+            store, plan.key, plan.name, plan.inputs, plan.meta,
+            lambda partial: make_env(store, plan, partial, deadline, progress),
+            verify=lambda tree: verify_env(store, plan, tree, deadline, progress),
+            progress=progress, lock_timeout=options.lock_timeout,
+            check=lambda: check_requirements(plan),
+            substitute=(lambda: substituter.substitute(store, plan.key, plan.name, progress)) if substituter else None,
+        )
+        inputs = plan.inputs
+        return BuildResult(
+            path=path, name=plan.name, key=plan.key, engine=recipe.name, version=plan.version,
+            variant=chosen.variant, as_of=inputs["as_of"], uv=inputs["uv"],
+            python=inputs["python"]["version"], how=how, seconds=round(time.monotonic() - started, 3),
+        )
+
+
+def _plan(store: Store, recipe: Recipe, chosen: Build, options: BuildOptions, progress) -> BuildPlan:
+    """Everything that decides the result, and the key and name that follow from it."""
+    index_url = options.index_url.rstrip("/")
+    uv = uvmod.resolve(store, options.uv, index_url, progress)
+    version = options.version or chosen.fields.get("version") or _latest(store, recipe, index_url, options, progress)
+    if not recipes.VERSION_RE.match(version):
+        raise UsageError(f"{version!r} is not a version")
+    fields = chosen.resolved(version)
+    if options.as_of is not None:
+        as_of = format_time(parse_time(options.as_of))
+    elif "as_of" in fields:
+        as_of = fields["as_of"]
+    else:
+        as_of = _published_plus_a_day(store, recipe, version, index_url, progress)
+    interp = interpreters.find(store, uv, fields["python"], options.python_preference, progress)
+    inputs = {
+        "schema": SCHEMA_VERSION,
+        "engine": recipe.name,
+        "pypi": recipe.pypi,
+        "binary": recipe.binary,
+        "repo": recipe.engine.get("repo"),
+        "version": version,
+        "variant": chosen.variant,
+        "build": fields,
+        "as_of": as_of,
+        "index_url": index_url,
+        "uv": uv.version,
+        "python": interp.key_facts(fields["python"]),
+        "platform": platform_facts(),
+    }
+    key = store_key(inputs)
+    return BuildPlan(
+        key=key, name=path_name(key, recipe.name, version, chosen.variant), inputs=inputs, version=version,
+        fields=fields, uv=uv, interpreter=interp, index_url=index_url,
+        meta={"engine": recipe.name, "version": version, "variant": chosen.variant, "binary": recipe.binary},
+        origin=str(recipe.file), build_index=chosen.index,
+    )
+
+
+def _latest(store: Store, recipe: Recipe, index_url: str, options: BuildOptions, progress) -> str:
+    version = store.index.latest(index_url, recipe.pypi, options.latest_ttl)
+    if version is None:
+        from llmgw_store.build import pypi
+
+        progress(f"asking {index_url} for the latest release of {recipe.pypi}")
+        files = pypi.project_files(index_url, recipe.pypi)
+        version = pypi.latest_version(files, recipe.pypi)
+        store.index.remember_latest(index_url, recipe.pypi, version)
+        _remember_published(store, files, recipe.pypi, version, index_url)
+    return version
+
+
+def _published_plus_a_day(store: Store, recipe: Recipe, version: str, index_url: str, progress) -> str:
+    published = store.index.published(index_url, recipe.pypi, version)
+    if published is None:
+        from llmgw_store.build import pypi
+
+        progress(f"asking {index_url} when {recipe.pypi} {version} was published")
+        files = pypi.project_files(index_url, recipe.pypi)
+        published = _remember_published(store, files, recipe.pypi, version, index_url)
+    return format_time(parse_time(published) + ONE_DAY)
+
+
+def _remember_published(store: Store, files, project: str, version: str, index_url: str) -> str:
+    from llmgw_store.build import pypi
+
+    published = format_time(pypi.publication_time(files, project, version))
+    store.index.remember_published(index_url, project, version, published)
+    return published
+
+
+def check_requirements(plan: BuildPlan) -> list[str]:
+    """Requirements must be PyPI requirement specifiers: a URL or `@` reference would bypass the
+    index, `--exclude-newer` and the published hashes. Run on a miss only (packaging is slow to
+    import), before anything is locked or written, and again by `make_env`."""
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    where = f"build[{plan.build_index}].requirements"
+    out = []
+    for line in plan.fields["requirements"]:
+        try:
+            req = Requirement(line)
+        except InvalidRequirement as exc:
+            raise RecipeError(plan.origin, where, f"{line!r} is not a requirement: {exc}") from None
+        if req.url:
+            raise RecipeError(plan.origin, where, f"{line!r} is a direct reference; only PyPI packages are allowed")
+        out.append(str(req))
+    return out
+
+
+def make_env(store: Store, plan: BuildPlan, partial: Path, deadline: Deadline, progress) -> dict[str, Any]:
+    """venv, resolve (or take `plan.lock_text` as it is, for a repair), install, check the binary."""
+    fields, uv, interp = plan.fields, plan.uv, plan.interpreter
+    requirements = check_requirements(plan)
+    layout = store.layout
+    remaining = deadline.remaining
+
+    if "free_gb" in fields:
+        free = free_bytes(layout.store)
+        if free < fields["free_gb"] * 1e9:
+            raise StoreError(
+                f"only {free / 1e9:.1f} GB free under {layout.store}, the build needs {fields['free_gb']} GB; "
+                "run `llmgw-store gc` or free space"
+            )
+    env = uvmod.clean_env(
+        UV_NO_CONFIG="1",
+        UV_CACHE_DIR=str(plan.uv_cache or layout.uv_cache),
+        UV_PYTHON_INSTALL_DIR=str(layout.python_installs),
+        UV_PYTHON_DOWNLOADS="never",
+        TMPDIR=str(layout.tmp),
+    )
+    python = partial / "bin" / "python"
+    meta_dir = partial / ".llmgw"
+    meta_dir.mkdir()
+
+    def uv_run(args: list, what: str) -> str:
+        return uvmod.run([uv.path, *args], what=what, env=env, log_dir=layout.logs, cwd=layout.tmp,
+                         timeout=remaining(), show=progress)
+
+    progress(f"creating the environment ({interp.implementation} {interp.version}, {interp.path})")
+    uv_run(["venv", "--relocatable", "--allow-existing", "--python", interp.path, partial], "uv venv")
+    debug.pause("BUILD_PAUSE")  # a .partial with a venv exists: concurrent builders meet here
+    requirements = requirements + _fetch_extras(store, plan, partial, progress)
+    extra_index = fields.get("extra_index")
+    lock = meta_dir / ("pylock.toml" if extra_index else "requirements.lock")
+    if extra_index:
+        # PEP 751 with an explicit second index: only `index_packages` may come from it; every
+        # other package, even one the second index also offers (the 2022 torchtriton confusion),
+        # resolves from the main index.
+        source = meta_dir / "pyproject.toml"
+        source.write_text(lockfiles.pyproject_with_index(requirements, extra_index, fields["index_packages"],
+                                                         interp.version))
+    else:
+        source = meta_dir / "requirements.in"
+        source.write_text("".join(r + "\n" for r in requirements))
+
+    as_of = plan.inputs["as_of"]
+    if plan.lock_text is not None:
+        lock.write_text(plan.lock_text)
+    else:
+        where = plan.index_url + (f" (and {extra_index} for {', '.join(fields['index_packages'])})" if extra_index else "")
+        progress(f"resolving {len(requirements)} requirement(s) as {where} stood at {as_of}")
+        fmt = ["--format", "pylock.toml"] if extra_index else ["--generate-hashes"]
+        uv_run(
+            ["pip", "compile", source, "-o", lock, *fmt, "--exclude-newer", as_of,
+             "--index-url", plan.index_url, "--python", python, "--no-header", "--quiet"],
+            "uv pip compile",
+        )
+    lock_text = lock.read_text()
+    pins = len(lockfiles.pins(lock_text, lock.name))
+    progress(f"installing {pins} pinned package(s) with --require-hashes --no-deps")
+    uv_run(
+        ["pip", "install", "--require-hashes", "--no-deps", "-r", lock, "--index-url", plan.index_url,
+         "--python", python, "--link-mode", "hardlink", "--quiet"],
+        "uv pip install",
+    )
+    progress("compiling bytecode")
+    modules, failed, reused = bytecode.compile_tree(python, partial, layout.pyc_cache, lambda argv, what: uvmod.run(
+        argv, what=what, env=env, log_dir=layout.logs, cwd=layout.tmp, timeout=remaining(), show=progress))
+    progress(f"{modules} module(s): {modules - reused - failed} compiled, {reused} from the bytecode cache"
+             + (f", {failed} left as source (they do not compile)" if failed else ""))
+    name = plan.inputs["binary"]
+    binary = partial / "bin" / name
+    if not (binary.is_file() and os.access(binary, os.X_OK)):
+        raise StoreError(f"the environment has no executable bin/{name} (engine.binary in {plan.origin})")
+    return {
+        "requirements": requirements,
+        "exclude_newer": as_of,
+        "index_url": plan.index_url,
+        "uv_version": uv.version,
+        "python": asdict(interp),
+        "lock": lock_text,
+        "lock_format": lock.name,
+    }
+
+
+def _fetch_extras(store: Store, plan: BuildPlan, partial: Path, progress) -> list[str]:
+    """The build's source archive, release assets and release wheel, each checked against its
+    digest; returns the requirements they add (the source's requirements file, the pinned wheel)."""
+    from llmgw_store.build import fetch
+
+    fields, origin, where = plan.fields, plan.origin, f"build[{plan.build_index}]"
+    downloads = store.layout.downloads
+    added: list[str] = []
+    if "source" in fields:
+        src = fields["source"]
+        archive = fetch.cached_download(src["url"], src["sha256"], downloads, progress)
+        progress(f"unpacking {archive.name} (checked against its sha256)")
+        scratch = store.layout.tmp / f"unpack-{os.getpid()}-{time.monotonic_ns()}"
+        try:
+            top = fetch.unpack_source(archive, scratch, src.get("top"), origin, f"{where}.source")
+            if "requirements" in src:
+                added += fetch.source_requirements(top / src["requirements"], origin, f"{where}.source")
+            dest = partial / src.get("dir", "src")
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            os.rename(top, dest)
+        finally:
+            force_rmtree(scratch)
+    if "assets" in fields:
+        repo, tag = plan.inputs["repo"], fields["asset_tag"]
+        listed = fetch.release(repo, tag)
+        asset_dir = partial / fields.get("asset_dir", "bin")
+        asset_dir.mkdir(parents=True, exist_ok=True)
+        for name in fields["assets"]:
+            asset = fetch.pick(listed, repo, tag, name=name)
+            got = fetch.cached_download(asset["url"], asset["sha256"], downloads, progress)
+            target = asset_dir / name
+            shutil.copyfile(got, target)
+            if fields.get("asset_dir", "bin") == "bin":
+                target.chmod(0o755)
+            progress(f"asset {name} from release {tag} of {repo} (sha256 {asset['sha256'][:12]}…)")
+    if "wheel" in fields:
+        w = fields["wheel"]
+        repo = w.get("repo", plan.inputs["repo"])
+        asset = fetch.pick(fetch.release(repo, w["tag"]), repo, w["tag"], prefix=w.get("prefix", ""),
+                           suffix=w.get("suffix", ".whl"))
+        # Pinned to the digest the release publishes: uv checks the fragment when it downloads.
+        added.append(f"{w['project']} @ {asset['url']}#sha256={asset['sha256']}")
+        progress(f"release wheel {asset['name']} from {repo} {w['tag']} (sha256 {asset['sha256'][:12]}…)")
+    return added
+
+
+def verify_env(store: Store, plan: BuildPlan, env_dir: Path, deadline: Deadline, progress) -> None:
+    """Run the recipe's verify command, then the GPU check, in the (already frozen) environment."""
+    fields = plan.fields
+    env = uvmod.clean_env(VIRTUAL_ENV=str(env_dir), TMPDIR=str(store.layout.tmp))
+    env["PATH"] = f"{env_dir / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+    command = fields.get("verify")
+    if command:
+        argv = list(command)
+        if (env_dir / "bin" / argv[0]).exists():
+            argv[0] = str(env_dir / "bin" / argv[0])
+        progress(f"verifying: {' '.join(command)}")
+        uvmod.run(argv, what=f"verify command `{' '.join(command)}`", env=env, log_dir=store.layout.logs,
+                  cwd=store.layout.tmp, timeout=deadline.remaining(), show=progress)
+    if fields.get("gpu_check"):
+        _gpu_probe(store, env_dir, env, deadline, progress)
+
+
+def _gpu_probe(store: Store, env_dir: Path, env: dict[str, str], deadline: Deadline, progress) -> None:
+    """Where an NVIDIA driver is present, torch in the new environment must see the GPU and run a
+    kernel on it; the seed's hint is added when the build has no kernels for the card."""
+    from llmgw_store.build import gpu
+
+    host = gpu.probe_host()
+    if host.driver is None:
+        progress("no NVIDIA driver on this host: GPU check skipped")
+        return
+    progress(f"GPU check ({host.driver}; {', '.join(f'{g.name} sm {g.capability:g}' for g in host.gpus) or 'no GPU listed'})")
+    try:
+        out = uvmod.run([env_dir / "bin" / "python", "-c", gpu.PROBE], what="GPU check", env=env,
+                        log_dir=store.layout.logs, cwd=store.layout.tmp,
+                        timeout=min(600.0, deadline.remaining()), show=progress)
+    except CommandError as exc:
+        raise CommandError(f"GPU check failed{gpu.kernel_hint(exc.output_tail, host)}", output_tail=exc.output_tail,
+                           log=exc.log) from None
+    progress(out.strip().splitlines()[-1] if out.strip() else "GPU check passed")

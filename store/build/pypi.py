@@ -1,0 +1,168 @@
+"""A client for a package index's simple API (PEP 691 JSON), for the facts a key needs.
+
+Only the cold path talks to an index: what it learns (a release's publication time, the latest
+version) is memoised in the store's SQLite index by the caller, so a cache hit asks nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Callable
+
+from llmgw_store.core.errors import IntegrityError, NetworkError, UsageError
+from llmgw_store.build.recipe import parse_time
+
+JSON_ACCEPT = "application/vnd.pypi.simple.v1+json"
+TIMEOUT_S = 60.0
+
+
+def normalize(name: str) -> str:
+    """PEP 503 normalised project name."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+@dataclass(frozen=True)
+class IndexFile:
+    filename: str
+    url: str
+    sha256: str | None
+    upload_time: datetime | None
+    yanked: bool
+    version: str | None
+
+
+def _client():
+    import httpx
+
+    return httpx.Client(timeout=TIMEOUT_S, follow_redirects=True, headers={"User-Agent": "llmgw-store"})
+
+
+def project_files(index_url: str, project: str) -> list[IndexFile]:
+    """Every file the index lists for `project`, with its version parsed from the file name."""
+    import httpx
+    from packaging.utils import (InvalidSdistFilename, InvalidWheelFilename, parse_sdist_filename,
+                                 parse_wheel_filename)
+
+    base = index_url.rstrip("/")
+    url = f"{base}/{normalize(project)}/"
+    try:
+        with _client() as client:
+            resp = client.get(url, headers={"Accept": JSON_ACCEPT})
+    except httpx.HTTPError as exc:
+        raise NetworkError(f"cannot reach the index at {url}: {exc}; check the network or pass --index-url") from exc
+    if resp.status_code == 404:
+        raise UsageError(f"the index {base} has no project {project!r} (check engine.pypi in the recipe)")
+    if resp.status_code != 200:
+        raise NetworkError(f"the index answered HTTP {resp.status_code} for {url}")
+    if not resp.headers.get("content-type", "").startswith(JSON_ACCEPT):
+        raise NetworkError(f"the index at {base} does not speak PEP 691 JSON (got {resp.headers.get('content-type')!r})")
+    try:
+        data = resp.json()
+        entries = data["files"]
+    except (ValueError, KeyError) as exc:
+        raise NetworkError(f"malformed PEP 691 answer from {url}: {exc}") from exc
+    files = []
+    for f in entries:
+        name = f.get("filename", "")
+        try:
+            if name.endswith(".whl"):
+                version = str(parse_wheel_filename(name)[1])
+            elif name.endswith((".tar.gz", ".zip")):
+                version = str(parse_sdist_filename(name)[1])
+            else:
+                version = None
+        except (InvalidWheelFilename, InvalidSdistFilename, ValueError):
+            version = None
+        uploaded = f.get("upload-time")
+        files.append(
+            IndexFile(
+                filename=name,
+                url=str(resp.url.join(f.get("url", ""))),
+                sha256=(f.get("hashes") or {}).get("sha256"),
+                upload_time=parse_time(uploaded) if uploaded else None,
+                yanked=bool(f.get("yanked")),
+                version=version,
+            )
+        )
+    return files
+
+
+def latest_version(files: list[IndexFile], project: str) -> str:
+    """The highest final release that has at least one file not yanked."""
+    from packaging.version import InvalidVersion, Version
+
+    best = None
+    for f in files:
+        if f.version is None or f.yanked:
+            continue
+        try:
+            v = Version(f.version)
+        except InvalidVersion:
+            continue
+        if not v.is_prerelease and (best is None or v > best):
+            best = v
+    if best is None:
+        raise UsageError(f"the index lists no final release of {project!r}; give a version with --version")
+    return str(best)
+
+
+def publication_time(files: list[IndexFile], project: str, version: str) -> datetime:
+    """When a release was published: the upload time of its last file (wheels for new platforms are
+    often uploaded hours after the sdist, and the release is complete only then)."""
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        wanted = Version(version)
+    except InvalidVersion:
+        raise UsageError(f"{version!r} is not a valid version of {project}") from None
+    mine = [f for f in files if f.version is not None and Version(f.version) == wanted]
+    if not mine:
+        raise UsageError(f"the index has no release {version} of {project!r}")
+    times = [f.upload_time for f in mine if f.upload_time is not None]
+    if not times:
+        raise UsageError(
+            f"the index publishes no upload-time for {project} {version}; set as_of in the recipe or pass --as-of"
+        )
+    return max(times)
+
+
+def download(url: str, dest: Path, sha256: str, progress: Callable[[str], None] | None = None) -> Path:
+    """Stream `url` to `dest`, checking its sha256. The bytes land under a temporary name and are
+    renamed to `dest` only after the digest matched, so `dest` is either absent or verified."""
+    import httpx
+
+    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
+    digest = hashlib.sha256()
+    try:
+        with _client() as client, client.stream("GET", url) as resp:
+            if resp.status_code != 200:
+                raise NetworkError(f"download of {url} failed: HTTP {resp.status_code}")
+            total = int(resp.headers.get("content-length") or 0)
+            done, next_report = 0, 0.25
+            with open(tmp, "wb") as out:
+                for chunk in resp.iter_bytes(1 << 20):
+                    digest.update(chunk)
+                    out.write(chunk)
+                    done += len(chunk)
+                    # One line per quarter of a large download: readable on a terminal and in a log.
+                    if progress is not None and total > 8 << 20 and done / total >= next_report:
+                        progress(f"  {dest.name}: {done / 1e6:.0f} of {total / 1e6:.0f} MB")
+                        next_report += 0.25
+    except httpx.HTTPError as exc:
+        tmp.unlink(missing_ok=True)
+        raise NetworkError(f"download of {url} failed: {exc}") from exc
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    if digest.hexdigest() != sha256.lower():
+        tmp.unlink(missing_ok=True)
+        raise IntegrityError(
+            f"{url}: sha256 is {digest.hexdigest()}, but the index publishes {sha256}; refusing it"
+        )
+    os.replace(tmp, dest)
+    return dest

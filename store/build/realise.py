@@ -1,0 +1,212 @@
+"""Making a store path exist: the one place where `.partial` trees become store paths.
+
+    hit?  ── the index has the key and its directory exists ──▶ done, no lock, no network
+      │ no
+    take the key's lock            (from here on, no other process writes this key's paths)
+    hit?  ── another process built it while we waited ──▶ done
+      │ no
+    clear leftovers                (a .partial or an unregistered directory of a dead build)
+    make(.partial)                 (the caller's steps: venv, resolve, install, verify)
+    hash the tree, write the manifest, freeze (drop write bits)
+    rename .partial → final        (atomic on one filesystem: the path appears complete or not at all)
+    register in the index          (one transaction: path row + build-log row)
+
+A crash before the rename leaves only a `.partial`, which the next build of the key (holding the
+lock) or gc removes; a crash between rename and register leaves an unregistered directory, which is
+treated the same way. Nothing half-built is ever registered.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+from llmgw_store.core import locks
+from llmgw_store.core import manifest
+from llmgw_store.core.fsutil import force_rmtree, freeze
+from llmgw_store.core.index import now_iso, row_from_manifest
+
+if TYPE_CHECKING:
+    from llmgw_store.core.local_store import Store
+
+DEFAULT_LOCK_TIMEOUT_S = 3600.0
+
+
+def realise(
+    store: "Store",
+    key: str,
+    name: str,
+    inputs: dict[str, Any],
+    meta: dict[str, Any],
+    make: Callable[[Path], dict[str, Any]],
+    *,
+    verify: Callable[[Path], None] | None = None,
+    progress: Callable[[str], None],
+    lock_timeout: float = DEFAULT_LOCK_TIMEOUT_S,
+    check: Callable[[], None] | None = None,
+    substitute: Callable[[], bool] | None = None,
+) -> tuple[Path, str]:
+    """Return (path, how): how is "hit", "waited" (another process built it), "substituted" (fetched
+    from a binary cache by `substitute`, under the lock) or "built".
+    `check` runs on a miss before anything is locked or written: input validation too slow for the
+    hit path (a path can only be in the store if its inputs once passed it). `verify` runs on the
+    frozen tree, as the environment will be used, while the tree is hashed."""
+    layout, index = store.layout, store.index
+    final = layout.path_of(name)
+    row = index.path_by_key(key)
+    if row is not None and final.is_dir():
+        index.touch(name)
+        return final, "hit"
+    if check is not None:
+        check()
+    from llmgw_store.core.temproots import TempRoots
+
+    # From here until this process exits, gc keeps `name` (and its .partial) whatever else happens.
+    TempRoots(layout).add(name)
+
+    with locks.hold(layout.locks, key, f"building {name}", lock_timeout, progress):
+        # The lock is held: this process alone may create, clear or register this key's paths.
+        row = index.path_by_key(key)
+        if row is not None and final.is_dir():
+            index.touch(name)
+            return final, "waited"
+        if row is not None:
+            progress(f"{name} is registered but missing on disk; building it again")
+            index.forget(name)
+        partial = layout.partial_of(name)
+        for leftover in (partial, final):
+            if os.path.lexists(leftover):
+                progress(f"removing {leftover.name}, left by a build that did not finish")
+                force_rmtree(leftover)
+
+        if substitute is not None and substitute():
+            return final, "substituted"
+        build_id = index.start_build(key, name)
+        doc = _produce(store, key, name, inputs, meta, make, verify, build_id, progress)
+        try:
+            # Same directory, one filesystem: rename(2) is atomic, and the lock keeps anyone else
+            # from creating `final` meanwhile.
+            os.rename(partial, final)
+        except BaseException as exc:
+            force_rmtree(partial)
+            index.fail_build(build_id, doc["build_seconds"], f"{type(exc).__name__}: {exc}")
+            raise
+        try:
+            index.register(row_from_manifest(doc), build_id, doc["build_seconds"], doc["references"])
+        except BaseException as exc:
+            # Renamed but not registered: garbage that the next build of this key (or gc) removes.
+            index.fail_build(build_id, doc["build_seconds"], f"registration failed: {exc}")
+            raise
+        progress(f"built {name} in {doc['build_seconds']:.1f}s ({doc['size'] / 1e6:.1f} MB, {doc['files']} files)")
+        return final, "built"
+
+
+def replace(
+    store: "Store",
+    key: str,
+    name: str,
+    inputs: dict[str, Any],
+    meta: dict[str, Any],
+    make: Callable[[Path], dict[str, Any]],
+    *,
+    verify: Callable[[Path], None] | None,
+    progress: Callable[[str], None],
+    lock_timeout: float = DEFAULT_LOCK_TIMEOUT_S,
+) -> dict[str, Any]:
+    """Rebuild a registered path in `.partial` and swap it in for the one in the store (repair),
+    only once the new tree has passed every check a build makes. The swap is one
+    renameat2(RENAME_EXCHANGE): readers see the old tree or the new one, never a missing path."""
+    from llmgw_store.core.temproots import TempRoots
+
+    layout, index = store.layout, store.index
+    final, partial = layout.path_of(name), layout.partial_of(name)
+    TempRoots(layout).add(name)
+    with locks.hold(layout.locks, key, f"repairing {name}", lock_timeout, progress):
+        force_rmtree(partial)
+        build_id = index.start_build(key, name)
+        doc = _produce(store, key, name, inputs, meta, make, verify, build_id, progress)
+        try:
+            exchange(partial, final)
+        except BaseException as exc:
+            force_rmtree(partial)
+            index.fail_build(build_id, doc["build_seconds"], f"{type(exc).__name__}: {exc}")
+            raise
+        # `partial` now holds the damaged tree: out of store/ first, then deleted.
+        trash = layout.trash / f"{name}.{os.getpid()}.{time.monotonic_ns()}"
+        os.rename(partial, trash)
+        index.replace_content(name, doc["content_hash"], doc["size"], doc["files"], build_id, doc["build_seconds"])
+        force_rmtree(trash)
+        return doc
+
+
+def exchange(a: Path, b: Path) -> None:
+    """Swap two directories atomically (Linux renameat2 with RENAME_EXCHANGE). Where the kernel or
+    filesystem cannot, fall back to two renames: `b` is then missing for an instant."""
+    import ctypes
+    import errno
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    fn = getattr(libc, "renameat2", None)
+    if fn is not None:
+        at_fdcwd, rename_exchange = -100, 2
+        if fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+            return
+        err = ctypes.get_errno()
+        if err not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+            raise OSError(err, os.strerror(err), str(a))
+    aside = b.with_name(b.name + ".old")
+    os.rename(b, aside)
+    os.rename(a, b)
+    os.rename(aside, a)
+
+
+def _produce(store: "Store", key, name, inputs, meta, make, verify, build_id: int, progress) -> dict[str, Any]:
+    """Run `make` in a fresh `.partial`, freeze it, verify and hash it, write its manifest. On any
+    failure the `.partial` is removed and the build logged as failed."""
+    partial = store.layout.partial_of(name)
+    started = time.monotonic()
+    try:
+        partial.mkdir()
+        extra = make(partial)
+        # Frozen before verify: the environment must work read-only, as it will in the store, and
+        # nothing verify runs can change the bytes being hashed meanwhile. .llmgw/ stays writable
+        # until the manifest is in.
+        meta_dir = partial / manifest.MANIFEST_DIR
+        meta_dir.mkdir(exist_ok=True)
+        freeze(partial, keep_writable=meta_dir)
+        entries = _scan_while(verify, partial, progress)
+        manifest.write_contents(partial, entries)
+        doc = {
+            **meta,
+            **extra,
+            "name": name,
+            "key": key,
+            "inputs": inputs,
+            "content_hash": manifest.content_hash(entries),
+            "references": manifest.references_of(partial, store.layout.store),
+            "size": sum(e.size for e in entries if e.kind in "fx"),
+            "files": len(entries),
+            "build_seconds": round(time.monotonic() - started, 3),
+            "installed": now_iso(),
+        }
+        manifest.write(partial, doc)
+        freeze(meta_dir)
+        return doc
+    except BaseException as exc:
+        force_rmtree(partial)
+        store.index.fail_build(build_id, time.monotonic() - started, f"{type(exc).__name__}: {exc}")
+        raise
+
+
+def _scan_while(verify: Callable[[Path], None] | None, tree: Path, progress) -> list:
+    """Hash `tree` in a thread while `verify` runs (a subprocess, mostly waiting): the two overlap."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    progress("hashing the tree" + (" while verifying" if verify else ""))
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        hashed = pool.submit(manifest.scan, tree)
+        if verify is not None:
+            verify(tree)
+        return hashed.result()

@@ -1,0 +1,226 @@
+"""Recipes: TOML files that say how to build one engine's environments.
+
+Parsing checks structure and types only (it is on the cache-hit path, so it stays cheap); the
+builder checks requirement syntax before it starts a build. Every error names the file and the
+field, so a person can fix the recipe without reading code.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+from llmgw_store.core.errors import RecipeError, UsageError
+from llmgw_store.core.keys import NAME_RE
+
+VERSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9+._!-]*$")
+
+# field -> (python types, required): the fields of DESIGN.md, each documented in docs/recipes.md.
+ENGINE_FIELDS: dict[str, tuple[tuple[type, ...], bool]] = {
+    "name": ((str,), True),
+    "pypi": ((str,), False),
+    "binary": ((str,), True),
+    "repo": ((str,), False),
+    "description": ((str,), False),
+}
+BUILD_FIELDS: dict[str, tuple[tuple[type, ...], bool]] = {
+    "variant": ((str,), True),
+    "python": ((str,), True),
+    "requirements": ((list,), True),
+    "verify": ((list,), False),
+    "as_of": ((str, datetime), False),
+    "version": ((str,), False),
+    "extra_index": ((str,), False),
+    "index_packages": ((list,), False),
+    "free_gb": ((int, float), False),
+    "gpu_check": ((bool,), False),
+    "min_compute_capability": ((int, float, str), False),
+    "max_compute_capability": ((int, float, str), False),
+    "timeout": ((int, float), False),
+    "source": ((dict,), False),
+    "wheel": ((dict,), False),
+    "assets": ((list,), False),
+    "asset_tag": ((str,), False),
+    "asset_dir": ((str,), False),
+}
+LIST_OF_STR = ("requirements", "verify", "index_packages", "assets")
+SOURCE_FIELDS: dict[str, tuple[tuple[type, ...], bool]] = {
+    "url": ((str,), True), "sha256": ((str,), True), "top": ((str,), False), "dir": ((str,), False),
+    "requirements": ((str,), False),
+}
+WHEEL_FIELDS: dict[str, tuple[tuple[type, ...], bool]] = {
+    "repo": ((str,), False), "tag": ((str,), True), "prefix": ((str,), False), "suffix": ((str,), False),
+    "project": ((str,), True),
+}
+SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+
+
+@dataclass(frozen=True)
+class Build:
+    """One way to install the engine. `fields` is the table as written, `{version}` not yet filled."""
+
+    index: int
+    fields: dict[str, Any]
+
+    @property
+    def variant(self) -> str:
+        return self.fields["variant"]
+
+    def resolved(self, version: str) -> dict[str, Any]:
+        """The build's fields with `{version}` filled in: what enters the key."""
+        return _fill(self.fields, version)
+
+
+@dataclass(frozen=True)
+class Recipe:
+    file: Path
+    name: str
+    pypi: str
+    binary: str
+    engine: dict[str, Any]
+    builds: list[Build] = field(default_factory=list)
+
+    def build_for(self, variant: str | None) -> Build:
+        if variant is None:
+            return self.builds[0]
+        for b in self.builds:
+            if b.variant == variant:
+                return b
+        known = ", ".join(b.variant for b in self.builds)
+        raise UsageError(f"{self.file}: no build with variant {variant!r} (the recipe has: {known})")
+
+
+def load(path: str | Path) -> Recipe:
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise UsageError(f"{path}: no such recipe file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"{path}: cannot read the recipe: {exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise RecipeError(path, "", f"not valid TOML: {exc}") from None
+    return parse(data, path)
+
+
+def parse(data: dict[str, Any], file: str | Path) -> Recipe:
+    unknown = set(data) - {"engine", "build"}
+    if unknown:
+        raise RecipeError(file, sorted(unknown)[0], "unknown top-level table; a recipe has [engine] and [[build]]")
+    engine = data.get("engine")
+    if not isinstance(engine, dict):
+        raise RecipeError(file, "engine", "missing [engine] table")
+    _check_table(engine, ENGINE_FIELDS, file, "engine")
+    if not NAME_RE.match(engine["name"]) or ".." in engine["name"]:
+        raise RecipeError(file, "engine.name", f"{engine['name']!r} is not a store name: use [a-z0-9._-], starting with a letter or digit")
+    builds = data.get("build")
+    if not isinstance(builds, list) or not builds:
+        raise RecipeError(file, "build", "at least one [[build]] table is needed")
+    seen: set[str] = set()
+    parsed = []
+    for i, b in enumerate(builds):
+        where = f"build[{i}]"
+        if not isinstance(b, dict):
+            raise RecipeError(file, where, "must be a table")
+        _check_table(b, BUILD_FIELDS, file, where)
+        b = dict(b)
+        if not NAME_RE.match(b["variant"]):
+            raise RecipeError(file, f"{where}.variant", f"{b['variant']!r} is not a valid name: use [a-z0-9._-]")
+        if b["variant"] in seen:
+            raise RecipeError(file, f"{where}.variant", f"variant {b['variant']!r} appears twice")
+        seen.add(b["variant"])
+        if not b["requirements"] and "source" not in b and "wheel" not in b:
+            raise RecipeError(file, f"{where}.requirements", "must name at least one requirement")
+        if "version" in b and not VERSION_RE.match(b["version"]):
+            raise RecipeError(file, f"{where}.version", f"{b['version']!r} is not a version")
+        if "as_of" in b:
+            b["as_of"] = format_time(parse_time(b["as_of"], lambda msg: RecipeError(file, f"{where}.as_of", msg)))
+        if ("extra_index" in b) != ("index_packages" in b) or ("index_packages" in b and not b["index_packages"]):
+            raise RecipeError(file, f"{where}.extra_index", "extra_index and a non-empty index_packages go together: "
+                              "the second index serves only the packages named for it")
+        if "source" in b:
+            _check_table(b["source"], SOURCE_FIELDS, file, f"{where}.source")
+            if not SHA256_RE.match(b["source"]["sha256"]):
+                raise RecipeError(file, f"{where}.source.sha256", "must be 64 lowercase hex digits")
+            for key in ("dir", "top", "requirements"):
+                if key in b["source"] and (b["source"][key].startswith("/") or ".." in b["source"][key].split("/")):
+                    raise RecipeError(file, f"{where}.source.{key}", "must be a relative path inside the tree")
+        if "wheel" in b:
+            _check_table(b["wheel"], WHEEL_FIELDS, file, f"{where}.wheel")
+            if "repo" not in b["wheel"] and "repo" not in engine:
+                raise RecipeError(file, f"{where}.wheel.repo", "needs a repo (here or engine.repo)")
+        if "assets" in b:
+            if "asset_tag" not in b:
+                raise RecipeError(file, f"{where}.asset_tag", "assets need the release tag they come from")
+            if "repo" not in engine:
+                raise RecipeError(file, "engine.repo", "assets need the repository they come from")
+        if "asset_dir" in b and (b["asset_dir"].startswith("/") or ".." in b["asset_dir"].split("/")):
+            raise RecipeError(file, f"{where}.asset_dir", "must be a relative path inside the environment")
+        for name in ("free_gb", "timeout"):
+            if name in b and b[name] < 0:
+                raise RecipeError(file, f"{where}.{name}", "must not be negative")
+        parsed.append(Build(i, b))
+    return Recipe(
+        file=Path(file),
+        name=engine["name"],
+        pypi=engine.get("pypi", engine["name"]),
+        binary=engine["binary"],
+        engine=dict(engine),
+        builds=parsed,
+    )
+
+
+def _check_table(table: dict[str, Any], spec: dict[str, tuple[tuple[type, ...], bool]], file, where: str) -> None:
+    for key in table:
+        if key not in spec:
+            raise RecipeError(file, f"{where}.{key}", f"unknown field (known: {', '.join(spec)})")
+    for key, (types, required) in spec.items():
+        if key not in table:
+            if required:
+                raise RecipeError(file, f"{where}.{key}", "required field is missing")
+            continue
+        value = table[key]
+        # bool is an int in Python; a number field must not accept `true`.
+        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+            names = " or ".join(t.__name__ for t in types)
+            raise RecipeError(file, f"{where}.{key}", f"must be {names}, not {type(value).__name__}")
+        if key in LIST_OF_STR and not all(isinstance(v, str) and v for v in value):
+            raise RecipeError(file, f"{where}.{key}", "must be a list of non-empty strings")
+        if isinstance(value, str) and not value:
+            raise RecipeError(file, f"{where}.{key}", "must not be empty")
+
+
+def _fill(value: Any, version: str) -> Any:
+    if isinstance(value, str):
+        return value.replace("{version}", version)
+    if isinstance(value, list):
+        return [_fill(v, version) for v in value]
+    if isinstance(value, dict):
+        return {k: _fill(v, version) for k, v in value.items()}
+    return value
+
+
+def parse_time(value: str | datetime, error=UsageError) -> datetime:
+    """An ISO 8601 time (`2024-03-01T00:00:00Z`, or a date meaning its midnight UTC), as aware UTC."""
+    if isinstance(value, datetime):
+        dt = value
+    else:
+        text = value.strip()
+        try:
+            dt = datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
+        except ValueError:
+            raise error(f"{value!r} is not an ISO 8601 time such as 2024-03-01T00:00:00Z") from None
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=timezone.utc)
+    return dt.astimezone(timezone.utc)
+
+
+def format_time(dt: datetime) -> str:
+    return dt.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+ONE_DAY = timedelta(days=1)

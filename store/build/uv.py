@@ -1,0 +1,179 @@
+"""The uv the store builds with, and the one way the store runs it.
+
+The store pins one uv version (`UV_VERSION`, also pinned in pyproject.toml). By default it installs
+that uv from its PyPI wheel, checked against the sha256 the index publishes, into a store path of
+its own (`<key>-uv-<version>-bin`); `--uv PATH` names an existing binary instead (offline use), and
+then that binary's own `--version` is what enters every key.
+
+Every uv run goes through `run`: a clean environment (no inherited UV_*, PIP_*, VIRTUAL_ENV, so a
+user's uv.toml or pip.conf cannot change a build), paths as strings, the command shown with -v,
+output captured; on failure the whole output goes to a log under ROOT/var/log and the error names it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Sequence
+
+from llmgw_store.core.errors import CommandError, IntegrityError, UsageError
+from llmgw_store.core.host import platform_facts
+from llmgw_store.core.index import file_stamp
+from llmgw_store.core.keys import SCHEMA_VERSION, path_name, store_key
+
+if TYPE_CHECKING:
+    from llmgw_store.core.local_store import Store
+
+UV_VERSION = "0.13.9"
+# Variables passed through to uv and verify commands; everything else is dropped.
+PASS_ENV = (
+    "PATH", "HOME", "LANG", "LC_ALL", "TERM", "SSL_CERT_FILE", "SSL_CERT_DIR",
+    "http_proxy", "https_proxy", "no_proxy", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY",
+)
+TAIL_LINES = 25
+
+
+@dataclass(frozen=True)
+class UvTool:
+    path: Path
+    version: str
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    env = {k: os.environ[k] for k in PASS_ENV if k in os.environ}
+    env.update(extra)
+    return env
+
+
+def run(
+    cmd: Sequence[str | Path],
+    *,
+    what: str,
+    env: dict[str, str],
+    log_dir: Path,
+    cwd: Path | None = None,
+    timeout: float | None = None,
+    show: Callable[[str], None] | None = None,
+) -> str:
+    """Run `cmd`, return its combined output; raise CommandError with the tail of it on failure."""
+    import subprocess
+
+    argv = [str(c) for c in cmd]
+    if show is not None:
+        show("$ " + " ".join(argv))
+    try:
+        proc = subprocess.run(
+            argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, text=True, errors="replace", timeout=timeout,
+        )
+    except FileNotFoundError:
+        raise CommandError(f"{what}: {argv[0]} not found") from None
+    except subprocess.TimeoutExpired as exc:
+        out = exc.output if isinstance(exc.output, str) else (exc.output or b"").decode(errors="replace")
+        log = _write_log(log_dir, what, argv, out)
+        raise CommandError(f"{what} timed out after {timeout:.0f}s", output_tail=_tail(out), log=log) from None
+    if proc.returncode != 0:
+        log = _write_log(log_dir, what, argv, proc.stdout)
+        raise CommandError(f"{what} failed (exit {proc.returncode})", output_tail=_tail(proc.stdout), log=log)
+    return proc.stdout
+
+
+def _tail(text: str) -> str:
+    return "\n".join(text.rstrip().splitlines()[-TAIL_LINES:])
+
+
+def _write_log(log_dir: Path, what: str, argv: list[str], output: str) -> Path:
+    log_dir.mkdir(parents=True, exist_ok=True)
+    slug = re.sub(r"[^a-z0-9]+", "-", what.lower()).strip("-")[:40]
+    log = log_dir / f"{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}-{slug}.log"
+    log.write_text("$ " + " ".join(argv) + "\n" + output)
+    return log
+
+
+def version_of(binary: Path, log_dir: Path) -> str:
+    out = run([binary, "--version"], what=f"{binary} --version", env=clean_env(), log_dir=log_dir)
+    m = re.match(r"uv (\S+)", out.strip())
+    if not m:
+        raise UsageError(f"{binary} does not look like uv: `--version` printed {out.strip()[:80]!r}")
+    return m.group(1)
+
+
+def resolve(store: "Store", uv_path: str | Path | None, index_url: str, progress: Callable[[str], None]) -> UvTool:
+    """The uv to build with: `uv_path` if given (its version memoised by inode, size and mtime), else
+    the store's own pinned uv, installed on first use."""
+    if uv_path is not None:
+        path = Path(uv_path).absolute()
+        stamp = file_stamp(path)
+        if stamp is None:
+            raise UsageError(f"--uv {uv_path}: no such file")
+        memo = store.index.tool_info("uv", str(path))
+        if memo and memo.get("stamp") == stamp:
+            return UvTool(path, memo["version"])
+        version = version_of(path, store.layout.logs)
+        store.index.remember_tool("uv", str(path), {"stamp": stamp, "version": version})
+        return UvTool(path, version)
+    return _pinned(store, index_url, progress)
+
+
+def _pinned(store: "Store", index_url: str, progress: Callable[[str], None]) -> UvTool:
+    from llmgw_store.build.realise import realise
+
+    inputs = {"schema": SCHEMA_VERSION, "tool": "uv", "version": UV_VERSION, "platform": platform_facts()}
+    key = store_key(inputs)
+    name = path_name(key, "uv", UV_VERSION, "bin")
+
+    def make(partial: Path) -> dict:
+        return _install_wheel(store, partial, index_url, progress)
+
+    meta = {"engine": "uv", "version": UV_VERSION, "variant": "bin", "binary": "uv"}
+    path, _ = realise(store, key, name, inputs, meta, make, progress=progress)
+    return UvTool(path / "bin" / "uv", UV_VERSION)
+
+
+def _install_wheel(store: "Store", partial: Path, index_url: str, progress: Callable[[str], None]) -> dict:
+    import zipfile
+
+    from packaging.tags import sys_tags
+    from packaging.utils import parse_wheel_filename
+
+    from llmgw_store.build import pypi
+    from llmgw_store.core.fsutil import sha256_of
+
+    progress(f"installing uv {UV_VERSION} from its wheel on {index_url}")
+    try:
+        listed = pypi.project_files(index_url, "uv")
+    except UsageError:
+        listed = []
+    files = [f for f in listed if f.filename.endswith(".whl") and f.version == UV_VERSION]
+    rank = {tag: i for i, tag in enumerate(sys_tags())}
+    best = None
+    for f in files:
+        tags = parse_wheel_filename(f.filename)[3]
+        score = min((rank[t] for t in tags if t in rank), default=None)
+        if score is not None and (best is None or score < best[0]):
+            best = (score, f)
+    if best is None:
+        raise UsageError(f"{index_url} has no uv {UV_VERSION} wheel for this platform; pass --uv PATH")
+    wheel = best[1]
+    if not wheel.sha256:
+        raise IntegrityError(f"{index_url} publishes no sha256 for {wheel.filename}; refusing an unverifiable uv")
+    dest = store.layout.downloads / wheel.filename
+    if not dest.exists() or sha256_of(dest) != wheel.sha256:
+        pypi.download(wheel.url, dest, wheel.sha256)
+    member = f"uv-{UV_VERSION}.data/scripts/uv"
+    (partial / "bin").mkdir(parents=True)
+    target = partial / "bin" / "uv"
+    try:
+        with zipfile.ZipFile(dest) as zf, zf.open(member) as src, open(target, "wb") as out:
+            while chunk := src.read(1 << 20):
+                out.write(chunk)
+    except KeyError:
+        raise IntegrityError(f"{wheel.filename} has no {member}; it is not a uv wheel") from None
+    target.chmod(0o755)
+    found = version_of(target, store.layout.logs)
+    if found != UV_VERSION:
+        raise IntegrityError(f"{wheel.filename} holds uv {found}, not {UV_VERSION}")
+    return {"wheel": wheel.filename, "wheel_sha256": wheel.sha256}

@@ -1,0 +1,77 @@
+"""Push: store paths (and what they reference) into a binary cache, signed.
+
+    <key>.json       metadata: name, key inputs, content hash, sizes, compression, references,
+                     the archive's sha256, and ed25519 signatures over all of that
+    <key>.tar.zst    the store path as a tar stream, zstd-compressed
+
+The metadata is written last: an object without it does not exist for pullers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tarfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from llmgw_store.cache.backends import backend_for
+from llmgw_store.cache.signing import sign
+from llmgw_store.core.errors import NotFoundError
+from llmgw_store.core.fsutil import sha256_of
+from llmgw_store.core.keys import canonical_json
+from llmgw_store.core.local_store import Store
+
+ZSTD_LEVEL = 3
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+def _archive(tree: Path, name: str, out: Path) -> None:
+    import zstandard
+
+    with open(out, "wb") as raw:
+        cctx = zstandard.ZstdCompressor(level=ZSTD_LEVEL, threads=-1)
+        with cctx.stream_writer(raw) as zw, tarfile.open(fileobj=zw, mode="w|", format=tarfile.GNU_FORMAT) as tf:
+            tf.add(tree, arcname=name)
+
+
+def push(names: list[str], to: str, secret_key: str, *, root: str | Path | None = None,
+         progress: Callable[[str], None] = _quiet) -> dict[str, Any]:
+    """Push the registered store paths `names` and their references (recorded at registration),
+    references first. (`llmgw_store.api.push` turns PROFILE, PROFILE@N, keys and paths into names.)"""
+    backend = backend_for(to)
+    pushed, skipped = [], []
+    with Store.open(root) as store:
+        for name in store.index.closure(names):
+            row = store.index.path_by_name(name)
+            if row is None:
+                raise NotFoundError(f"{name} is not a registered store path in {store.layout.store}")
+            key = row["key"]
+            if backend.get(f"{key}.json") is not None:
+                skipped.append(name)
+                continue
+            tree = store.layout.path_of(name)
+            tmp = store.layout.tmp / f"push-{os.getpid()}-{key}.tar.zst"
+            started = time.monotonic()
+            try:
+                _archive(tree, name, tmp)
+                meta = {
+                    "name": name, "key": key, "inputs": json.loads(row["inputs"]),
+                    "content_hash": row["content_hash"], "size": row["size"], "files": row["files"],
+                    "compression": "zstd", "archive": f"{key}.tar.zst", "archive_sha256": sha256_of(tmp),
+                    "archive_size": tmp.stat().st_size,
+                    "references": store.index.references(name),
+                }
+                sign(meta, secret_key)
+                backend.put(meta["archive"], tmp)
+                backend.put(f"{key}.json", canonical_json(meta))  # last: the object now exists
+            finally:
+                tmp.unlink(missing_ok=True)
+            progress(f"pushed {name} ({meta['archive_size'] / 1e6:.1f} MB compressed from {row['size'] / 1e6:.1f} MB "
+                     f"in {time.monotonic() - started:.1f}s)")
+            pushed.append(name)
+    return {"pushed": pushed, "already_there": skipped, "to": to}

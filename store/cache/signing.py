@@ -1,0 +1,93 @@
+"""Signing keys and signatures of binary-cache metadata (ed25519, as Nix's binary caches).
+
+Keys are `name:base64` (as Nix writes them): `<name>.secret` holds the 32-byte ed25519 seed,
+`<name>.public` the verify key. A signature covers the canonical JSON of the metadata without its
+`signatures` field.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+from pathlib import Path
+from typing import Any
+
+from llmgw_store.core.errors import IntegrityError, UsageError
+from llmgw_store.core.keys import canonical_json
+
+
+def keygen(name: str, out_dir: str | Path) -> dict[str, str]:
+    from nacl.signing import SigningKey
+
+    if not name or ":" in name or "/" in name:
+        raise UsageError(f"{name!r} is not a key name (no ':' or '/')")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    sk = SigningKey.generate()
+    secret, public = out / f"{name}.secret", out / f"{name}.public"
+    if secret.exists():
+        raise UsageError(f"{secret} exists; refusing to overwrite a secret key")
+    fd = os.open(secret, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(f"{name}:{base64.b64encode(bytes(sk)).decode()}\n")
+    public.write_text(f"{name}:{base64.b64encode(bytes(sk.verify_key)).decode()}\n")
+    return {"secret": str(secret), "public": str(public), "public_key": public.read_text().strip()}
+
+
+def key_text(value: str) -> str:
+    """A key given inline (`name:base64`) or as a file holding it."""
+    if os.path.isfile(value):
+        return Path(value).read_text().strip()
+    return value.strip()
+
+
+def parse_key(text: str, what: str) -> tuple[str, bytes]:
+    name, _, b64 = text.partition(":")
+    try:
+        raw = base64.b64decode(b64, validate=True)
+    except ValueError:
+        raw = b""
+    if not name or len(raw) != 32:
+        raise UsageError(f"{what} is not a key of the form name:base64 (32 bytes)")
+    return name, raw
+
+
+def trusted_keys(values: list[str] | tuple[str, ...]) -> dict[str, bytes]:
+    keys = dict(parse_key(key_text(v), f"trusted key {v!r}") for v in values)
+    for v in os.environ.get("LLMGW_STORE_TRUSTED_KEYS", "").split():
+        name, raw = parse_key(key_text(v), f"trusted key {v!r} (LLMGW_STORE_TRUSTED_KEYS)")
+        keys[name] = raw
+    return keys
+
+
+def signed_part(meta: dict[str, Any]) -> bytes:
+    return canonical_json({k: v for k, v in meta.items() if k != "signatures"})
+
+
+def sign(meta: dict[str, Any], secret: str) -> None:
+    from nacl.signing import SigningKey
+
+    name, seed = parse_key(key_text(secret), "the secret key")
+    sig = SigningKey(seed).sign(signed_part(meta)).signature
+    meta.setdefault("signatures", []).append({"key": name, "sig": base64.b64encode(sig).decode()})
+
+
+def check_signature(meta: dict[str, Any], trusted: dict[str, bytes]) -> str:
+    """The name of the trusted key that signed `meta`; IntegrityError when none did."""
+    from nacl.exceptions import BadSignatureError
+    from nacl.signing import VerifyKey
+
+    if not trusted:
+        raise UsageError("no trusted public keys: pass --trusted-key (name:base64 or a .public file)")
+    body = signed_part(meta)
+    for s in meta.get("signatures", []):
+        key = trusted.get(s.get("key"))
+        if key is None:
+            continue
+        try:
+            VerifyKey(key).verify(body, base64.b64decode(s.get("sig", "")))
+            return s["key"]
+        except (BadSignatureError, ValueError):
+            continue
+    signers = ", ".join(s.get("key", "?") for s in meta.get("signatures", [])) or "nobody"
+    raise IntegrityError(f"{meta.get('name', '?')}: not signed by a trusted key (signed by: {signers}); refusing it")

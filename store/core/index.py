@@ -1,0 +1,433 @@
+"""The SQLite index of what the store holds: a cache of the manifests plus memos of slow facts.
+
+Invariant: a row in `paths` exists only for a directory that is complete, read-only and renamed
+into `store/`; the row is inserted after the rename, in the same transaction as its build-log row.
+The index is in WAL mode, so readers (a cache-hit `build`, `list`) never wait for a writer, and a
+30 s busy timeout covers writers queuing behind each other.
+
+The schema version lives in `PRAGMA user_version`; `MIGRATIONS[i]` takes version i to i + 1.
+Reads on the cache-hit path use plain sqlite3; sqlite-utils (slow to import) is loaded only to
+create or migrate the schema and for inserts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+from llmgw_store.core.errors import IndexError_
+
+BUSY_TIMEOUT_S = 30.0
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _v1(db) -> None:
+    db["paths"].create(
+        {
+            "name": str, "key": str, "engine": str, "version": str, "variant": str, "as_of": str,
+            "uv_version": str, "python": str, "inputs": str, "content_hash": str, "size": int,
+            "files": int, "build_seconds": float, "created": str, "last_used": str,
+        },
+        pk="name",
+        if_not_exists=True,
+    )
+    db["paths"].create_index(["key"], unique=True, if_not_exists=True)
+    db["builds"].create(
+        {
+            "id": int, "key": str, "name": str, "pid": int, "host": str, "started": str,
+            "finished": str, "outcome": str, "seconds": float, "error": str,
+        },
+        pk="id",
+        if_not_exists=True,
+    )
+    db["builds"].create_index(["key"], if_not_exists=True)
+    db["releases"].create(
+        {"index_url": str, "project": str, "version": str, "published": str},
+        pk=("index_url", "project", "version"),
+        if_not_exists=True,
+    )
+    db["latest"].create(
+        {"index_url": str, "project": str, "version": str, "fetched": float},
+        pk=("index_url", "project"),
+        if_not_exists=True,
+    )
+    db["tools"].create({"kind": str, "ident": str, "stamp": str, "info": str}, pk=("kind", "ident"), if_not_exists=True)
+
+
+def _v2(db) -> None:
+    db["generations"].create(
+        {"profile": str, "number": int, "name": str, "created": str, "created_by": str, "deleted": str},
+        pk=("profile", "number"),
+        if_not_exists=True,
+    )
+    db["switches"].create(
+        {"id": int, "profile": str, "from_number": int, "to_number": int, "at": str, "by": str, "kind": str},
+        pk="id",
+        if_not_exists=True,
+    )
+    db["pins"].create({"name": str, "path_name": str, "created": str}, pk="name", if_not_exists=True)
+
+
+def _v3(db) -> None:
+    # References between store paths, recorded once at registration (Nix's Refs table): gc's
+    # closure and push read them here instead of re-deriving them from the trees.
+    db["refs"].create({"referrer": str, "reference": str}, pk=("referrer", "reference"), if_not_exists=True)
+    db["refs"].create_index(["reference"], if_not_exists=True)
+
+
+MIGRATIONS: list[Callable] = [_v1, _v2, _v3]
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+def row_from_manifest(doc: dict[str, Any]) -> dict[str, Any]:
+    """The `paths` row of a store path, from its manifest (a build's, a pull's or doctor's)."""
+    inputs = doc.get("inputs") or {}
+    python = inputs.get("python") or {}
+    return {
+        "name": doc["name"],
+        "key": doc["key"],
+        "engine": doc["engine"],
+        "version": doc["version"],
+        "variant": doc["variant"],
+        "as_of": inputs.get("as_of"),
+        "uv_version": inputs.get("uv", inputs.get("version")),
+        "python": python.get("version"),
+        "inputs": json.dumps(inputs, sort_keys=True),
+        "content_hash": doc["content_hash"],
+        "size": doc["size"],
+        "files": doc["files"],
+        "build_seconds": doc["build_seconds"],
+        "created": doc["installed"],
+        "last_used": doc["installed"],
+    }
+
+
+class Index:
+    def __init__(self, path: Path, store_dir: Path | None = None):
+        self.path, self.store_dir = path, store_dir
+        try:
+            self.conn = sqlite3.connect(str(path), timeout=BUSY_TIMEOUT_S, isolation_level=None)
+            self.conn.row_factory = sqlite3.Row
+            self._enable_wal()
+            self.conn.execute("PRAGMA synchronous=NORMAL")
+            version = self.conn.execute("PRAGMA user_version").fetchone()[0]
+            if version < SCHEMA_VERSION:
+                self._migrate()
+            elif version > SCHEMA_VERSION:
+                raise IndexError_(
+                    f"{path} has schema version {version}, newer than this llmgw-store knows "
+                    f"({SCHEMA_VERSION}); upgrade llmgw-store"
+                )
+        except sqlite3.Error as exc:
+            raise IndexError_(f"cannot open the index {path}: {exc}") from exc
+
+    def _enable_wal(self) -> None:
+        """WAL is a property of the file, set once by whoever creates it. Switching needs an exclusive
+        lock, for which SQLite does not call the busy handler, so processes that open a new store at
+        the same moment retry here until one of them has switched it."""
+        deadline = time.monotonic() + BUSY_TIMEOUT_S
+        while True:
+            try:
+                if self.conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal":
+                    return
+                self.conn.execute("PRAGMA journal_mode=WAL")
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.02)
+
+    def _migrate(self) -> None:
+        import sqlite_utils
+
+        db = sqlite_utils.Database(self.conn)
+        # BEGIN IMMEDIATE takes the write lock first, so two processes opening a new store at once
+        # serialise here; each step is also idempotent (IF NOT EXISTS) in case a library call commits.
+        self.conn.execute("BEGIN IMMEDIATE")
+        try:
+            version = self.conn.execute("PRAGMA user_version").fetchone()[0]
+            for step in MIGRATIONS[version:]:
+                step(db)
+            if version < 3 and self.store_dir is not None:
+                self._backfill_references()
+            self.conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            self.conn.execute("COMMIT")
+        except BaseException:
+            self.conn.execute("ROLLBACK")
+            raise
+
+    def _backfill_references(self) -> None:
+        """Paths registered before references were recorded: read them from the trees, once."""
+        from llmgw_store.core.manifest import references_of
+
+        for (name,) in self.conn.execute("SELECT name FROM paths").fetchall():
+            for ref in references_of(self.store_dir / name, self.store_dir):
+                self.conn.execute("INSERT OR IGNORE INTO refs VALUES (?, ?)", (name, ref))
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def _sql(self, sql: str, params: tuple | dict = ()) -> sqlite3.Cursor:
+        try:
+            return self.conn.execute(sql, params)
+        except sqlite3.Error as exc:
+            raise IndexError_(f"index {self.path}: {exc}") from exc
+
+    # --- store paths -------------------------------------------------------------------------
+    def path_by_key(self, key: str) -> dict[str, Any] | None:
+        row = self._sql("SELECT * FROM paths WHERE key = ?", (key,)).fetchone()
+        return dict(row) if row else None
+
+    def path_by_name(self, name: str) -> dict[str, Any] | None:
+        row = self._sql("SELECT * FROM paths WHERE name = ?", (name,)).fetchone()
+        return dict(row) if row else None
+
+    def paths(self) -> list[dict[str, Any]]:
+        return [dict(r) for r in self._sql("SELECT * FROM paths ORDER BY engine, version, variant, created")]
+
+    def touch(self, name: str) -> None:
+        self._sql("UPDATE paths SET last_used = ? WHERE name = ?", (now_iso(), name))
+
+    def register(self, row: dict[str, Any], build_id: int, seconds: float, references: list[str] = (),
+                 outcome: str = "built") -> None:
+        """Record a finished build: its path row, its references and its log entry, in one transaction."""
+        try:
+            with self.conn:
+                self.conn.execute("BEGIN IMMEDIATE")
+                cols = ", ".join(row)
+                marks = ", ".join("?" for _ in row)
+                self.conn.execute(f"INSERT INTO paths ({cols}) VALUES ({marks})", tuple(row.values()))
+                self.conn.execute("DELETE FROM refs WHERE referrer = ?", (row["name"],))
+                self.conn.executemany("INSERT OR IGNORE INTO refs VALUES (?, ?)", [(row["name"], r) for r in references])
+                self._finish_build(build_id, outcome, seconds, None)
+        except sqlite3.Error as exc:
+            raise IndexError_(f"index {self.path}: cannot register {row['name']}: {exc}") from exc
+
+    def forget(self, name: str) -> None:
+        try:
+            with self.conn:
+                self.conn.execute("BEGIN IMMEDIATE")
+                self.conn.execute("DELETE FROM paths WHERE name = ?", (name,))
+                self.conn.execute("DELETE FROM refs WHERE referrer = ?", (name,))
+        except sqlite3.Error as exc:
+            raise IndexError_(f"index {self.path}: cannot forget {name}: {exc}") from exc
+
+    def insert_path(self, row: dict[str, Any], references: list[str]) -> None:
+        """A path row and its references without a build-log entry (doctor rebuilding the index)."""
+        try:
+            with self.conn:
+                self.conn.execute("BEGIN IMMEDIATE")
+                self.conn.execute(f"INSERT OR REPLACE INTO paths ({', '.join(row)}) VALUES ({', '.join('?' for _ in row)})",
+                                  tuple(row.values()))
+                self.conn.executemany("INSERT OR IGNORE INTO refs VALUES (?, ?)", [(row["name"], r) for r in references])
+        except sqlite3.Error as exc:
+            raise IndexError_(f"index {self.path}: cannot register {row['name']}: {exc}") from exc
+
+    def copy_history_from(self, other: Path, tables: tuple[str, ...] | list[str]) -> dict[str, int]:
+        """Copy the rows of `tables` that a damaged or old index file still yields (doctor); a table
+        that cannot be read is counted as 0 rows copied."""
+        copied: dict[str, int] = {}
+        try:
+            self.conn.execute("ATTACH DATABASE ? AS old", (str(other),))
+        except sqlite3.Error:
+            return copied
+        try:
+            for table in tables:
+                try:
+                    copied[table] = self.conn.execute(f"INSERT OR IGNORE INTO main.{table} SELECT * FROM old.{table}").rowcount
+                except sqlite3.Error:
+                    copied[table] = 0
+        finally:
+            self.conn.execute("DETACH DATABASE old")
+        return copied
+
+    def live_generations(self) -> set[tuple[str, int]]:
+        return {(r[0], r[1]) for r in self._sql("SELECT profile, number FROM generations WHERE deleted IS NULL")}
+
+    def has_generation(self, profile: str, number: int, name: str) -> bool:
+        return self._sql("SELECT 1 FROM generations WHERE profile = ? AND number = ? AND deleted IS NULL AND name = ?",
+                         (profile, number, name)).fetchone() is not None
+
+    def references(self, name: str) -> list[str]:
+        """Store paths `name` needs, as recorded when it was registered."""
+        return [r[0] for r in self._sql("SELECT reference FROM refs WHERE referrer = ? ORDER BY reference", (name,))]
+
+    def closure(self, names: set[str] | list[str]) -> list[str]:
+        """`names` and everything they reference, transitively; references before referrers."""
+        order: list[str] = []
+        seen: set[str] = set()
+        # Iterative depth-first walk: a reference cycle (which a registration cannot make, but a
+        # damaged index could) ends the walk instead of recursing forever.
+        for start in sorted(names):
+            stack = [(start, iter(self.references(start)))]
+            if start in seen:
+                continue
+            seen.add(start)
+            while stack:
+                node, refs = stack[-1]
+                nxt = next(refs, None)
+                if nxt is None:
+                    stack.pop()
+                    order.append(node)
+                elif nxt not in seen:
+                    seen.add(nxt)
+                    stack.append((nxt, iter(self.references(nxt))))
+        return order
+
+    def replace_content(self, name: str, content_hash: str, size: int, files: int, build_id: int, seconds: float) -> None:
+        """A repaired path's new content, and its build-log entry, in one transaction."""
+        try:
+            with self.conn:
+                self.conn.execute("BEGIN IMMEDIATE")
+                self.conn.execute(
+                    "UPDATE paths SET content_hash = ?, size = ?, files = ?, last_used = ? WHERE name = ?",
+                    (content_hash, size, files, now_iso(), name),
+                )
+                self._finish_build(build_id, "repaired", seconds, None)
+        except sqlite3.Error as exc:
+            raise IndexError_(f"index {self.path}: cannot record the repair of {name}: {exc}") from exc
+
+    # --- build log ---------------------------------------------------------------------------
+    def start_build(self, key: str, name: str) -> int:
+        """Log a build as running. Called with the key's lock held, so a row of this key still marked
+        running belongs to a process that died holding the lock: it is marked abandoned."""
+        self._sql(
+            "UPDATE builds SET outcome = 'abandoned', finished = ? WHERE key = ? AND outcome = 'running'",
+            (now_iso(), key),
+        )
+        import socket
+
+        cur = self._sql(
+            "INSERT INTO builds (key, name, pid, host, started, outcome) VALUES (?, ?, ?, ?, ?, 'running')",
+            (key, name, os.getpid(), socket.gethostname(), now_iso()),
+        )
+        return int(cur.lastrowid)
+
+    def _finish_build(self, build_id: int, outcome: str, seconds: float, error: str | None) -> None:
+        self.conn.execute(
+            "UPDATE builds SET finished = ?, outcome = ?, seconds = ?, error = ? WHERE id = ?",
+            (now_iso(), outcome, seconds, error, build_id),
+        )
+
+    def fail_build(self, build_id: int, seconds: float, error: str) -> None:
+        self._sql(
+            "UPDATE builds SET finished = ?, outcome = 'failed', seconds = ?, error = ? WHERE id = ?",
+            (now_iso(), seconds, error[:4000], build_id),
+        )
+
+    def builds(self, key: str | None = None) -> list[dict[str, Any]]:
+        if key is None:
+            rows = self._sql("SELECT * FROM builds ORDER BY id")
+        else:
+            rows = self._sql("SELECT * FROM builds WHERE key = ? ORDER BY id", (key,))
+        return [dict(r) for r in rows]
+
+    # --- memos of slow facts -----------------------------------------------------------------
+    def published(self, index_url: str, project: str, version: str) -> str | None:
+        row = self._sql(
+            "SELECT published FROM releases WHERE index_url = ? AND project = ? AND version = ?",
+            (index_url, project, version),
+        ).fetchone()
+        return row[0] if row else None
+
+    def remember_published(self, index_url: str, project: str, version: str, published: str) -> None:
+        self._sql("INSERT OR REPLACE INTO releases VALUES (?, ?, ?, ?)", (index_url, project, version, published))
+
+    def latest(self, index_url: str, project: str, max_age_s: float) -> str | None:
+        row = self._sql(
+            "SELECT version, fetched FROM latest WHERE index_url = ? AND project = ?", (index_url, project)
+        ).fetchone()
+        if row and time.time() - row[1] <= max_age_s:
+            return row[0]
+        return None
+
+    def remember_latest(self, index_url: str, project: str, version: str) -> None:
+        self._sql("INSERT OR REPLACE INTO latest VALUES (?, ?, ?, ?)", (index_url, project, version, time.time()))
+
+    def tool_info(self, kind: str, ident: str) -> dict[str, Any] | None:
+        """A memo about a tool (a uv binary, an interpreter); the caller checks it is still valid."""
+        row = self._sql("SELECT info FROM tools WHERE kind = ? AND ident = ?", (kind, ident)).fetchone()
+        return json.loads(row[0]) if row else None
+
+    def remember_tool(self, kind: str, ident: str, info: dict[str, Any]) -> None:
+        self._sql(
+            "INSERT OR REPLACE INTO tools VALUES (?, ?, ?, ?)", (kind, ident, info.get("stamp", ""), json.dumps(info))
+        )
+
+
+    # --- profiles (the links on disk are the truth; these rows follow them) -----------------
+    def generation_rows(self, profile: str) -> dict[int, dict[str, Any]]:
+        rows = self._sql("SELECT * FROM generations WHERE profile = ?", (profile,))
+        return {r["number"]: dict(r) for r in rows}
+
+    def max_generation(self, profile: str) -> int:
+        row = self._sql("SELECT max(number) FROM generations WHERE profile = ?", (profile,)).fetchone()
+        return row[0] or 0
+
+    def record_generation(self, profile: str, number: int, name: str, created: str) -> None:
+        self._sql(
+            "INSERT OR REPLACE INTO generations (profile, number, name, created, created_by, deleted) "
+            "VALUES (?, ?, ?, ?, ?, NULL)",
+            (profile, number, name, created, _whoami()),
+        )
+
+    def mark_generation_deleted(self, profile: str, number: int) -> None:
+        self._sql("UPDATE generations SET deleted = ? WHERE profile = ? AND number = ?", (now_iso(), profile, number))
+
+    def record_switch(self, profile: str, from_number: int | None, to_number: int, kind: str) -> None:
+        self._sql(
+            "INSERT INTO switches (profile, from_number, to_number, at, by, kind) VALUES (?, ?, ?, ?, ?, ?)",
+            (profile, from_number, to_number, now_iso(), _whoami(), kind),
+        )
+
+    def switches(self, profile: str) -> list[dict[str, Any]]:
+        return [dict(r) for r in self._sql("SELECT * FROM switches WHERE profile = ? ORDER BY id", (profile,))]
+
+    def pins(self) -> dict[str, dict[str, Any]]:
+        return {r["name"]: dict(r) for r in self._sql("SELECT * FROM pins")}
+
+    def record_pin(self, name: str, path_name: str | None) -> None:
+        if path_name is None:
+            self._sql("DELETE FROM pins WHERE name = ?", (name,))
+        else:
+            self._sql("INSERT OR REPLACE INTO pins VALUES (?, ?, ?)", (name, path_name, now_iso()))
+
+
+def _whoami() -> str:
+    import getpass
+    import socket
+
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = str(os.getuid())
+    return f"{user}@{socket.gethostname()} pid {os.getpid()}"
+
+
+def file_stamp(path: Path) -> str | None:
+    """What makes a memo about a file stale: its inode, size and modification time."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return f"{st.st_ino}:{st.st_size}:{st.st_mtime_ns}"
+
+
+def fold_wal(db: Path) -> None:
+    """Fold a database's WAL into its main file, as far as SQLite still can (a damaged file may not)."""
+    try:
+        con = sqlite3.connect(str(db))
+        try:
+            con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        finally:
+            con.close()
+    except sqlite3.Error:
+        pass

@@ -1,0 +1,47 @@
+"""What changes between two environments, read from their locks: what an operator checks before
+switching vLLM versions."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from llmgw_store.build import lockfiles
+from llmgw_store.core.local_store import Store
+from llmgw_store.core.manifest import MANIFEST_DIR
+from llmgw_store.roots.resolve import reference
+
+def lock_pins(env: Path) -> dict[str, str]:
+    """Package -> version from an environment's lock, whichever format it has."""
+    for name in ("pylock.toml", "requirements.lock"):
+        lock = env / MANIFEST_DIR / name
+        if lock.exists():
+            return lockfiles.pins(lock.read_text(), name)
+    return {}
+
+
+def diff(a: str, b: str, *, root: str | Path | None = None) -> dict[str, Any]:
+    from packaging.version import InvalidVersion, Version
+
+    with Store.open(root) as store:
+        ra, rb = reference(store, a), reference(store, b)
+        pa = lock_pins(store.layout.path_of(ra["name"]))
+        pb = lock_pins(store.layout.path_of(rb["name"]))
+    upgraded, downgraded = [], []
+    for name in sorted(pa.keys() & pb.keys()):
+        if pa[name] == pb[name]:
+            continue
+        try:
+            up = Version(pb[name]) > Version(pa[name])
+        except InvalidVersion:
+            up = pb[name] > pa[name]
+        (upgraded if up else downgraded).append({"name": name, "from": pa[name], "to": pb[name]})
+    return {
+        "a": {"name": ra["name"], "size": ra["size"]},
+        "b": {"name": rb["name"], "size": rb["size"]},
+        "added": [{"name": n, "version": pb[n]} for n in sorted(pb.keys() - pa.keys())],
+        "removed": [{"name": n, "version": pa[n]} for n in sorted(pa.keys() - pb.keys())],
+        "upgraded": upgraded,
+        "downgraded": downgraded,
+        "size_change": rb["size"] - ra["size"],
+    }

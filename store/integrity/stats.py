@@ -1,0 +1,82 @@
+"""`stats`: what the store holds and costs, for people (`--json`) and for node monitoring (a
+Prometheus textfile, written atomically so the collector never reads half a file)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from llmgw_store.core.fsutil import free_bytes, walk_files
+from llmgw_store.core.local_store import Store
+
+
+def _disk_usage(tree: Path, seen: set[tuple[int, int]]) -> tuple[int, int]:
+    """(apparent bytes, bytes on disk) of regular files, each inode counted once across calls."""
+    apparent = disk = 0
+    for _, st in walk_files(tree):
+        apparent += st.st_size
+        ident = (st.st_dev, st.st_ino)
+        if ident not in seen:
+            seen.add(ident)
+            disk += st.st_blocks * 512
+    return apparent, disk
+
+
+def stats(*, root: str | Path | None = None, prometheus: str | Path | None = None) -> dict[str, Any]:
+    with Store.open(root) as store:
+        layout, index = store.layout, store.index
+        rows = index.paths()
+        seen: set[tuple[int, int]] = set()
+        _, store_disk = _disk_usage(layout.store, seen)
+        uv_apparent, uv_disk = _disk_usage(layout.uv_cache, seen)  # only what environments do not share
+        dl_apparent, _ = _disk_usage(layout.downloads, seen)
+        profiles = [e.name for e in os.scandir(layout.profiles)
+                    if e.is_symlink() and not e.name.endswith("-link") and not e.name.startswith(".")]
+        generations = sum(1 for e in os.scandir(layout.profiles) if e.name.endswith("-link"))
+        result = {
+            "root": str(layout.root),
+            "paths": len(rows),
+            "bytes_apparent": sum(r["size"] for r in rows),
+            "bytes_on_disk": store_disk,
+            "profiles": len(profiles),
+            "generations": generations,
+            "pins": len(index.pins()),
+            "uv_cache_bytes": uv_apparent,
+            "uv_cache_bytes_unshared": uv_disk,
+            "downloads_bytes": dl_apparent,
+            "free_bytes": free_bytes(layout.store),
+        }
+    if prometheus is not None:
+        write_prometheus(Path(prometheus), result)
+    return result
+
+
+def write_prometheus(path: Path, s: dict[str, Any]) -> None:
+    root = s["root"].replace("\\", "\\\\").replace('"', '\\"')
+    lab = f'root="{root}"'
+    lines = [
+        "# HELP llmgw_store_paths Store paths registered in the index.",
+        "# TYPE llmgw_store_paths gauge",
+        f"llmgw_store_paths{{{lab}}} {s['paths']}",
+        "# HELP llmgw_store_bytes Bytes of store paths: apparent (sum of file sizes) and on disk (after hardlink dedup).",
+        "# TYPE llmgw_store_bytes gauge",
+        f'llmgw_store_bytes{{{lab},kind="apparent"}} {s["bytes_apparent"]}',
+        f'llmgw_store_bytes{{{lab},kind="disk"}} {s["bytes_on_disk"]}',
+        "# HELP llmgw_store_profiles Profiles.",
+        "# TYPE llmgw_store_profiles gauge",
+        f"llmgw_store_profiles{{{lab}}} {s['profiles']}",
+        "# HELP llmgw_store_generations Generations of all profiles.",
+        "# TYPE llmgw_store_generations gauge",
+        f"llmgw_store_generations{{{lab}}} {s['generations']}",
+        "# HELP llmgw_store_cache_bytes Bytes in caches (uv: only what no environment shares).",
+        "# TYPE llmgw_store_cache_bytes gauge",
+        f'llmgw_store_cache_bytes{{{lab},cache="uv"}} {s["uv_cache_bytes_unshared"]}',
+        f'llmgw_store_cache_bytes{{{lab},cache="downloads"}} {s["downloads_bytes"]}',
+        "# HELP llmgw_store_free_bytes Free bytes on the store's filesystem.",
+        "# TYPE llmgw_store_free_bytes gauge",
+        f"llmgw_store_free_bytes{{{lab}}} {s['free_bytes']}",
+    ]
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text("\n".join(lines) + "\n")
+    os.replace(tmp, path)  # atomic: node_exporter reads the old file or the new one

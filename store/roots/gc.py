@@ -1,0 +1,331 @@
+"""Garbage collection of store paths that no root holds, and of caches.
+
+Roots: every generation of every profile, every pin, the temp roots of live processes (builds and
+activations in flight), runtime roots (store paths named by a running process's exe, cwd, maps,
+open fds, cmdline or environ, as Nix's gc reads /proc), the store's current pinned uv, and what
+those reference (an interpreter an environment's pyvenv.cfg names, when that is in the store).
+
+    take the gc lock exclusively   (from here on the set of roots cannot grow: adding a temp root
+                                    needs the gc lock shared; a build never holds it for long)
+    read roots, mark, choose what to delete (least recently used first under --max-freed/--min-free)
+    for each dead path: forget it in the index, then rename it into ROOT/var/trash (atomic)
+    release the gc lock
+    delete the trash                (slow, and no lock is held: builds go on meanwhile)
+    prune caches
+
+A crash anywhere leaves either a registered complete path, or an unregistered directory in
+store/ (garbage the next gc takes), or a tree in the trash (deleted by the next gc).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from llmgw_store.core import debug
+from llmgw_store.core.fsutil import force_rmtree, free_bytes, walk_files
+from llmgw_store.core.layout import Layout
+from llmgw_store.core.local_store import Store
+from llmgw_store.core.temproots import gc_lock, read_all
+
+DEFAULT_LOCK_TIMEOUT_S = 60.0
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+def _du(path: Path) -> int:
+    return sum(st.st_size for _, st in walk_files(path))
+
+
+def runtime_roots(layout: Layout) -> dict[str, set[str]]:
+    """Store path names used by running processes -> the pids using them."""
+    stores = {os.fspath(layout.store), os.path.realpath(layout.store)}
+    pattern = re.compile("(?:" + "|".join(re.escape(s) for s in stores) + r")/([^/\0\s:'\"]+)")
+    found: dict[str, set[str]] = {}
+
+    def note(text: str, pid: str) -> None:
+        for m in pattern.finditer(text):
+            found.setdefault(m.group(1), set()).add(pid)
+
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        base = f"/proc/{pid}"
+        for link in ("exe", "cwd"):
+            try:
+                note(os.readlink(f"{base}/{link}"), pid)
+            except OSError:
+                pass
+        try:
+            for fd in os.listdir(f"{base}/fd"):
+                try:
+                    note(os.readlink(f"{base}/fd/{fd}"), pid)
+                except OSError:
+                    pass
+        except OSError:
+            pass
+        for name in ("maps", "cmdline", "environ"):
+            try:
+                with open(f"{base}/{name}", "rb") as f:
+                    note(f.read().decode(errors="replace").replace("\0", "\n"), pid)
+            except OSError:
+                pass
+    return found
+
+
+def roots(store: Store, excluded_generations: set[tuple[str, int]] = frozenset()) -> dict[str, list[str]]:
+    """root description -> store path names it holds directly."""
+    from llmgw_store.roots.pins import list_pins
+    from llmgw_store.build.uv import UV_VERSION
+
+    layout = store.layout
+    out: dict[str, list[str]] = {}
+    for entry in os.scandir(layout.profiles) if layout.profiles.is_dir() else []:
+        m = re.fullmatch(r"(.+)-(\d+)-link", entry.name)
+        if m and entry.is_symlink() and (m.group(1), int(m.group(2))) not in excluded_generations:
+            out[f"profile {m.group(1)} generation {m.group(2)}"] = [Path(os.readlink(entry.path)).name]
+    for pin, name in list_pins(layout).items():
+        out[f"pin {pin}"] = [name]
+    live, _ = read_all(layout)
+    if live:
+        out["temp roots of live processes"] = sorted(live)
+    for name, pids in runtime_roots(layout).items():
+        out[f"in use by pid {', '.join(sorted(pids, key=int))}"] = [name]
+    uv = [r["name"] for r in store.index.paths() if r["engine"] == "uv" and r["version"] == UV_VERSION]
+    if uv:
+        out["the store's pinned uv"] = uv
+    return out
+
+
+def collect(
+    *,
+    root: str | Path | None = None,
+    dry_run: bool = False,
+    delete_older_than: float | None = None,
+    keep: int | None = None,
+    max_freed: int | None = None,
+    min_free: int | None = None,
+    max_cache: int | None = None,
+    lock_timeout: float = DEFAULT_LOCK_TIMEOUT_S,
+    progress: Callable[[str], None] = _quiet,
+) -> dict[str, Any]:
+    started = time.monotonic()
+    report: dict[str, Any] = {"dry_run": dry_run, "deleted": [], "generations_deleted": {}, "freed": {}, "kept": {}}
+    with Store.open(root) as store:
+        layout = store.layout
+        trash = layout.trash
+        if min_free is not None:
+            free = free_bytes(layout.store)
+            if free >= min_free:
+                progress(f"{free / 1e9:.1f} GB free, at least --min-free: nothing to do")
+                report.update(seconds=round(time.monotonic() - started, 3), free_before=free)
+                return report
+            budget = min_free - free
+        else:
+            budget = None
+        if max_freed is not None:
+            budget = max_freed if budget is None else min(budget, max_freed)
+
+        excluded: set[tuple[str, int]] = set()
+        if delete_older_than is not None or keep is not None:
+            excluded = _prune_generations(store, delete_older_than, keep, dry_run, progress, report)
+
+        with gc_lock(layout, shared=False, timeout=lock_timeout):
+            # From here until the lock is released no process can add a temp root: the roots read
+            # below are all the roots there are.
+            root_map = roots(store, excluded)
+            live = _closure(store, {n for names in root_map.values() for n in names})
+            report["kept"] = {desc: names for desc, names in root_map.items()}
+            live_temp, stale = read_all(layout)
+            report["freed"]["stale_files"] = 0
+            if not dry_run:
+                for f in stale:
+                    f.unlink(missing_ok=True)
+                report["freed"]["stale_files"] = len(stale) + _remove_stale_key_locks(layout, live_temp)
+            dead = _choose(store, live, budget)
+            for item in dead:
+                progress(f"{'would delete' if dry_run else 'deleting'} {item['name']} ({item['size'] / 1e6:.1f} MB, {item['reason']})")
+                if dry_run:
+                    continue
+                store.index.forget(item["name"])
+                debug.pause("GC_AFTER_FORGET")  # forgotten, still in store/
+                src = layout.store / item["name"]
+                if os.path.lexists(src):
+                    os.rename(src, trash / f"{item['name']}.{os.getpid()}.{time.monotonic_ns()}")
+            report["deleted"] = dead
+        # The lock is released: builds and activations go on while the trash is deleted.
+        report["freed"]["store_paths"] = sum(d["size"] for d in dead)
+        if not dry_run:
+            debug.pause("GC_BEFORE_EMPTY_TRASH")
+            for entry in os.scandir(trash):
+                force_rmtree(Path(entry.path))
+            report["freed"]["downloads"] = _prune_downloads(layout)
+        report["freed"]["uv_cache"] = _prune_uv_cache(store, max_cache, dry_run, progress)
+        if not dry_run:
+            # After the uv cache: a file the uv cache still links costs nothing. Exclusive again,
+            # briefly: optimise links into the pool with the lock shared.
+            with gc_lock(layout, shared=False, timeout=lock_timeout):
+                report["freed"]["linked_caches"] = _prune_linked_caches([layout.links_pool, layout.pyc_cache])
+        report["seconds"] = round(time.monotonic() - started, 3)
+        report["free_after"] = free_bytes(layout.store)
+        return report
+
+
+def _closure(store: Store, names: set[str]) -> set[str]:
+    """The roots and what they reference (recorded at registration, read from the index)."""
+    live = set(names) | set(store.index.closure(names))
+    # a build in flight is rooted by its final name; its .partial is live with it
+    return live | {n + ".partial" for n in live}
+
+
+def _choose(store: Store, live: set[str], budget: int | None) -> list[dict[str, Any]]:
+    """Dead paths, crash leftovers first, then least recently used; cut at the byte budget."""
+    rows = {r["name"]: r for r in store.index.paths()}
+    leftovers, registered = [], []
+    for entry in os.scandir(store.layout.store):
+        name = entry.name
+        if name in live or name.startswith("."):
+            continue
+        if name in rows:
+            registered.append({"name": name, "size": rows[name]["size"], "reason": "no root holds it",
+                               "last_used": rows[name]["last_used"]})
+        else:
+            what = "an unfinished build" if name.endswith(".partial") else "unregistered (left by a crash)"
+            leftovers.append({"name": name, "size": _du(Path(entry.path)), "reason": what, "last_used": ""})
+    # Registered rows whose directory is gone are forgotten too (nothing to free).
+    on_disk = {e.name for e in os.scandir(store.layout.store)}
+    for name, row in rows.items():
+        if name not in on_disk and name not in live:
+            registered.append({"name": name, "size": 0, "reason": "registered but missing on disk", "last_used": ""})
+    chosen, total = [], 0
+    for item in leftovers + sorted(registered, key=lambda r: r["last_used"]):
+        if budget is not None and total >= budget:
+            break
+        chosen.append(item)
+        total += item["size"]
+    return chosen
+
+
+def _prune_generations(store: Store, older_than, keep, dry_run, progress, report) -> set[tuple[str, int]]:
+    from llmgw_store.roots.profiles import delete_generations_locked, profile_lock
+
+    excluded = set()
+    for entry in sorted(os.scandir(store.layout.profiles), key=lambda e: e.name):
+        if entry.name.startswith(".") or entry.name.endswith("-link") or not entry.is_symlink():
+            continue
+        profile = entry.name
+        with profile_lock(store, profile):
+            r = delete_generations_locked(store, profile, None, older_than, keep, dry_run, progress)
+        if r["deleted"]:
+            report["generations_deleted"][profile] = r["deleted"]
+            excluded |= {(profile, n) for n in r["deleted"]}
+    return excluded
+
+
+def _remove_stale_key_locks(layout: Layout, live_temp: set[str]) -> int:
+    """Lock files of keys no live process is building. Called with the gc lock held exclusively: a
+    builder adds its temp root (which needs the gc lock) before it opens its key's lock file, so no
+    process can be holding or about to open a lock file whose key no live temp root names. (Deleting
+    a lock file someone may still open would let two processes lock two different inodes.)"""
+    from llmgw_store.core.keys import key_of_name
+
+    busy = {key_of_name(n.removesuffix(".partial")) for n in live_temp}
+    removed = 0
+    for entry in os.scandir(layout.locks):
+        key, _, ext = entry.name.partition(".")
+        if ext in ("lock", "owner") and len(key) == 32 and key not in busy:
+            os.unlink(entry.path)
+            removed += 1
+    return removed
+
+
+def _prune_linked_caches(trees: list[Path]) -> int:
+    """Delete the files of optimise's pool and of the bytecode cache that no environment links
+    any more: an inode all of whose links are inside these caches (they may link each other: a
+    pooled pyc is both) is garbage. Returns the bytes freed."""
+    links: dict[tuple[int, int], list[str]] = {}
+    sizes: dict[tuple[int, int], tuple[int, int]] = {}
+    for tree in trees:
+        for p, st in walk_files(tree):
+            ident = (st.st_dev, st.st_ino)
+            links.setdefault(ident, []).append(p)
+            sizes[ident] = (st.st_nlink, st.st_size)
+    freed = 0
+    for ident, paths in links.items():
+        nlink, size = sizes[ident]
+        if nlink <= len(paths):
+            for p in paths:
+                try:
+                    os.unlink(p)
+                except FileNotFoundError:
+                    pass
+            freed += size
+    return freed
+
+
+def _exclusive_bytes(tree: Path) -> int:
+    """Bytes of regular files under `tree` that no other directory shares (link count 1): a cache
+    file hardlinked into an environment costs nothing extra, and removing it frees nothing."""
+    return sum(st.st_size for _, st in walk_files(tree) if st.st_nlink == 1)
+
+
+UV_CACHE_TIMEOUT_S = 120.0
+
+
+def _prune_uv_cache(store: Store, max_cache: int | None, dry_run: bool, progress) -> int:
+    """`uv cache prune` (entries nothing references), or `uv cache clean` when what the cache holds
+    alone is over `max_cache`. uv takes its own cache lock, so builds in flight are safe; the wait
+    for it is bounded and a busy cache is skipped until the next gc."""
+    from llmgw_store.build import uv as uvmod
+    from llmgw_store.core.errors import CommandError
+
+    cache = store.layout.uv_cache
+    before = _exclusive_bytes(cache)
+    verb = "clean" if max_cache is not None and before > max_cache else "prune"
+    if dry_run:
+        progress(f"would run `uv cache {verb}` ({before / 1e6:.1f} MB in the uv cache that no environment shares)")
+        return 0
+    pinned = [r for r in store.index.paths() if r["engine"] == "uv" and r["version"] == uvmod.UV_VERSION]
+    if pinned:
+        binary = store.layout.path_of(pinned[0]["name"]) / "bin" / "uv"
+    else:
+        from uv import find_uv_bin
+
+        binary = Path(find_uv_bin())
+    try:
+        uvmod.run([binary, "cache", verb], what=f"uv cache {verb}", log_dir=store.layout.logs, timeout=UV_CACHE_TIMEOUT_S,
+                  env=uvmod.clean_env(UV_NO_CONFIG="1", UV_CACHE_DIR=str(cache)), cwd=store.layout.tmp)
+    except CommandError as exc:
+        progress(f"left the uv cache alone this time: {exc}")
+        return 0
+    freed = max(0, before - _exclusive_bytes(cache))
+    progress(f"uv cache {verb}: freed {freed / 1e6:.1f} MB")
+    return freed
+
+
+DOWNLOAD_GRACE_S = 3600.0
+
+
+def _prune_downloads(layout: Layout) -> int:
+    """Downloaded archives are kept only until what they fed is in the store; one younger than an
+    hour may still be on its way into a build in flight, so it stays."""
+    freed = 0
+    cutoff = time.time() - DOWNLOAD_GRACE_S
+    for entry in os.scandir(layout.downloads) if layout.downloads.is_dir() else []:
+        if entry.is_file() and not entry.name.startswith(".") and entry.stat().st_mtime < cutoff:
+            freed += entry.stat().st_size
+            os.unlink(entry.path)
+    return freed
+
+
+def print_roots(*, root: str | Path | None = None, lock_timeout: float = DEFAULT_LOCK_TIMEOUT_S) -> dict[str, list[str]]:
+    """Each root and the store paths it holds (closure included), as gc would see them now."""
+    with Store.open(root) as store:
+        with gc_lock(store.layout, shared=False, timeout=lock_timeout):
+            return {desc: sorted(n for n in _closure(store, set(names)) if not n.endswith(".partial"))
+                    for desc, names in roots(store).items()}

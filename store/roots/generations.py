@@ -1,0 +1,57 @@
+"""Reading a profile's generations from its links on disk (the truth; the index follows them).
+
+    ROOT/profiles/<p>          -> <p>-<N>-link      the current generation
+    ROOT/profiles/<p>-<N>-link -> ../store/<name>   generation N
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from llmgw_store.core.errors import NotFoundError, UsageError
+from llmgw_store.core.keys import NAME_RE
+from llmgw_store.core.layout import Layout
+
+
+def check_name(profile: str) -> None:
+    if not NAME_RE.match(profile) or re.search(r"-\d+-link$", profile):
+        raise UsageError(f"{profile!r} is not a profile name: use [a-z0-9._-], starting with a letter or digit")
+
+
+def gen_link(layout: Layout, profile: str, number: int) -> Path:
+    return layout.profiles / f"{profile}-{number}-link"
+
+
+def disk_generations(layout: Layout, profile: str) -> dict[int, str]:
+    """number -> store path name, read from the generation links."""
+    pat = re.compile(rf"^{re.escape(profile)}-(\d+)-link$")
+    out = {}
+    for entry in os.scandir(layout.profiles) if layout.profiles.is_dir() else []:
+        m = pat.match(entry.name)
+        if m and entry.is_symlink():
+            out[int(m.group(1))] = Path(os.readlink(entry.path)).name
+    return dict(sorted(out.items()))
+
+
+def current_generation(layout: Layout, profile: str) -> int:
+    link = layout.profiles / profile
+    try:
+        target = os.readlink(link)
+    except FileNotFoundError:
+        raise NotFoundError(f"no profile {profile!r} in {layout.profiles} (see `llmgw-store list-profiles`)") from None
+    m = re.fullmatch(rf"{re.escape(profile)}-(\d+)-link", target)
+    if not m:
+        raise UsageError(f"{link} points at {target!r}, which is not one of its generations")
+    return int(m.group(1))
+
+
+def generation_target(layout: Layout, profile: str, number: int) -> str:
+    gens = disk_generations(layout, profile)
+    if number not in gens:
+        if not (layout.profiles / profile).is_symlink():
+            raise NotFoundError(f"no profile {profile!r} in {layout.profiles} (see `llmgw-store list-profiles`)")
+        have = ", ".join(map(str, gens)) or "none"
+        raise NotFoundError(f"profile {profile!r} has no generation {number} (it has: {have})")
+    return gens[number]

@@ -1,0 +1,46 @@
+"""Pins: gc roots that are not profiles, `ROOT/gcroots/<name> -> ../store/<path>`."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from llmgw_store.core.errors import NotFoundError, UsageError
+from llmgw_store.core.keys import NAME_RE
+from llmgw_store.core.links import symlink_atomically
+from llmgw_store.core.local_store import Store
+from llmgw_store.roots.resolve import registered
+from llmgw_store.core.temproots import TempRoots
+
+
+def pin(name: str, target: str | Path, *, root: str | Path | None = None) -> dict[str, Any]:
+    if not NAME_RE.match(name):
+        raise UsageError(f"{name!r} is not a pin name: use [a-z0-9._-], starting with a letter or digit")
+    with Store.open(root) as store:
+        path_name = registered(store, target)["name"]
+        TempRoots(store.layout).add(path_name)
+        registered(store, path_name)  # still there now that gc cannot take it
+        symlink_atomically(f"../store/{path_name}", store.layout.gcroots / name)
+        store.index.record_pin(name, path_name)
+        return {"pin": name, "path": str(store.layout.path_of(path_name))}
+
+
+def unpin(name: str, *, root: str | Path | None = None) -> dict[str, Any]:
+    with Store.open(root) as store:
+        link = store.layout.gcroots / name
+        if not link.is_symlink():
+            raise NotFoundError(f"no pin {name!r} in {store.layout.gcroots}")
+        target = Path(os.readlink(link)).name
+        os.unlink(link)
+        store.index.record_pin(name, None)
+        return {"pin": name, "path": str(store.layout.path_of(target)), "removed": True}
+
+
+def list_pins(layout) -> dict[str, str]:
+    """pin name -> store path name, from the links on disk."""
+    out = {}
+    for entry in os.scandir(layout.gcroots) if layout.gcroots.is_dir() else []:
+        if entry.is_symlink() and not entry.name.startswith("."):
+            out[entry.name] = Path(os.readlink(entry.path)).name
+    return out

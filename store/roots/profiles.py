@@ -1,0 +1,239 @@
+"""Profiles: named, numbered generations of store paths, switched atomically.
+
+    ROOT/profiles/vllm            -> vllm-7-link        (the current generation)
+    ROOT/profiles/vllm-7-link     -> ../store/<key>-vllm-0.6.3-cu128
+    ROOT/profiles/vllm-6-link     -> ../store/<key>-vllm-0.6.2-cu128
+
+All links are relative, so a store root can be moved or mounted elsewhere.
+
+Invariants:
+- Switching writes a temporary symlink and renames it over `ROOT/profiles/<p>`; rename(2) replaces
+  the link atomically, so a reader resolving the profile sees the old or the new generation, never
+  neither. A generation link is made the same way before the profile points at it.
+- The profile's lock (`var/locks/profile-<p>.lock`) is held for every change to a profile, so two
+  activations serialise and a number is taken once; numbers are never reused (the next is one past
+  the highest ever seen on disk or in the index).
+- The links on disk are the truth. The index records each generation and each switch for
+  history; `generations` compares the two and repairs the index where it differs.
+- The target store path is a temp root of this process before it is checked and linked, so gc
+  cannot take it between the check and the link.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+from llmgw_store.core import debug
+from llmgw_store.core import locks
+from llmgw_store.core.errors import NotFoundError, UsageError
+from llmgw_store.core.keys import NAME_RE
+from llmgw_store.core.layout import Layout
+from llmgw_store.core.links import symlink_atomically
+from llmgw_store.core.local_store import Store
+from llmgw_store.core.temproots import TempRoots
+from llmgw_store.roots.generations import check_name, current_generation, disk_generations, gen_link, generation_target
+from llmgw_store.roots.resolve import registered
+
+PROFILE_LOCK_TIMEOUT_S = 60.0
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+@dataclass(frozen=True)
+class Generation:
+    number: int
+    path: str
+    name: str
+    created: str
+    current: bool
+    engine: str | None
+    version: str | None
+    variant: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def profile_lock(store: Store, profile: str):
+    """The profile's lock: held for every change to its links, so two changes serialise."""
+    path = store.layout.locks / f"profile-{profile}.lock"
+    return locks.flock(path, shared=False, timeout=PROFILE_LOCK_TIMEOUT_S,
+                       busy=lambda: f"profile {profile!r} is being changed by another process ({path}); try again later")
+
+
+def _switch(store: Store, profile: str, number: int) -> None:
+    symlink_atomically(f"{profile}-{number}-link", store.layout.profiles / profile)
+    debug.pause("AFTER_SWITCH")  # switched, index not yet told
+
+
+def activate(
+    profile: str,
+    target: str | Path,
+    *,
+    root: str | Path | None = None,
+    progress: Callable[[str], None] = _quiet,
+) -> dict[str, Any]:
+    """Make `target` (a store path, its name or key) the profile's current generation. Activating
+    what is already current makes no new generation. (`llmgw_store.api.activate` also takes a
+    recipe: it builds first, then calls this.)"""
+    check_name(profile)
+    with Store.open(root) as store:
+        name = registered(store, target)["name"]
+        TempRoots(store.layout).add(name)
+        # Checked again now that gc can no longer take it.
+        row = registered(store, name)
+        if not store.layout.path_of(row["name"]).is_dir():
+            raise NotFoundError(f"{name} is registered but missing on disk; build it again")
+        with profile_lock(store, profile):
+            layout = store.layout
+            _clear_temporaries(layout, profile)
+            gens = disk_generations(layout, profile)
+            try:
+                current = current_generation(layout, profile)
+            except NotFoundError:
+                current = None
+            if current is not None and gens.get(current) == name:
+                return {"profile": profile, "generation": current, "previous": current, "path": str(layout.path_of(name)), "changed": False}
+            number = max([*gens, store.index.max_generation(profile), 0]) + 1
+            symlink_atomically(f"../store/{name}", gen_link(layout, profile, number))
+            debug.pause("BEFORE_SWITCH")  # the new generation exists, the profile not yet switched
+            _switch(store, profile, number)
+            store.index.record_generation(profile, number, name, _link_time(gen_link(layout, profile, number)))
+            store.index.record_switch(profile, current, number, "activate")
+            progress(f"profile {profile}: generation {number} -> {name}")
+            return {"profile": profile, "generation": number, "previous": current, "path": str(layout.path_of(name)), "changed": True}
+
+
+def rollback(profile: str, *, to: int | None = None, root: str | Path | None = None,
+             progress: Callable[[str], None] = _quiet) -> dict[str, Any]:
+    """Switch to generation `to`, or to the newest generation older than the current one."""
+    check_name(profile)
+    with Store.open(root) as store:
+        with profile_lock(store, profile):
+            layout = store.layout
+            current = current_generation(layout, profile)
+            gens = disk_generations(layout, profile)
+            if to is None:
+                older = [n for n in gens if n < current]
+                if not older:
+                    raise NotFoundError(f"profile {profile!r} has no generation before {current} to roll back to")
+                to = max(older)
+            name = generation_target(layout, profile, to)
+            if not layout.path_of(name).is_dir():
+                raise NotFoundError(f"generation {to} of {profile!r} points at {name}, which is no longer in the store")
+            if to != current:
+                _switch(store, profile, to)
+                store.index.record_switch(profile, current, to, "rollback")
+                progress(f"profile {profile}: generation {current} -> {to} ({name})")
+            return {"profile": profile, "generation": to, "previous": current, "path": str(layout.path_of(name)), "changed": to != current}
+
+
+def generations(profile: str, *, root: str | Path | None = None) -> dict[str, Any]:
+    """The profile's generations from disk, with the index repaired where it disagrees."""
+    check_name(profile)
+    with Store.open(root) as store:
+        layout = store.layout
+        current = current_generation(layout, profile)
+        gens = disk_generations(layout, profile)
+        repaired = _sync_index(store, profile, gens)
+        out = []
+        for number, name in gens.items():
+            row = store.index.path_by_name(name) or {}
+            out.append(Generation(
+                number=number, path=str(layout.path_of(name)), name=name,
+                created=_link_time(gen_link(layout, profile, number)), current=number == current,
+                engine=row.get("engine"), version=row.get("version"), variant=row.get("variant"),
+            ))
+        return {"profile": profile, "current": current, "generations": [g.to_json() for g in out], "repaired": repaired}
+
+
+def delete_generations(
+    profile: str,
+    *,
+    numbers: list[int] | None = None,
+    older_than: float | None = None,
+    keep: int | None = None,
+    dry_run: bool = False,
+    root: str | Path | None = None,
+    progress: Callable[[str], None] = _quiet,
+) -> dict[str, Any]:
+    """Delete generation links (never the current one). Store paths are freed by a later gc."""
+    check_name(profile)
+    with Store.open(root) as store:
+        with profile_lock(store, profile):
+            return delete_generations_locked(store, profile, numbers, older_than, keep, dry_run, progress)
+
+
+def delete_generations_locked(store: Store, profile: str, numbers, older_than, keep, dry_run, progress) -> dict[str, Any]:
+    layout = store.layout
+    current = current_generation(layout, profile)
+    gens = disk_generations(layout, profile)
+    doomed: set[int] = set()
+    for n in numbers or []:
+        if n not in gens:
+            raise NotFoundError(f"profile {profile!r} has no generation {n} (it has: {', '.join(map(str, gens))})")
+        if n == current:
+            raise UsageError(f"refusing to delete generation {n} of {profile!r}: it is the current one (roll back first)")
+        doomed.add(n)
+    if older_than is not None:
+        cutoff = time.time() - older_than
+        doomed |= {n for n in gens if n != current and os.lstat(gen_link(layout, profile, n)).st_mtime < cutoff}
+    if keep is not None:
+        if keep < 1:
+            raise UsageError("--keep must be at least 1")
+        newest = sorted(gens, reverse=True)[:keep]
+        doomed |= {n for n in gens if n not in newest and n != current}
+    for n in sorted(doomed):
+        progress(f"{'would remove' if dry_run else 'removing'} generation {n} of {profile} ({gens[n]})")
+        if not dry_run:
+            os.unlink(gen_link(layout, profile, n))
+            store.index.mark_generation_deleted(profile, n)
+    return {"profile": profile, "deleted": sorted(doomed), "dry_run": dry_run, "current": current}
+
+
+def list_profiles(*, root: str | Path | None = None) -> list[dict[str, Any]]:
+    with Store.open(root) as store:
+        out = []
+        for entry in sorted(os.scandir(store.layout.profiles), key=lambda e: e.name):
+            if entry.name.startswith(".") or entry.name.endswith("-link") or not entry.is_symlink():
+                continue
+            current = current_generation(store.layout, entry.name)
+            gens = disk_generations(store.layout, entry.name)
+            out.append({"profile": entry.name, "current": current, "generations": len(gens),
+                        "path": str(store.layout.path_of(gens.get(current, "?")))})
+        return out
+
+
+def _sync_index(store: Store, profile: str, gens: dict[int, str]) -> list[str]:
+    rows = store.index.generation_rows(profile)
+    repaired = []
+    for n, name in gens.items():
+        row = rows.get(n)
+        if row is None or row["deleted"] or row["name"] != name:
+            store.index.record_generation(profile, n, name, _link_time(gen_link(store.layout, profile, n)))
+            repaired.append(f"generation {n} was on disk but not in the index: recorded")
+    for n, row in rows.items():
+        if n not in gens and not row["deleted"]:
+            store.index.mark_generation_deleted(profile, n)
+            repaired.append(f"generation {n} was in the index but not on disk: marked deleted")
+    return repaired
+
+
+def _clear_temporaries(layout: Layout, profile: str) -> None:
+    """Temporary links left by an activation that was killed (we hold the profile's lock)."""
+    pat = re.compile(rf"^\.{re.escape(profile)}(-\d+-link)?\.tmp-\d+$")
+    for entry in os.scandir(layout.profiles):
+        if pat.match(entry.name):
+            os.unlink(entry.path)
+
+
+def _link_time(link: Path) -> str:
+    return datetime.fromtimestamp(os.lstat(link).st_mtime, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")

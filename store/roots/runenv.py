@@ -1,0 +1,43 @@
+"""Running things from a profile: shell lines for its environment, or exec a command in it."""
+
+from __future__ import annotations
+
+import os
+import shlex
+from pathlib import Path
+
+from llmgw_store.core.errors import NotFoundError
+from llmgw_store.core.local_store import Store
+from llmgw_store.roots.generations import check_name, current_generation, generation_target
+
+
+def env_lines(profile: str, *, root: str | Path | None = None) -> dict[str, str]:
+    """Variables for a shell: the profile's link, so a new shell follows later switches."""
+    check_name(profile)
+    with Store.open(root) as store:
+        current_generation(store.layout, profile)  # exists?
+        link = store.layout.profiles / profile
+        return {"VIRTUAL_ENV": str(link), "PATH": f"{link / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"}
+
+
+def shell_text(variables: dict[str, str]) -> str:
+    return "".join(f"export {k}={shlex.quote(v)}\n" for k, v in variables.items())
+
+
+def exec_in(profile: str, argv: list[str], *, root: str | Path | None = None) -> None:
+    """Replace this process with `argv` run in the profile's current generation. The store path is
+    resolved once, now: a running engine keeps its environment across later switches (and gc sees
+    it through /proc as long as it runs)."""
+    check_name(profile)
+    if not argv:
+        raise NotFoundError("no command given: llmgw-store run PROFILE -- COMMAND [ARGS...]")
+    with Store.open(root) as store:
+        number = current_generation(store.layout, profile)
+        env_dir = store.layout.path_of(generation_target(store.layout, profile, number))
+    env = dict(os.environ, VIRTUAL_ENV=str(env_dir))
+    env["PATH"] = f"{env_dir / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+    env.pop("PYTHONHOME", None)
+    try:
+        os.execvpe(argv[0], argv, env)
+    except FileNotFoundError:
+        raise NotFoundError(f"{argv[0]}: command not found in profile {profile} ({env_dir}/bin) or on PATH") from None
