@@ -246,8 +246,8 @@ def generations(obj: Context, profile: str, delete: tuple[int, ...], older_than:
         obj.emit(r, f"{profile}: {verb} generation(s) {', '.join(map(str, r['deleted'])) or 'none'}")
         return
     r = profiles.generations(profile, root=obj.root)
-    for line in r["repaired"]:
-        obj.progress(f"index repaired: {line}")
+    for line in r["index_differs"]:
+        obj.progress(f"index differs: {line} (the next change of the profile records it)")
     lines = [
         f"{g['number']:5d}  {g['created']}  {g['engine'] or '?'} {g['version'] or '?'} ({g['variant'] or '?'})  "
         f"{g['path']}{'  (current)' if g['current'] else ''}"

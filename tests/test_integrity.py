@@ -60,7 +60,7 @@ def test_rebuild_index_after_deleting_the_database(store):
     key = lambda rows: sorted((x["name"], x["key"], x["content_hash"], x["size"], x["files"], x["as_of"]) for x in rows)
     assert key(after) == key(before)
     gens = json.loads(run_cli(root, "--json", "generations", "p", check=True).stdout)
-    assert [g["number"] for g in gens["generations"]] == [1, 2] and gens["current"] == 2 and gens["repaired"] == []
+    assert [g["number"] for g in gens["generations"]] == [1, 2] and gens["current"] == 2 and gens["index_differs"] == []
     assert run_cli(root, "verify").returncode == 0
 
 

@@ -16,6 +16,7 @@ import json
 import os
 import sqlite3
 import time
+import urllib.parse
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
@@ -111,9 +112,20 @@ def row_from_manifest(doc: dict[str, Any]) -> dict[str, Any]:
 
 
 class Index:
-    def __init__(self, path: Path, store_dir: Path | None = None):
+    def __init__(self, path: Path, store_dir: Path | None = None, *, readonly: bool = False):
         self.path, self.store_dir = path, store_dir
         try:
+            if readonly:
+                # mode=ro: SQLite opens the file without creating it or anything beside it but the
+                # WAL index it needs to read; nothing this connection does can write the store.
+                uri = "file:" + urllib.parse.quote(str(path.absolute())) + "?mode=ro"
+                self.conn = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+                self.conn.row_factory = sqlite3.Row
+                version = self.conn.execute("PRAGMA user_version").fetchone()[0]
+                if version != SCHEMA_VERSION:
+                    raise IndexError_(f"{path} has schema version {version}, this llmgw-store reads {SCHEMA_VERSION}; "
+                                      "run a command that writes (e.g. `llmgw-store gc --dry-run`) to migrate it")
+                return
             self.conn = sqlite3.connect(str(path), timeout=BUSY_TIMEOUT_S, isolation_level=None)
             self.conn.row_factory = sqlite3.Row
             self._enable_wal()

@@ -23,7 +23,7 @@ def lock_pins(env: Path) -> dict[str, str]:
 def diff(a: str, b: str, *, root: str | Path | None = None) -> dict[str, Any]:
     from packaging.version import InvalidVersion, Version
 
-    with Store.open(root) as store:
+    with Store.open(root, readonly=True) as store:
         ra, rb = reference(store, a), reference(store, b)
         pa = lock_pins(store.layout.path_of(ra["name"]))
         pb = lock_pins(store.layout.path_of(rb["name"]))

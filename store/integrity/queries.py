@@ -11,7 +11,7 @@ from llmgw_store.core.local_store import Store
 
 
 def list_paths(root: str | Path | None = None) -> list[dict[str, Any]]:
-    with Store.open(root) as store:
+    with Store.open(root, readonly=True) as store:
         rows = store.index.paths()
         for row in rows:
             row["path"] = str(store.layout.path_of(row["name"]))
@@ -23,7 +23,7 @@ def path_info(target: str | Path, root: str | Path | None = None) -> dict[str, A
     """The index row and manifest of a store path: a path, its name, its key, PROFILE or PROFILE@N."""
     from llmgw_store.roots.resolve import reference
 
-    with Store.open(root) as store:
+    with Store.open(root, readonly=True) as store:
         row = reference(store, str(target))
         path = store.layout.path_of(row["name"])
         row["path"] = str(path)

@@ -24,7 +24,7 @@ def _disk_usage(tree: Path, seen: set[tuple[int, int]]) -> tuple[int, int]:
 
 
 def stats(*, root: str | Path | None = None, prometheus: str | Path | None = None) -> dict[str, Any]:
-    with Store.open(root) as store:
+    with Store.open(root, readonly=True) as store:
         layout, index = store.layout, store.index
         rows = index.paths()
         seen: set[tuple[int, int]] = set()

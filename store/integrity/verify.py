@@ -73,7 +73,8 @@ def verify(
     python_preference: str | None = None,
     progress: Callable[[str], None] = _quiet,
 ) -> dict[str, Any]:
-    with Store.open(root) as store:
+    # Without --repair verify only looks: the store is opened read-only.
+    with Store.open(root, readonly=not repair) as store:
         rows = [registered(store, t) for t in targets] if targets else store.index.paths()
         results = []
         for row in rows:

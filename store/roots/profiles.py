@@ -96,6 +96,7 @@ def activate(
             layout = store.layout
             _clear_temporaries(layout, profile)
             gens = disk_generations(layout, profile)
+            _sync_index(store, profile, gens, write=True)
             try:
                 current = current_generation(layout, profile)
             except NotFoundError:
@@ -137,13 +138,14 @@ def rollback(profile: str, *, to: int | None = None, root: str | Path | None = N
 
 
 def generations(profile: str, *, root: str | Path | None = None) -> dict[str, Any]:
-    """The profile's generations from disk, with the index repaired where it disagrees."""
+    """The profile's generations from disk (the truth), and where the index differs from them
+    (the next change of the profile, or `doctor --rebuild-index`, records it). Read-only."""
     check_name(profile)
-    with Store.open(root) as store:
+    with Store.open(root, readonly=True) as store:
         layout = store.layout
         current = current_generation(layout, profile)
         gens = disk_generations(layout, profile)
-        repaired = _sync_index(store, profile, gens)
+        differs = _sync_index(store, profile, gens, write=False)
         out = []
         for number, name in gens.items():
             row = store.index.path_by_name(name) or {}
@@ -152,7 +154,7 @@ def generations(profile: str, *, root: str | Path | None = None) -> dict[str, An
                 created=_link_time(gen_link(layout, profile, number)), current=number == current,
                 engine=row.get("engine"), version=row.get("version"), variant=row.get("variant"),
             ))
-        return {"profile": profile, "current": current, "generations": [g.to_json() for g in out], "repaired": repaired}
+        return {"profile": profile, "current": current, "generations": [g.to_json() for g in out], "index_differs": differs}
 
 
 def delete_generations(
@@ -200,7 +202,7 @@ def delete_generations_locked(store: Store, profile: str, numbers, older_than, k
 
 
 def list_profiles(*, root: str | Path | None = None) -> list[dict[str, Any]]:
-    with Store.open(root) as store:
+    with Store.open(root, readonly=True) as store:
         out = []
         for entry in sorted(os.scandir(store.layout.profiles), key=lambda e: e.name):
             if entry.name.startswith(".") or entry.name.endswith("-link") or not entry.is_symlink():
@@ -212,19 +214,23 @@ def list_profiles(*, root: str | Path | None = None) -> list[dict[str, Any]]:
         return out
 
 
-def _sync_index(store: Store, profile: str, gens: dict[int, str]) -> list[str]:
+def _sync_index(store: Store, profile: str, gens: dict[int, str], *, write: bool) -> list[str]:
+    """Where the index's record of the profile's generations differs from the links (a change
+    killed between link and record): said, and with `write` (under the profile's lock) repaired."""
     rows = store.index.generation_rows(profile)
-    repaired = []
+    differs = []
     for n, name in gens.items():
         row = rows.get(n)
         if row is None or row["deleted"] or row["name"] != name:
-            store.index.record_generation(profile, n, name, _link_time(gen_link(store.layout, profile, n)))
-            repaired.append(f"generation {n} was on disk but not in the index: recorded")
+            if write:
+                store.index.record_generation(profile, n, name, _link_time(gen_link(store.layout, profile, n)))
+            differs.append(f"generation {n} was on disk but not in the index")
     for n, row in rows.items():
         if n not in gens and not row["deleted"]:
-            store.index.mark_generation_deleted(profile, n)
-            repaired.append(f"generation {n} was in the index but not on disk: marked deleted")
-    return repaired
+            if write:
+                store.index.mark_generation_deleted(profile, n)
+            differs.append(f"generation {n} was in the index but not on disk")
+    return differs
 
 
 def _clear_temporaries(layout: Layout, profile: str) -> None:
