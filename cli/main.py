@@ -13,6 +13,7 @@ from typing import Any
 
 import click
 
+from llmgw_store.core import defaults
 from llmgw_store.core.errors import CommandError, StoreError
 
 PROG = "llmgw-store"
@@ -88,13 +89,13 @@ def build_options(f):
         click.option("--version", "version", help="Engine version to build (default: the recipe's, else the latest release)."),
         click.option("--variant", help="Which [[build]] of the recipe (default: the first)."),
         click.option("--as-of", help="Resolve as the index stood at this ISO 8601 time (default: the recipe's as_of, else publication + 24 h)."),
-        click.option("--index-url", default="https://pypi.org/simple", show_default=True, help="Package index (simple API, PEP 691 JSON)."),
+        click.option("--index-url", default=defaults.PYPI_SIMPLE, show_default=True, help="Package index (simple API, PEP 691 JSON)."),
         click.option("--uv", "uv_path", type=click.Path(dir_okay=False), envvar="LLMGW_STORE_UV",
                      help="Use this uv binary instead of the store's pinned one (its --version enters the key). Env: LLMGW_STORE_UV."),
-        click.option("--python-preference", envvar="LLMGW_STORE_PYTHON_PREFERENCE", default="only-managed", show_default=True,
-                     type=click.Choice(["only-managed", "managed", "system", "only-system"]),
+        click.option("--python-preference", envvar="LLMGW_STORE_PYTHON_PREFERENCE", default=defaults.PYTHON_PREFERENCE,
+                     show_default=True, type=click.Choice(defaults.PYTHON_PREFERENCES),
                      help="Where the interpreter may come from; only-managed falls back to system when downloads fail."),
-        click.option("--lock-timeout", type=float, default=3600.0, show_default=True,
+        click.option("--lock-timeout", type=float, default=defaults.BUILD_LOCK_TIMEOUT_S, show_default=True,
                      help="Seconds to wait for another process building the same key (then exit 75)."),
         click.option("--substituter", "substituters", multiple=True, envvar="LLMGW_STORE_SUBSTITUTERS",
                      help="Binary cache to ask before building (file:///dir, http(s)://...); repeatable. "
@@ -355,7 +356,7 @@ def run(obj: Context, profile: str, command: tuple[str, ...]) -> None:
 @click.option("--max-freed", metavar="SIZE", help="Stop after freeing this much (50G), least recently used first.")
 @click.option("--min-free", metavar="SIZE", help="Collect only until the filesystem has this much free; nothing if it has.")
 @click.option("--max-cache", metavar="SIZE", help="Clean the whole uv cache when what it holds alone (not shared with environments) is over SIZE; else only prune it.")
-@click.option("--lock-timeout", type=float, default=60.0, show_default=True,
+@click.option("--lock-timeout", type=float, default=defaults.GC_LOCK_TIMEOUT_S, show_default=True,
               help="Seconds to wait for the gc lock (another gc); then exit 75 so cron tries again later.")
 @click.option("--print-roots", is_flag=True, help="Print each gc root and the store paths it holds; collect nothing.")
 @click.pass_obj
@@ -395,8 +396,8 @@ def gc(obj: Context, dry_run: bool, delete_older_than: str | None, keep: int | N
 @click.argument("paths", nargs=-1)
 @click.option("--repair", is_flag=True, help="Rebuild each damaged path from its recorded inputs and swap it in if the result checks out.")
 @click.option("--uv", "uv_path", type=click.Path(dir_okay=False), envvar="LLMGW_STORE_UV", help="uv for --repair (must be the version the path was built with).")
-@click.option("--python-preference", envvar="LLMGW_STORE_PYTHON_PREFERENCE", default="only-managed", show_default=True,
-              type=click.Choice(["only-managed", "managed", "system", "only-system"]), help="For --repair: where the interpreter may come from.")
+@click.option("--python-preference", envvar="LLMGW_STORE_PYTHON_PREFERENCE", default=defaults.PYTHON_PREFERENCE, show_default=True,
+              type=click.Choice(defaults.PYTHON_PREFERENCES), help="For --repair: where the interpreter may come from.")
 @click.pass_obj
 def verify(obj: Context, paths: tuple[str, ...], repair: bool, uv_path: str | None, python_preference: str) -> None:
     """Recompute the content hash of PATHS (default: every store path) and compare with the manifest

@@ -21,6 +21,7 @@ from llmgw_store.build import interpreters
 from llmgw_store.build import lockfiles
 from llmgw_store.build import recipe as recipes
 from llmgw_store.build import uv as uvmod
+from llmgw_store.core import defaults
 from llmgw_store.core.errors import CommandError, RecipeError, StoreError, UsageError
 from llmgw_store.core.fsutil import force_rmtree, free_bytes
 from llmgw_store.core.host import platform_facts
@@ -29,7 +30,7 @@ from llmgw_store.core.local_store import Store
 from llmgw_store.build.realise import DEFAULT_LOCK_TIMEOUT_S, realise
 from llmgw_store.build.recipe import ONE_DAY, Build, Recipe, format_time, parse_time
 
-PYPI_SIMPLE = "https://pypi.org/simple"
+PYPI_SIMPLE = defaults.PYPI_SIMPLE
 DEFAULT_TIMEOUT_S = 3600.0
 LATEST_TTL_S = 3600.0  # like Nix's tarball-ttl: "latest" is asked again at most once an hour
 

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
+from llmgw_store.core import defaults
 from llmgw_store.core.errors import CommandError, UsageError
 from llmgw_store.core.index import file_stamp
 from llmgw_store.build.uv import UvTool, clean_env, run
@@ -26,8 +27,8 @@ from llmgw_store.build.uv import UvTool, clean_env, run
 if TYPE_CHECKING:
     from llmgw_store.core.local_store import Store
 
-PREFERENCES = ("only-managed", "managed", "system", "only-system")
-DEFAULT_PREFERENCE = "only-managed"
+PREFERENCES = defaults.PYTHON_PREFERENCES
+DEFAULT_PREFERENCE = defaults.PYTHON_PREFERENCE
 _PROBE = "import json, platform, sys; print(json.dumps([sys.executable, platform.python_implementation(), platform.python_version()]))"
 
 

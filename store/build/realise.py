@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from llmgw_store.core import defaults
 from llmgw_store.core import locks
 from llmgw_store.core import manifest
 from llmgw_store.core.fsutil import force_rmtree, freeze
@@ -31,7 +32,7 @@ from llmgw_store.core.index import now_iso, row_from_manifest
 if TYPE_CHECKING:
     from llmgw_store.core.local_store import Store
 
-DEFAULT_LOCK_TIMEOUT_S = 3600.0
+DEFAULT_LOCK_TIMEOUT_S = defaults.BUILD_LOCK_TIMEOUT_S
 
 
 def realise(

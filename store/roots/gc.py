@@ -26,12 +26,13 @@ from pathlib import Path
 from typing import Any, Callable
 
 from llmgw_store.core import debug
+from llmgw_store.core import defaults
 from llmgw_store.core.fsutil import force_rmtree, free_bytes, walk_files
 from llmgw_store.core.layout import Layout
 from llmgw_store.core.local_store import Store
 from llmgw_store.core.temproots import gc_lock, read_all
 
-DEFAULT_LOCK_TIMEOUT_S = 60.0
+DEFAULT_LOCK_TIMEOUT_S = defaults.GC_LOCK_TIMEOUT_S
 
 
 def _quiet(_: str) -> None:
