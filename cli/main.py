@@ -143,12 +143,9 @@ def list_cmd(obj: Context) -> None:
     """List the store paths the index holds: name, size, files, last used."""
     from llmgw_store.integrity.queries import list_paths
 
-    rows = list_paths(obj.root)
-    lines = [
-        f"{r['path']}  {r['size'] / 1e6:9.1f} MB  {r['files']:6d} files  last used {r['last_used'][:19]}Z"
-        for r in rows
-    ]
-    obj.emit(rows, "\n".join(lines))
+    r = list_paths(obj.root)
+    lines = [f"{p.path}  {p.size / 1e6:9.1f} MB  {p.files:6d} files  last used {p.last_used[:19]}Z" for p in r.paths]
+    obj.emit(r.to_json(), "\n".join(lines))
 
 
 @cli.command()
@@ -158,22 +155,22 @@ def info(obj: Context, path: str) -> None:
     """Show what the index and manifest say of PATH (a store path, its name or its key)."""
     from llmgw_store.integrity.queries import path_info
 
-    row = path_info(path, obj.root)
-    manifest = row.get("manifest") or {}
+    r = path_info(path, obj.root)
+    row, manifest = r.row, r.manifest or {}
     text = "\n".join([
-        f"path:         {row['path']}",
-        f"engine:       {row['engine']} {row['version']} ({row['variant']})",
-        f"key:          {row['key']}",
-        f"as of:        {row['as_of']}",
-        f"uv:           {row['uv_version']}",
-        f"python:       {row['python']}",
-        f"size:         {row['size'] / 1e6:.1f} MB in {row['files']} entries",
-        f"content hash: {row['content_hash']}",
-        f"built:        {row['created']} in {row['build_seconds']:.1f}s",
-        f"last used:    {row['last_used']}",
+        f"path:         {row.path}",
+        f"engine:       {row.engine} {row.version} ({row.variant})",
+        f"key:          {row.key}",
+        f"as of:        {row.as_of}",
+        f"uv:           {row.uv_version}",
+        f"python:       {row.python}",
+        f"size:         {row.size / 1e6:.1f} MB in {row.files} entries",
+        f"content hash: {row.content_hash}",
+        f"built:        {row.created} in {row.build_seconds:.1f}s",
+        f"last used:    {row.last_used}",
         f"requirements: {', '.join(manifest.get('requirements', []))}",
     ])
-    obj.emit(row, text)
+    obj.emit(r.to_json(), text)
 
 
 @cli.command()
@@ -195,9 +192,9 @@ def activate(obj: Context, profile: str, target: str, **kw) -> None:
     from llmgw_store.api import activate as do_activate
 
     r = do_activate(profile, target, _options(kw), **_caches(kw), root=obj.root, progress=obj.progress)
-    text = (f"{profile}: generation {r['generation']} -> {r['path']}" if r["changed"]
-            else f"{profile}: already at generation {r['generation']} -> {r['path']}")
-    obj.emit(r, text)
+    text = (f"{profile}: generation {r.generation} -> {r.path}" if r.changed
+            else f"{profile}: already at generation {r.generation} -> {r.path}")
+    obj.emit(r.to_json(), text)
 
 
 @cli.command()
@@ -215,7 +212,7 @@ def rollback(obj: Context, profile: str, to: int | None) -> None:
     from llmgw_store.roots.profiles import rollback as do_rollback
 
     r = do_rollback(profile, to=to, root=obj.root, progress=obj.progress)
-    obj.emit(r, f"{profile}: generation {r['previous']} -> {r['generation']} ({r['path']})")
+    obj.emit(r.to_json(), f"{profile}: generation {r.previous} -> {r.generation} ({r.path})")
 
 
 @cli.command()
@@ -244,17 +241,17 @@ def generations(obj: Context, profile: str, delete: tuple[int, ...], older_than:
                                         older_than=parse_duration(older_than) if older_than else None,
                                         progress=obj.progress)
         verb = "would delete" if dry_run else "deleted"
-        obj.emit(r, f"{profile}: {verb} generation(s) {', '.join(map(str, r['deleted'])) or 'none'}")
+        obj.emit(r.to_json(), f"{profile}: {verb} generation(s) {', '.join(map(str, r.deleted)) or 'none'}")
         return
     r = profiles.generations(profile, root=obj.root)
-    for line in r["index_differs"]:
+    for line in r.index_differs:
         obj.progress(f"index differs: {line} (the next change of the profile records it)")
     lines = [
-        f"{g['number']:5d}  {g['created']}  {g['engine'] or '?'} {g['version'] or '?'} ({g['variant'] or '?'})  "
-        f"{g['path']}{'  (current)' if g['current'] else ''}"
-        for g in r["generations"]
+        f"{g.number:5d}  {g.created}  {g.engine or '?'} {g.version or '?'} ({g.variant or '?'})  "
+        f"{g.path}{'  (current)' if g.current else ''}"
+        for g in r.generations
     ]
-    obj.emit(r, "\n".join(lines))
+    obj.emit(r.to_json(), "\n".join(lines))
 
 
 @cli.command(name="list-profiles")
@@ -263,8 +260,8 @@ def list_profiles(obj: Context) -> None:
     """List profiles with their current generation and store path."""
     from llmgw_store.roots.profiles import list_profiles as do_list
 
-    rows = do_list(root=obj.root)
-    obj.emit(rows, "\n".join(f"{r['profile']}  generation {r['current']} of {r['generations']}  {r['path']}" for r in rows))
+    r = do_list(root=obj.root)
+    obj.emit(r.to_json(), "\n".join(f"{p.profile}  generation {p.current} of {p.generations}  {p.path}" for p in r.profiles))
 
 
 @cli.command()
@@ -312,13 +309,13 @@ def diff(obj: Context, a: str, b: str) -> None:
     from llmgw_store.core.units import human_size
 
     r = do_diff(a, b, root=obj.root)
-    lines = [f"+ {p['name']} {p['version']}" for p in r["added"]]
-    lines += [f"- {p['name']} {p['version']}" for p in r["removed"]]
-    lines += [f"↑ {p['name']} {p['from']} -> {p['to']}" for p in r["upgraded"]]
-    lines += [f"↓ {p['name']} {p['from']} -> {p['to']}" for p in r["downgraded"]]
-    sign = "+" if r["size_change"] >= 0 else "-"
-    lines.append(f"size: {human_size(r['a']['size'])} -> {human_size(r['b']['size'])} ({sign}{human_size(abs(r['size_change']))})")
-    obj.emit(r, "\n".join(lines))
+    lines = [f"+ {p['name']} {p['version']}" for p in r.added]
+    lines += [f"- {p['name']} {p['version']}" for p in r.removed]
+    lines += [f"↑ {p['name']} {p['from']} -> {p['to']}" for p in r.upgraded]
+    lines += [f"↓ {p['name']} {p['from']} -> {p['to']}" for p in r.downgraded]
+    sign = "+" if r.size_change >= 0 else "-"
+    lines.append(f"size: {human_size(r.a['size'])} -> {human_size(r.b['size'])} ({sign}{human_size(abs(r.size_change))})")
+    obj.emit(r.to_json(), "\n".join(lines))
 
 
 @cli.command()
@@ -328,7 +325,7 @@ def env(obj: Context, profile: str) -> None:
     """Print shell lines (PATH, VIRTUAL_ENV) for PROFILE: eval "$(llmgw-store env vllm)"."""
     from llmgw_store.roots.runenv import env_lines, shell_text
 
-    variables = env_lines(profile, root=obj.root)
+    variables = env_lines(profile, root=obj.root).variables
     obj.emit(variables, shell_text(variables).rstrip("\n"))
 
 
@@ -413,14 +410,14 @@ def verify(obj: Context, paths: tuple[str, ...], repair: bool, uv_path: str | No
     r = do_verify(list(paths) or None, root=obj.root, repair=repair, uv=uv_path,
                   python_preference=python_preference, progress=obj.progress)
     lines = []
-    for p in r["paths"]:
+    for p in r.paths:
         state = "ok" if p["ok"] else ("repaired" if p.get("ok_after_repair") else "DAMAGED")
         lines.append(f"{state:8s} {p['path']}")
         for kind in ("modified", "missing", "extra", "writable"):
             lines += [f"           {kind}: {f}" for f in p[kind]]
         lines += [f"           {msg}" for msg in p["problems"]]
-    obj.emit(r, "\n".join(lines))
-    if r["damaged"]:
+    obj.emit(r.to_json(), "\n".join(lines))
+    if r.damaged:
         obj.exit(1)
 
 
@@ -457,8 +454,8 @@ def optimise(obj: Context, dry_run: bool) -> None:
     from llmgw_store.core.units import human_size
 
     r = do_optimise(root=obj.root, dry_run=dry_run, progress=obj.progress)
-    obj.emit(r, f"{r['files_linked']} of {r['files_examined']} file(s) {'would be ' if dry_run else ''}linked, "
-                f"{human_size(r['bytes_saved'])} {'would be ' if dry_run else ''}freed")
+    obj.emit(r.to_json(), f"{r.files_linked} of {r.files_examined} file(s) {'would be ' if dry_run else ''}linked, "
+                          f"{human_size(r.bytes_saved)} {'would be ' if dry_run else ''}freed")
 
 
 @cli.command()
@@ -475,12 +472,12 @@ def stats(obj: Context, prometheus: str | None) -> None:
     from llmgw_store.core.units import human_size
 
     r = do_stats(root=obj.root, prometheus=prometheus)
-    obj.emit(r, "\n".join([
-        f"paths:        {r['paths']} ({human_size(r['bytes_apparent'])} apparent, {human_size(r['bytes_on_disk'])} on disk)",
-        f"profiles:     {r['profiles']} with {r['generations']} generation(s); {r['pins']} pin(s)",
-        f"uv cache:     {human_size(r['uv_cache_bytes'])} ({human_size(r['uv_cache_bytes_unshared'])} not shared with environments)",
-        f"downloads:    {human_size(r['downloads_bytes'])}",
-        f"free:         {human_size(r['free_bytes'])}",
+    obj.emit(r.to_json(), "\n".join([
+        f"paths:        {r.paths} ({human_size(r.bytes_apparent)} apparent, {human_size(r.bytes_on_disk)} on disk)",
+        f"profiles:     {r.profiles} with {r.generations} generation(s); {r.pins} pin(s)",
+        f"uv cache:     {human_size(r.uv_cache_bytes)} ({human_size(r.uv_cache_bytes_unshared)} not shared with environments)",
+        f"downloads:    {human_size(r.downloads_bytes)}",
+        f"free:         {human_size(r.free_bytes)}",
     ]))
 
 

@@ -34,7 +34,7 @@ def build(recipe: str | Path, options: BuildOptions = BuildOptions(), *, substit
 
 def activate(profile: str, target: str | Path, options: BuildOptions = BuildOptions(), *,
              substituters: tuple[str, ...] = (), trusted_keys: tuple[str, ...] = (),
-             root: str | Path | None = None, progress: Callable[[str], None] = _quiet) -> dict[str, Any]:
+             root: str | Path | None = None, progress: Callable[[str], None] = _quiet) -> profiles.Switch:
     """Make TARGET (a store path, name, key, or a recipe built first) the profile's current generation."""
     profiles.check_name(profile)
     if str(target).endswith(".toml"):

@@ -3,13 +3,25 @@ switching vLLM versions."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from llmgw_store.build import lockfiles
 from llmgw_store.core.local_store import Store
 from llmgw_store.core.manifest import MANIFEST_DIR
+from llmgw_store.core.results import Result
 from llmgw_store.roots.resolve import reference
+
+@dataclass(frozen=True)
+class Diff(Result):
+    a: dict[str, str | int]  # name, size
+    b: dict[str, str | int]
+    added: tuple[dict[str, str], ...]  # name, version
+    removed: tuple[dict[str, str], ...]
+    upgraded: tuple[dict[str, str], ...]  # name, from, to
+    downgraded: tuple[dict[str, str], ...]
+    size_change: int
+
 
 def lock_pins(env: Path) -> dict[str, str]:
     """Package -> version from an environment's lock, whichever format it has."""
@@ -20,7 +32,7 @@ def lock_pins(env: Path) -> dict[str, str]:
     return {}
 
 
-def diff(a: str, b: str, *, root: str | Path | None = None) -> dict[str, Any]:
+def diff(a: str, b: str, *, root: str | Path | None = None) -> Diff:
     from packaging.version import InvalidVersion, Version
 
     with Store.open(root, readonly=True) as store:
@@ -36,12 +48,12 @@ def diff(a: str, b: str, *, root: str | Path | None = None) -> dict[str, Any]:
         except InvalidVersion:
             up = pb[name] > pa[name]
         (upgraded if up else downgraded).append({"name": name, "from": pa[name], "to": pb[name]})
-    return {
-        "a": {"name": ra["name"], "size": ra["size"]},
-        "b": {"name": rb["name"], "size": rb["size"]},
-        "added": [{"name": n, "version": pb[n]} for n in sorted(pb.keys() - pa.keys())],
-        "removed": [{"name": n, "version": pa[n]} for n in sorted(pa.keys() - pb.keys())],
-        "upgraded": upgraded,
-        "downgraded": downgraded,
-        "size_change": rb["size"] - ra["size"],
-    }
+    return Diff(
+        a={"name": ra["name"], "size": ra["size"]},
+        b={"name": rb["name"], "size": rb["size"]},
+        added=tuple({"name": n, "version": pb[n]} for n in sorted(pb.keys() - pa.keys())),
+        removed=tuple({"name": n, "version": pa[n]} for n in sorted(pa.keys() - pb.keys())),
+        upgraded=tuple(upgraded),
+        downgraded=tuple(downgraded),
+        size_change=rb["size"] - ra["size"],
+    )

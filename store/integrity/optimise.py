@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import os
 import stat
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 from llmgw_store.core import manifest
 from llmgw_store.core.fsutil import WRITE_BITS
 from llmgw_store.core.local_store import Store
+from llmgw_store.core.results import Result
 from llmgw_store.core.temproots import gc_lock
 
 
@@ -33,8 +35,16 @@ def _quiet(_: str) -> None:
     pass
 
 
+@dataclass(frozen=True)
+class OptimiseReport(Result):
+    files_examined: int
+    files_linked: int
+    bytes_saved: int
+    dry_run: bool
+
+
 def optimise(*, root: str | Path | None = None, dry_run: bool = False,
-             progress: Callable[[str], None] = _quiet) -> dict[str, Any]:
+             progress: Callable[[str], None] = _quiet) -> OptimiseReport:
     with Store.open(root) as store:
         pool = store.layout.links_pool
         pool.mkdir(exist_ok=True)
@@ -61,7 +71,7 @@ def optimise(*, root: str | Path | None = None, dry_run: bool = False,
                              f"{n_saved / 1e6:.1f} MB {'would be ' if dry_run else ''}freed")
                 linked += n_linked
                 saved += n_saved
-        return {"files_examined": examined, "files_linked": linked, "bytes_saved": saved, "dry_run": dry_run}
+        return OptimiseReport(examined, linked, saved, dry_run)
 
 
 def _share(path: Path, pool_entry: Path, size: int, dry_run: bool) -> tuple[int, int]:

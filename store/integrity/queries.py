@@ -3,31 +3,69 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from llmgw_store.core import manifest
 from llmgw_store.core.local_store import Store
+from llmgw_store.core.results import Result
+from llmgw_store.roots.resolve import reference
 
 
-def list_paths(root: str | Path | None = None) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class PathRow(Result):
+    """One registered store path, as the index records it."""
+
+    name: str
+    path: str
+    key: str
+    engine: str
+    version: str
+    variant: str
+    as_of: str | None
+    uv_version: str | None
+    python: str | None
+    inputs: dict[str, Any]
+    content_hash: str
+    size: int
+    files: int
+    build_seconds: float
+    created: str
+    last_used: str
+
+    @classmethod
+    def of(cls, store: Store, row: dict[str, Any]) -> "PathRow":
+        fields = {k: row[k] for k in cls.__dataclass_fields__ if k not in ("path", "inputs")}
+        return cls(path=str(store.layout.path_of(row["name"])), inputs=json.loads(row["inputs"]), **fields)
+
+
+@dataclass(frozen=True)
+class PathList(Result):
+    paths: tuple[PathRow, ...]
+
+    def to_json(self) -> list[dict[str, Any]]:
+        return [p.to_json() for p in self.paths]
+
+
+@dataclass(frozen=True)
+class PathInfo(Result):
+    row: PathRow
+    manifest: dict[str, Any] | None
+    builds: tuple[dict[str, Any], ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.row.to_json(), "manifest": self.manifest, "builds": list(self.builds)}
+
+
+def list_paths(root: str | Path | None = None) -> PathList:
     with Store.open(root, readonly=True) as store:
-        rows = store.index.paths()
-        for row in rows:
-            row["path"] = str(store.layout.path_of(row["name"]))
-            row["inputs"] = json.loads(row["inputs"])
-        return rows
+        return PathList(tuple(PathRow.of(store, r) for r in store.index.paths()))
 
 
-def path_info(target: str | Path, root: str | Path | None = None) -> dict[str, Any]:
+def path_info(target: str | Path, root: str | Path | None = None) -> PathInfo:
     """The index row and manifest of a store path: a path, its name, its key, PROFILE or PROFILE@N."""
-    from llmgw_store.roots.resolve import reference
-
     with Store.open(root, readonly=True) as store:
-        row = reference(store, str(target))
-        path = store.layout.path_of(row["name"])
-        row["path"] = str(path)
-        row["inputs"] = json.loads(row["inputs"])
-        row["manifest"] = manifest.read(path) if path.is_dir() else None
-        row["builds"] = store.index.builds(row["key"])
-        return row
+        row = PathRow.of(store, reference(store, str(target)))
+        path = Path(row.path)
+        return PathInfo(row, manifest.read(path) if path.is_dir() else None, tuple(store.index.builds(row.key)))

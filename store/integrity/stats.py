@@ -5,10 +5,26 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from dataclasses import dataclass
 
 from llmgw_store.core.fsutil import free_bytes, walk_files
 from llmgw_store.core.local_store import Store
+from llmgw_store.core.results import Result
+
+
+@dataclass(frozen=True)
+class Stats(Result):
+    root: str
+    paths: int
+    bytes_apparent: int
+    bytes_on_disk: int
+    profiles: int
+    generations: int
+    pins: int
+    uv_cache_bytes: int
+    uv_cache_bytes_unshared: int
+    downloads_bytes: int
+    free_bytes: int
 
 
 def _disk_usage(tree: Path, seen: set[tuple[int, int]]) -> tuple[int, int]:
@@ -23,7 +39,7 @@ def _disk_usage(tree: Path, seen: set[tuple[int, int]]) -> tuple[int, int]:
     return apparent, disk
 
 
-def stats(*, root: str | Path | None = None, prometheus: str | Path | None = None) -> dict[str, Any]:
+def stats(*, root: str | Path | None = None, prometheus: str | Path | None = None) -> Stats:
     with Store.open(root, readonly=True) as store:
         layout, index = store.layout, store.index
         rows = index.paths()
@@ -34,25 +50,19 @@ def stats(*, root: str | Path | None = None, prometheus: str | Path | None = Non
         profiles = [e.name for e in os.scandir(layout.profiles)
                     if e.is_symlink() and not e.name.endswith("-link") and not e.name.startswith(".")]
         generations = sum(1 for e in os.scandir(layout.profiles) if e.name.endswith("-link"))
-        result = {
-            "root": str(layout.root),
-            "paths": len(rows),
-            "bytes_apparent": sum(r["size"] for r in rows),
-            "bytes_on_disk": store_disk,
-            "profiles": len(profiles),
-            "generations": generations,
-            "pins": len(index.pins()),
-            "uv_cache_bytes": uv_apparent,
-            "uv_cache_bytes_unshared": uv_disk,
-            "downloads_bytes": dl_apparent,
-            "free_bytes": free_bytes(layout.store),
-        }
+        result = Stats(
+            root=str(layout.root), paths=len(rows), bytes_apparent=sum(r["size"] for r in rows),
+            bytes_on_disk=store_disk, profiles=len(profiles), generations=generations, pins=len(index.pins()),
+            uv_cache_bytes=uv_apparent, uv_cache_bytes_unshared=uv_disk, downloads_bytes=dl_apparent,
+            free_bytes=free_bytes(layout.store),
+        )
     if prometheus is not None:
         write_prometheus(Path(prometheus), result)
     return result
 
 
-def write_prometheus(path: Path, s: dict[str, Any]) -> None:
+def write_prometheus(path: Path, stats: Stats) -> None:
+    s = stats.to_json()
     root = s["root"].replace("\\", "\\\\").replace('"', '\\"')
     lab = f'root="{root}"'
     lines = [

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -23,11 +24,22 @@ from llmgw_store.core import manifest
 from llmgw_store.core.errors import NotFoundError, UsageError
 from llmgw_store.core.fsutil import force_rmtree
 from llmgw_store.core.local_store import Store
+from llmgw_store.core.results import Result
 from llmgw_store.roots.resolve import registered
 
 
 def _quiet(_: str) -> None:
     pass
+
+
+@dataclass(frozen=True)
+class VerifyReport(Result):
+    """One entry per path checked (name, path, ok, modified, missing, extra, writable, problems,
+    and after a repair: repair, ok_after_repair); `damaged` names those still damaged."""
+
+    paths: tuple[dict[str, Any], ...]
+    checked: int
+    damaged: tuple[str, ...]
 
 
 def check_path(store: Store, row: dict[str, Any]) -> dict[str, Any]:
@@ -72,7 +84,7 @@ def verify(
     uv: str | Path | None = None,
     python_preference: str | None = None,
     progress: Callable[[str], None] = _quiet,
-) -> dict[str, Any]:
+) -> VerifyReport:
     # Without --repair verify only looks: the store is opened read-only.
     with Store.open(root, readonly=not repair) as store:
         rows = [registered(store, t) for t in targets] if targets else store.index.paths()
@@ -85,7 +97,7 @@ def verify(
                 r["ok_after_repair"] = check_path(store, store.index.path_by_name(row["name"]))["ok"]
             results.append(r)
         damaged = [r["name"] for r in results if not r["ok"] and not r.get("ok_after_repair")]
-        return {"paths": results, "checked": len(results), "damaged": damaged}
+        return VerifyReport(tuple(results), len(results), tuple(damaged))
 
 
 def _repair(store: Store, row: dict[str, Any], uv_path, python_preference, progress) -> dict[str, Any]:

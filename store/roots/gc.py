@@ -222,9 +222,9 @@ def _prune_generations(store: Store, older_than, keep, dry_run, progress, report
         profile = entry.name
         with profile_lock(store, profile):
             r = delete_generations_locked(store, profile, None, older_than, keep, dry_run, progress)
-        if r["deleted"]:
-            report["generations_deleted"][profile] = r["deleted"]
-            excluded |= {(profile, n) for n in r["deleted"]}
+        if r.deleted:
+            report["generations_deleted"][profile] = list(r.deleted)
+            excluded |= {(profile, n) for n in r.deleted}
     return excluded
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 import re
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
@@ -36,6 +36,7 @@ from llmgw_store.core.keys import NAME_RE
 from llmgw_store.core.layout import Layout
 from llmgw_store.core.links import symlink_atomically
 from llmgw_store.core.local_store import Store
+from llmgw_store.core.results import Result
 from llmgw_store.core.temproots import TempRoots
 from llmgw_store.roots.generations import check_name, current_generation, disk_generations, gen_link, generation_target
 from llmgw_store.roots.resolve import registered
@@ -48,7 +49,18 @@ def _quiet(_: str) -> None:
 
 
 @dataclass(frozen=True)
-class Generation:
+class Switch(Result):
+    """What activate and rollback did: `profile` now at `generation` (from `previous`)."""
+
+    profile: str
+    generation: int
+    previous: int | None
+    path: str
+    changed: bool
+
+
+@dataclass(frozen=True)
+class Generation(Result):
     number: int
     path: str
     name: str
@@ -58,8 +70,38 @@ class Generation:
     version: str | None
     variant: str | None
 
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+
+
+@dataclass(frozen=True)
+class GenerationList(Result):
+    profile: str
+    current: int
+    generations: tuple[Generation, ...]
+    index_differs: tuple[str, ...]  # where the index's record differs from the links
+
+
+@dataclass(frozen=True)
+class DeletedGenerations(Result):
+    profile: str
+    deleted: tuple[int, ...]
+    dry_run: bool
+    current: int
+
+
+@dataclass(frozen=True)
+class ProfileSummary(Result):
+    profile: str
+    current: int
+    generations: int
+    path: str
+
+
+@dataclass(frozen=True)
+class ProfileList(Result):
+    profiles: tuple[ProfileSummary, ...]
+
+    def to_json(self) -> list[dict[str, Any]]:
+        return [p.to_json() for p in self.profiles]
 
 
 def profile_lock(store: Store, profile: str):
@@ -80,7 +122,7 @@ def activate(
     *,
     root: str | Path | None = None,
     progress: Callable[[str], None] = _quiet,
-) -> dict[str, Any]:
+) -> Switch:
     """Make `target` (a store path, its name or key) the profile's current generation. Activating
     what is already current makes no new generation. (`llmgw_store.api.activate` also takes a
     recipe: it builds first, then calls this.)"""
@@ -102,7 +144,7 @@ def activate(
             except NotFoundError:
                 current = None
             if current is not None and gens.get(current) == name:
-                return {"profile": profile, "generation": current, "previous": current, "path": str(layout.path_of(name)), "changed": False}
+                return Switch(profile, current, current, str(layout.path_of(name)), False)
             number = max([*gens, store.index.max_generation(profile), 0]) + 1
             symlink_atomically(f"../store/{name}", gen_link(layout, profile, number))
             debug.pause("BEFORE_SWITCH")  # the new generation exists, the profile not yet switched
@@ -110,11 +152,11 @@ def activate(
             store.index.record_generation(profile, number, name, _link_time(gen_link(layout, profile, number)))
             store.index.record_switch(profile, current, number, "activate")
             progress(f"profile {profile}: generation {number} -> {name}")
-            return {"profile": profile, "generation": number, "previous": current, "path": str(layout.path_of(name)), "changed": True}
+            return Switch(profile, number, current, str(layout.path_of(name)), True)
 
 
 def rollback(profile: str, *, to: int | None = None, root: str | Path | None = None,
-             progress: Callable[[str], None] = _quiet) -> dict[str, Any]:
+             progress: Callable[[str], None] = _quiet) -> Switch:
     """Switch to generation `to`, or to the newest generation older than the current one."""
     check_name(profile)
     with Store.open(root) as store:
@@ -134,10 +176,10 @@ def rollback(profile: str, *, to: int | None = None, root: str | Path | None = N
                 _switch(store, profile, to)
                 store.index.record_switch(profile, current, to, "rollback")
                 progress(f"profile {profile}: generation {current} -> {to} ({name})")
-            return {"profile": profile, "generation": to, "previous": current, "path": str(layout.path_of(name)), "changed": to != current}
+            return Switch(profile, to, current, str(layout.path_of(name)), to != current)
 
 
-def generations(profile: str, *, root: str | Path | None = None) -> dict[str, Any]:
+def generations(profile: str, *, root: str | Path | None = None) -> GenerationList:
     """The profile's generations from disk (the truth), and where the index differs from them
     (the next change of the profile, or `doctor --rebuild-index`, records it). Read-only."""
     check_name(profile)
@@ -154,7 +196,7 @@ def generations(profile: str, *, root: str | Path | None = None) -> dict[str, An
                 created=_link_time(gen_link(layout, profile, number)), current=number == current,
                 engine=row.get("engine"), version=row.get("version"), variant=row.get("variant"),
             ))
-        return {"profile": profile, "current": current, "generations": [g.to_json() for g in out], "index_differs": differs}
+        return GenerationList(profile, current, tuple(out), tuple(differs))
 
 
 def delete_generations(
@@ -166,7 +208,7 @@ def delete_generations(
     dry_run: bool = False,
     root: str | Path | None = None,
     progress: Callable[[str], None] = _quiet,
-) -> dict[str, Any]:
+) -> DeletedGenerations:
     """Delete generation links (never the current one). Store paths are freed by a later gc."""
     check_name(profile)
     with Store.open(root) as store:
@@ -174,7 +216,8 @@ def delete_generations(
             return delete_generations_locked(store, profile, numbers, older_than, keep, dry_run, progress)
 
 
-def delete_generations_locked(store: Store, profile: str, numbers, older_than, keep, dry_run, progress) -> dict[str, Any]:
+def delete_generations_locked(store: Store, profile: str, numbers, older_than, keep, dry_run,
+                              progress) -> DeletedGenerations:
     layout = store.layout
     current = current_generation(layout, profile)
     gens = disk_generations(layout, profile)
@@ -198,10 +241,10 @@ def delete_generations_locked(store: Store, profile: str, numbers, older_than, k
         if not dry_run:
             os.unlink(gen_link(layout, profile, n))
             store.index.mark_generation_deleted(profile, n)
-    return {"profile": profile, "deleted": sorted(doomed), "dry_run": dry_run, "current": current}
+    return DeletedGenerations(profile, tuple(sorted(doomed)), dry_run, current)
 
 
-def list_profiles(*, root: str | Path | None = None) -> list[dict[str, Any]]:
+def list_profiles(*, root: str | Path | None = None) -> ProfileList:
     with Store.open(root, readonly=True) as store:
         out = []
         for entry in sorted(os.scandir(store.layout.profiles), key=lambda e: e.name):
@@ -209,9 +252,8 @@ def list_profiles(*, root: str | Path | None = None) -> list[dict[str, Any]]:
                 continue
             current = current_generation(store.layout, entry.name)
             gens = disk_generations(store.layout, entry.name)
-            out.append({"profile": entry.name, "current": current, "generations": len(gens),
-                        "path": str(store.layout.path_of(gens.get(current, "?")))})
-        return out
+            out.append(ProfileSummary(entry.name, current, len(gens), str(store.layout.path_of(gens.get(current, "?")))))
+        return ProfileList(tuple(out))
 
 
 def _sync_index(store: Store, profile: str, gens: dict[int, str], *, write: bool) -> list[str]:

@@ -4,20 +4,30 @@ from __future__ import annotations
 
 import os
 import shlex
+from dataclasses import dataclass
 from pathlib import Path
 
 from llmgw_store.core.errors import NotFoundError
 from llmgw_store.core.local_store import Store
+from llmgw_store.core.results import Result
 from llmgw_store.roots.generations import check_name, current_generation, generation_target
 
 
-def env_lines(profile: str, *, root: str | Path | None = None) -> dict[str, str]:
+@dataclass(frozen=True)
+class EnvLines(Result):
+    variables: dict[str, str]
+
+    def to_json(self) -> dict[str, str]:
+        return dict(self.variables)
+
+
+def env_lines(profile: str, *, root: str | Path | None = None) -> EnvLines:
     """Variables for a shell: the profile's link, so a new shell follows later switches."""
     check_name(profile)
-    with Store.open(root) as store:
+    with Store.open(root, readonly=True) as store:
         current_generation(store.layout, profile)  # exists?
         link = store.layout.profiles / profile
-        return {"VIRTUAL_ENV": str(link), "PATH": f"{link / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"}
+        return EnvLines({"VIRTUAL_ENV": str(link), "PATH": f"{link / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"})
 
 
 def shell_text(variables: dict[str, str]) -> str:
