@@ -21,7 +21,7 @@ import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 from llmgw_store.core import manifest
 from llmgw_store.core.fsutil import WRITE_BITS

@@ -32,7 +32,6 @@ from typing import Any, Callable
 from llmgw_store.core import debug
 from llmgw_store.core import locks
 from llmgw_store.core.errors import NotFoundError, UsageError
-from llmgw_store.core.keys import NAME_RE
 from llmgw_store.core.layout import Layout
 from llmgw_store.core.links import symlink_atomically
 from llmgw_store.core.local_store import Store
