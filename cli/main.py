@@ -15,6 +15,7 @@ import click
 
 from llmgw_store.core import defaults
 from llmgw_store.core.errors import CommandError, StoreError
+from llmgw_store.core.report import reporting_to
 
 PROG = "llmgw-store"
 
@@ -81,6 +82,9 @@ def cli(ctx: click.Context, root: str | None, as_json: bool, verbose: int) -> No
       llmgw-store --root ./.llmgw-store build examples/black.toml
     """
     ctx.obj = Context(root, as_json, verbose)
+    # The library reports progress through one reporter (core/report.py): it goes to stderr here,
+    # for the whole command.
+    ctx.with_resource(reporting_to(ctx.obj.progress))
 
 
 def build_options(f):
@@ -133,7 +137,7 @@ def build(obj: Context, recipe: str, **kw) -> None:
     """
     from llmgw_store.api import build as do_build
 
-    result = do_build(recipe, _options(kw), **_caches(kw), root=obj.root, progress=obj.progress)
+    result = do_build(recipe, _options(kw), **_caches(kw), root=obj.root)
     obj.emit(result.to_json(), str(result.path))
 
 
@@ -191,7 +195,7 @@ def activate(obj: Context, profile: str, target: str, **kw) -> None:
     """
     from llmgw_store.api import activate as do_activate
 
-    r = do_activate(profile, target, _options(kw), **_caches(kw), root=obj.root, progress=obj.progress)
+    r = do_activate(profile, target, _options(kw), **_caches(kw), root=obj.root)
     text = (f"{profile}: generation {r.generation} -> {r.path}" if r.changed
             else f"{profile}: already at generation {r.generation} -> {r.path}")
     obj.emit(r.to_json(), text)
@@ -211,7 +215,7 @@ def rollback(obj: Context, profile: str, to: int | None) -> None:
     """
     from llmgw_store.roots.profiles import rollback as do_rollback
 
-    r = do_rollback(profile, to=to, root=obj.root, progress=obj.progress)
+    r = do_rollback(profile, to=to, root=obj.root)
     obj.emit(r.to_json(), f"{profile}: generation {r.previous} -> {r.generation} ({r.path})")
 
 
@@ -238,8 +242,7 @@ def generations(obj: Context, profile: str, delete: tuple[int, ...], older_than:
         from llmgw_store.core.units import parse_duration
 
         r = profiles.delete_generations(profile, numbers=list(delete), keep=keep, dry_run=dry_run, root=obj.root,
-                                        older_than=parse_duration(older_than) if older_than else None,
-                                        progress=obj.progress)
+                                        older_than=parse_duration(older_than) if older_than else None)
         verb = "would delete" if dry_run else "deleted"
         obj.emit(r.to_json(), f"{profile}: {verb} generation(s) {', '.join(map(str, r.deleted)) or 'none'}")
         return
@@ -305,8 +308,8 @@ def diff(obj: Context, a: str, b: str) -> None:
     Example:
       llmgw-store diff vllm@6 vllm@7
     """
-    from llmgw_store.integrity.diff import diff as do_diff
     from llmgw_store.core.units import human_size
+    from llmgw_store.integrity.diff import diff as do_diff
 
     r = do_diff(a, b, root=obj.root)
     lines = [f"+ {p['name']} {p['version']}" for p in r.added]
@@ -369,15 +372,15 @@ def gc(obj: Context, dry_run: bool, delete_older_than: str | None, keep: int | N
       llmgw-store gc --delete-older-than 30d
       llmgw-store --json gc --min-free 100G
     """
-    from llmgw_store.roots import gc as gcmod
     from llmgw_store.core.units import human_size, parse_duration, parse_size
+    from llmgw_store.roots import gc as gcmod
 
     if print_roots:
         held = gcmod.print_roots(root=obj.root, lock_timeout=lock_timeout)
         obj.emit(held, "\n".join(f"{desc}: {', '.join(names)}" for desc, names in sorted(held.items())))
         return
     r = gcmod.collect(
-        root=obj.root, dry_run=dry_run, keep=keep, lock_timeout=lock_timeout, progress=obj.progress,
+        root=obj.root, dry_run=dry_run, keep=keep, lock_timeout=lock_timeout,
         delete_older_than=parse_duration(delete_older_than) if delete_older_than else None,
         max_freed=parse_size(max_freed) if max_freed else None,
         min_free=parse_size(min_free) if min_free else None,
@@ -408,7 +411,7 @@ def verify(obj: Context, paths: tuple[str, ...], repair: bool, uv_path: str | No
     from llmgw_store.integrity.verify import verify as do_verify
 
     r = do_verify(list(paths) or None, root=obj.root, repair=repair, uv=uv_path,
-                  python_preference=python_preference, progress=obj.progress)
+                  python_preference=python_preference)
     lines = []
     for p in r.paths:
         state = "ok" if p["ok"] else ("repaired" if p.get("ok_after_repair") else "DAMAGED")
@@ -434,7 +437,7 @@ def doctor(obj: Context, rebuild_index: bool) -> None:
     """
     from llmgw_store.integrity.doctor import doctor as do_doctor
 
-    r = do_doctor(root=obj.root, rebuild_index=rebuild_index, progress=obj.progress)
+    r = do_doctor(root=obj.root, rebuild_index=rebuild_index)
     if rebuild_index:
         obj.emit(r, f"index rebuilt: {len(r['registered'])} path(s), {r['generations']} generation(s), "
                     f"{r['pins']} pin(s); {len(r['skipped'])} directory(ies) left unregistered; old index kept at {r['backup']}")
@@ -450,10 +453,10 @@ def doctor(obj: Context, rebuild_index: bool) -> None:
 @click.pass_obj
 def optimise(obj: Context, dry_run: bool) -> None:
     """Hardlink identical files across store paths (through ROOT/store/.links) and report the bytes saved."""
-    from llmgw_store.integrity.optimise import optimise as do_optimise
     from llmgw_store.core.units import human_size
+    from llmgw_store.integrity.optimise import optimise as do_optimise
 
-    r = do_optimise(root=obj.root, dry_run=dry_run, progress=obj.progress)
+    r = do_optimise(root=obj.root, dry_run=dry_run)
     obj.emit(r.to_json(), f"{r.files_linked} of {r.files_examined} file(s) {'would be ' if dry_run else ''}linked, "
                           f"{human_size(r.bytes_saved)} {'would be ' if dry_run else ''}freed")
 
@@ -468,8 +471,8 @@ def stats(obj: Context, prometheus: str | None) -> None:
     Example (node_exporter's textfile collector, after each cron gc):
       llmgw-store stats --prometheus /var/lib/node_exporter/textfile/llmgw_store.prom
     """
-    from llmgw_store.integrity.stats import stats as do_stats
     from llmgw_store.core.units import human_size
+    from llmgw_store.integrity.stats import stats as do_stats
 
     r = do_stats(root=obj.root, prometheus=prometheus)
     obj.emit(r.to_json(), "\n".join([
@@ -513,7 +516,7 @@ def push(obj: Context, paths: tuple[str, ...], to: str, secret_key: str) -> None
     """
     from llmgw_store.api import push as do_push
 
-    r = do_push(list(paths), to, secret_key, root=obj.root, progress=obj.progress)
+    r = do_push(list(paths), to, secret_key, root=obj.root)
     obj.emit(r, f"pushed {len(r['pushed'])}, already there {len(r['already_there'])}")
 
 
@@ -531,7 +534,7 @@ def pull(obj: Context, target: str, from_: tuple[str, ...], trusted_keys: tuple[
     """
     from llmgw_store.cache.pull import pull as do_pull
 
-    r = do_pull(target, list(from_), list(trusted_keys), root=obj.root, progress=obj.progress)
+    r = do_pull(target, list(from_), list(trusted_keys), root=obj.root)
     obj.emit(r, r["path"])
 
 

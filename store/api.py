@@ -9,7 +9,7 @@ names is the roots layer's job, called here).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from llmgw_store.build.builder import BuildOptions, BuildResult
 from llmgw_store.build.builder import build as _build
@@ -20,32 +20,25 @@ from llmgw_store.roots import profiles
 from llmgw_store.roots.resolve import reference
 
 
-def _quiet(_: str) -> None:
-    pass
-
-
 def build(recipe: str | Path, options: BuildOptions = BuildOptions(), *, substituters: tuple[str, ...] = (),
-          trusted_keys: tuple[str, ...] = (), root: str | Path | None = None,
-          progress: Callable[[str], None] = _quiet) -> BuildResult:
+          trusted_keys: tuple[str, ...] = (), root: str | Path | None = None) -> BuildResult:
     """Build a recipe, asking the binary caches `substituters` (signed by `trusted_keys`) first."""
     substituter = CacheSubstituter(substituters, trusted_keys) if substituters else None
-    return _build(recipe, options, root=root, progress=progress, substituter=substituter)
+    return _build(recipe, options, root=root, substituter=substituter)
 
 
 def activate(profile: str, target: str | Path, options: BuildOptions = BuildOptions(), *,
              substituters: tuple[str, ...] = (), trusted_keys: tuple[str, ...] = (),
-             root: str | Path | None = None, progress: Callable[[str], None] = _quiet) -> profiles.Switch:
+             root: str | Path | None = None) -> profiles.Switch:
     """Make TARGET (a store path, name, key, or a recipe built first) the profile's current generation."""
     profiles.check_name(profile)
     if str(target).endswith(".toml"):
-        target = build(target, options, substituters=substituters, trusted_keys=trusted_keys, root=root,
-                       progress=progress).path
-    return profiles.activate(profile, target, root=root, progress=progress)
+        target = build(target, options, substituters=substituters, trusted_keys=trusted_keys, root=root).path
+    return profiles.activate(profile, target, root=root)
 
 
-def push(targets: list[str], to: str, secret_key: str, *, root: str | Path | None = None,
-         progress: Callable[[str], None] = _quiet) -> dict[str, Any]:
+def push(targets: list[str], to: str, secret_key: str, *, root: str | Path | None = None) -> dict[str, Any]:
     """Push store paths given as PROFILE, PROFILE@N, a store name, a key or a path."""
     with Store.open(root) as store:
         names = [reference(store, t)["name"] for t in targets]
-    return _push(names, to, secret_key, root=root, progress=progress)
+    return _push(names, to, secret_key, root=root)

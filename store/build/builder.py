@@ -13,22 +13,20 @@ import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
-from llmgw_store.build import bytecode
-from llmgw_store.core import debug
-from llmgw_store.build import interpreters
-from llmgw_store.build import lockfiles
+from llmgw_store.build import bytecode, interpreters, lockfiles
 from llmgw_store.build import recipe as recipes
 from llmgw_store.build import uv as uvmod
-from llmgw_store.core import defaults
+from llmgw_store.build.realise import DEFAULT_LOCK_TIMEOUT_S, realise
+from llmgw_store.build.recipe import ONE_DAY, Build, Recipe, format_time, parse_time
+from llmgw_store.core import debug, defaults
 from llmgw_store.core.errors import CommandError, RecipeError, StoreError, UsageError
 from llmgw_store.core.fsutil import force_rmtree, free_bytes
 from llmgw_store.core.host import platform_facts
 from llmgw_store.core.keys import SCHEMA_VERSION, path_name, store_key
 from llmgw_store.core.local_store import Store
-from llmgw_store.build.realise import DEFAULT_LOCK_TIMEOUT_S, realise
-from llmgw_store.build.recipe import ONE_DAY, Build, Recipe, format_time, parse_time
+from llmgw_store.core.report import say
 
 PYPI_SIMPLE = defaults.PYPI_SIMPLE
 DEFAULT_TIMEOUT_S = 3600.0
@@ -39,7 +37,7 @@ class Substituter(Protocol):
     """Something that can put a store path in place instead of building it (a binary cache).
     Called with the key's lock held; returns True once the path is registered, False to build."""
 
-    def substitute(self, store: Store, key: str, name: str, progress: Callable[[str], None]) -> bool: ...
+    def substitute(self, store: Store, key: str, name: str) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -111,16 +109,11 @@ class BuildResult:
         return {**asdict(self), "path": str(self.path), "cache_hit": self.cache_hit}
 
 
-def _quiet(_: str) -> None:
-    pass
-
-
 def build(
     recipe_file: str | Path,
     options: BuildOptions = BuildOptions(),
     *,
     root: str | Path | None = None,
-    progress: Callable[[str], None] = _quiet,
     substituter: Substituter | None = None,
 ) -> BuildResult:
     """Build the recipe into the store, or find it there. `substituter` (a binary cache, from the
@@ -131,21 +124,21 @@ def build(
         from llmgw_store.build import gpu
 
         chosen, why = gpu.choose(recipe, None, gpu.probe_host())
-        progress(f"chose build {chosen.variant!r}: {why}")
+        say(f"chose build {chosen.variant!r}: {why}")
     else:
         chosen = recipe.build_for(options.variant)
     if options.as_of is not None:
         parse_time(options.as_of)  # a bad --as-of is a usage error before the store is touched
     with Store.open(root) as store:
-        plan = _plan(store, recipe, chosen, options, progress)
+        plan = _plan(store, recipe, chosen, options)
         deadline = Deadline(plan)
         path, how = realise(
             store, plan.key, plan.name, plan.inputs, plan.meta,
-            lambda partial: make_env(store, plan, partial, deadline, progress),
-            verify=lambda tree: verify_env(store, plan, tree, deadline, progress),
-            progress=progress, lock_timeout=options.lock_timeout,
+            lambda partial: make_env(store, plan, partial, deadline),
+            verify=lambda tree: verify_env(store, plan, tree, deadline),
+            lock_timeout=options.lock_timeout,
             check=lambda: check_requirements(plan),
-            substitute=(lambda: substituter.substitute(store, plan.key, plan.name, progress)) if substituter else None,
+            substitute=(lambda: substituter.substitute(store, plan.key, plan.name)) if substituter else None,
         )
         inputs = plan.inputs
         return BuildResult(
@@ -155,11 +148,11 @@ def build(
         )
 
 
-def _plan(store: Store, recipe: Recipe, chosen: Build, options: BuildOptions, progress) -> BuildPlan:
+def _plan(store: Store, recipe: Recipe, chosen: Build, options: BuildOptions) -> BuildPlan:
     """Everything that decides the result, and the key and name that follow from it."""
     index_url = options.index_url.rstrip("/")
-    uv = uvmod.resolve(store, options.uv, index_url, progress)
-    version = options.version or chosen.fields.get("version") or _latest(store, recipe, index_url, options, progress)
+    uv = uvmod.resolve(store, options.uv, index_url)
+    version = options.version or chosen.fields.get("version") or _latest(store, recipe, index_url, options)
     if not recipes.VERSION_RE.match(version):
         raise UsageError(f"{version!r} is not a version")
     fields = chosen.resolved(version)
@@ -168,8 +161,8 @@ def _plan(store: Store, recipe: Recipe, chosen: Build, options: BuildOptions, pr
     elif "as_of" in fields:
         as_of = fields["as_of"]
     else:
-        as_of = _published_plus_a_day(store, recipe, version, index_url, progress)
-    interp = interpreters.find(store, uv, fields["python"], options.python_preference, progress)
+        as_of = _published_plus_a_day(store, recipe, version, index_url)
+    interp = interpreters.find(store, uv, fields["python"], options.python_preference)
     inputs = {
         "schema": SCHEMA_VERSION,
         "engine": recipe.name,
@@ -194,12 +187,12 @@ def _plan(store: Store, recipe: Recipe, chosen: Build, options: BuildOptions, pr
     )
 
 
-def _latest(store: Store, recipe: Recipe, index_url: str, options: BuildOptions, progress) -> str:
+def _latest(store: Store, recipe: Recipe, index_url: str, options: BuildOptions) -> str:
     version = store.index.latest(index_url, recipe.pypi, options.latest_ttl)
     if version is None:
         from llmgw_store.build import pypi
 
-        progress(f"asking {index_url} for the latest release of {recipe.pypi}")
+        say(f"asking {index_url} for the latest release of {recipe.pypi}")
         files = pypi.project_files(index_url, recipe.pypi)
         version = pypi.latest_version(files, recipe.pypi)
         store.index.remember_latest(index_url, recipe.pypi, version)
@@ -207,12 +200,12 @@ def _latest(store: Store, recipe: Recipe, index_url: str, options: BuildOptions,
     return version
 
 
-def _published_plus_a_day(store: Store, recipe: Recipe, version: str, index_url: str, progress) -> str:
+def _published_plus_a_day(store: Store, recipe: Recipe, version: str, index_url: str) -> str:
     published = store.index.published(index_url, recipe.pypi, version)
     if published is None:
         from llmgw_store.build import pypi
 
-        progress(f"asking {index_url} when {recipe.pypi} {version} was published")
+        say(f"asking {index_url} when {recipe.pypi} {version} was published")
         files = pypi.project_files(index_url, recipe.pypi)
         published = _remember_published(store, files, recipe.pypi, version, index_url)
     return format_time(parse_time(published) + ONE_DAY)
@@ -245,7 +238,7 @@ def check_requirements(plan: BuildPlan) -> list[str]:
     return out
 
 
-def make_env(store: Store, plan: BuildPlan, partial: Path, deadline: Deadline, progress) -> dict[str, Any]:
+def make_env(store: Store, plan: BuildPlan, partial: Path, deadline: Deadline) -> dict[str, Any]:
     """venv, resolve (or take `plan.lock_text` as it is, for a repair), install, check the binary."""
     fields, uv, interp = plan.fields, plan.uv, plan.interpreter
     requirements = check_requirements(plan)
@@ -272,12 +265,12 @@ def make_env(store: Store, plan: BuildPlan, partial: Path, deadline: Deadline, p
 
     def uv_run(args: list, what: str) -> str:
         return uvmod.run([uv.path, *args], what=what, env=env, log_dir=layout.logs, cwd=layout.tmp,
-                         timeout=remaining(), show=progress)
+                         timeout=remaining(), show=say)
 
-    progress(f"creating the environment ({interp.implementation} {interp.version}, {interp.path})")
+    say(f"creating the environment ({interp.implementation} {interp.version}, {interp.path})")
     uv_run(["venv", "--relocatable", "--allow-existing", "--python", interp.path, partial], "uv venv")
     debug.pause("BUILD_PAUSE")  # a .partial with a venv exists: concurrent builders meet here
-    requirements = requirements + _fetch_extras(store, plan, partial, progress)
+    requirements = requirements + _fetch_extras(store, plan, partial)
     extra_index = fields.get("extra_index")
     lock = meta_dir / ("pylock.toml" if extra_index else "requirements.lock")
     if extra_index:
@@ -296,7 +289,7 @@ def make_env(store: Store, plan: BuildPlan, partial: Path, deadline: Deadline, p
         lock.write_text(plan.lock_text)
     else:
         where = plan.index_url + (f" (and {extra_index} for {', '.join(fields['index_packages'])})" if extra_index else "")
-        progress(f"resolving {len(requirements)} requirement(s) as {where} stood at {as_of}")
+        say(f"resolving {len(requirements)} requirement(s) as {where} stood at {as_of}")
         fmt = ["--format", "pylock.toml"] if extra_index else ["--generate-hashes"]
         uv_run(
             ["pip", "compile", source, "-o", lock, *fmt, "--exclude-newer", as_of,
@@ -305,16 +298,16 @@ def make_env(store: Store, plan: BuildPlan, partial: Path, deadline: Deadline, p
         )
     lock_text = lock.read_text()
     pins = len(lockfiles.pins(lock_text, lock.name))
-    progress(f"installing {pins} pinned package(s) with --require-hashes --no-deps")
+    say(f"installing {pins} pinned package(s) with --require-hashes --no-deps")
     uv_run(
         ["pip", "install", "--require-hashes", "--no-deps", "-r", lock, "--index-url", plan.index_url,
          "--python", python, "--link-mode", "hardlink", "--quiet"],
         "uv pip install",
     )
-    progress("compiling bytecode")
+    say("compiling bytecode")
     modules, failed, reused = bytecode.compile_tree(python, partial, layout.pyc_cache, lambda argv, what: uvmod.run(
-        argv, what=what, env=env, log_dir=layout.logs, cwd=layout.tmp, timeout=remaining(), show=progress))
-    progress(f"{modules} module(s): {modules - reused - failed} compiled, {reused} from the bytecode cache"
+        argv, what=what, env=env, log_dir=layout.logs, cwd=layout.tmp, timeout=remaining(), show=say))
+    say(f"{modules} module(s): {modules - reused - failed} compiled, {reused} from the bytecode cache"
              + (f", {failed} left as source (they do not compile)" if failed else ""))
     name = plan.inputs["binary"]
     binary = partial / "bin" / name
@@ -331,7 +324,7 @@ def make_env(store: Store, plan: BuildPlan, partial: Path, deadline: Deadline, p
     }
 
 
-def _fetch_extras(store: Store, plan: BuildPlan, partial: Path, progress) -> list[str]:
+def _fetch_extras(store: Store, plan: BuildPlan, partial: Path) -> list[str]:
     """The build's source archive, release assets and release wheel, each checked against its
     digest; returns the requirements they add (the source's requirements file, the pinned wheel)."""
     from llmgw_store.build import fetch
@@ -341,8 +334,8 @@ def _fetch_extras(store: Store, plan: BuildPlan, partial: Path, progress) -> lis
     added: list[str] = []
     if "source" in fields:
         src = fields["source"]
-        archive = fetch.cached_download(src["url"], src["sha256"], downloads, progress)
-        progress(f"unpacking {archive.name} (checked against its sha256)")
+        archive = fetch.cached_download(src["url"], src["sha256"], downloads)
+        say(f"unpacking {archive.name} (checked against its sha256)")
         scratch = store.layout.tmp / f"unpack-{os.getpid()}-{time.monotonic_ns()}"
         try:
             top = fetch.unpack_source(archive, scratch, src.get("top"), origin, f"{where}.source")
@@ -360,12 +353,12 @@ def _fetch_extras(store: Store, plan: BuildPlan, partial: Path, progress) -> lis
         asset_dir.mkdir(parents=True, exist_ok=True)
         for name in fields["assets"]:
             asset = fetch.pick(listed, repo, tag, name=name)
-            got = fetch.cached_download(asset["url"], asset["sha256"], downloads, progress)
+            got = fetch.cached_download(asset["url"], asset["sha256"], downloads)
             target = asset_dir / name
             shutil.copyfile(got, target)
             if fields.get("asset_dir", "bin") == "bin":
                 target.chmod(0o755)
-            progress(f"asset {name} from release {tag} of {repo} (sha256 {asset['sha256'][:12]}…)")
+            say(f"asset {name} from release {tag} of {repo} (sha256 {asset['sha256'][:12]}…)")
     if "wheel" in fields:
         w = fields["wheel"]
         repo = w.get("repo", plan.inputs["repo"])
@@ -373,11 +366,11 @@ def _fetch_extras(store: Store, plan: BuildPlan, partial: Path, progress) -> lis
                            suffix=w.get("suffix", ".whl"))
         # Pinned to the digest the release publishes: uv checks the fragment when it downloads.
         added.append(f"{w['project']} @ {asset['url']}#sha256={asset['sha256']}")
-        progress(f"release wheel {asset['name']} from {repo} {w['tag']} (sha256 {asset['sha256'][:12]}…)")
+        say(f"release wheel {asset['name']} from {repo} {w['tag']} (sha256 {asset['sha256'][:12]}…)")
     return added
 
 
-def verify_env(store: Store, plan: BuildPlan, env_dir: Path, deadline: Deadline, progress) -> None:
+def verify_env(store: Store, plan: BuildPlan, env_dir: Path, deadline: Deadline) -> None:
     """Run the recipe's verify command, then the GPU check, in the (already frozen) environment."""
     fields = plan.fields
     env = uvmod.clean_env(VIRTUAL_ENV=str(env_dir), TMPDIR=str(store.layout.tmp))
@@ -387,28 +380,28 @@ def verify_env(store: Store, plan: BuildPlan, env_dir: Path, deadline: Deadline,
         argv = list(command)
         if (env_dir / "bin" / argv[0]).exists():
             argv[0] = str(env_dir / "bin" / argv[0])
-        progress(f"verifying: {' '.join(command)}")
+        say(f"verifying: {' '.join(command)}")
         uvmod.run(argv, what=f"verify command `{' '.join(command)}`", env=env, log_dir=store.layout.logs,
-                  cwd=store.layout.tmp, timeout=deadline.remaining(), show=progress)
+                  cwd=store.layout.tmp, timeout=deadline.remaining(), show=say)
     if fields.get("gpu_check"):
-        _gpu_probe(store, env_dir, env, deadline, progress)
+        _gpu_probe(store, env_dir, env, deadline)
 
 
-def _gpu_probe(store: Store, env_dir: Path, env: dict[str, str], deadline: Deadline, progress) -> None:
+def _gpu_probe(store: Store, env_dir: Path, env: dict[str, str], deadline: Deadline) -> None:
     """Where an NVIDIA driver is present, torch in the new environment must see the GPU and run a
     kernel on it; the seed's hint is added when the build has no kernels for the card."""
     from llmgw_store.build import gpu
 
     host = gpu.probe_host()
     if host.driver is None:
-        progress("no NVIDIA driver on this host: GPU check skipped")
+        say("no NVIDIA driver on this host: GPU check skipped")
         return
-    progress(f"GPU check ({host.driver}; {', '.join(f'{g.name} sm {g.capability:g}' for g in host.gpus) or 'no GPU listed'})")
+    say(f"GPU check ({host.driver}; {', '.join(f'{g.name} sm {g.capability:g}' for g in host.gpus) or 'no GPU listed'})")
     try:
         out = uvmod.run([env_dir / "bin" / "python", "-c", gpu.PROBE], what="GPU check", env=env,
                         log_dir=store.layout.logs, cwd=store.layout.tmp,
-                        timeout=min(600.0, deadline.remaining()), show=progress)
+                        timeout=min(600.0, deadline.remaining()), show=say)
     except CommandError as exc:
         raise CommandError(f"GPU check failed{gpu.kernel_hint(exc.output_tail, host)}", output_tail=exc.output_tail,
                            log=exc.log) from None
-    progress(out.strip().splitlines()[-1] if out.strip() else "GPU check passed")
+    say(out.strip().splitlines()[-1] if out.strip() else "GPU check passed")

@@ -16,9 +16,10 @@ import os
 import shutil
 import tarfile
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from llmgw_store.core.errors import IntegrityError, NetworkError, RecipeError, UsageError
+from llmgw_store.core.report import say
 
 GITHUB_API = "https://api.github.com"
 
@@ -27,7 +28,7 @@ def api_base() -> str:
     return os.environ.get("LLMGW_STORE_GITHUB_API", GITHUB_API).rstrip("/")
 
 
-def cached_download(url: str, sha256: str, downloads: Path, progress: Callable[[str], None]) -> Path:
+def cached_download(url: str, sha256: str, downloads: Path) -> Path:
     """The file at `url`, checked against `sha256`, from the download cache when already there."""
     from llmgw_store.build import pypi
     from llmgw_store.core.fsutil import sha256_of
@@ -35,8 +36,8 @@ def cached_download(url: str, sha256: str, downloads: Path, progress: Callable[[
     dest = downloads / f"{sha256[:16]}-{Path(url.split('?')[0]).name or 'download'}"
     if dest.exists() and sha256_of(dest) == sha256.lower():
         return dest
-    progress(f"downloading {url}")
-    return pypi.download(url, dest, sha256, progress=progress)
+    say(f"downloading {url}")
+    return pypi.download(url, dest, sha256)
 
 
 def unpack_source(archive: Path, scratch: Path, top: str | None, recipe_file, where: str) -> Path:

@@ -12,8 +12,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from llmgw_store.core.errors import UsageError
 from llmgw_store.build.recipe import Build, Recipe
+from llmgw_store.core.errors import UsageError
 
 
 @dataclass(frozen=True)

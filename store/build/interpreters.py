@@ -17,12 +17,13 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
+from llmgw_store.build.uv import UvTool, clean_env, run
 from llmgw_store.core import defaults
 from llmgw_store.core.errors import CommandError, UsageError
 from llmgw_store.core.index import file_stamp
-from llmgw_store.build.uv import UvTool, clean_env, run
+from llmgw_store.core.report import say
 
 if TYPE_CHECKING:
     from llmgw_store.core.local_store import Store
@@ -43,22 +44,22 @@ class Interpreter:
         return {"request": request, "implementation": self.implementation, "version": self.version}
 
 
-def find(store: "Store", uv: UvTool, request: str, preference: str, progress: Callable[[str], None]) -> Interpreter:
+def find(store: "Store", uv: UvTool, request: str, preference: str) -> Interpreter:
     if preference not in PREFERENCES:
         raise UsageError(f"python preference {preference!r} is not one of {', '.join(PREFERENCES)}")
     ident = f"{request}|{preference}|{uv.version}"
     memo = store.index.tool_info("python", ident)
     if memo and memo["stamp"] == file_stamp(Path(memo["path"])):
         return Interpreter(memo["path"], memo["implementation"], memo["version"], memo["managed"])
-    found = _discover(store, uv, request, preference, progress)
+    found = _discover(store, uv, request, preference)
     store.index.remember_tool("python", ident, {**asdict(found), "stamp": file_stamp(Path(found.path))})
     return found
 
 
-def _discover(store: "Store", uv: UvTool, request: str, preference: str, progress: Callable[[str], None]) -> Interpreter:
+def _discover(store: "Store", uv: UvTool, request: str, preference: str) -> Interpreter:
     path = _uv_find(store, uv, request, preference)
     if path is None and preference in ("only-managed", "managed"):
-        progress(f"installing a managed Python {request} into {store.layout.python_installs}")
+        say(f"installing a managed Python {request} into {store.layout.python_installs}")
         try:
             run([uv.path, "python", "install", request], what=f"uv python install {request}",
                 env=_env(store, downloads="automatic"), log_dir=store.layout.logs, cwd=store.layout.tmp)
@@ -66,7 +67,7 @@ def _discover(store: "Store", uv: UvTool, request: str, preference: str, progres
         except CommandError as exc:
             if preference != "only-managed":
                 raise
-            progress(f"a managed Python {request} cannot be downloaded (see {exc.log}); using a system interpreter")
+            say(f"a managed Python {request} cannot be downloaded (see {exc.log}); using a system interpreter")
             path = _uv_find(store, uv, request, "only-system")
     if path is None:
         raise UsageError(

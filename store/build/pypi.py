@@ -12,10 +12,10 @@ import re
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Callable
 
-from llmgw_store.core.errors import IntegrityError, NetworkError, UsageError
 from llmgw_store.build.recipe import parse_time
+from llmgw_store.core.errors import IntegrityError, NetworkError, UsageError
+from llmgw_store.core.report import say
 
 JSON_ACCEPT = "application/vnd.pypi.simple.v1+json"
 TIMEOUT_S = 60.0
@@ -45,8 +45,7 @@ def _client():
 def project_files(index_url: str, project: str) -> list[IndexFile]:
     """Every file the index lists for `project`, with its version parsed from the file name."""
     import httpx
-    from packaging.utils import (InvalidSdistFilename, InvalidWheelFilename, parse_sdist_filename,
-                                 parse_wheel_filename)
+    from packaging.utils import InvalidSdistFilename, InvalidWheelFilename, parse_sdist_filename, parse_wheel_filename
 
     base = index_url.rstrip("/")
     url = f"{base}/{normalize(project)}/"
@@ -131,7 +130,7 @@ def publication_time(files: list[IndexFile], project: str, version: str) -> date
     return max(times)
 
 
-def download(url: str, dest: Path, sha256: str, progress: Callable[[str], None] | None = None) -> Path:
+def download(url: str, dest: Path, sha256: str) -> Path:
     """Stream `url` to `dest`, checking its sha256. The bytes land under a temporary name and are
     renamed to `dest` only after the digest matched, so `dest` is either absent or verified."""
     import httpx
@@ -150,8 +149,8 @@ def download(url: str, dest: Path, sha256: str, progress: Callable[[str], None] 
                     out.write(chunk)
                     done += len(chunk)
                     # One line per quarter of a large download: readable on a terminal and in a log.
-                    if progress is not None and total > 8 << 20 and done / total >= next_report:
-                        progress(f"  {dest.name}: {done / 1e6:.0f} of {total / 1e6:.0f} MB")
+                    if total > 8 << 20 and done / total >= next_report:
+                        say(f"  {dest.name}: {done / 1e6:.0f} of {total / 1e6:.0f} MB")
                         next_report += 0.25
     except httpx.HTTPError as exc:
         tmp.unlink(missing_ok=True)

@@ -23,11 +23,10 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from llmgw_store.core import defaults
-from llmgw_store.core import locks
-from llmgw_store.core import manifest
+from llmgw_store.core import defaults, locks, manifest
 from llmgw_store.core.fsutil import force_rmtree, freeze
 from llmgw_store.core.index import now_iso, row_from_manifest
+from llmgw_store.core.report import say
 
 if TYPE_CHECKING:
     from llmgw_store.core.local_store import Store
@@ -44,7 +43,6 @@ def realise(
     make: Callable[[Path], dict[str, Any]],
     *,
     verify: Callable[[Path], None] | None = None,
-    progress: Callable[[str], None],
     lock_timeout: float = DEFAULT_LOCK_TIMEOUT_S,
     check: Callable[[], None] | None = None,
     substitute: Callable[[], bool] | None = None,
@@ -67,25 +65,25 @@ def realise(
     # From here until this process exits, gc keeps `name` (and its .partial) whatever else happens.
     TempRoots(layout).add(name)
 
-    with locks.hold(layout.locks, key, f"building {name}", lock_timeout, progress):
+    with locks.hold(layout.locks, key, f"building {name}", lock_timeout):
         # The lock is held: this process alone may create, clear or register this key's paths.
         row = index.path_by_key(key)
         if row is not None and final.is_dir():
             index.touch(name)
             return final, "waited"
         if row is not None:
-            progress(f"{name} is registered but missing on disk; building it again")
+            say(f"{name} is registered but missing on disk; building it again")
             index.forget(name)
         partial = layout.partial_of(name)
         for leftover in (partial, final):
             if os.path.lexists(leftover):
-                progress(f"removing {leftover.name}, left by a build that did not finish")
+                say(f"removing {leftover.name}, left by a build that did not finish")
                 force_rmtree(leftover)
 
         if substitute is not None and substitute():
             return final, "substituted"
         build_id = index.start_build(key, name)
-        doc = _produce(store, key, name, inputs, meta, make, verify, build_id, progress)
+        doc = _produce(store, key, name, inputs, meta, make, verify, build_id)
         try:
             # Same directory, one filesystem: rename(2) is atomic, and the lock keeps anyone else
             # from creating `final` meanwhile.
@@ -100,7 +98,7 @@ def realise(
             # Renamed but not registered: garbage that the next build of this key (or gc) removes.
             index.fail_build(build_id, doc["build_seconds"], f"registration failed: {exc}")
             raise
-        progress(f"built {name} in {doc['build_seconds']:.1f}s ({doc['size'] / 1e6:.1f} MB, {doc['files']} files)")
+        say(f"built {name} in {doc['build_seconds']:.1f}s ({doc['size'] / 1e6:.1f} MB, {doc['files']} files)")
         return final, "built"
 
 
@@ -113,7 +111,6 @@ def replace(
     make: Callable[[Path], dict[str, Any]],
     *,
     verify: Callable[[Path], None] | None,
-    progress: Callable[[str], None],
     lock_timeout: float = DEFAULT_LOCK_TIMEOUT_S,
 ) -> dict[str, Any]:
     """Rebuild a registered path in `.partial` and swap it in for the one in the store (repair),
@@ -124,10 +121,10 @@ def replace(
     layout, index = store.layout, store.index
     final, partial = layout.path_of(name), layout.partial_of(name)
     TempRoots(layout).add(name)
-    with locks.hold(layout.locks, key, f"repairing {name}", lock_timeout, progress):
+    with locks.hold(layout.locks, key, f"repairing {name}", lock_timeout):
         force_rmtree(partial)
         build_id = index.start_build(key, name)
-        doc = _produce(store, key, name, inputs, meta, make, verify, build_id, progress)
+        doc = _produce(store, key, name, inputs, meta, make, verify, build_id)
         try:
             exchange(partial, final)
         except BaseException as exc:
@@ -163,7 +160,7 @@ def exchange(a: Path, b: Path) -> None:
     os.rename(aside, a)
 
 
-def _produce(store: "Store", key, name, inputs, meta, make, verify, build_id: int, progress) -> dict[str, Any]:
+def _produce(store: "Store", key, name, inputs, meta, make, verify, build_id: int) -> dict[str, Any]:
     """Run `make` in a fresh `.partial`, freeze it, verify and hash it, write its manifest. On any
     failure the `.partial` is removed and the build logged as failed."""
     partial = store.layout.partial_of(name)
@@ -177,7 +174,7 @@ def _produce(store: "Store", key, name, inputs, meta, make, verify, build_id: in
         meta_dir = partial / manifest.MANIFEST_DIR
         meta_dir.mkdir(exist_ok=True)
         freeze(partial, keep_writable=meta_dir)
-        entries = _scan_while(verify, partial, progress)
+        entries = _scan_while(verify, partial)
         manifest.write_contents(partial, entries)
         doc = {
             **meta,
@@ -201,11 +198,11 @@ def _produce(store: "Store", key, name, inputs, meta, make, verify, build_id: in
         raise
 
 
-def _scan_while(verify: Callable[[Path], None] | None, tree: Path, progress) -> list:
+def _scan_while(verify: Callable[[Path], None] | None, tree: Path) -> list:
     """Hash `tree` in a thread while `verify` runs (a subprocess, mostly waiting): the two overlap."""
     from concurrent.futures import ThreadPoolExecutor
 
-    progress("hashing the tree" + (" while verifying" if verify else ""))
+    say("hashing the tree" + (" while verifying" if verify else ""))
     with ThreadPoolExecutor(max_workers=1) as pool:
         hashed = pool.submit(manifest.scan, tree)
         if verify is not None:

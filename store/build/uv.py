@@ -23,6 +23,7 @@ from llmgw_store.core.errors import CommandError, IntegrityError, UsageError
 from llmgw_store.core.host import platform_facts
 from llmgw_store.core.index import file_stamp
 from llmgw_store.core.keys import SCHEMA_VERSION, path_name, store_key
+from llmgw_store.core.report import say
 
 if TYPE_CHECKING:
     from llmgw_store.core.local_store import Store
@@ -101,7 +102,7 @@ def version_of(binary: Path, log_dir: Path) -> str:
     return m.group(1)
 
 
-def resolve(store: "Store", uv_path: str | Path | None, index_url: str, progress: Callable[[str], None]) -> UvTool:
+def resolve(store: "Store", uv_path: str | Path | None, index_url: str) -> UvTool:
     """The uv to build with: `uv_path` if given (its version memoised by inode, size and mtime), else
     the store's own pinned uv, installed on first use."""
     if uv_path is not None:
@@ -115,10 +116,10 @@ def resolve(store: "Store", uv_path: str | Path | None, index_url: str, progress
         version = version_of(path, store.layout.logs)
         store.index.remember_tool("uv", str(path), {"stamp": stamp, "version": version})
         return UvTool(path, version)
-    return _pinned(store, index_url, progress)
+    return _pinned(store, index_url)
 
 
-def _pinned(store: "Store", index_url: str, progress: Callable[[str], None]) -> UvTool:
+def _pinned(store: "Store", index_url: str) -> UvTool:
     from llmgw_store.build.realise import realise
 
     inputs = {"schema": SCHEMA_VERSION, "tool": "uv", "version": UV_VERSION, "platform": platform_facts()}
@@ -126,14 +127,14 @@ def _pinned(store: "Store", index_url: str, progress: Callable[[str], None]) -> 
     name = path_name(key, "uv", UV_VERSION, "bin")
 
     def make(partial: Path) -> dict:
-        return _install_wheel(store, partial, index_url, progress)
+        return _install_wheel(store, partial, index_url)
 
     meta = {"engine": "uv", "version": UV_VERSION, "variant": "bin", "binary": "uv"}
-    path, _ = realise(store, key, name, inputs, meta, make, progress=progress)
+    path, _ = realise(store, key, name, inputs, meta, make)
     return UvTool(path / "bin" / "uv", UV_VERSION)
 
 
-def _install_wheel(store: "Store", partial: Path, index_url: str, progress: Callable[[str], None]) -> dict:
+def _install_wheel(store: "Store", partial: Path, index_url: str) -> dict:
     import zipfile
 
     from packaging.tags import sys_tags
@@ -142,7 +143,7 @@ def _install_wheel(store: "Store", partial: Path, index_url: str, progress: Call
     from llmgw_store.build import pypi
     from llmgw_store.core.fsutil import sha256_of
 
-    progress(f"installing uv {UV_VERSION} from its wheel on {index_url}")
+    say(f"installing uv {UV_VERSION} from its wheel on {index_url}")
     try:
         listed = pypi.project_files(index_url, "uv")
     except UsageError:

@@ -17,7 +17,7 @@ import os
 import tarfile
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from llmgw_store.cache.backends import backend_for
 from llmgw_store.cache.signing import check_signature, trusted_keys
@@ -27,11 +27,8 @@ from llmgw_store.core.fsutil import force_rmtree, sha256_of
 from llmgw_store.core.index import row_from_manifest
 from llmgw_store.core.keys import KEY_RE
 from llmgw_store.core.local_store import Store
+from llmgw_store.core.report import say
 from llmgw_store.core.temproots import TempRoots
-
-
-def _quiet(_: str) -> None:
-    pass
 
 
 def _find_meta(backends, target: str) -> tuple[Any, dict[str, Any]]:
@@ -123,8 +120,7 @@ def _extract(archive: Path, dest: Path) -> None:
         raise IntegrityError(f"{archive.name}: tar failed: {err.strip()[-300:]}")
 
 
-def fetch_into_store(store: Store, backend, meta: dict[str, Any], trusted: dict[str, bytes],
-                     progress: Callable[[str], None]) -> Path:
+def fetch_into_store(store: Store, backend, meta: dict[str, Any], trusted: dict[str, bytes]) -> Path:
     """Download, check and register one object. Caller holds the key's lock (or is pull)."""
     signer = check_signature(meta, trusted)
     name, key = meta["name"], meta["key"]
@@ -162,12 +158,11 @@ def fetch_into_store(store: Store, backend, meta: dict[str, Any], trusted: dict[
     refs = doc.get("references")
     store.index.register(row_from_manifest(doc), build_id, round(time.monotonic() - started, 3),
                          refs if refs is not None else manifest.references_of(final, layout.store), outcome="substituted")
-    progress(f"substituted {name} from the cache (signed by {signer}) in {time.monotonic() - started:.1f}s")
+    say(f"substituted {name} from the cache (signed by {signer}) in {time.monotonic() - started:.1f}s")
     return final
 
 
-def pull(target: str, from_: list[str], trusted: list[str], *, root: str | Path | None = None,
-         progress: Callable[[str], None] = _quiet) -> dict[str, Any]:
+def pull(target: str, from_: list[str], trusted: list[str], *, root: str | Path | None = None) -> dict[str, Any]:
     backends = [backend_for(u) for u in from_]
     keys = trusted_keys(trusted)
     pulled, present = [], []
@@ -182,11 +177,11 @@ def pull(target: str, from_: list[str], trusted: list[str], *, root: str | Path 
                 present.append(name)
                 return
             TempRoots(store.layout).add(name)
-            with locks.hold(store.layout.locks, meta["key"], f"pulling {name}", 3600, progress):
+            with locks.hold(store.layout.locks, meta["key"], f"pulling {name}", 3600):
                 if store.index.path_by_key(meta["key"]) and store.layout.path_of(name).is_dir():
                     present.append(name)
                     return
-                fetch_into_store(store, backend, meta, keys, progress)
+                fetch_into_store(store, backend, meta, keys)
                 pulled.append(name)
 
         one(target)
@@ -202,15 +197,15 @@ class CacheSubstituter:
     def __init__(self, urls: list[str] | tuple[str, ...], trusted: list[str] | tuple[str, ...]):
         self.urls, self.keys = tuple(urls), trusted_keys(trusted)
 
-    def substitute(self, store: Store, key: str, name: str, progress: Callable[[str], None]) -> bool:
+    def substitute(self, store: Store, key: str, name: str) -> bool:
         for url in self.urls:
             try:
                 backend = backend_for(url)
                 data = backend.get(f"{key}.json")
                 if data is None:
                     continue
-                fetch_into_store(store, backend, json.loads(data), self.keys, progress)
+                fetch_into_store(store, backend, json.loads(data), self.keys)
                 return True
             except (StoreError, ValueError) as exc:
-                progress(f"cache {url}: {exc}; building instead")
+                say(f"cache {url}: {exc}; building instead")
         return False

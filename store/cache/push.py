@@ -14,7 +14,7 @@ import os
 import tarfile
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from llmgw_store.cache.backends import backend_for
 from llmgw_store.cache.signing import sign
@@ -22,12 +22,9 @@ from llmgw_store.core.errors import NotFoundError
 from llmgw_store.core.fsutil import sha256_of
 from llmgw_store.core.keys import canonical_json
 from llmgw_store.core.local_store import Store
+from llmgw_store.core.report import say
 
 ZSTD_LEVEL = 3
-
-
-def _quiet(_: str) -> None:
-    pass
 
 
 def _archive(tree: Path, name: str, out: Path) -> None:
@@ -39,8 +36,7 @@ def _archive(tree: Path, name: str, out: Path) -> None:
             tf.add(tree, arcname=name)
 
 
-def push(names: list[str], to: str, secret_key: str, *, root: str | Path | None = None,
-         progress: Callable[[str], None] = _quiet) -> dict[str, Any]:
+def push(names: list[str], to: str, secret_key: str, *, root: str | Path | None = None) -> dict[str, Any]:
     """Push the registered store paths `names` and their references (recorded at registration),
     references first. (`llmgw_store.api.push` turns PROFILE, PROFILE@N, keys and paths into names.)"""
     backend = backend_for(to)
@@ -71,7 +67,7 @@ def push(names: list[str], to: str, secret_key: str, *, root: str | Path | None 
                 backend.put(f"{key}.json", canonical_json(meta))  # last: the object now exists
             finally:
                 tmp.unlink(missing_ok=True)
-            progress(f"pushed {name} ({meta['archive_size'] / 1e6:.1f} MB compressed from {row['size'] / 1e6:.1f} MB "
+            say(f"pushed {name} ({meta['archive_size'] / 1e6:.1f} MB compressed from {row['size'] / 1e6:.1f} MB "
                      f"in {time.monotonic() - started:.1f}s)")
             pushed.append(name)
     return {"pushed": pushed, "already_there": skipped, "to": to}

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from llmgw_store.core.errors import LockTimeout
+from llmgw_store.core.report import say
 
 POLL_S = 0.02
 LOCK_MODE = 0o600
@@ -77,7 +78,7 @@ def _owner_text(path: Path) -> str:
 
 
 @contextmanager
-def hold(lock_dir: Path, name: str, what: str, timeout: float, progress: Callable[[str], None]) -> Iterator[bool]:
+def hold(lock_dir: Path, name: str, what: str, timeout: float) -> Iterator[bool]:
     """Hold the exclusive lock `name` with an owner note; yields True when it had to wait for
     another holder first. Raises LockTimeout after `timeout` seconds of waiting."""
     import fcntl
@@ -94,7 +95,7 @@ def hold(lock_dir: Path, name: str, what: str, timeout: float, progress: Callabl
             note_deadline = time.monotonic() + min(1.0, timeout)
             while not owner.exists() and time.monotonic() < note_deadline:
                 time.sleep(POLL_S)
-            progress(f"waiting for {_owner_text(owner)} to finish {what}")
+            say(f"waiting for {_owner_text(owner)} to finish {what}")
             deadline = time.monotonic() + timeout
             while True:
                 try:

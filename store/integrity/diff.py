@@ -12,6 +12,7 @@ from llmgw_store.core.manifest import MANIFEST_DIR
 from llmgw_store.core.results import Result
 from llmgw_store.roots.resolve import reference
 
+
 @dataclass(frozen=True)
 class Diff(Result):
     a: dict[str, str | int]  # name, size

@@ -11,20 +11,17 @@ import os
 import re
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from llmgw_store.core import manifest
 from llmgw_store.core.errors import LockTimeout
 from llmgw_store.core.index import Index, fold_wal, row_from_manifest
 from llmgw_store.core.layout import Layout
 from llmgw_store.core.local_store import Store
+from llmgw_store.core.report import say
 from llmgw_store.core.temproots import gc_lock, read_all
 
 HISTORY_TABLES = ("builds", "switches", "releases", "latest", "tools", "generations")
-
-
-def _quiet(_: str) -> None:
-    pass
 
 
 def _store_dirs(layout: Layout) -> list[str]:
@@ -67,8 +64,7 @@ def check(store: Store) -> dict[str, list[str]]:
     }
 
 
-def doctor(*, root: str | Path | None = None, rebuild_index: bool = False,
-           progress: Callable[[str], None] = _quiet) -> dict[str, Any]:
+def doctor(*, root: str | Path | None = None, rebuild_index: bool = False) -> dict[str, Any]:
     with Store.open(root) as store:
         if not rebuild_index:
             found = check(store)
@@ -82,7 +78,7 @@ def doctor(*, root: str | Path | None = None, rebuild_index: bool = False,
                 raise LockTimeout(f"{len(live)} build(s) or activation(s) are in flight; rebuild the index when they are done")
             store.index.close()
             backup = _move_aside(layout.db)
-            report = _rebuild(layout, backup, progress)
+            report = _rebuild(layout, backup)
             store.index = Index(layout.db)
         report["backup"] = str(backup)
         return report
@@ -99,7 +95,7 @@ def _move_aside(db: Path) -> Path:
     return backup
 
 
-def _rebuild(layout: Layout, backup: Path, progress) -> dict[str, Any]:
+def _rebuild(layout: Layout, backup: Path) -> dict[str, Any]:
     index = Index(layout.db, layout.store)
     registered, skipped = [], []
     for name in _store_dirs(layout):
@@ -111,7 +107,7 @@ def _rebuild(layout: Layout, backup: Path, progress) -> dict[str, Any]:
             ok = False
         if not ok:
             skipped.append(name)
-            progress(f"{name}: no consistent manifest; left unregistered (gc will remove it)")
+            say(f"{name}: no consistent manifest; left unregistered (gc will remove it)")
             continue
         refs = doc.get("references")
         index.insert_path(row_from_manifest(doc), refs if refs is not None else manifest.references_of(env, layout.store))
@@ -126,6 +122,6 @@ def _rebuild(layout: Layout, backup: Path, progress) -> dict[str, Any]:
     for pin, target in pins.items():
         index.record_pin(pin, target)
     index.close()
-    progress(f"index rebuilt: {len(registered)} path(s), {len(gens)} generation(s), {len(pins)} pin(s)")
+    say(f"index rebuilt: {len(registered)} path(s), {len(gens)} generation(s), {len(pins)} pin(s)")
     return {"registered": registered, "skipped": skipped, "generations": len(gens), "pins": len(pins),
             "history_copied": copied}

@@ -21,18 +21,13 @@ import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from llmgw_store.core import manifest
 from llmgw_store.core.fsutil import WRITE_BITS
 from llmgw_store.core.local_store import Store
+from llmgw_store.core.report import say
 from llmgw_store.core.results import Result
 from llmgw_store.core.temproots import gc_lock
-
-
-
-def _quiet(_: str) -> None:
-    pass
 
 
 @dataclass(frozen=True)
@@ -43,8 +38,7 @@ class OptimiseReport(Result):
     dry_run: bool
 
 
-def optimise(*, root: str | Path | None = None, dry_run: bool = False,
-             progress: Callable[[str], None] = _quiet) -> OptimiseReport:
+def optimise(*, root: str | Path | None = None, dry_run: bool = False) -> OptimiseReport:
     with Store.open(root) as store:
         pool = store.layout.links_pool
         pool.mkdir(exist_ok=True)
@@ -67,7 +61,7 @@ def optimise(*, root: str | Path | None = None, dry_run: bool = False,
                     n_linked += done
                     n_saved += freed
                 if n_linked:
-                    progress(f"{row['name']}: {n_linked} file(s) {'would be ' if dry_run else ''}linked, "
+                    say(f"{row['name']}: {n_linked} file(s) {'would be ' if dry_run else ''}linked, "
                              f"{n_saved / 1e6:.1f} MB {'would be ' if dry_run else ''}freed")
                 linked += n_linked
                 saved += n_saved

@@ -4,8 +4,8 @@ Prometheus textfile, written atomically so the collector never reads half a file
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from dataclasses import dataclass
+from pathlib import Path
 
 from llmgw_store.core.fsutil import free_bytes, walk_files
 from llmgw_store.core.local_store import Store

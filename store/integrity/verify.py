@@ -18,18 +18,15 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from llmgw_store.core import manifest
 from llmgw_store.core.errors import NotFoundError, UsageError
 from llmgw_store.core.fsutil import force_rmtree
 from llmgw_store.core.local_store import Store
+from llmgw_store.core.report import say
 from llmgw_store.core.results import Result
 from llmgw_store.roots.resolve import registered
-
-
-def _quiet(_: str) -> None:
-    pass
 
 
 @dataclass(frozen=True)
@@ -83,7 +80,6 @@ def verify(
     repair: bool = False,
     uv: str | Path | None = None,
     python_preference: str | None = None,
-    progress: Callable[[str], None] = _quiet,
 ) -> VerifyReport:
     # Without --repair verify only looks: the store is opened read-only.
     with Store.open(root, readonly=not repair) as store:
@@ -91,18 +87,17 @@ def verify(
         results = []
         for row in rows:
             r = check_path(store, row)
-            progress(f"{row['name']}: {'ok' if r['ok'] else 'DAMAGED'}")
+            say(f"{row['name']}: {'ok' if r['ok'] else 'DAMAGED'}")
             if not r["ok"] and repair:
-                r["repair"] = _repair(store, row, uv, python_preference, progress)
+                r["repair"] = _repair(store, row, uv, python_preference)
                 r["ok_after_repair"] = check_path(store, store.index.path_by_name(row["name"]))["ok"]
             results.append(r)
         damaged = [r["name"] for r in results if not r["ok"] and not r.get("ok_after_repair")]
         return VerifyReport(tuple(results), len(results), tuple(damaged))
 
 
-def _repair(store: Store, row: dict[str, Any], uv_path, python_preference, progress) -> dict[str, Any]:
-    from llmgw_store.build import builder
-    from llmgw_store.build import interpreters
+def _repair(store: Store, row: dict[str, Any], uv_path, python_preference) -> dict[str, Any]:
+    from llmgw_store.build import builder, interpreters
     from llmgw_store.build import uv as uvmod
     from llmgw_store.build.realise import replace
 
@@ -118,12 +113,12 @@ def _repair(store: Store, row: dict[str, Any], uv_path, python_preference, progr
             lock_text = doc["lock"]
     except (OSError, ValueError, KeyError):
         pass
-    progress(f"repairing {name} from its recorded inputs" + (" and lock" if lock_text else " (resolving again)"))
-    uv = uvmod.resolve(store, uv_path, inputs["index_url"], progress)
+    say(f"repairing {name} from its recorded inputs" + (" and lock" if lock_text else " (resolving again)"))
+    uv = uvmod.resolve(store, uv_path, inputs["index_url"])
     if uv.version != inputs["uv"]:
         raise UsageError(f"repairing {name} needs uv {inputs['uv']}, not {uv.version}: pass --uv PATH to a uv {inputs['uv']}")
     want = inputs["python"]
-    interp = interpreters.find(store, uv, want["request"], python_preference or interpreters.DEFAULT_PREFERENCE, progress)
+    interp = interpreters.find(store, uv, want["request"], python_preference or interpreters.DEFAULT_PREFERENCE)
     if (interp.implementation, interp.version) != (want["implementation"], want["version"]):
         raise NotFoundError(f"repairing {name} needs {want['implementation']} {want['version']}; found {interp.implementation} {interp.version}")
     # A private, empty uv cache: the shared one may be damaged like this path; every wheel is
@@ -138,11 +133,10 @@ def _repair(store: Store, row: dict[str, Any], uv_path, python_preference, progr
     deadline = builder.Deadline(plan)
     try:
         new = replace(store, plan.key, name, inputs, plan.meta,
-                      lambda partial: builder.make_env(store, plan, partial, deadline, progress),
-                      verify=lambda tree: builder.verify_env(store, plan, tree, deadline, progress),
-                      progress=progress)
+                      lambda partial: builder.make_env(store, plan, partial, deadline),
+                      verify=lambda tree: builder.verify_env(store, plan, tree, deadline))
     finally:
         force_rmtree(plan.uv_cache)
     identical = new["content_hash"] == row["content_hash"]
-    progress(f"repaired {name}" + (" (byte-identical to what was built)" if identical else " (content hash changed)"))
+    say(f"repaired {name}" + (" (byte-identical to what was built)" if identical else " (content hash changed)"))
     return {"content_hash": new["content_hash"], "identical": identical}

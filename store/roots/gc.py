@@ -23,20 +23,16 @@ import os
 import re
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from llmgw_store.core import debug
-from llmgw_store.core import defaults
+from llmgw_store.core import debug, defaults
 from llmgw_store.core.fsutil import force_rmtree, free_bytes, walk_files
 from llmgw_store.core.layout import Layout
 from llmgw_store.core.local_store import Store
+from llmgw_store.core.report import say
 from llmgw_store.core.temproots import gc_lock, read_all
 
 DEFAULT_LOCK_TIMEOUT_S = defaults.GC_LOCK_TIMEOUT_S
-
-
-def _quiet(_: str) -> None:
-    pass
 
 
 def _du(path: Path) -> int:
@@ -81,8 +77,8 @@ def runtime_roots(layout: Layout) -> dict[str, set[str]]:
 
 def roots(store: Store, excluded_generations: set[tuple[str, int]] = frozenset()) -> dict[str, list[str]]:
     """root description -> store path names it holds directly."""
-    from llmgw_store.roots.pins import list_pins
     from llmgw_store.build.uv import UV_VERSION
+    from llmgw_store.roots.pins import list_pins
 
     layout = store.layout
     out: dict[str, list[str]] = {}
@@ -113,7 +109,6 @@ def collect(
     min_free: int | None = None,
     max_cache: int | None = None,
     lock_timeout: float = DEFAULT_LOCK_TIMEOUT_S,
-    progress: Callable[[str], None] = _quiet,
 ) -> dict[str, Any]:
     started = time.monotonic()
     report: dict[str, Any] = {"dry_run": dry_run, "deleted": [], "generations_deleted": {}, "freed": {}, "kept": {}}
@@ -123,7 +118,7 @@ def collect(
         if min_free is not None:
             free = free_bytes(layout.store)
             if free >= min_free:
-                progress(f"{free / 1e9:.1f} GB free, at least --min-free: nothing to do")
+                say(f"{free / 1e9:.1f} GB free, at least --min-free: nothing to do")
                 report.update(seconds=round(time.monotonic() - started, 3), free_before=free)
                 return report
             budget = min_free - free
@@ -134,7 +129,7 @@ def collect(
 
         excluded: set[tuple[str, int]] = set()
         if delete_older_than is not None or keep is not None:
-            excluded = _prune_generations(store, delete_older_than, keep, dry_run, progress, report)
+            excluded = _prune_generations(store, delete_older_than, keep, dry_run, report)
 
         with gc_lock(layout, shared=False, timeout=lock_timeout):
             # From here until the lock is released no process can add a temp root: the roots read
@@ -150,7 +145,7 @@ def collect(
                 report["freed"]["stale_files"] = len(stale) + _remove_stale_key_locks(layout, live_temp)
             dead = _choose(store, live, budget)
             for item in dead:
-                progress(f"{'would delete' if dry_run else 'deleting'} {item['name']} ({item['size'] / 1e6:.1f} MB, {item['reason']})")
+                say(f"{'would delete' if dry_run else 'deleting'} {item['name']} ({item['size'] / 1e6:.1f} MB, {item['reason']})")
                 if dry_run:
                     continue
                 store.index.forget(item["name"])
@@ -166,7 +161,7 @@ def collect(
             for entry in os.scandir(trash):
                 force_rmtree(Path(entry.path))
             report["freed"]["downloads"] = _prune_downloads(layout)
-        report["freed"]["uv_cache"] = _prune_uv_cache(store, max_cache, dry_run, progress)
+        report["freed"]["uv_cache"] = _prune_uv_cache(store, max_cache, dry_run)
         if not dry_run:
             # After the uv cache: a file the uv cache still links costs nothing. Exclusive again,
             # briefly: optimise links into the pool with the lock shared.
@@ -212,7 +207,7 @@ def _choose(store: Store, live: set[str], budget: int | None) -> list[dict[str, 
     return chosen
 
 
-def _prune_generations(store: Store, older_than, keep, dry_run, progress, report) -> set[tuple[str, int]]:
+def _prune_generations(store: Store, older_than, keep, dry_run, report) -> set[tuple[str, int]]:
     from llmgw_store.roots.profiles import delete_generations_locked, profile_lock
 
     excluded = set()
@@ -221,7 +216,7 @@ def _prune_generations(store: Store, older_than, keep, dry_run, progress, report
             continue
         profile = entry.name
         with profile_lock(store, profile):
-            r = delete_generations_locked(store, profile, None, older_than, keep, dry_run, progress)
+            r = delete_generations_locked(store, profile, None, older_than, keep, dry_run)
         if r.deleted:
             report["generations_deleted"][profile] = list(r.deleted)
             excluded |= {(profile, n) for n in r.deleted}
@@ -278,7 +273,7 @@ def _exclusive_bytes(tree: Path) -> int:
 UV_CACHE_TIMEOUT_S = 120.0
 
 
-def _prune_uv_cache(store: Store, max_cache: int | None, dry_run: bool, progress) -> int:
+def _prune_uv_cache(store: Store, max_cache: int | None, dry_run: bool) -> int:
     """`uv cache prune` (entries nothing references), or `uv cache clean` when what the cache holds
     alone is over `max_cache`. uv takes its own cache lock, so builds in flight are safe; the wait
     for it is bounded and a busy cache is skipped until the next gc."""
@@ -289,7 +284,7 @@ def _prune_uv_cache(store: Store, max_cache: int | None, dry_run: bool, progress
     before = _exclusive_bytes(cache)
     verb = "clean" if max_cache is not None and before > max_cache else "prune"
     if dry_run:
-        progress(f"would run `uv cache {verb}` ({before / 1e6:.1f} MB in the uv cache that no environment shares)")
+        say(f"would run `uv cache {verb}` ({before / 1e6:.1f} MB in the uv cache that no environment shares)")
         return 0
     pinned = [r for r in store.index.paths() if r["engine"] == "uv" and r["version"] == uvmod.UV_VERSION]
     if pinned:
@@ -302,10 +297,10 @@ def _prune_uv_cache(store: Store, max_cache: int | None, dry_run: bool, progress
         uvmod.run([binary, "cache", verb], what=f"uv cache {verb}", log_dir=store.layout.logs, timeout=UV_CACHE_TIMEOUT_S,
                   env=uvmod.clean_env(UV_NO_CONFIG="1", UV_CACHE_DIR=str(cache)), cwd=store.layout.tmp)
     except CommandError as exc:
-        progress(f"left the uv cache alone this time: {exc}")
+        say(f"left the uv cache alone this time: {exc}")
         return 0
     freed = max(0, before - _exclusive_bytes(cache))
-    progress(f"uv cache {verb}: freed {freed / 1e6:.1f} MB")
+    say(f"uv cache {verb}: freed {freed / 1e6:.1f} MB")
     return freed
 
 

@@ -10,8 +10,8 @@ from llmgw_store.core.errors import NotFoundError, UsageError
 from llmgw_store.core.keys import NAME_RE
 from llmgw_store.core.links import symlink_atomically
 from llmgw_store.core.local_store import Store
-from llmgw_store.roots.resolve import registered
 from llmgw_store.core.temproots import TempRoots
+from llmgw_store.roots.resolve import registered
 
 
 def pin(name: str, target: str | Path, *, root: str | Path | None = None) -> dict[str, Any]:

@@ -27,24 +27,20 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from llmgw_store.core import debug
-from llmgw_store.core import locks
+from llmgw_store.core import debug, locks
 from llmgw_store.core.errors import NotFoundError, UsageError
 from llmgw_store.core.layout import Layout
 from llmgw_store.core.links import symlink_atomically
 from llmgw_store.core.local_store import Store
+from llmgw_store.core.report import say
 from llmgw_store.core.results import Result
 from llmgw_store.core.temproots import TempRoots
 from llmgw_store.roots.generations import check_name, current_generation, disk_generations, gen_link, generation_target
 from llmgw_store.roots.resolve import registered
 
 PROFILE_LOCK_TIMEOUT_S = 60.0
-
-
-def _quiet(_: str) -> None:
-    pass
 
 
 @dataclass(frozen=True)
@@ -120,7 +116,6 @@ def activate(
     target: str | Path,
     *,
     root: str | Path | None = None,
-    progress: Callable[[str], None] = _quiet,
 ) -> Switch:
     """Make `target` (a store path, its name or key) the profile's current generation. Activating
     what is already current makes no new generation. (`llmgw_store.api.activate` also takes a
@@ -150,12 +145,11 @@ def activate(
             _switch(store, profile, number)
             store.index.record_generation(profile, number, name, _link_time(gen_link(layout, profile, number)))
             store.index.record_switch(profile, current, number, "activate")
-            progress(f"profile {profile}: generation {number} -> {name}")
+            say(f"profile {profile}: generation {number} -> {name}")
             return Switch(profile, number, current, str(layout.path_of(name)), True)
 
 
-def rollback(profile: str, *, to: int | None = None, root: str | Path | None = None,
-             progress: Callable[[str], None] = _quiet) -> Switch:
+def rollback(profile: str, *, to: int | None = None, root: str | Path | None = None) -> Switch:
     """Switch to generation `to`, or to the newest generation older than the current one."""
     check_name(profile)
     with Store.open(root) as store:
@@ -174,7 +168,7 @@ def rollback(profile: str, *, to: int | None = None, root: str | Path | None = N
             if to != current:
                 _switch(store, profile, to)
                 store.index.record_switch(profile, current, to, "rollback")
-                progress(f"profile {profile}: generation {current} -> {to} ({name})")
+                say(f"profile {profile}: generation {current} -> {to} ({name})")
             return Switch(profile, to, current, str(layout.path_of(name)), to != current)
 
 
@@ -206,17 +200,15 @@ def delete_generations(
     keep: int | None = None,
     dry_run: bool = False,
     root: str | Path | None = None,
-    progress: Callable[[str], None] = _quiet,
 ) -> DeletedGenerations:
     """Delete generation links (never the current one). Store paths are freed by a later gc."""
     check_name(profile)
     with Store.open(root) as store:
         with profile_lock(store, profile):
-            return delete_generations_locked(store, profile, numbers, older_than, keep, dry_run, progress)
+            return delete_generations_locked(store, profile, numbers, older_than, keep, dry_run)
 
 
-def delete_generations_locked(store: Store, profile: str, numbers, older_than, keep, dry_run,
-                              progress) -> DeletedGenerations:
+def delete_generations_locked(store: Store, profile: str, numbers, older_than, keep, dry_run) -> DeletedGenerations:
     layout = store.layout
     current = current_generation(layout, profile)
     gens = disk_generations(layout, profile)
@@ -236,7 +228,7 @@ def delete_generations_locked(store: Store, profile: str, numbers, older_than, k
         newest = sorted(gens, reverse=True)[:keep]
         doomed |= {n for n in gens if n not in newest and n != current}
     for n in sorted(doomed):
-        progress(f"{'would remove' if dry_run else 'removing'} generation {n} of {profile} ({gens[n]})")
+        say(f"{'would remove' if dry_run else 'removing'} generation {n} of {profile} ({gens[n]})")
         if not dry_run:
             os.unlink(gen_link(layout, profile, n))
             store.index.mark_generation_deleted(profile, n)
