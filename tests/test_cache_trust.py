@@ -362,6 +362,48 @@ def test_backends_stop_reading_past_the_cap(cache):
     assert b.download("absent.tar.zst", dest, max_bytes=10) is None and not dest.exists()
 
 
+def test_http_body_without_a_length_stops_at_the_cap():
+    """A server that declares no length (chunked) is read only up to the cap, then refused."""
+    import subprocess
+    import sys
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Endless(BaseHTTPRequestHandler):
+        def log_message(self, *args) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            if not self.path.endswith("/big.json"):
+                self.send_response(404)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            self.send_response(200)
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            chunk = b"0" * 65536
+            try:
+                for _ in range(80):  # 5 MiB
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                self.wfile.write(b"0\r\n\r\n")
+            except OSError:
+                pass  # the reader hung up: what is expected
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Endless)
+    srv.daemon_threads = True
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{srv.server_address[1]}/cache"
+        probe = subprocess.run([sys.executable, "-c", CAPPED_GET, url], capture_output=True, text=True,
+                               timeout=120, check=True)
+        doc = json.loads(probe.stdout)
+        assert "more than 1048576 bytes" in doc["outcome"] and doc["peak"] < 3 * MiB, doc
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
 def test_file_cache_object_that_is_a_link_is_refused(tmp_path):
     secret = tmp_path / "secret"
     secret.write_text("not for the cache")
