@@ -362,14 +362,12 @@ def test_backends_stop_reading_past_the_cap(cache):
     assert b.download("absent.tar.zst", dest, max_bytes=10) is None and not dest.exists()
 
 
-def test_http_body_without_a_length_stops_at_the_cap():
-    """A server that declares no length (chunked) is read only up to the cap, then refused."""
-    import subprocess
-    import sys
+def _serve_once(body_writer, headers: dict[str, str]):
+    """An HTTP server on 127.0.0.1 whose `/cache/big.json` is written by `body_writer(wfile)`."""
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-    class Endless(BaseHTTPRequestHandler):
+    class Handler(BaseHTTPRequestHandler):
         def log_message(self, *args) -> None:
             pass
 
@@ -380,25 +378,56 @@ def test_http_body_without_a_length_stops_at_the_cap():
                 self.end_headers()
                 return
             self.send_response(200)
-            self.send_header("Transfer-Encoding", "chunked")
+            for k, v in headers.items():
+                self.send_header(k, v)
             self.end_headers()
-            chunk = b"0" * 65536
             try:
-                for _ in range(80):  # 5 MiB
-                    self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
-                self.wfile.write(b"0\r\n\r\n")
+                body_writer(self.wfile)
             except OSError:
                 pass  # the reader hung up: what is expected
 
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), Endless)
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     srv.daemon_threads = True
     threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv, f"http://127.0.0.1:{srv.server_address[1]}/cache"
+
+
+def _capped_get(url: str) -> dict:
+    import subprocess
+    import sys
+
+    return json.loads(subprocess.run([sys.executable, "-c", CAPPED_GET, url], capture_output=True, text=True,
+                                     timeout=120, check=True).stdout)
+
+
+def test_http_body_without_a_length_stops_at_the_cap():
+    """A server that declares no length (chunked) is read only up to the cap, then refused."""
+
+    def endless(wfile) -> None:
+        chunk = b"0" * 65536
+        for _ in range(80):  # 5 MiB
+            wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+        wfile.write(b"0\r\n\r\n")
+
+    srv, url = _serve_once(endless, {"Transfer-Encoding": "chunked"})
     try:
-        url = f"http://127.0.0.1:{srv.server_address[1]}/cache"
-        probe = subprocess.run([sys.executable, "-c", CAPPED_GET, url], capture_output=True, text=True,
-                               timeout=120, check=True)
-        doc = json.loads(probe.stdout)
+        doc = _capped_get(url)
         assert "more than 1048576 bytes" in doc["outcome"] and doc["peak"] < 3 * MiB, doc
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def test_http_gzip_bomb_is_not_inflated():
+    """64 MiB of zeros sent gzip-encoded (64 KiB on the wire): taken raw, never inflated."""
+    import gzip
+
+    bomb = gzip.compress(bytes(64 * MiB), compresslevel=9)
+    srv, url = _serve_once(lambda wfile: wfile.write(bomb),
+                           {"Content-Encoding": "gzip", "Content-Length": str(len(bomb))})
+    try:
+        doc = _capped_get(url)
+        assert doc["outcome"] == "read" and doc["peak"] < 3 * MiB, doc
     finally:
         srv.shutdown()
         srv.server_close()

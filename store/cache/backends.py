@@ -160,7 +160,11 @@ class HttpBackend(_Backend):
     def _client(self):
         import httpx
 
-        return httpx.Client(timeout=300, follow_redirects=True, headers={"User-Agent": "llmgw-store"})
+        # Bodies are taken raw (iter_raw), never inflated: httpx would inflate a gzip body a whole
+        # network chunk at a time, before the cap sees it (a gzip bomb). Archives are zstd already
+        # and metadata is small; a server that compresses anyway fails the digest or the parse.
+        return httpx.Client(timeout=300, follow_redirects=True,
+                            headers={"User-Agent": "llmgw-store", "Accept-Encoding": "identity"})
 
     @contextmanager
     def _open(self, name: str):
@@ -175,7 +179,7 @@ class HttpBackend(_Backend):
                 if r.status_code != 200:
                     raise NetworkError(f"GET {url}: HTTP {r.status_code}")
                 length = r.headers.get("content-length", "")
-                yield (int(length) if length.isdigit() else None), _reader(r.iter_bytes())
+                yield (int(length) if length.isdigit() else None), _reader(r.iter_raw())
         except httpx.HTTPError as exc:
             raise NetworkError(f"GET {url}: {exc}") from exc
 
