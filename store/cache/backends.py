@@ -1,34 +1,146 @@
 """Where binary caches live: `file:///dir`, `http(s)://host/prefix` (GET to read, PUT to write) and
-`s3://bucket/prefix` (boto3, optional). Each backend has `get(name, dest=None)` (None when the
-object does not exist) and `put(name, src)`; a write is whole or absent for readers.
+`s3://bucket/prefix` (boto3, optional). Every backend has `get(name, max_bytes=)` (the object in
+memory), `download(name, dest, max_bytes=)` (into a new file; its sha256), both None when the
+object does not exist, and `put(name, src)`; a write is whole or absent for readers.
+
+What a cache serves is hostile until checked: reads stream and stop as soon as an object passes
+`max_bytes` (a declared length past it is refused before the body is read), object names are
+checked before they reach a path or URL, and a `file://` object that is a link or not a regular
+file is refused rather than followed.
 """
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import os
+import re
+import stat
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Callable, Iterator, Optional, Tuple
 
-from llmgw_store.core.errors import NetworkError, UsageError
+from llmgw_store.core.errors import IntegrityError, NetworkError, UsageError
+
+CHUNK = 1 << 20
+OBJECT_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,254}")
+
+# (declared length or None, read(n) -> at most n bytes, b"" at the end), or None when absent.
+Stream = Optional[Tuple[Optional[int], Callable[[int], bytes]]]
 
 
-class FileBackend:
+def _object_name(name: str) -> str:
+    if not OBJECT_NAME_RE.fullmatch(name):
+        raise UsageError(f"{name!r} is not a cache object name")
+    return name
+
+
+def _too_big(where: str, max_bytes: int) -> IntegrityError:
+    return IntegrityError(f"{where}: the cache serves more than {max_bytes} bytes for it; refusing it")
+
+
+class _Backend:
+    def _open(self, name: str):  # -> context manager yielding a Stream
+        raise NotImplementedError
+
+    def where(self, name: str) -> str:
+        raise NotImplementedError
+
+    def _copy(self, name: str, write: Callable[[bytes], object], max_bytes: int | None) -> int | None:
+        """Stream the object into `write`; its length, or None when absent. Reads at most
+        max_bytes + 1 bytes: past the cap it is refused, whatever it holds."""
+        with self._open(_object_name(name)) as stream:
+            if stream is None:
+                return None
+            declared, read = stream
+            if max_bytes is not None and declared is not None and declared > max_bytes:
+                raise _too_big(self.where(name), max_bytes)
+            total = 0
+            while True:
+                want = CHUNK if max_bytes is None else min(CHUNK, max_bytes + 1 - total)
+                chunk = read(want)
+                if not chunk:
+                    return total
+                total += len(chunk)
+                if max_bytes is not None and total > max_bytes:
+                    raise _too_big(self.where(name), max_bytes)
+                write(chunk)
+
+    def get(self, name: str, *, max_bytes: int | None = None) -> bytes | None:
+        buf = bytearray()
+        return None if self._copy(name, buf.extend, max_bytes) is None else bytes(buf)
+
+    def download(self, name: str, dest: Path, *, max_bytes: int) -> str | None:
+        """The object streamed into the new file `dest` (0600, never through a link); its sha256
+        hex digest, computed on the way. Absent or refused: `dest` does not exist afterwards."""
+        digest = hashlib.sha256()
+        fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            with os.fdopen(fd, "wb") as out:
+
+                def write(chunk: bytes) -> None:
+                    digest.update(chunk)
+                    out.write(chunk)
+
+                found = self._copy(name, write, max_bytes)
+        except BaseException:
+            dest.unlink(missing_ok=True)
+            raise
+        if found is None:
+            dest.unlink(missing_ok=True)
+            return None
+        return digest.hexdigest()
+
+
+def _reader(chunks: Iterator[bytes]) -> Callable[[int], bytes]:
+    """read(n) over a stream that delivers chunks of its own size (an HTTP body)."""
+    pending = b""
+
+    def read(n: int) -> bytes:
+        nonlocal pending
+        while not pending:
+            pending = next(chunks, None)
+            if pending is None:
+                pending = b""
+                return b""
+        out, pending = pending[:n], pending[n:]
+        return out
+
+    return read
+
+
+class FileBackend(_Backend):
     def __init__(self, root: Path):
         self.root = root
 
-    def get(self, name: str, dest: Path | None = None) -> bytes | None:
-        p = self.root / name
-        if not p.exists():
-            return None
-        if dest is not None:
-            import shutil
+    def where(self, name: str) -> str:
+        return str(self.root / name)
 
-            shutil.copyfile(p, dest)
-            return b""
-        return p.read_bytes()
+    @contextmanager
+    def _open(self, name: str):
+        path = self.root / name
+        try:
+            # O_NONBLOCK: a FIFO planted in the cache must not hang the open; O_NOFOLLOW: a link
+            # planted there must not make this process (root) read a file of its choosing.
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except FileNotFoundError:
+            yield None
+            return
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise IntegrityError(f"{path}: is not a regular file (a link); refusing it") from None
+            raise NetworkError(f"{path}: {exc.strerror}") from None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise IntegrityError(f"{path}: is not a regular file; refusing it")
+            yield st.st_size, lambda n: os.read(fd, n)
+        finally:
+            os.close(fd)
 
     def put(self, name: str, src: Path | bytes) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
-        tmp = self.root / f".{name}.{os.getpid()}.tmp"
+        tmp = self.root / f".{_object_name(name)}.{os.getpid()}.tmp"
         if isinstance(src, bytes):
             tmp.write_bytes(src)
         else:
@@ -38,38 +150,43 @@ class FileBackend:
         os.replace(tmp, self.root / name)  # readers see the whole object or none
 
 
-class HttpBackend:
+class HttpBackend(_Backend):
     def __init__(self, base: str):
         self.base = base.rstrip("/")
+
+    def where(self, name: str) -> str:
+        return f"{self.base}/{name}"
 
     def _client(self):
         import httpx
 
-        return httpx.Client(timeout=300, follow_redirects=True, headers={"User-Agent": "llmgw-store"})
+        # Bodies are taken raw (iter_raw), never inflated: httpx would inflate a gzip body a whole
+        # network chunk at a time, before the cap sees it (a gzip bomb). Archives are zstd already
+        # and metadata is small; a server that compresses anyway fails the digest or the parse.
+        return httpx.Client(timeout=300, follow_redirects=True,
+                            headers={"User-Agent": "llmgw-store", "Accept-Encoding": "identity"})
 
-    def get(self, name: str, dest: Path | None = None) -> bytes | None:
+    @contextmanager
+    def _open(self, name: str):
         import httpx
 
-        url = f"{self.base}/{name}"
+        url = self.where(name)
         try:
             with self._client() as c, c.stream("GET", url) as r:
                 if r.status_code == 404:
-                    return None
+                    yield None
+                    return
                 if r.status_code != 200:
                     raise NetworkError(f"GET {url}: HTTP {r.status_code}")
-                if dest is None:
-                    return r.read()
-                with open(dest, "wb") as out:
-                    for chunk in r.iter_bytes(1 << 20):
-                        out.write(chunk)
-                return b""
+                length = r.headers.get("content-length", "")
+                yield (int(length) if length.isdigit() else None), _reader(r.iter_raw())
         except httpx.HTTPError as exc:
             raise NetworkError(f"GET {url}: {exc}") from exc
 
     def put(self, name: str, src: Path | bytes) -> None:
         import httpx
 
-        url = f"{self.base}/{name}"
+        url = self.where(_object_name(name))
         try:
             with self._client() as c:
                 if isinstance(src, bytes):
@@ -83,7 +200,7 @@ class HttpBackend:
             raise NetworkError(f"PUT {url}: HTTP {r.status_code} (does the server accept writes?)")
 
 
-class S3Backend:
+class S3Backend(_Backend):
     """S3-compatible object storage through boto3 (`pip install 'llmgw-store[s3]'`). Credentials and
     region come from boto3's usual places; `LLMGW_STORE_S3_ENDPOINT` (or AWS_ENDPOINT_URL) names a
     non-AWS endpoint (MinIO, Ceph, a test server)."""
@@ -103,31 +220,41 @@ class S3Backend:
     def _key(self, name: str) -> str:
         return f"{self.prefix}/{name}" if self.prefix else name
 
-    def get(self, name: str, dest: Path | None = None) -> bytes | None:
+    def where(self, name: str) -> str:
+        return f"s3://{self.bucket}/{self._key(name)}"
+
+    @contextmanager
+    def _open(self, name: str):
         from botocore.exceptions import BotoCoreError, ClientError
 
         try:
-            if dest is not None:
-                self.client.download_file(self.bucket, self._key(name), str(dest))
-                return b""
-            return self.client.get_object(Bucket=self.bucket, Key=self._key(name))["Body"].read()
+            resp = self.client.get_object(Bucket=self.bucket, Key=self._key(name))
         except ClientError as exc:
             if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
-                return None
-            raise NetworkError(f"s3://{self.bucket}/{self._key(name)}: {exc}") from exc
+                yield None
+                return
+            raise NetworkError(f"{self.where(name)}: {exc}") from exc
         except BotoCoreError as exc:
-            raise NetworkError(f"s3://{self.bucket}/{self._key(name)}: {exc}") from exc
+            raise NetworkError(f"{self.where(name)}: {exc}") from exc
+        body = resp["Body"]
+        try:
+            length = resp.get("ContentLength")
+            yield (length if isinstance(length, int) else None), body.read
+        except BotoCoreError as exc:
+            raise NetworkError(f"{self.where(name)}: {exc}") from exc
+        finally:
+            body.close()
 
     def put(self, name: str, src: Path | bytes) -> None:
         from botocore.exceptions import BotoCoreError, ClientError
 
         try:
             if isinstance(src, bytes):
-                self.client.put_object(Bucket=self.bucket, Key=self._key(name), Body=src)
+                self.client.put_object(Bucket=self.bucket, Key=self._key(_object_name(name)), Body=src)
             else:
-                self.client.upload_file(str(src), self.bucket, self._key(name))
+                self.client.upload_file(str(src), self.bucket, self._key(_object_name(name)))
         except (ClientError, BotoCoreError) as exc:
-            raise NetworkError(f"s3://{self.bucket}/{self._key(name)}: {exc}") from exc
+            raise NetworkError(f"{self.where(name)}: {exc}") from exc
 
 
 def backend_for(url: str):

@@ -1,10 +1,20 @@
 """Pull: fetch a signed store path (and what it references) from binary caches into this store.
 
-Trust: a puller accepts an object only if one of its trusted public keys signed the metadata, the
-archive's sha256 matches the metadata, and the unpacked tree's content hash matches the metadata;
-then it registers the path like a build would (frozen, renamed into place, one transaction). A
-compromised cache can withhold objects or serve stale ones it once had signed; it cannot make a
-node install bytes no trusted key signed.
+Trust: everything a cache serves is hostile until checked, and is checked in this order before any
+of it is used (to name a lock, a file, a path, or to print):
+1. the metadata is at most METADATA_MAX_BYTES (the read stops there) and parses to the one shape
+   push writes (`_shape`);
+2. a trusted key signed it (`check_signature`);
+3. it is bound to what was asked: the signed key equals the key requested, the signed name is a
+   store path name of that key (and the name requested, if one was), references are store path
+   names, the archive is `<key>.tar.zst`, digests are hex, sizes are sane (`_bound`).
+Only a `Meta` — the result of all three — reaches the code that takes locks or writes. The archive
+is then read at most up to its signed size with its sha256 computed on the way and compared before
+anything is unpacked; unpacking stops past the signed size (plus headers); the unpacked tree's
+content hash must match before it is renamed into store/ and registered (one transaction).
+References are walked iteratively (a visited set, a cap on objects, cycles refused), each asked by
+the key its name carries. A compromised cache can withhold objects or serve stale ones a trusted
+key once signed for the same key; it cannot make a node install bytes no trusted key signed.
 
 `CacheSubstituter` is what `build --substituter` asks before building (the build layer's
 `Substituter` interface).
@@ -14,35 +24,173 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tarfile
 import time
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from llmgw_store.cache.backends import backend_for
-from llmgw_store.cache.signing import check_signature, trusted_keys
+from llmgw_store.cache.signing import METADATA_MAX_BYTES, check_signature, trusted_keys
 from llmgw_store.core import locks, manifest
 from llmgw_store.core.errors import IntegrityError, NotFoundError, StoreError, UsageError
-from llmgw_store.core.fsutil import force_rmtree, sha256_of
+from llmgw_store.core.fsutil import force_rmtree
 from llmgw_store.core.index import row_from_manifest
-from llmgw_store.core.keys import KEY_RE
+from llmgw_store.core.keys import KEY_RE, is_store_name, key_of_name
 from llmgw_store.core.local_store import Store
 from llmgw_store.core.report import say
 from llmgw_store.core.temproots import TempRoots
 
+MAX_REFERENCES = 64  # of one object
+MAX_OBJECTS = 256  # in one pull's closure
+MAX_BYTES = 1 << 42  # 4 TiB: no environment is larger; a larger signed size is a malformed object
+# A tar stream holds the regular files' bytes (the signed `size`) plus, per entry (the signed
+# `files`, and a few the manifest adds), a header, a long name and padding; plus the manifest and
+# contents listing, which `size` leaves out.
+UNPACK_PER_ENTRY = 8 << 10
+UNPACK_MARGIN = 1 << 20
+_HEX64 = re.compile(r"[0-9a-f]{64}")
 
-def _find_meta(backends, target: str) -> tuple[Any, dict[str, Any]]:
-    key = target if KEY_RE.match(target) else Path(target).name[:32]
-    if not KEY_RE.match(key):
-        raise UsageError(f"{target!r} is neither a store key nor a store path name")
+# field -> type, as push writes them; `inputs` and `compression` are optional.
+_FIELDS = {"name": str, "key": str, "content_hash": str, "archive": str, "archive_sha256": str,
+           "archive_size": int, "size": int, "files": int, "references": list, "signatures": list}
+_OPTIONAL = {"inputs": dict, "compression": str}
+
+
+@dataclass(frozen=True)
+class Meta:
+    """A cache object's metadata after every check: signed by `signer`, for `key`, bounded."""
+
+    key: str
+    name: str
+    content_hash: str
+    archive: str
+    archive_sha256: str
+    archive_size: int
+    size: int
+    files: int
+    references: tuple[str, ...]
+    signer: str
+
+
+def _parse(data: bytes, label: str) -> Any:
+    try:
+        doc = json.loads(data)
+        json.dumps(doc)  # what parses must also re-encode (for the signature) without recursing out
+        return doc
+    except (ValueError, RecursionError) as exc:
+        raise IntegrityError(f"{label}: not valid JSON ({type(exc).__name__}); refusing it") from None
+
+
+def _shape(doc: Any, label: str) -> dict[str, Any]:
+    if not isinstance(doc, dict):
+        raise IntegrityError(f"{label}: the metadata is not a JSON object; refusing it")
+    for fields, required in ((_FIELDS, True), (_OPTIONAL, False)):
+        for field, typ in fields.items():
+            if field not in doc and not required:
+                continue
+            value = doc.get(field)
+            if not isinstance(value, typ) or isinstance(value, bool):
+                raise IntegrityError(f"{label}: metadata field {field!r} is missing or not a {typ.__name__}; "
+                                     "refusing it")
+    return doc
+
+
+def _bound(doc: dict[str, Any], key: str, name: str | None, signer: str, label: str) -> Meta:
+    """Bind signed metadata to what was asked and check every value before it is used."""
+
+    def refuse(problem: str) -> IntegrityError:
+        return IntegrityError(f"{label}: {problem}; refusing it")
+
+    if doc["key"] != key:
+        raise refuse("it is signed for another key")
+    if not is_store_name(doc["name"]) or key_of_name(doc["name"]) != key:
+        raise refuse("its signed name is not a store path name of that key")
+    if name is not None and doc["name"] != name:
+        raise refuse(f"it is signed for {doc['name']}, not {name}")
+    refs = doc["references"]
+    if len(refs) > MAX_REFERENCES or not all(is_store_name(r) for r in refs):
+        raise refuse(f"its references are not a list of at most {MAX_REFERENCES} store path names")
+    if doc["archive"] != f"{key}.tar.zst":
+        raise refuse(f"its archive is not {key}.tar.zst")
+    if not _HEX64.fullmatch(doc["archive_sha256"]) or not _HEX64.fullmatch(doc["content_hash"]):
+        raise refuse("its digests are not 64 hex digits")
+    if doc.get("compression", "zstd") != "zstd":
+        raise refuse("its archive is not zstd-compressed")
+    if not all(0 <= doc[f] <= MAX_BYTES for f in ("archive_size", "size", "files")):
+        raise refuse(f"its sizes are not between 0 and {MAX_BYTES}")
+    return Meta(key=key, name=doc["name"], content_hash=doc["content_hash"], archive=doc["archive"],
+                archive_sha256=doc["archive_sha256"], archive_size=doc["archive_size"], size=doc["size"],
+                files=doc["files"], references=tuple(refs), signer=signer)
+
+
+def fetch_meta(backend, key: str, trusted: dict[str, bytes], name: str | None = None) -> Meta | None:
+    """The checked metadata of `key` (and `name`, when asked by name) in `backend`; None when the
+    cache does not have it; IntegrityError when it has something that fails a check."""
+    label = f"{key}.json"
+    data = backend.get(label, max_bytes=METADATA_MAX_BYTES)
+    if data is None:
+        return None
+    doc = _shape(_parse(data, label), label)
+    return _bound(doc, key, name, check_signature(doc, trusted, label), label)
+
+
+def _find_meta(backends, key: str, trusted: dict[str, bytes], name: str | None) -> tuple[Any, Meta]:
     for b in backends:
-        data = b.get(f"{key}.json")
-        if data is not None:
-            try:
-                return b, json.loads(data)
-            except ValueError as exc:
-                raise IntegrityError(f"{key}.json is not valid JSON: {exc}") from None
+        meta = fetch_meta(b, key, trusted, name)
+        if meta is not None:
+            return b, meta
     raise NotFoundError(f"no cache has {key}")
+
+
+def _target(target: str) -> tuple[str, str | None]:
+    """(key, store path name or None) of what the user asked for: a key, a name or a store path."""
+    if KEY_RE.match(target):
+        return target, None
+    name = Path(target).name
+    if not is_store_name(name):
+        raise UsageError(f"{target!r} is neither a store key nor a store path name")
+    return name[:32], name
+
+
+def _closure(backends, key: str, name: str | None, trusted: dict[str, bytes]) -> list[tuple[Any, Meta]]:
+    """The checked object of `key` and every object it references, references before referrers.
+    Iterative depth-first walk: a reference back to an object still on the walk's path is a cycle,
+    which no registration can make (a path is registered after its references); refused."""
+    found: dict[str, tuple[Any, Meta]] = {}
+    order: list[str] = []
+    on_path: set[str] = set()
+
+    def visit(k: str, n: str | None):
+        if len(found) >= MAX_OBJECTS:
+            raise IntegrityError(f"{key}: references more than {MAX_OBJECTS} objects; refusing it")
+        found[k] = _find_meta(backends, k, trusted, n)
+        on_path.add(k)
+        return iter(found[k][1].references)
+
+    stack = [(key, visit(key, name))]
+    while stack:
+        k, refs = stack[-1]
+        ref = next(refs, None)
+        if ref is None:
+            stack.pop()
+            on_path.discard(k)
+            order.append(k)
+            continue
+        ref_key = key_of_name(ref)
+        if ref == found[k][1].name:
+            continue
+        if ref_key in on_path:
+            raise IntegrityError(f"{found[k][1].name}: its references make a cycle through {ref}; refusing it")
+        if ref_key in found:
+            if found[ref_key][1].name != ref:
+                raise IntegrityError(f"{found[k][1].name}: references {ref}, but {ref_key} is "
+                                     f"{found[ref_key][1].name}; refusing it")
+            continue
+        stack.append((ref_key, visit(ref_key, ref)))
+    return [found[k] for k in order]
 
 
 def _check_relocatable(tree: Path, name: str) -> None:
@@ -81,23 +229,52 @@ def _unsafe_member(m: tarfile.TarInfo, name: str, symlinks: set[str]) -> str | N
     return None
 
 
-def _zstd_stream(archive: Path):
+class _Capped:
+    """A decompressed stream that yields at most `limit` bytes: past it the object is refused (a
+    zstd bomb or a tree larger than signed stops here, in both passes)."""
+
+    def __init__(self, raw, limit: int, label: str):
+        self.raw, self.limit, self.label, self.count = raw, limit, label, 0
+
+    def read(self, n: int = -1) -> bytes:
+        data = self.raw.read(n if n is not None and n >= 0 else self.limit + 1 - self.count)
+        self.count += len(data)
+        if self.count > self.limit:
+            raise IntegrityError(f"{self.label}: unpacks to more than {self.limit} bytes, more than its signed size "
+                                 "allows; refusing it")
+        return data
+
+
+def _unpacked_limit(meta: Meta) -> int:
+    return meta.size + UNPACK_MARGIN + UNPACK_PER_ENTRY * (meta.files + 8)
+
+
+@contextmanager
+def _zstd_stream(archive: Path, limit: int, label: str):
     import zstandard
 
-    return zstandard.ZstdDecompressor().stream_reader(open(archive, "rb"), closefd=True)
+    try:
+        with zstandard.ZstdDecompressor().stream_reader(open(archive, "rb"), closefd=True) as zr:
+            yield _Capped(zr, limit, label)
+    except zstandard.ZstdError as exc:
+        raise IntegrityError(f"{label}: not a zstd stream ({exc}); refusing it") from None
 
 
-def _check_members(archive: Path, name: str, label: str) -> None:
+def _check_members(archive: Path, name: str, label: str, limit: int) -> None:
     """Every member is checked before a byte is written (one pass over the headers)."""
     symlinks: set[str] = set()
-    with _zstd_stream(archive) as zr, tarfile.open(fileobj=zr, mode="r|") as tf:
-        for m in tf:
-            problem = _unsafe_member(m, name, symlinks)
-            if problem:
-                raise IntegrityError(f"{label}: member {m.name!r} {problem}; refusing it")
+    with _zstd_stream(archive, limit, label) as zr:
+        try:
+            with tarfile.open(fileobj=zr, mode="r|") as tf:
+                for m in tf:
+                    problem = _unsafe_member(m, name, symlinks)
+                    if problem:
+                        raise IntegrityError(f"{label}: member {m.name!r} {problem}; refusing it")
+        except tarfile.TarError as exc:
+            raise IntegrityError(f"{label}: not a tar stream ({exc}); refusing it") from None
 
 
-def _extract(archive: Path, dest: Path) -> None:
+def _extract(archive: Path, dest: Path, limit: int, label: str) -> None:
     """GNU tar extracts (it is several times faster than tarfile on trees of thousands of files and
     restores read-only directories last); the stream is decompressed here, so no zstd binary is
     needed. Ownership is not restored: the files belong to whoever runs the store."""
@@ -110,44 +287,50 @@ def _extract(archive: Path, dest: Path) -> None:
     proc = subprocess.Popen([tar, "-x", "-f", "-", "-C", str(dest), "--no-same-owner", "--delay-directory-restore"],
                             stdin=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        with _zstd_stream(archive) as zr:
+        with _zstd_stream(archive, limit, label) as zr:
             shutil.copyfileobj(zr, proc.stdin, 1 << 20)
         proc.stdin.close()
     except BrokenPipeError:
         pass
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
     err = proc.stderr.read().decode(errors="replace")
     if proc.wait() != 0:
-        raise IntegrityError(f"{archive.name}: tar failed: {err.strip()[-300:]}")
+        raise IntegrityError(f"{label}: tar failed: {err.strip()[-300:]}")
 
 
-def fetch_into_store(store: Store, backend, meta: dict[str, Any], trusted: dict[str, bytes]) -> Path:
-    """Download, check and register one object. Caller holds the key's lock (or is pull)."""
-    signer = check_signature(meta, trusted)
-    name, key = meta["name"], meta["key"]
-    if not name.startswith(key + "-"):
-        raise IntegrityError(f"{key}.json names {name!r}, which is not a path of that key; refusing it")
+def fetch_into_store(store: Store, backend, meta: Meta) -> Path:
+    """Download, check and register one checked object. Caller holds the key's lock."""
     layout = store.layout
-    final = layout.path_of(name)
-    scratch = layout.tmp / f"pull-{os.getpid()}-{key}"
-    archive = layout.tmp / f"pull-{os.getpid()}-{key}.tar.zst"
-    build_id = store.index.start_build(key, name)
+    final = layout.path_of(meta.name)
+    scratch = layout.tmp / f"pull-{os.getpid()}-{meta.key}"
+    archive = layout.tmp / f"pull-{os.getpid()}-{meta.key}.tar.zst"
+    build_id = store.index.start_build(meta.key, meta.name)
     started = time.monotonic()
     try:
         force_rmtree(scratch)
-        backend.get(meta["archive"], dest=archive)
-        if sha256_of(archive) != meta["archive_sha256"]:
-            raise IntegrityError(f"{meta['archive']}: sha256 differs from the signed metadata; refusing it")
+        archive.unlink(missing_ok=True)  # a dead process of the same pid left it; we hold the key's lock
+        digest = backend.download(meta.archive, archive, max_bytes=meta.archive_size)
+        if digest is None:
+            raise IntegrityError(f"{meta.archive}: the cache has its metadata but not the archive; refusing it")
+        if digest != meta.archive_sha256:
+            raise IntegrityError(f"{meta.archive}: sha256 differs from the signed metadata; refusing it")
+        # From here the archive's bytes are the ones a trusted key signed.
+        limit = _unpacked_limit(meta)
         scratch.mkdir(parents=True)
-        _check_members(archive, name, meta["archive"])
-        _extract(archive, scratch)
-        tree = scratch / name
+        _check_members(archive, meta.name, meta.archive, limit)
+        _extract(archive, scratch, limit, meta.archive)
+        tree = scratch / meta.name
         entries = manifest.scan(tree)
-        if manifest.content_hash(entries) != meta["content_hash"]:
-            raise IntegrityError(f"{name}: the unpacked tree's content hash differs from the signed metadata; refusing it")
+        if manifest.content_hash(entries) != meta.content_hash:
+            raise IntegrityError(f"{meta.name}: the unpacked tree's content hash differs from the signed metadata; "
+                                 "refusing it")
         doc = manifest.read(tree)
-        if doc.get("content_hash") != meta["content_hash"] or doc.get("key") != key:
-            raise IntegrityError(f"{name}: its manifest does not match the signed metadata; refusing it")
-        _check_relocatable(tree, name)
+        if doc.get("content_hash") != meta.content_hash or doc.get("key") != meta.key:
+            raise IntegrityError(f"{meta.name}: its manifest does not match the signed metadata; refusing it")
+        _check_relocatable(tree, meta.name)
         os.rename(tree, final)  # atomic, same filesystem: complete or absent
     except BaseException as exc:
         store.index.fail_build(build_id, time.monotonic() - started, f"{type(exc).__name__}: {exc}")
@@ -155,43 +338,45 @@ def fetch_into_store(store: Store, backend, meta: dict[str, Any], trusted: dict[
     finally:
         force_rmtree(scratch)
         archive.unlink(missing_ok=True)
-    refs = doc.get("references")
     store.index.register(row_from_manifest(doc), build_id, round(time.monotonic() - started, 3),
-                         refs if refs is not None else manifest.references_of(final, layout.store), outcome="substituted")
-    say(f"substituted {name} from the cache (signed by {signer}) in {time.monotonic() - started:.1f}s")
+                         list(meta.references), outcome="substituted")
+    say(f"substituted {meta.name} from the cache (signed by {meta.signer}) in {time.monotonic() - started:.1f}s")
     return final
+
+
+def _local_path(store: Store, key: str) -> Path | None:
+    """The registered path of `key` in this store (its local name), if it is there."""
+    row = store.index.path_by_key(key)
+    path = store.layout.path_of(row["name"]) if row else None
+    return path if path is not None and path.is_dir() else None
 
 
 def pull(target: str, from_: list[str], trusted: list[str], *, root: str | Path | None = None) -> dict[str, Any]:
     backends = [backend_for(u) for u in from_]
     keys = trusted_keys(trusted)
+    key, name = _target(target)
+    # Every object of the closure is checked before the store is touched.
+    objects = _closure(backends, key, name, keys)
     pulled, present = [], []
     with Store.open(root) as store:
-
-        def one(t: str) -> None:
-            backend, meta = _find_meta(backends, t)
-            for ref in meta.get("references", []):
-                one(ref)
-            name = meta["name"]
-            if store.index.path_by_key(meta["key"]) and store.layout.path_of(name).is_dir():
-                present.append(name)
-                return
-            TempRoots(store.layout).add(name)
-            with locks.hold(store.layout.locks, meta["key"], f"pulling {name}", 3600):
-                if store.index.path_by_key(meta["key"]) and store.layout.path_of(name).is_dir():
-                    present.append(name)
-                    return
-                fetch_into_store(store, backend, meta, keys)
-                pulled.append(name)
-
-        one(target)
-        return {"pulled": pulled, "already_present": present,
-                "path": str(store.layout.path_of((pulled or present)[-1]))}
+        for backend, meta in objects:
+            local = _local_path(store, meta.key)
+            if local is None:
+                TempRoots(store.layout).add(meta.name)
+                # The key's lock: from here only this process creates, clears or registers its path.
+                with locks.hold(store.layout.locks, meta.key, f"pulling {meta.name}", 3600):
+                    local = _local_path(store, meta.key)
+                    if local is None:
+                        fetch_into_store(store, backend, meta)
+                        pulled.append(meta.name)
+                        continue
+            present.append(local.name)
+        return {"pulled": pulled, "already_present": present, "path": str(_local_path(store, key))}
 
 
 class CacheSubstituter:
     """The build layer's `Substituter`: asks each binary cache for the key before a build. A cache
-    that is down, lacks the key or serves something that fails a check is passed over (said on
+    that is down, lacks the key or serves something that fails a check is passed over (one line on
     stderr); the build goes on locally."""
 
     def __init__(self, urls: list[str] | tuple[str, ...], trusted: list[str] | tuple[str, ...]):
@@ -201,11 +386,11 @@ class CacheSubstituter:
         for url in self.urls:
             try:
                 backend = backend_for(url)
-                data = backend.get(f"{key}.json")
-                if data is None:
+                meta = fetch_meta(backend, key, self.keys, name)
+                if meta is None:
                     continue
-                fetch_into_store(store, backend, json.loads(data), self.keys)
+                fetch_into_store(store, backend, meta)
                 return True
-            except (StoreError, ValueError) as exc:
-                say(f"cache {url}: {exc}; building instead")
+            except StoreError as exc:
+                say(f"cache {url}: {exc}; passing it over")
         return False

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from llmgw_store.cache.backends import backend_for
-from llmgw_store.cache.signing import sign
+from llmgw_store.cache.signing import METADATA_MAX_BYTES, sign
 from llmgw_store.core.errors import NotFoundError
 from llmgw_store.core.fsutil import sha256_of
 from llmgw_store.core.keys import canonical_json
@@ -47,7 +47,7 @@ def push(names: list[str], to: str, secret_key: str, *, root: str | Path | None 
             if row is None:
                 raise NotFoundError(f"{name} is not a registered store path in {store.layout.store}")
             key = row["key"]
-            if backend.get(f"{key}.json") is not None:
+            if backend.get(f"{key}.json", max_bytes=METADATA_MAX_BYTES) is not None:
                 skipped.append(name)
                 continue
             tree = store.layout.path_of(name)

@@ -2,18 +2,22 @@
 
 Keys are `name:base64` (as Nix writes them): `<name>.secret` holds the 32-byte ed25519 seed,
 `<name>.public` the verify key. A signature covers the canonical JSON of the metadata without its
-`signatures` field.
+`signatures` field. A metadata document is at most METADATA_MAX_BYTES: a reader takes no more of
+one before it is checked (push writes a few KiB).
 """
 
 from __future__ import annotations
 
 import base64
 import os
+import re
 from pathlib import Path
 from typing import Any
 
 from llmgw_store.core.errors import IntegrityError, UsageError
 from llmgw_store.core.keys import canonical_json
+
+METADATA_MAX_BYTES = 1 << 20
 
 
 def keygen(name: str, out_dir: str | Path) -> dict[str, str]:
@@ -72,22 +76,43 @@ def sign(meta: dict[str, Any], secret: str) -> None:
     meta.setdefault("signatures", []).append({"key": name, "sig": base64.b64encode(sig).decode()})
 
 
-def check_signature(meta: dict[str, Any], trusted: dict[str, bytes]) -> str:
-    """The name of the trusted key that signed `meta`; IntegrityError when none did."""
+MAX_SIGNATURES = 16
+_SHOWN_SIGNER_RE = re.compile(r"[A-Za-z0-9._@+-]{1,64}")
+
+
+def _signatures(meta: object, label: str) -> list[dict[str, str]]:
+    """The metadata's signatures, if they have the one shape a signer writes: a short list of
+    {key: str, sig: str}. Anything else is refused before a signature is looked at."""
+    sigs = meta.get("signatures") if isinstance(meta, dict) else None
+    if (not isinstance(sigs, list) or len(sigs) > MAX_SIGNATURES
+            or not all(isinstance(s, dict) and isinstance(s.get("key"), str) and isinstance(s.get("sig"), str)
+                       for s in sigs)):
+        raise IntegrityError(f"{label}: its signatures are not a list of at most {MAX_SIGNATURES} "
+                             "{key, sig} objects; refusing it")
+    return sigs
+
+
+def check_signature(meta: dict[str, Any], trusted: dict[str, bytes], label: str) -> str:
+    """The name of the trusted key that signed `meta`; IntegrityError when none did. `label` (the
+    object asked for) names it in messages: nothing unsigned is printed but signer names that look
+    like key names."""
     from nacl.exceptions import BadSignatureError
     from nacl.signing import VerifyKey
 
     if not trusted:
         raise UsageError("no trusted public keys: pass --trusted-key (name:base64 or a .public file)")
+    sigs = _signatures(meta, label)
     body = signed_part(meta)
-    for s in meta.get("signatures", []):
-        key = trusted.get(s.get("key"))
+    for s in sigs:
+        key = trusted.get(s["key"])
         if key is None:
             continue
         try:
-            VerifyKey(key).verify(body, base64.b64decode(s.get("sig", "")))
-            return s["key"]
+            sig = base64.b64decode(s["sig"], validate=True)
+            if len(sig) == 64:
+                VerifyKey(key).verify(body, sig)
+                return s["key"]
         except (BadSignatureError, ValueError):
             continue
-    signers = ", ".join(s.get("key", "?") for s in meta.get("signatures", [])) or "nobody"
-    raise IntegrityError(f"{meta.get('name', '?')}: not signed by a trusted key (signed by: {signers}); refusing it")
+    signers = ", ".join(s["key"] if _SHOWN_SIGNER_RE.fullmatch(s["key"]) else "?" for s in sigs) or "nobody"
+    raise IntegrityError(f"{label}: not signed by a trusted key (signed by: {signers}); refusing it")

@@ -18,6 +18,10 @@ KEY_BYTES = 20
 NIX_BASE32 = "0123456789abcdfghijklmnpqrsvwxyz"
 KEY_RE = re.compile(rf"^[{NIX_BASE32}]{{32}}$")
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+# A store path name: `<key>-<engine>-<version>-<variant>`, one path component (no separator, never
+# `.` or `..`), short enough to leave room for `.partial` and the lock and owner files beside it.
+STORE_NAME_MAX = 200
+STORE_NAME_RE = re.compile(rf"[{NIX_BASE32}]{{32}}-[A-Za-z0-9._+!-]+")
 
 
 def canonical_json(value: Any) -> bytes:
@@ -45,6 +49,11 @@ def store_key(inputs: dict[str, Any]) -> str:
 def path_name(key: str, engine: str, version: str, variant: str) -> str:
     """`<key>-<engine>-<version>-<variant>`; every part is already checked against NAME_RE."""
     return f"{key}-{engine}-{version}-{variant}"
+
+
+def is_store_name(name: object) -> bool:
+    """Whether `name` (from anywhere: a cache, a file, a user) is a well-formed store path name."""
+    return isinstance(name, str) and len(name) <= STORE_NAME_MAX and STORE_NAME_RE.fullmatch(name) is not None
 
 
 def key_of_name(name: str) -> str | None:
