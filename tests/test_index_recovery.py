@@ -75,6 +75,71 @@ def list_names(root: Path) -> set[str]:
     return {x["name"] for x in json.loads(run_cli(root, "--json", "list", check=True).stdout)}
 
 
+KINDS = ["missing", "empty", "truncated", "zeroed_first_page", "random_bytes", "not_a_database", "garbage_wal"]
+
+
+@pytest.mark.parametrize("how", KINDS)
+def test_rebuild_index_whatever_state_the_file_is_in(store, how):
+    root, (a, b) = store
+    damaged = damage(root, how)
+
+    proc = run_cli(root, "--json", "doctor", "--rebuild-index")
+    assert proc.returncode == 0, proc.stderr
+    r = json.loads(proc.stdout)
+    assert set(r["registered"]) >= {a.name, b.name} and r["skipped"] == []
+    assert r["generations"] == 2 and r["pins"] == 1
+    # The damaged files were moved aside, byte for byte, never deleted; the report names them.
+    moved = {Path(p).name: Path(p).read_bytes() for p in r["moved_aside"]}
+    assert moved == damaged
+    assert all(Path(p).parent == Path(r["backup"]) for p in r["moved_aside"])
+
+    con = sqlite3.connect(db_of(root))
+    assert con.execute("SELECT profile, number, name FROM generations WHERE deleted IS NULL ORDER BY number").fetchall() \
+        == [("p", 1, a.name), ("p", 2, b.name)]
+    assert con.execute("SELECT name, path_name FROM pins").fetchall() == [("good", a.name)]
+    con.close()
+    assert run_cli(root, "doctor").returncode == 0
+    assert list_names(root) >= {a.name, b.name}
+    if how == "garbage_wal":  # the main file is intact: its history is all still there
+        assert r["history_copied"]["builds"] >= 2 and r["history_copied"]["switches"] >= 2
+
+
+def test_history_is_salvaged_from_a_file_sqlite_can_still_partly_read(store, tmp_path):
+    root, _ = store
+    db = db_of(root)
+    con = sqlite3.connect(db)
+    with con:
+        con.executemany("INSERT INTO releases VALUES (?, ?, ?, ?)",
+                        [("https://x.invalid", f"p{i}", "1.0", "2024-01-01T00:00:00Z") for i in range(3000)])
+    con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    con.close()
+    size = db.stat().st_size
+    os.truncate(db, size - size // 4)  # the last pages are lost; the first ones still read
+
+    r = json.loads(run_cli(root, "--json", "doctor", "--rebuild-index", check=True).stdout)
+    assert r["history_copied"]["builds"] >= 2  # small tables, on early pages
+    assert 0 < r["history_copied"]["releases"] < 3000  # rows read up to the first lost page
+
+
+def test_other_commands_on_a_damaged_index_say_run_doctor(store):
+    root, (a, _) = store
+    damage(root, "random_bytes")
+    for args in (("list",), ("doctor",), ("gc", "--dry-run"), ("activate", "q", str(a))):
+        proc = run_cli(root, *args)
+        assert proc.returncode == 1, args
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("llmgw-store: error: "), proc.stderr
+        assert str(db_of(root)) in lines[0] and "llmgw-store doctor --rebuild-index" in lines[0]
+
+
+def test_two_rebuilds_keep_both_backups(store):
+    root, _ = store
+    first = json.loads(run_cli(root, "--json", "doctor", "--rebuild-index", check=True).stdout)
+    second = json.loads(run_cli(root, "--json", "doctor", "--rebuild-index", check=True).stdout)
+    assert first["backup"] != second["backup"]
+    assert all(Path(p).exists() for p in first["moved_aside"] + second["moved_aside"])
+
+
 def rebuild_json(template, root: Path, as_of: str) -> dict:
     return build_json(root, template["recipe"], template["index"], real_uv(), "--as-of", as_of)
 
