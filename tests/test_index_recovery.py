@@ -215,3 +215,22 @@ def test_a_tampered_unregistered_path_is_removed_as_a_leftover(store, template, 
     assert "tampered" not in victim.read_text()
     if tamper in ("manifest_is_link", "path_is_link"):  # what the link pointed at is left alone
         assert elsewhere.exists()
+
+
+def test_gc_with_the_index_deleted_keeps_rooted_paths(store):
+    root, (a, b) = store
+    run_cli(root, "unpin", "good", check=True)  # A is held by generation 1 only
+    run_cli(root, "rollback", "p", check=True)
+    run_cli(root, "generations", "p", "--delete", "2", check=True)  # B by nothing any more
+    stray = root / "store" / "00000000000000000000000000000000-stray-1-cpu"
+    stray.mkdir()
+    remove_db(root)
+
+    r = json.loads(run_cli(root, "--json", "gc", check=True).stdout)
+    deleted = {d["name"]: d["reason"] for d in r["deleted"]}
+    assert a.exists() and a.name not in deleted
+    assert run_cli(root, "verify", str(a)).returncode == 0
+    assert a.name in list_names(root)  # registered again, from its manifest
+    assert not stray.exists() and "incomplete" in deleted[stray.name]
+    # B is complete but no root holds it: registered again, then collected like any unrooted path.
+    assert deleted[b.name] == "no root holds it" and not b.exists()
