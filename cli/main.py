@@ -440,7 +440,8 @@ def doctor(obj: Context, rebuild_index: bool) -> None:
     r = do_doctor(root=obj.root, rebuild_index=rebuild_index)
     if rebuild_index:
         obj.emit(r, f"index rebuilt: {len(r['registered'])} path(s), {r['generations']} generation(s), "
-                    f"{r['pins']} pin(s); {len(r['skipped'])} directory(ies) left unregistered; old index kept at {r['backup']}")
+                    f"{r['pins']} pin(s); {len(r['skipped'])} directory(ies) left unregistered; "
+                    + (f"old index kept in {r['backup']}" if r["backup"] else "there was no old index"))
         return
     lines = [f"{kind.replace('_', ' ')}: {item}" for kind, items in r["problems"].items() for item in items]
     obj.emit(r, "\n".join(lines) or "index and disk agree")

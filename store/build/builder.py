@@ -98,7 +98,7 @@ class BuildResult:
     as_of: str
     uv: str
     python: str
-    how: str  # "hit", "waited" (another process built it) or "built"
+    how: str  # "hit", "waited" (another process built it), "recovered" (re-registered), "substituted" or "built"
     seconds: float
 
     @property

@@ -5,15 +5,17 @@
     take the key's lock            (from here on, no other process writes this key's paths)
     hit?  ── another process built it while we waited ──▶ done
       │ no
-    clear leftovers                (a .partial or an unregistered directory of a dead build)
+    on disk, unregistered? ── its manifest shows it complete (tree rehashed) ──▶ register it: "recovered"
+    clear leftovers                (a .partial, or an unregistered directory that is not complete)
     make(.partial)                 (the caller's steps: venv, resolve, install, verify)
     hash the tree, write the manifest, freeze (drop write bits)
     rename .partial → final        (atomic on one filesystem: the path appears complete or not at all)
     register in the index          (one transaction: path row + build-log row)
 
 A crash before the rename leaves only a `.partial`, which the next build of the key (holding the
-lock) or gc removes; a crash between rename and register leaves an unregistered directory, which is
-treated the same way. Nothing half-built is ever registered.
+lock) or gc removes; a crash between rename and register leaves an unregistered complete directory,
+which the next build of the key (or gc) registers from its manifest. Nothing is deleted on the
+index's word alone, and nothing half-built is ever registered.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from llmgw_store.core import defaults, locks, manifest
+from llmgw_store.core import locks, manifest
 from llmgw_store.core.fsutil import force_rmtree, freeze
 from llmgw_store.core.index import now_iso, row_from_manifest
 from llmgw_store.core.report import say
@@ -31,7 +33,7 @@ from llmgw_store.core.report import say
 if TYPE_CHECKING:
     from llmgw_store.core.local_store import Store
 
-DEFAULT_LOCK_TIMEOUT_S = defaults.BUILD_LOCK_TIMEOUT_S
+DEFAULT_LOCK_TIMEOUT_S = 3600.0
 
 
 def realise(
@@ -47,8 +49,9 @@ def realise(
     check: Callable[[], None] | None = None,
     substitute: Callable[[], bool] | None = None,
 ) -> tuple[Path, str]:
-    """Return (path, how): how is "hit", "waited" (another process built it), "substituted" (fetched
-    from a binary cache by `substitute`, under the lock) or "built".
+    """Return (path, how): how is "hit", "waited" (another process built it), "recovered" (complete on
+    disk but unknown to the index, registered again from its manifest), "substituted" (fetched from
+    a binary cache by `substitute`, under the lock) or "built".
     `check` runs on a miss before anything is locked or written: input validation too slow for the
     hit path (a path can only be in the store if its inputs once passed it). `verify` runs on the
     frozen tree, as the environment will be used, while the tree is hashed."""
@@ -75,10 +78,18 @@ def realise(
             say(f"{name} is registered but missing on disk; building it again")
             index.forget(name)
         partial = layout.partial_of(name)
-        for leftover in (partial, final):
-            if os.path.lexists(leftover):
-                say(f"removing {leftover.name}, left by a build that did not finish")
-                force_rmtree(leftover)
+        if os.path.lexists(partial):
+            say(f"removing {partial.name}, left by a build that did not finish")
+            force_rmtree(partial)
+        if os.path.lexists(final):
+            # Unregistered but present: the index lost it (deleted, rebuilt) or a build died between
+            # rename and registration. It is deleted only when its own manifest shows it incomplete.
+            why = store.adopt(name, rehash=True)
+            if why is None:
+                say(f"{name} is complete on disk but was not in the index; registered it again from its manifest")
+                return final, "recovered"
+            say(f"removing {name}, not a complete store path ({why})")
+            force_rmtree(final)
 
         if substitute is not None and substitute():
             return final, "substituted"

@@ -111,6 +111,16 @@ def row_from_manifest(doc: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def index_error(path: Path, what: str, exc: sqlite3.Error) -> IndexError_:
+    """The error for `what` failing on the index at `path`. When SQLite says the file is damaged
+    (corrupt pages, not a database at all), the message says how to recover: the index is a cache
+    of the manifests and the links, and doctor rebuilds it from them."""
+    if getattr(exc, "sqlite_errorcode", 0) & 0xFF in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB):
+        return IndexError_(f"the index {path} is damaged ({exc}); run `llmgw-store doctor --rebuild-index` to "
+                           f"rebuild it from the store's manifests (the damaged file is kept)")
+    return IndexError_(f"{what}: {exc}")
+
+
 class Index:
     def __init__(self, path: Path, store_dir: Path | None = None, *, readonly: bool = False):
         self.path, self.store_dir = path, store_dir
@@ -139,7 +149,7 @@ class Index:
                     f"({SCHEMA_VERSION}); upgrade llmgw-store"
                 )
         except sqlite3.Error as exc:
-            raise IndexError_(f"cannot open the index {path}: {exc}") from exc
+            raise index_error(path, f"cannot open the index {path}", exc) from exc
 
     def _enable_wal(self) -> None:
         """WAL is a property of the file, set once by whoever creates it. Switching needs an exclusive
@@ -191,7 +201,7 @@ class Index:
         try:
             return self.conn.execute(sql, params)
         except sqlite3.Error as exc:
-            raise IndexError_(f"index {self.path}: {exc}") from exc
+            raise index_error(self.path, f"index {self.path}", exc) from exc
 
     # --- store paths -------------------------------------------------------------------------
     def path_by_key(self, key: str) -> dict[str, Any] | None:
@@ -221,7 +231,7 @@ class Index:
                 self.conn.executemany("INSERT OR IGNORE INTO refs VALUES (?, ?)", [(row["name"], r) for r in references])
                 self._finish_build(build_id, outcome, seconds, None)
         except sqlite3.Error as exc:
-            raise IndexError_(f"index {self.path}: cannot register {row['name']}: {exc}") from exc
+            raise index_error(self.path, f"index {self.path}: cannot register {row['name']}", exc) from exc
 
     def forget(self, name: str) -> None:
         try:
@@ -230,7 +240,7 @@ class Index:
                 self.conn.execute("DELETE FROM paths WHERE name = ?", (name,))
                 self.conn.execute("DELETE FROM refs WHERE referrer = ?", (name,))
         except sqlite3.Error as exc:
-            raise IndexError_(f"index {self.path}: cannot forget {name}: {exc}") from exc
+            raise index_error(self.path, f"index {self.path}: cannot forget {name}", exc) from exc
 
     def insert_path(self, row: dict[str, Any], references: list[str]) -> None:
         """A path row and its references without a build-log entry (doctor rebuilding the index)."""
@@ -241,25 +251,47 @@ class Index:
                                   tuple(row.values()))
                 self.conn.executemany("INSERT OR IGNORE INTO refs VALUES (?, ?)", [(row["name"], r) for r in references])
         except sqlite3.Error as exc:
-            raise IndexError_(f"index {self.path}: cannot register {row['name']}: {exc}") from exc
+            raise index_error(self.path, f"index {self.path}: cannot register {row['name']}", exc) from exc
 
     def copy_history_from(self, other: Path, tables: tuple[str, ...] | list[str]) -> dict[str, int]:
-        """Copy the rows of `tables` that a damaged or old index file still yields (doctor); a table
-        that cannot be read is counted as 0 rows copied."""
+        """Copy the rows of `tables` that a damaged or old index file still yields (doctor), row by
+        row: a table is copied up to its first unreadable page, in the columns both files have.
+        Give it a scratch copy: SQLite writes to a file it opens (it replays or drops its WAL)."""
         copied: dict[str, int] = {}
+        # A damaged schema may define views or triggers: they may call no function with side effects.
+        self.conn.execute("PRAGMA trusted_schema=OFF")
         try:
             self.conn.execute("ATTACH DATABASE ? AS old", (str(other),))
         except sqlite3.Error:
             return copied
         try:
             for table in tables:
-                try:
-                    copied[table] = self.conn.execute(f"INSERT OR IGNORE INTO main.{table} SELECT * FROM old.{table}").rowcount
-                except sqlite3.Error:
-                    copied[table] = 0
+                copied[table] = self._salvage(table)
         finally:
             self.conn.execute("DETACH DATABASE old")
         return copied
+
+    def _salvage(self, table: str) -> int:
+        rows: list[tuple] = []
+        try:
+            mine = [r[1] for r in self.conn.execute(f"PRAGMA main.table_info({table})")]
+            theirs = {r[1] for r in self.conn.execute(f"PRAGMA old.table_info({table})")}
+            cols = ", ".join(c for c in mine if c in theirs)
+            if not cols:
+                return 0
+            cur = self.conn.execute(f"SELECT {cols} FROM old.{table}")
+            # Ends: the old file holds finitely many rows, and SQLite reports a damaged page (a
+            # loop in a damaged b-tree included) as an error, which ends the read here.
+            while batch := cur.fetchmany(1000):
+                rows += [tuple(r) for r in batch]
+        except sqlite3.Error:
+            pass
+        if not rows:
+            return 0
+        insert = f"INSERT OR IGNORE INTO main.{table} ({cols}) VALUES ({', '.join('?' for _ in rows[0])})"
+        with self.conn:
+            self.conn.execute("BEGIN IMMEDIATE")
+            return sum(self.conn.execute(insert, row).rowcount for row in rows)
 
     def live_generations(self) -> set[tuple[str, int]]:
         return {(r[0], r[1]) for r in self._sql("SELECT profile, number FROM generations WHERE deleted IS NULL")}
@@ -305,7 +337,7 @@ class Index:
                 )
                 self._finish_build(build_id, "repaired", seconds, None)
         except sqlite3.Error as exc:
-            raise IndexError_(f"index {self.path}: cannot record the repair of {name}: {exc}") from exc
+            raise index_error(self.path, f"index {self.path}: cannot record the repair of {name}", exc) from exc
 
     # --- build log ---------------------------------------------------------------------------
     def start_build(self, key: str, name: str) -> int:
@@ -431,15 +463,3 @@ def file_stamp(path: Path) -> str | None:
     except OSError:
         return None
     return f"{st.st_ino}:{st.st_size}:{st.st_mtime_ns}"
-
-
-def fold_wal(db: Path) -> None:
-    """Fold a database's WAL into its main file, as far as SQLite still can (a damaged file may not)."""
-    try:
-        con = sqlite3.connect(str(db))
-        try:
-            con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        finally:
-            con.close()
-    except sqlite3.Error:
-        pass

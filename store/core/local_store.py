@@ -5,9 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from llmgw_store.core import manifest
 from llmgw_store.core.errors import NotFoundError
-from llmgw_store.core.index import Index
+from llmgw_store.core.index import Index, row_from_manifest
+from llmgw_store.core.keys import key_of_name
 from llmgw_store.core.layout import Layout
+
+MAX_REFERENCES = 64
 
 
 @dataclass
@@ -37,3 +41,27 @@ class Store:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+    def adopt(self, name: str, *, rehash: bool = True) -> str | None:
+        """Register `store/<name>`, a directory the index does not know, from its own manifest
+        (references included) when it is a complete store path (manifest.check_complete); return
+        None once it is registered, else why it is not complete. The index is a cache of the
+        manifests: a path it lost (a deleted or rebuilt index, a crash between rename and
+        registration) is found again, never deleted on the index's word alone.
+        The caller keeps every other writer of `name` away: it holds the key's lock, or the gc lock
+        exclusively with no live temp root naming `name`."""
+        env = self.layout.path_of(name)
+        try:
+            doc = manifest.check_complete(env, name, rehash=rehash)
+        except ValueError as exc:
+            return str(exc)
+        try:
+            row = row_from_manifest(doc)
+        except (TypeError, AttributeError):
+            return "its manifest has a field of the wrong type"
+        refs = doc.get("references")
+        if not (isinstance(refs, list) and len(refs) <= MAX_REFERENCES
+                and all(isinstance(r, str) and "/" not in r and key_of_name(r) for r in refs)):
+            refs = manifest.references_of(env, self.layout.store)
+        self.index.insert_path(row, refs)
+        return None

@@ -187,3 +187,71 @@ def references_of(tree: Path, store_dir: Path) -> list[str]:
             if home.startswith(store + os.sep):
                 refs.add(home[len(store) + 1:].split(os.sep)[0])
     return sorted(refs)
+
+
+MANIFEST_MAX = 16 << 20  # a manifest holds one lock file and the key's inputs
+CONTENTS_MAX = 512 << 20  # one line per entry: millions of files before this is reached
+REQUIRED = ("name", "key", "engine", "version", "variant", "content_hash", "size", "files", "build_seconds", "installed")
+
+
+def _read_meta_file(env: Path, name: str, limit: int) -> bytes:
+    """`ENV/.llmgw/<name>` of a directory not yet trusted, without following a link at any step (a
+    planted link could make this read a device, a FIFO or another user's file), at most `limit`
+    bytes. Raises ValueError."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+    fds: list[int] = []
+    try:
+        fds.append(os.open(env, flags | os.O_DIRECTORY))
+        fds.append(os.open(MANIFEST_DIR, flags | os.O_DIRECTORY, dir_fd=fds[-1]))
+        fds.append(os.open(name, flags | os.O_NONBLOCK, dir_fd=fds[-1]))
+        st = os.fstat(fds[-1])
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError(f"{MANIFEST_DIR}/{name} is not a regular file")
+        if st.st_size > limit:
+            raise ValueError(f"{MANIFEST_DIR}/{name} is larger than {limit} bytes")
+        chunks, left = [], limit + 1
+        while left > 0 and (chunk := os.read(fds[-1], min(CHUNK, left))):
+            chunks.append(chunk)
+            left -= len(chunk)
+        if left <= 0:
+            raise ValueError(f"{MANIFEST_DIR}/{name} is larger than {limit} bytes")
+        return b"".join(chunks)
+    except OSError as exc:
+        raise ValueError(f"cannot read {MANIFEST_DIR}/{name}: {exc.strerror}") from exc
+    finally:
+        for fd in reversed(fds):
+            os.close(fd)
+
+
+def check_complete(env: Path, name: str, *, rehash: bool) -> dict[str, Any]:
+    """The manifest of `env`, once `env` is shown to be the complete store path `name`: a real
+    directory whose manifest names `name` and its key and has every field the index records, whose
+    contents listing hashes to the manifest's content hash and, with `rehash`, whose tree is what
+    the listing says, byte for byte. Only a finished build writes that listing and that hash, so a
+    directory that passes is complete whether or not the index knows it. Raises ValueError saying
+    what is wrong."""
+    from llmgw_store.core.keys import key_of_name
+
+    doc_bytes = _read_meta_file(env, "manifest.json", MANIFEST_MAX)
+    raw = _read_meta_file(env, "contents", CONTENTS_MAX)
+    try:
+        doc = json.loads(doc_bytes)
+        entries = [Entry.parse(ln) for ln in raw.decode().splitlines() if ln]
+    except ValueError as exc:  # JSON, UTF-8 and listing lines alike
+        raise ValueError(f"its manifest or contents listing is malformed ({exc})") from exc
+    if not isinstance(doc, dict) or doc.get("name") != name or doc.get("key") != key_of_name(name):
+        raise ValueError("its manifest names another store path")
+    missing = [f for f in REQUIRED if f not in doc]
+    if missing:
+        raise ValueError(f"its manifest lacks {', '.join(missing)}")
+    if content_hash(entries) != doc["content_hash"]:
+        raise ValueError("its contents listing does not hash to the manifest's content hash")
+    if rehash:
+        try:
+            differs = compare(entries, scan(env))
+        except OSError as exc:
+            raise ValueError(f"its tree cannot be read: {exc}") from exc
+        for kind, paths in differs.items():
+            if paths:
+                raise ValueError(f"its tree differs from its listing ({kind}: {paths[0]})")
+    return doc

@@ -2,26 +2,32 @@
 
 The index is a cache: every path's row can be made again from its manifest, every generation from
 the profile links, every pin from gcroots/. History (the build log, switches, publication memos) is
-copied over from the old database when it can still be read; the old file is kept beside the new.
+copied over from the old database as far as SQLite can still read it. The old file, whatever state it
+is in (missing, empty, truncated, not a database, a WAL of garbage), is moved aside with its -wal and
+-shm into `var/db.sqlite.bak-<time>/`, never opened in place and never deleted.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
+import stat
 import time
 from pathlib import Path
 from typing import Any
 
 from llmgw_store.core import manifest
-from llmgw_store.core.errors import LockTimeout
-from llmgw_store.core.index import Index, fold_wal, row_from_manifest
+from llmgw_store.core.errors import LockTimeout, StoreError
+from llmgw_store.core.fsutil import force_rmtree
+from llmgw_store.core.index import Index
 from llmgw_store.core.layout import Layout
 from llmgw_store.core.local_store import Store
 from llmgw_store.core.report import say
 from llmgw_store.core.temproots import gc_lock, read_all
 
 HISTORY_TABLES = ("builds", "switches", "releases", "latest", "tools", "generations")
+MAX_BACKUPS_PER_SECOND = 100
 
 
 def _store_dirs(layout: Layout) -> list[str]:
@@ -65,63 +71,115 @@ def check(store: Store) -> dict[str, list[str]]:
 
 
 def doctor(*, root: str | Path | None = None, rebuild_index: bool = False) -> dict[str, Any]:
-    with Store.open(root) as store:
-        if not rebuild_index:
+    if not rebuild_index:
+        with Store.open(root) as store:
             found = check(store)
             return {"problems": found, "ok": not any(found.values())}
-        layout = store.layout
-        # No build or activation may be in flight: their open connections would write into the old
-        # file. The exclusive gc lock stops new ones from starting; live temp roots show old ones.
-        with gc_lock(layout, shared=False, timeout=60.0):
-            live, _ = read_all(layout)
-            if live:
-                raise LockTimeout(f"{len(live)} build(s) or activation(s) are in flight; rebuild the index when they are done")
-            store.index.close()
-            backup = _move_aside(layout.db)
-            report = _rebuild(layout, backup)
-            store.index = Index(layout.db)
-        report["backup"] = str(backup)
-        return report
+    # The old index is not opened where it lies: it may be damaged in any way (opening fails), and
+    # SQLite writes to a file it opens (it replays or drops a WAL), where the operator may want the
+    # damaged bytes as they were.
+    layout = Layout.at(root)
+    layout.ensure()
+    # No build or activation may be in flight: their open connections would write into the old
+    # file. The exclusive gc lock stops new ones from starting; live temp roots show old ones.
+    with gc_lock(layout, shared=False, timeout=60.0):
+        live, _ = read_all(layout)
+        if live:
+            raise LockTimeout(f"{len(live)} build(s) or activation(s) are in flight; rebuild the index when they are done")
+        backup, moved = _move_aside(layout.db)
+        for f in moved:
+            say(f"moved the old index file aside to {f}")
+        report = _rebuild(layout, backup)
+    report["backup"] = str(backup) if backup is not None else None
+    report["moved_aside"] = [str(f) for f in moved]
+    return report
 
 
-def _move_aside(db: Path) -> Path:
-    stamp = time.strftime("%Y%m%dT%H%M%S")
-    backup = db.with_name(f"{db.name}.bak-{stamp}")
-    if db.exists():
-        fold_wal(db)  # the backup is then one self-contained file
-        os.rename(db, backup)
-    for suffix in ("-wal", "-shm"):
-        Path(f"{db}{suffix}").unlink(missing_ok=True)
-    return backup
-
-
-def _rebuild(layout: Layout, backup: Path) -> dict[str, Any]:
-    index = Index(layout.db, layout.store)
-    registered, skipped = [], []
-    for name in _store_dirs(layout):
-        env = layout.path_of(name)
+def _move_aside(db: Path) -> tuple[Path | None, list[Path]]:
+    """Move the index file and its -wal and -shm, as they are, into a new directory beside them;
+    never delete them. mkdir is exclusive, so a second rebuild in the same second gets its own
+    directory instead of renaming over the first one's backup."""
+    files = [Path(f"{db}{suffix}") for suffix in ("", "-wal", "-shm") if os.path.lexists(f"{db}{suffix}")]
+    if not files:
+        return None, []
+    base = f"{db.name}.bak-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}"
+    for attempt in range(MAX_BACKUPS_PER_SECOND):
+        backup = db.with_name(base if attempt == 0 else f"{base}.{attempt}")
         try:
-            doc = manifest.read(env)
-            ok = manifest.content_hash(manifest.read_contents(env)) == doc["content_hash"] and doc["name"] == name
-        except (OSError, ValueError, KeyError):
-            ok = False
-        if not ok:
-            skipped.append(name)
-            say(f"{name}: no consistent manifest; left unregistered (gc will remove it)")
+            backup.mkdir(mode=0o700)
+            break
+        except FileExistsError:
             continue
-        refs = doc.get("references")
-        index.insert_path(row_from_manifest(doc), refs if refs is not None else manifest.references_of(env, layout.store))
-        registered.append(name)
-    copied = index.copy_history_from(backup, HISTORY_TABLES) if backup.exists() else {}
-    gens, pins = _links(layout)
-    for (profile, number), target in gens.items():
-        link = layout.profiles / f"{profile}-{number}-link"
-        created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(os.lstat(link).st_mtime))
-        if not index.has_generation(profile, number, target):
-            index.record_generation(profile, number, target, created)
-    for pin, target in pins.items():
-        index.record_pin(pin, target)
-    index.close()
+    else:
+        raise StoreError(f"{db.parent} already holds {MAX_BACKUPS_PER_SECOND} backups named {base}*; move some away")
+    for f in files:
+        # One directory to a subdirectory of it: rename(2) is atomic, and moves a link as a link.
+        os.rename(f, backup / f.name)
+    return backup, [backup / f.name for f in files]
+
+
+def _rebuild(layout: Layout, backup: Path | None) -> dict[str, Any]:
+    store = Store(layout, Index(layout.db, layout.store))
+    try:
+        registered, skipped = [], []
+        for name in _store_dirs(layout):
+            # The listing's hash is checked, not the tree's (verify does that): fast on any store.
+            why = store.adopt(name, rehash=False)
+            if why is None:
+                registered.append(name)
+            else:
+                skipped.append(name)
+                say(f"{name}: not a complete store path ({why}); left unregistered (gc will remove it)")
+        copied = _copy_history(layout, store.index, backup) if backup is not None else {}
+        index = store.index
+        gens, pins = _links(layout)
+        for (profile, number), target in gens.items():
+            link = layout.profiles / f"{profile}-{number}-link"
+            created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(os.lstat(link).st_mtime))
+            if not index.has_generation(profile, number, target):
+                index.record_generation(profile, number, target, created)
+        for pin, target in pins.items():
+            index.record_pin(pin, target)
+    finally:
+        store.close()
     say(f"index rebuilt: {len(registered)} path(s), {len(gens)} generation(s), {len(pins)} pin(s)")
     return {"registered": registered, "skipped": skipped, "generations": len(gens), "pins": len(pins),
             "history_copied": copied}
+
+
+def _copy_history(layout: Layout, index: Index, backup: Path) -> dict[str, int]:
+    """History from the files moved aside, read through a scratch copy so they stay as they were."""
+    scratch = layout.tmp / f"doctor-{os.getpid()}-{time.monotonic_ns()}"
+    scratch.mkdir(mode=0o700)
+    try:
+        db = layout.db.name
+        for name in (db, f"{db}-wal"):
+            _copy_regular(backup / name, scratch / name)
+        if not (scratch / db).exists():
+            return {}
+        _size_from_file(scratch / db)
+        return index.copy_history_from(scratch / db, HISTORY_TABLES)
+    finally:
+        force_rmtree(scratch)
+
+
+def _size_from_file(db: Path) -> None:
+    """Zero the database size recorded in an SQLite header (bytes 28-31), so that SQLite takes the
+    size from the file instead (as it does for a header of before 3.7.0): a truncated file then reads
+    up to its first lost page instead of failing as a whole. Only ever done to a scratch copy."""
+    with open(db, "r+b") as f:
+        if f.read(16) == b"SQLite format 3\x00":
+            f.seek(28)
+            f.write(bytes(4))
+
+
+def _copy_regular(src: Path, dest: Path) -> None:
+    """Copy `src` if it is a regular file (not through a link, not a device or FIFO)."""
+    try:
+        fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return
+    with open(fd, "rb") as f:
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            with open(dest, "xb") as out:
+                shutil.copyfileobj(f, out)

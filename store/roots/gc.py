@@ -14,7 +14,9 @@ those reference (an interpreter an environment's pyvenv.cfg names, when that is 
     prune caches
 
 A crash anywhere leaves either a registered complete path, or an unregistered directory in
-store/ (garbage the next gc takes), or a tree in the trash (deleted by the next gc).
+store/, or a tree in the trash (deleted by the next gc). The next gc registers an unregistered
+directory again when its manifest shows it complete (tree rehashed; the index may simply have been
+lost) and judges it like any registered path; one that is not complete is garbage.
 """
 
 from __future__ import annotations
@@ -134,6 +136,8 @@ def collect(
         with gc_lock(layout, shared=False, timeout=lock_timeout):
             # From here until the lock is released no process can add a temp root: the roots read
             # below are all the roots there are.
+            if not dry_run:
+                report["registered"] = _adopt_unregistered(store, read_all(layout)[0])
             root_map = roots(store, excluded)
             live = _closure(store, {n for names in root_map.values() for n in names})
             report["kept"] = {desc: names for desc, names in root_map.items()}
@@ -143,7 +147,7 @@ def collect(
                 for f in stale:
                     f.unlink(missing_ok=True)
                 report["freed"]["stale_files"] = len(stale) + _remove_stale_key_locks(layout, live_temp)
-            dead = _choose(store, live, budget)
+            dead = _choose(store, live, budget, checked=not dry_run)
             for item in dead:
                 say(f"{'would delete' if dry_run else 'deleting'} {item['name']} ({item['size'] / 1e6:.1f} MB, {item['reason']})")
                 if dry_run:
@@ -179,8 +183,28 @@ def _closure(store: Store, names: set[str]) -> set[str]:
     return live | {n + ".partial" for n in live}
 
 
-def _choose(store: Store, live: set[str], budget: int | None) -> list[dict[str, Any]]:
-    """Dead paths, crash leftovers first, then least recently used; cut at the byte budget."""
+def _adopt_unregistered(store: Store, busy: set[str]) -> list[str]:
+    """Register again each complete directory of store/ that the index does not know (Store.adopt,
+    tree rehashed), so that it, and what it references, is judged like any registered path: kept
+    when a root holds it, collected when none does. Called with the gc lock held exclusively: no
+    temp root can be added, so a directory no live temp root names has no builder (a builder adds
+    its temp root before it takes the key's lock) and nothing else writes it meanwhile."""
+    known = {r["name"] for r in store.index.paths()}
+    adopted = []
+    for entry in os.scandir(store.layout.store):
+        name = entry.name
+        if (name in known or name in busy or name.startswith(".") or name.endswith(".partial")
+                or not entry.is_dir(follow_symlinks=False)):
+            continue
+        if store.adopt(name, rehash=True) is None:
+            say(f"registered {name} again from its manifest (complete, but not in the index)")
+            adopted.append(name)
+    return adopted
+
+
+def _choose(store: Store, live: set[str], budget: int | None, checked: bool = True) -> list[dict[str, Any]]:
+    """Dead paths, crash leftovers first, then least recently used; cut at the byte budget. With
+    `checked`, every unregistered directory left is one `_adopt_unregistered` found incomplete."""
     rows = {r["name"]: r for r in store.index.paths()}
     leftovers, registered = [], []
     for entry in os.scandir(store.layout.store):
@@ -191,7 +215,12 @@ def _choose(store: Store, live: set[str], budget: int | None) -> list[dict[str, 
             registered.append({"name": name, "size": rows[name]["size"], "reason": "no root holds it",
                                "last_used": rows[name]["last_used"]})
         else:
-            what = "an unfinished build" if name.endswith(".partial") else "unregistered (left by a crash)"
+            if name.endswith(".partial"):
+                what = "an unfinished build"
+            elif checked:
+                what = "unregistered and incomplete (left by a crash)"
+            else:
+                what = "unregistered (a gc registers it again if its manifest shows it complete)"
             leftovers.append({"name": name, "size": _du(Path(entry.path)), "reason": what, "last_used": ""})
     # Registered rows whose directory is gone are forgotten too (nothing to free).
     on_disk = {e.name for e in os.scandir(store.layout.store)}
