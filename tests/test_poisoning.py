@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import stat
 import sys
 from pathlib import Path
@@ -58,6 +59,23 @@ def test_an_edit_to_one_environment_reaches_no_later_build(root, recipe, index, 
     assert run_cli(root, "verify", str(a)).returncode == 1  # A alone is damaged
 
 
+def test_repair_restores_a_tampered_pyc_and_keeps_the_recorded_hash(root, recipe, index, uv_bin):
+    a = Path(build_json(root, recipe, index, uv_bin)["path"])
+    before = recorded_hash(root, a.name)
+    genuine = (a / PYC).read_bytes()
+    edit_in_place(a / PYC, flip_last_byte(genuine))
+    os.chmod(a / PYC, 0o444)
+
+    proc = run_cli(root, "--json", "verify", "--repair", "--uv", str(uv_bin), env=REPAIR_ENV)
+    assert proc.returncode == 0, proc.stderr
+    p = json.loads(proc.stdout)["paths"][0]
+    assert p["modified"] == [PYC] and p["ok_after_repair"] and p["repair"]["identical"] is True
+    assert (a / PYC).read_bytes() == genuine
+    assert recorded_hash(root, a.name) == before == p["repair"]["content_hash"]
+    assert manifest.read(a)["content_hash"] == before
+    assert run_cli(root, "verify").returncode == 0
+
+
 def test_a_corrupt_bytecode_cache_entry_is_not_used(root, recipe, index, uv_bin):
     a = Path(build_json(root, recipe, index, uv_bin)["path"])
     genuine = (a / PYC).read_bytes()
@@ -71,3 +89,22 @@ def test_a_corrupt_bytecode_cache_entry_is_not_used(root, recipe, index, uv_bin)
     assert (b / PYC).read_bytes() == genuine  # checked against its name, refused, compiled again
     assert (a / PYC).read_bytes() == genuine  # and A never shared the entry's inode
     assert run_cli(root, "verify").returncode == 0
+
+
+def test_repair_refuses_a_rebuild_that_differs_from_the_recorded_hash(root, recipe, index, uv_bin):
+    a = Path(build_json(root, recipe, index, uv_bin)["path"])
+    # The index records a hash no rebuild can give (and the manifest no longer agrees with it, so
+    # its lock is not trusted either): the repair must not record what the rebuild hashes to.
+    bogus = "0" * 64
+    with sqlite3.connect(root / "var" / "db.sqlite") as con:
+        con.execute("UPDATE paths SET content_hash = ? WHERE name = ?", (bogus, a.name))
+    tree_before = manifest.scan(a)
+
+    proc = run_cli(root, "verify", "--repair", "--uv", str(uv_bin), env=REPAIR_ENV)
+    assert proc.returncode == 1
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("llmgw-store: error: the rebuild of") and "the recorded hash is kept" in last
+    assert "Traceback" not in proc.stderr
+    assert recorded_hash(root, a.name) == bogus
+    assert manifest.scan(a) == tree_before  # the store path is left as it was
+    assert not list((root / "store").glob("*.partial")) and list((root / "var" / "trash").iterdir()) == []
