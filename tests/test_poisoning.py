@@ -108,3 +108,32 @@ def test_repair_refuses_a_rebuild_that_differs_from_the_recorded_hash(root, reci
     assert recorded_hash(root, a.name) == bogus
     assert manifest.scan(a) == tree_before  # the store path is left as it was
     assert not list((root / "store").glob("*.partial")) and list((root / "var" / "trash").iterdir()) == []
+
+
+def test_optimise_never_spreads_a_tampered_file(root, recipe, index, uv_bin):
+    a = Path(build_json(root, recipe, index, uv_bin)["path"])  # built first: optimise takes it first
+    b = Path(build_json(root, recipe, index, uv_bin, "--as-of", "2024-06-02")["path"])
+    genuine = (b / MODULE).read_bytes()
+    edit_in_place(a / MODULE, genuine.replace(b"def main", b"def mian"))  # same size, listed digest wrong
+    os.chmod(a / MODULE, 0o444)
+
+    r = json.loads(run_cli(root, "--json", "optimise", check=True).stdout)
+    assert r["files_linked"] > 0  # the genuine identical files (the pyc, dist-info) are shared
+    assert (b / MODULE).read_bytes() == genuine
+    assert os.stat(a / PYC).st_ino == os.stat(b / PYC).st_ino  # positive: identical files now one inode
+    assert run_cli(root, "verify", str(b)).returncode == 0
+    # No pool entry holds bytes other than those its name promises.
+    for entry in (root / "store" / ".links").iterdir():
+        assert manifest.file_digest(str(entry)) == entry.name.rsplit("-", 1)[0]
+
+
+def test_a_tampered_pool_entry_is_not_linked_into_another_path(root, recipe, index, uv_bin):
+    a = Path(build_json(root, recipe, index, uv_bin)["path"])
+    run_cli(root, "optimise", check=True)  # A's files become the pool's
+    genuine = (a / PYC).read_bytes()
+    edit_in_place(a / PYC, flip_last_byte(genuine))  # the pool entry is the same inode: damaged too
+    b = Path(build_json(root, recipe, index, uv_bin, "--as-of", "2024-06-02")["path"])
+
+    run_cli(root, "optimise", check=True)
+    assert (b / PYC).read_bytes() == genuine and os.stat(b / PYC).st_nlink <= 2
+    assert run_cli(root, "verify", str(b)).returncode == 0
