@@ -10,6 +10,7 @@ import os
 import sqlite3
 import stat
 import sys
+import time
 from pathlib import Path
 
 from llmgw_store.core import manifest
@@ -137,3 +138,18 @@ def test_a_tampered_pool_entry_is_not_linked_into_another_path(root, recipe, ind
     run_cli(root, "optimise", check=True)
     assert (b / PYC).read_bytes() == genuine and os.stat(b / PYC).st_nlink <= 2
     assert run_cli(root, "verify", str(b)).returncode == 0
+
+
+def test_gc_keeps_bytecode_cache_entries_in_use(root, recipe, index, uv_bin):
+    a = Path(build_json(root, recipe, index, uv_bin)["path"])
+    run_cli(root, "pin", "keep", str(a), check=True)
+    entries = sorted(p for p in regular_files(root / "cache" / "pyc") if p.name.endswith(".pyc"))
+    assert len(entries) == 2  # tinyengine and tinydep
+    fresh, stale = entries
+    old = time.time() - 90 * 86400
+    os.utime(stale, (old, old))
+    foreign = fresh.with_name("0" * 64 + ".pyc")  # the old format (a hardlink into environments)
+    foreign.write_bytes(b"x")
+
+    json.loads(run_cli(root, "--json", "gc", check=True).stdout)
+    assert fresh.exists() and not stale.exists() and not foreign.exists()
