@@ -70,6 +70,7 @@ class BuildPlan:
     build_index: int = 0
     lock_text: str | None = None  # install exactly this lock (a repair) instead of resolving
     uv_cache: Path | None = None  # a private uv cache (a repair) instead of the store's
+    pyc_cache: Path | None = None  # a private bytecode cache (a repair) instead of the store's
 
 
 class Deadline:
@@ -299,13 +300,17 @@ def make_env(store: Store, plan: BuildPlan, partial: Path, deadline: Deadline) -
     lock_text = lock.read_text()
     pins = len(lockfiles.pins(lock_text, lock.name))
     say(f"installing {pins} pinned package(s) with --require-hashes --no-deps")
+    # Copied, never hardlinked: a store file that shared an inode with the uv cache would let an
+    # edit in place to one environment change the cache and every later build installed from it.
+    # Not `clone` either: uv 0.13 falls back from a failed reflink to a HARDLINK (ext4, tmpfs).
     uv_run(
         ["pip", "install", "--require-hashes", "--no-deps", "-r", lock, "--index-url", plan.index_url,
-         "--python", python, "--link-mode", "hardlink", "--quiet"],
+         "--python", python, "--link-mode", "copy", "--quiet"],
         "uv pip install",
     )
     say("compiling bytecode")
-    modules, failed, reused = bytecode.compile_tree(python, partial, layout.pyc_cache, lambda argv, what: uvmod.run(
+    pyc_cache = plan.pyc_cache or layout.pyc_cache
+    modules, failed, reused = bytecode.compile_tree(python, partial, pyc_cache, lambda argv, what: uvmod.run(
         argv, what=what, env=env, log_dir=layout.logs, cwd=layout.tmp, timeout=remaining(), show=say))
     say(f"{modules} module(s): {modules - reused - failed} compiled, {reused} from the bytecode cache"
              + (f", {failed} left as source (they do not compile)" if failed else ""))

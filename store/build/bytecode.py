@@ -12,36 +12,178 @@ Together: identical sources give identical pycs in every environment, so a rebui
 and `optimise` can share pycs across environments. It was also faster than uv's compiler here
 (5.0 s against 5.4 s for a 200 MB environment of 2,642 modules on 2 cores).
 
-Because the bytes depend only on the source, the interpreter's magic number and the recorded
-relative path, compiled files are kept in a store-wide cache, `ROOT/cache/pyc/<magic>/`, named by
-sha256 of (source bytes, relative path), and hardlinked into each environment: a second environment
-with mostly the same packages compiles only what is new, and shares those pycs on disk. (Compiling
-is most of a vLLM build: 80 of 120 s for its 98,000 files here.) The key is the content, never an
-inode or a time, so a stale entry cannot stand in for a changed source. gc deletes entries no
-environment links any more.
+Because the bytes depend only on the source, the interpreter's magic number, the invalidation mode,
+the optimisation level and the recorded relative path, compiled files are kept in a store-wide
+cache, `ROOT/cache/pyc/<magic>/<k[:2]>/<k>.<sha256 of the pyc>.pyc`, where k is the sha256 of all
+of those. (Compiling is most of a vLLM build: 80 of 120 s for its 98,000 files here.)
+
+Invariants that keep one environment from poisoning another through this cache:
+- an environment never shares an inode with the cache: an entry is written as a new file from the
+  bytes just compiled, and reused by reading it and writing a new file into the environment. An
+  edit in place to an environment's pyc (chmod u+w and write, as root can) reaches nothing else;
+- an entry is used only if its bytes hash to the sha256 in its name; one that does not is deleted
+  and the module compiled again. Entries are made by writing a temporary file and renaming it to
+  its final name (atomic in one directory), so a reader sees a complete entry or none;
+- nothing under the cache is followed if it is a symlink (every open is O_NOFOLLOW, relative to a
+  directory descriptor), and only names matching ENTRY are read, at most MAX_ENTRIES_PER_KEY per key.
+A reuse sets the entry's mtime: gc drops entries no build has used for a while (gc.py).
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
+# The names gc and the compiler agree on: `<key>.<sha256 of the bytes>.pyc`.
+ENTRY_RE = re.compile(r"([0-9a-f]{64})\.([0-9a-f]{64})\.pyc")
+TEMP_PREFIX = ".tmp-"
+
 SCRIPT = r"""
-import hashlib, importlib.util, os, sys, py_compile
+import hashlib, importlib.util, os, re, stat, sys, py_compile
 from concurrent.futures import ProcessPoolExecutor
 
-def reuse(cached, target):
+ENTRY = re.compile(%(entry)r)
+TEMP = %(temp)r
+MODE = py_compile.PycInvalidationMode.UNCHECKED_HASH
+OPTIMIZE = 0
+SALT = b"llmgw-pyc\0" + importlib.util.MAGIC_NUMBER + b"\0unchecked-hash\0optimize=0\0"
+MAX_PYC = 64 << 20          # no pyc of a real module comes near this; larger entries are ignored
+MAX_SHARD_NAMES = 1 << 20   # names read from one cache directory
+MAX_ENTRIES_PER_KEY = 4     # entries of one key tried before compiling
+DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+
+def opendir(name, parent_fd, create):
+    if create:
+        try:
+            os.mkdir(name, 0o755, dir_fd=parent_fd)
+        except FileExistsError:
+            pass
+    return os.open(name, DIR, dir_fd=parent_fd)
+
+class Cache:
+    # One per worker: each shard directory is opened and listed once, lazily.
+    def __init__(self, path):
+        self.fd = None
+        try:
+            top = os.open(path, DIR)
+            try:
+                self.fd = opendir(importlib.util.MAGIC_NUMBER.hex(), top, True)
+            finally:
+                os.close(top)
+        except OSError:
+            pass  # no cache: every module is compiled
+        self.shards = {}
+        self.n = 0
+
+    def shard(self, key):
+        s = key[:2]
+        if s not in self.shards:
+            fd, names = None, {}
+            try:
+                fd = opendir(s, self.fd, True)
+                with os.scandir(fd) as it:
+                    for i, e in enumerate(it):
+                        if i >= MAX_SHARD_NAMES:
+                            break
+                        m = ENTRY.fullmatch(e.name)
+                        if m:
+                            names.setdefault(m.group(1), []).append(e.name)
+            except OSError:
+                fd, names = None, {}
+            self.shards[s] = (fd, names)
+        return self.shards[s]
+
+    def get(self, key):
+        # The bytes of a verified entry for `key`, or None. A damaged entry is deleted.
+        if self.fd is None:
+            return None
+        fd, names = self.shard(key)
+        for name in names.get(key, [])[:MAX_ENTRIES_PER_KEY]:
+            data = read_regular(name, fd)
+            if data is None:
+                continue
+            if hashlib.sha256(data).hexdigest() == name[65:129]:
+                try:
+                    os.utime(name, dir_fd=fd, follow_symlinks=False)
+                except OSError:
+                    pass
+                return data
+            try:
+                os.unlink(name, dir_fd=fd)
+            except OSError:
+                pass
+        return None
+
+    def put(self, key, data):
+        if self.fd is None:
+            return
+        fd, names = self.shard(key)
+        if fd is None:
+            return
+        name = key + "." + hashlib.sha256(data).hexdigest() + ".pyc"
+        if name in names.get(key, ()):
+            return
+        self.n += 1
+        tmp = TEMP + str(os.getpid()) + "-" + str(self.n)
+        try:
+            write_new(tmp, fd, data, 0o444)
+            os.rename(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
+        except OSError:
+            try:
+                os.unlink(tmp, dir_fd=fd)
+            except OSError:
+                pass
+
+def read_regular(name, dir_fd):
     try:
-        os.makedirs(os.path.dirname(target), exist_ok=True)
-        os.link(cached, target)
-        return True
-    except FileExistsError:
-        os.unlink(target)
-        return reuse(cached, target)
-    except OSError:  # gone meanwhile (gc), or another filesystem: compile instead
-        return False
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dir_fd)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_PYC:
+            return None
+        chunks, left = [], st.st_size + 1
+        while left > 0:
+            b = os.read(fd, left)
+            if not b:
+                break
+            chunks.append(b)
+            left -= len(b)
+        return b"".join(chunks)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+def write_new(name, dir_fd, data, mode):
+    fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode, dir_fd=dir_fd)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    finally:
+        os.close(fd)
+
+def place(target, data):
+    # A new inode in the environment; rename over whatever is there (never written through).
+    d = os.path.dirname(target)
+    os.makedirs(d, exist_ok=True)
+    dfd = os.open(d, DIR)
+    tmp = TEMP + str(os.getpid()) + "-" + os.path.basename(target)
+    try:
+        try:
+            os.unlink(tmp, dir_fd=dfd)
+        except FileNotFoundError:
+            pass
+        write_new(tmp, dfd, data, 0o644)
+        os.rename(tmp, os.path.basename(target), src_dir_fd=dfd, dst_dir_fd=dfd)
+    finally:
+        os.close(dfd)
 
 def work(args):
-    root, cache, chunk = args
+    root, cache_dir, chunk = args
+    cache = Cache(cache_dir)
     failed = reused = 0
     for src in chunk:
         rel = os.path.relpath(src, root)
@@ -51,34 +193,31 @@ def work(args):
         except OSError:
             failed += 1
             continue
-        key = hashlib.sha256(data + b"\0" + rel.encode()).hexdigest()
-        cached = os.path.join(cache, key[:2], key + ".pyc")
+        key = hashlib.sha256(SALT + rel.encode() + b"\0" + data).hexdigest()
         target = importlib.util.cache_from_source(src)
-        if os.path.exists(cached) and reuse(cached, target):
+        cached = cache.get(key)
+        if cached is not None:
+            place(target, cached)
             reused += 1
             continue
         try:
-            py_compile.compile(src, cfile=target, dfile=rel, doraise=True,
-                               invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
+            py_compile.compile(src, cfile=target, dfile=rel, doraise=True, optimize=OPTIMIZE,
+                               invalidation_mode=MODE)
         except (py_compile.PyCompileError, SyntaxError, ValueError, UnicodeDecodeError):
             failed += 1  # like compileall and uv: a module that does not compile is left as source
             continue
-        try:
-            os.makedirs(os.path.dirname(cached), exist_ok=True)
-            os.link(target, cached)
-        except OSError:
-            pass  # another build cached the same file first
+        with open(target, "rb") as f:
+            cache.put(key, f.read())
     return failed, reused
 
 if __name__ == "__main__":
     root, lib, cache = sys.argv[1], sys.argv[2], sys.argv[3]
-    cache = os.path.join(cache, importlib.util.MAGIC_NUMBER.hex())
     files = sorted(os.path.join(d, f) for d, _, fs in os.walk(lib) for f in fs if f.endswith(".py"))
     n = max(1, min(os.cpu_count() or 1, len(files) // 50 or 1))
     with ProcessPoolExecutor(n) as pool:
         results = list(pool.map(work, [(root, cache, files[i::n]) for i in range(n)]))
     print(len(files), sum(r[0] for r in results), sum(r[1] for r in results))
-"""
+""" % {"entry": ENTRY_RE.pattern, "temp": TEMP_PREFIX}
 
 
 def compile_tree(python: Path, env: Path, cache: Path, run) -> tuple[int, int, int]:

@@ -121,12 +121,16 @@ def replace(
     meta: dict[str, Any],
     make: Callable[[Path], dict[str, Any]],
     *,
+    expect: str,
     verify: Callable[[Path], None] | None,
     lock_timeout: float = DEFAULT_LOCK_TIMEOUT_S,
 ) -> dict[str, Any]:
     """Rebuild a registered path in `.partial` and swap it in for the one in the store (repair),
-    only once the new tree has passed every check a build makes. The swap is one
-    renameat2(RENAME_EXCHANGE): readers see the old tree or the new one, never a missing path."""
+    only once the new tree has passed every check a build makes AND hashes to `expect`, the content
+    hash recorded when the path was built. A repair restores the recorded bytes or changes nothing:
+    the index never takes a hash from a rebuild (IntegrityError, the path left as it was). The swap
+    is one renameat2(RENAME_EXCHANGE): readers see the old tree or the new one, never a missing path."""
+    from llmgw_store.core.errors import IntegrityError
     from llmgw_store.core.temproots import TempRoots
 
     layout, index = store.layout, store.index
@@ -136,6 +140,15 @@ def replace(
         force_rmtree(partial)
         build_id = index.start_build(key, name)
         doc = _produce(store, key, name, inputs, meta, make, verify, build_id)
+        if doc["content_hash"] != expect:
+            differs = _differences(final, partial, expect)
+            force_rmtree(partial)
+            index.fail_build(build_id, doc["build_seconds"],
+                             f"rebuilt content hash {doc['content_hash']} is not the recorded {expect}")
+            raise IntegrityError(
+                f"the rebuild of {name} gives different bytes ({differs}); the recorded hash is kept and the path "
+                "left as it was: remove the path (unpin it, `llmgw-store gc`) and build it again"
+            )
         try:
             exchange(partial, final)
         except BaseException as exc:
@@ -148,6 +161,21 @@ def replace(
         index.replace_content(name, doc["content_hash"], doc["size"], doc["files"], build_id, doc["build_seconds"])
         force_rmtree(trash)
         return doc
+
+
+def _differences(final: Path, partial: Path, expect: str, limit: int = 5) -> str:
+    """The paths where the rebuilt tree differs from the recorded listing, when that listing is
+    itself the recorded one (it hashes to `expect`); else say that they cannot be named."""
+    try:
+        recorded = manifest.read_contents(final)
+        if manifest.content_hash(recorded) != expect:
+            return "the recorded listing is damaged too, so the files cannot be named"
+        found = manifest.compare(recorded, manifest.read_contents(partial))
+    except (OSError, ValueError):
+        return "the listings cannot be read, so the files cannot be named"
+    paths = sorted(p for kind in found.values() for p in kind)
+    more = f" and {len(paths) - limit} more" if len(paths) > limit else ""
+    return ", ".join(paths[:limit]) + more
 
 
 def exchange(a: Path, b: Path) -> None:

@@ -7,12 +7,18 @@ entry: a new link is made beside it and renamed over it (atomic: the file is nev
 directory is made writable for that moment and frozen again. Files stay read-only throughout.
 
 Digests come from each path's `.llmgw/contents`; a file whose size differs from its listing is
-left alone (`verify` reports it). gc removes pool entries that no store path links any more.
+left alone (`verify` reports it). What the pool links are store files only, and only bytes that
+were checked: a file becomes the pool's copy only if it has no other link (not a cache's, not
+another path's) and hashes to its listed digest; a pool entry is linked into another path only
+once it has been hashed in this run and found to hold what its name says (one that does not is
+dropped from the pool). So an edit to one path's file never spreads to a path that did not
+already share it. What sharing does cost: paths linked to one pool entry are one inode, so an
+edit in place to one of them changes all of them (`verify` names each; `verify --repair`
+rebuilds each as a separate tree). gc removes pool entries that no store path links any more.
 
-Environments already share the files of the wheels they have in common through the uv cache
-(installed by hardlink); what optimise adds is everything else that is identical — compiled
-bytecode (path-independent, see bytecode.py), the venv's scripts, dist-info files — and wheels
-installed at different times through different caches.
+Builds share nothing with the uv or bytecode caches (installed and compiled files are copies), so
+what optimise recovers is every identical file across paths: the files of common wheels, compiled
+bytecode (path-independent, see bytecode.py), the venv's scripts, dist-info files.
 """
 
 from __future__ import annotations
@@ -21,6 +27,8 @@ import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
+
+from blake3 import blake3
 
 from llmgw_store.core import manifest
 from llmgw_store.core.fsutil import WRITE_BITS
@@ -43,6 +51,7 @@ def optimise(*, root: str | Path | None = None, dry_run: bool = False) -> Optimi
         pool = store.layout.links_pool
         pool.mkdir(exist_ok=True)
         linked = saved = examined = 0
+        checked: set[tuple[int, int]] = set()  # pool inodes hashed and found right in this run
         # Shared gc lock: gc (exclusive) cannot prune the pool or delete a path under us; builds and
         # activations (also shared) go on.
         with gc_lock(store.layout, shared=True, timeout=120.0):
@@ -57,7 +66,7 @@ def optimise(*, root: str | Path | None = None, dry_run: bool = False) -> Optimi
                     if e.kind not in "fx" or e.size == 0:
                         continue
                     examined += 1
-                    done, freed = _share(env / e.path, pool / f"{e.digest}-{e.kind}", e.size, dry_run)
+                    done, freed = _share(env / e.path, pool / f"{e.digest}-{e.kind}", e, checked, dry_run)
                     n_linked += done
                     n_saved += freed
                 if n_linked:
@@ -68,23 +77,26 @@ def optimise(*, root: str | Path | None = None, dry_run: bool = False) -> Optimi
         return OptimiseReport(examined, linked, saved, dry_run)
 
 
-def _share(path: Path, pool_entry: Path, size: int, dry_run: bool) -> tuple[int, int]:
+def _share(path: Path, pool_entry: Path, e: manifest.Entry, checked: set[tuple[int, int]],
+           dry_run: bool) -> tuple[int, int]:
     """(1 if `path` was (or would be) replaced by a link to the pool entry, bytes that freed)."""
     try:
         st = os.lstat(path)
     except FileNotFoundError:
         return 0, 0
-    if not stat.S_ISREG(st.st_mode) or st.st_size != size:
+    if not stat.S_ISREG(st.st_mode) or st.st_size != e.size:
         return 0, 0
-    try:
-        pst = os.lstat(pool_entry)
-    except FileNotFoundError:
-        if not dry_run:
-            os.link(path, pool_entry)  # this inode becomes the pool's copy
+    pst = _checked_entry(pool_entry, e, checked, dry_run)
+    if pst is None:
+        # This inode becomes the pool's copy only if nothing else links it and it holds the
+        # listed bytes: the pool never takes a cache's inode, nor a tampered file.
+        if not dry_run and st.st_nlink == 1 and _digest_of(path) == e.digest:
+            os.link(path, pool_entry)
+            checked.add((st.st_dev, st.st_ino))
         return 0, 0
     if pst.st_ino == st.st_ino and pst.st_dev == st.st_dev:
         return 0, 0
-    freed = size if st.st_nlink == 1 else 0  # other links (the uv cache, another path) keep it alive
+    freed = e.size if st.st_nlink == 1 else 0  # another link (another path) keeps it alive
     if dry_run:
         return 1, freed
     parent = path.parent
@@ -99,3 +111,39 @@ def _share(path: Path, pool_entry: Path, size: int, dry_run: bool) -> tuple[int,
             os.unlink(tmp)
         os.chmod(parent, mode & ~WRITE_BITS)
     return 1, freed
+
+
+def _checked_entry(pool_entry: Path, e: manifest.Entry, checked: set[tuple[int, int]],
+                   dry_run: bool) -> os.stat_result | None:
+    """The pool entry's lstat if it holds the bytes its name says (hashed once per run per inode),
+    else None; an entry that is not a regular file of the right size and digest leaves the pool."""
+    try:
+        pst = os.lstat(pool_entry)
+    except FileNotFoundError:
+        return None
+    ident = (pst.st_dev, pst.st_ino)
+    if ident in checked:
+        return pst
+    if stat.S_ISREG(pst.st_mode) and pst.st_size == e.size and _digest_of(pool_entry) == e.digest:
+        checked.add(ident)
+        return pst
+    if not dry_run:
+        os.unlink(pool_entry)  # the paths that link it keep it; verify names them
+    return None
+
+
+def _digest_of(path: Path) -> str | None:
+    """blake3 of a regular file, never through a symlink; None if it is not one."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        h = blake3()
+        while chunk := os.read(fd, manifest.CHUNK):
+            h.update(chunk)
+        return h.hexdigest()
+    finally:
+        os.close(fd)

@@ -6,19 +6,23 @@ differs is named: modified, missing and extra entries (a byte changed, a file ad
 retargeted and an exec bit flipped are all "modified" or "extra" with the path), writable entries.
 
 `--repair` rebuilds a damaged path from what was recorded for it — its key's inputs from the index,
-the exact lock from the manifest when that is intact (else resolved again with the same
-`--exclude-newer`) — into `.partial`, with the same uv and interpreter, checks it like any build,
-and swaps it in with one atomic exchange (realise.replace). The rebuild uses a private, empty uv
-cache, since the shared one is hardlinked into environments and may be damaged with them.
+the exact lock from the manifest when that can be proved (`_recorded_lock`; else resolved again
+with the same `--exclude-newer`) — into `.partial`, with the same uv and interpreter, and private,
+empty uv and bytecode caches (nothing shared is trusted to give back the recorded bytes). It checks
+the result like any build and swaps it in with one atomic exchange (realise.replace) only if it
+hashes to the content hash the index recorded: a repair never records a hash it computed itself.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from blake3 import blake3
 
 from llmgw_store.core import manifest
 from llmgw_store.core.errors import NotFoundError, UsageError
@@ -106,13 +110,7 @@ def _repair(store: Store, row: dict[str, Any], uv_path, python_preference) -> di
     if "build" not in inputs:
         raise UsageError(f"{name} was not built from a recipe ({inputs.get('tool', 'unknown')}); remove it and let the store reinstall it")
     env = store.layout.path_of(name)
-    lock_text = None
-    try:
-        doc = manifest.read(env)
-        if manifest.content_hash(manifest.read_contents(env)) == doc["content_hash"] == row["content_hash"]:
-            lock_text = doc["lock"]
-    except (OSError, ValueError, KeyError):
-        pass
+    lock_text = _recorded_lock(env, row["content_hash"])
     say(f"repairing {name} from its recorded inputs" + (" and lock" if lock_text else " (resolving again)"))
     uv = uvmod.resolve(store, uv_path, inputs["index_url"])
     if uv.version != inputs["uv"]:
@@ -121,22 +119,43 @@ def _repair(store: Store, row: dict[str, Any], uv_path, python_preference) -> di
     interp = interpreters.find(store, uv, want["request"], python_preference or interpreters.DEFAULT_PREFERENCE)
     if (interp.implementation, interp.version) != (want["implementation"], want["version"]):
         raise NotFoundError(f"repairing {name} needs {want['implementation']} {want['version']}; found {interp.implementation} {interp.version}")
-    # A private, empty uv cache: the shared one may be damaged like this path; every wheel is
-    # fetched and checked against the lock's hashes again.
+    # Private, empty uv and bytecode caches: the shared ones are not trusted to give back the
+    # recorded bytes; every wheel is fetched and checked against the lock's hashes again, and
+    # every module compiled again.
+    private = store.layout.tmp / f"repair-{os.getpid()}-{time.monotonic_ns()}"
     plan = builder.BuildPlan(
         key=row["key"], name=name, inputs=inputs, version=row["version"], fields=inputs["build"], uv=uv,
         interpreter=interp, index_url=inputs["index_url"],
         meta={"engine": row["engine"], "version": row["version"], "variant": row["variant"], "binary": inputs["binary"]},
         origin=f"the recorded inputs of {name}", lock_text=lock_text,
-        uv_cache=store.layout.tmp / f"repair-cache-{os.getpid()}",
+        uv_cache=private / "uv", pyc_cache=private / "pyc",
     )
     deadline = builder.Deadline(plan)
     try:
         new = replace(store, plan.key, name, inputs, plan.meta,
                       lambda partial: builder.make_env(store, plan, partial, deadline),
+                      expect=row["content_hash"],
                       verify=lambda tree: builder.verify_env(store, plan, tree, deadline))
     finally:
-        force_rmtree(plan.uv_cache)
-    identical = new["content_hash"] == row["content_hash"]
-    say(f"repaired {name}" + (" (byte-identical to what was built)" if identical else " (content hash changed)"))
-    return {"content_hash": new["content_hash"], "identical": identical}
+        force_rmtree(private)
+    say(f"repaired {name}: byte-identical to what was built")
+    return {"content_hash": new["content_hash"], "identical": new["content_hash"] == row["content_hash"]}
+
+
+def _recorded_lock(env: Path, recorded_hash: str) -> str | None:
+    """The lock the path was built from, only if it can be proved: the listing hashes to the content
+    hash that the manifest and the index record, and the manifest's lock text hashes to the listed
+    digest of the lock file. Else None (the repair resolves again, and its result must still hash
+    to `recorded_hash`)."""
+    try:
+        doc = manifest.read(env)
+        listing = manifest.read_contents(env)
+        if not manifest.content_hash(listing) == doc["content_hash"] == recorded_hash:
+            return None
+        lock_text, lock_file = doc["lock"], f"{manifest.MANIFEST_DIR}/{doc['lock_format']}"
+        listed = [e for e in listing if e.path == lock_file and e.kind == "f"]
+        if isinstance(lock_text, str) and listed and blake3(lock_text.encode()).hexdigest() == listed[0].digest:
+            return lock_text
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    return None

@@ -170,7 +170,7 @@ def collect(
             # After the uv cache: a file the uv cache still links costs nothing. Exclusive again,
             # briefly: optimise links into the pool with the lock shared.
             with gc_lock(layout, shared=False, timeout=lock_timeout):
-                report["freed"]["linked_caches"] = _prune_linked_caches([layout.links_pool, layout.pyc_cache])
+                report["freed"]["linked_caches"] = _prune_linked_caches(layout.links_pool, layout.pyc_cache)
         report["seconds"] = round(time.monotonic() - started, 3)
         report["free_after"] = free_bytes(layout.store)
         return report
@@ -269,28 +269,41 @@ def _remove_stale_key_locks(layout: Layout, live_temp: set[str]) -> int:
     return removed
 
 
-def _prune_linked_caches(trees: list[Path]) -> int:
-    """Delete the files of optimise's pool and of the bytecode cache that no environment links
-    any more: an inode all of whose links are inside these caches (they may link each other: a
-    pooled pyc is both) is garbage. Returns the bytes freed."""
-    links: dict[tuple[int, int], list[str]] = {}
-    sizes: dict[tuple[int, int], tuple[int, int]] = {}
-    for tree in trees:
-        for p, st in walk_files(tree):
-            ident = (st.st_dev, st.st_ino)
-            links.setdefault(ident, []).append(p)
-            sizes[ident] = (st.st_nlink, st.st_size)
+PYC_UNUSED_S = 30 * 86400  # a bytecode cache entry no build has used for this long goes
+PYC_TEMP_S = 3600.0  # a build's temporary file in the bytecode cache older than this was left by a crash
+
+
+def _prune_linked_caches(pool: Path, pyc_cache: Path) -> int:
+    """Delete the files of optimise's pool that no store path links any more (an inode whose only
+    link is the pool's: the pool links store files only), and the bytecode cache's entries that no
+    build has used for PYC_UNUSED_S (entries are copied into environments, never linked, so links
+    say nothing about them; a reuse sets the mtime), with whatever there is not an entry (an older
+    format's hardlinks into environments, a crashed build's temporary files). Returns bytes freed."""
+    from llmgw_store.build.bytecode import ENTRY_RE, TEMP_PREFIX
+
     freed = 0
-    for ident, paths in links.items():
-        nlink, size = sizes[ident]
-        if nlink <= len(paths):
-            for p in paths:
-                try:
-                    os.unlink(p)
-                except FileNotFoundError:
-                    pass
-            freed += size
+    for p, st in walk_files(pool):
+        if st.st_nlink <= 1:
+            freed += _unlink(p, st)
+    now = time.time()
+    for p, st in walk_files(pyc_cache):
+        name = os.path.basename(p)
+        if name.startswith(TEMP_PREFIX):
+            stale = now - st.st_mtime > PYC_TEMP_S
+        else:
+            stale = not ENTRY_RE.fullmatch(name) or now - st.st_mtime > PYC_UNUSED_S
+        if stale:
+            freed += _unlink(p, st)
     return freed
+
+
+def _unlink(path: str, st: os.stat_result) -> int:
+    """Bytes freed by removing `path` (none if another link keeps its inode)."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        return 0
+    return st.st_size if st.st_nlink <= 1 else 0
 
 
 def _exclusive_bytes(tree: Path) -> int:
