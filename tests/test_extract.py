@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from llmgw_store import fetch
 from llmgw_store.errors import IntegrityError
 from llmgw_store.extract import extract_tar
 
@@ -434,3 +435,36 @@ def test_many_directories_do_not_exhaust_fds(tmp_path):
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard_limit))
     assert len(list((dest / "t").iterdir())) == 600 and (dest / "t/d595/y").read_bytes() == b"2"
+
+
+# --- through fetch.unpack_source (what builds use) -----------------------------------------------
+
+
+@pytest.mark.parametrize("last", ["file", "symlink"])
+def test_unpack_source_refuses_the_cve_2025_4517_shape(tmp_path, outside, last):
+    """Before extract.py, tarfile's `data` filter let this write outside/pwned (realpath gives up
+    past PATH_MAX and treats the long link as a directory), and the lexical pre-check passed it."""
+    scratch = tmp_path / "scratch"
+    if last == "file":
+        make = lambda esc: f(esc + "/pwned", b"pwned\n")  # noqa: E731
+    else:
+        make = lambda esc: sym(esc + "/pwned", "secret")  # noqa: E731
+    archive = tmp_path / "pkg-1.0.tar.gz"
+    archive.write_bytes(tar_bytes(cve_2025_4517(str(scratch), "pkg-1.0", 2, make)))
+    before = snapshot(tmp_path, scratch)
+    # Refused where the archive first writes through one of its links: the long link itself.
+    with pytest.raises(IntegrityError, match=r"pkg-1.0.tar.gz: refusing to unpack: member 'pkg-1.0/a/b/c/.*"
+                                             r" is below the symlink member 'pkg-1.0/a' \(a write through a link\)"):
+        fetch.unpack_source(archive, scratch, None, "recipe.toml", "build[0].source")
+    assert not os.path.lexists(outside / "pwned")
+    assert snapshot(tmp_path, scratch) == before
+
+
+def test_unpack_source_takes_the_top_directory_and_passes_the_bound(tmp_path):
+    archive = tmp_path / "pkg-1.0.tar.gz"
+    archive.write_bytes(tar_bytes([d("pkg-1.0"), f("pkg-1.0/a.py", b"a\n" * 1000), sym("pkg-1.0/b.py", "a.py")]))
+    top = fetch.unpack_source(archive, tmp_path / "s1", None, "recipe.toml", "build[0].source")
+    assert top == tmp_path / "s1" / "pkg-1.0" and (top / "b.py").read_text() == "a\n" * 1000
+    with pytest.raises(IntegrityError, match="past 100 bytes"):
+        fetch.unpack_source(archive, tmp_path / "s2", None, "recipe.toml", "build[0].source", max_bytes=100)
+    assert not (tmp_path / "s2").exists()
