@@ -343,7 +343,9 @@ def _fetch_extras(store: Store, plan: BuildPlan, partial: Path) -> list[str]:
         say(f"unpacking {archive.name} (checked against its sha256)")
         scratch = store.layout.tmp / f"unpack-{os.getpid()}-{time.monotonic_ns()}"
         try:
-            top = fetch.unpack_source(archive, scratch, src.get("top"), origin, f"{where}.source")
+            # What the recipe says the whole build needs bounds what its source may unpack to.
+            bound = int(fields["free_gb"] * 1e9) if fields.get("free_gb") else fetch.SOURCE_MAX_BYTES
+            top = fetch.unpack_source(archive, scratch, src.get("top"), origin, f"{where}.source", max_bytes=bound)
             if "requirements" in src:
                 added += fetch.source_requirements(top / src["requirements"], origin, f"{where}.source")
             dest = partial / src.get("dir", "src")

@@ -2,9 +2,10 @@
 
 Nothing unverified is installed: a source archive is checked against the recipe's sha256, a
 release asset against the digest the release API publishes for it (an asset without one is
-refused), and an archive is unpacked with tarfile's `data` filter (no absolute paths, no `..`, no
-links out of the tree, no device files: the first such member refuses the whole archive) into a
-scratch directory that is moved into the environment only when all of it unpacked.
+refused), and an archive is unpacked by extract.extract_tar with policy "inside" (no absolute
+paths, no `..`, no links leading out of the tree, no write through a link, no device files, bounded
+bytes and members: the first such member refuses the whole archive) into a scratch directory that
+is moved into the environment only when all of it unpacked.
 
 The release API and download bases are configurable (`LLMGW_STORE_GITHUB_API`, default
 https://api.github.com), so tests serve releases from 127.0.0.1.
@@ -13,12 +14,11 @@ https://api.github.com), so tests serve releases from 127.0.0.1.
 from __future__ import annotations
 
 import os
-import shutil
-import tarfile
 from pathlib import Path
 from typing import Any
 
 from llmgw_store.core.errors import IntegrityError, NetworkError, RecipeError, UsageError
+from llmgw_store.core.fsutil import force_rmtree
 from llmgw_store.core.report import say
 
 GITHUB_API = "https://api.github.com"
@@ -40,51 +40,36 @@ def cached_download(url: str, sha256: str, downloads: Path) -> Path:
     return pypi.download(url, dest, sha256)
 
 
-def unpack_source(archive: Path, scratch: Path, top: str | None, recipe_file, where: str) -> Path:
+SOURCE_MAX_MEMBERS = 500_000  # a Linux kernel tree has about 90k
+SOURCE_MAX_BYTES = 32 * 10**9  # the bound when a recipe sets no free_gb
+
+
+def unpack_source(archive: Path, scratch: Path, top: str | None, recipe_file, where: str, *,
+                  max_bytes: int | None = None) -> Path:
     """Unpack `archive` into `scratch` safely; return the directory `top` (default: the archive's
-    single top-level directory). On a refused member nothing is left in `scratch`."""
+    single top-level directory). At most `max_bytes` of file contents (None: no bound). On a
+    refused member nothing is left in `scratch`."""
+    from llmgw_store.core.extract import extract_tar
+
     scratch.mkdir(parents=True)
     try:
-        with tarfile.open(archive) as tf:
-            members = tf.getmembers()
-            for m in members:  # all refused up front, so a bad member means nothing is written
-                problem = _unsafe(m)
-                if problem:
-                    raise tarfile.FilterError(f"member {m.name!r} {problem}")
-            tf.extractall(scratch, members=members, filter="data")  # and tarfile's own checks again
-    except tarfile.FilterError as exc:
-        shutil.rmtree(scratch, ignore_errors=True)
-        raise IntegrityError(f"{archive.name}: refusing to unpack: {exc}") from None
-    except (tarfile.TarError, OSError) as exc:
-        shutil.rmtree(scratch, ignore_errors=True)
-        raise IntegrityError(f"{archive.name}: not a readable tar archive: {exc}") from None
+        with open(archive, "rb") as f:
+            extract_tar(f, scratch, policy="inside", max_bytes=max_bytes, max_members=SOURCE_MAX_MEMBERS,
+                        label=archive.name)
+    except BaseException:
+        force_rmtree(scratch)  # read-only directories are restored only at the end; none may be left
+        raise
     if top is None:
         entries = list(scratch.iterdir())
         if len(entries) != 1 or not entries[0].is_dir():
-            shutil.rmtree(scratch, ignore_errors=True)
+            force_rmtree(scratch)
             raise RecipeError(recipe_file, f"{where}.top", "the archive has no single top directory; name it with top")
         return entries[0]
     found = scratch / top
     if ".." in Path(top).parts or not found.is_dir():
-        shutil.rmtree(scratch, ignore_errors=True)
+        force_rmtree(scratch)
         raise RecipeError(recipe_file, f"{where}.top", f"the archive has no directory {top!r}")
     return found
-
-
-def _unsafe(m: tarfile.TarInfo) -> str | None:
-    parts = Path(m.name).parts
-    if m.name.startswith("/") or (parts and parts[0].endswith(":")):
-        return "has an absolute path"
-    if ".." in parts:
-        return "climbs out of the tree (..)"
-    if m.isdev() or m.isfifo():
-        return "is a device or special file"
-    if m.issym() or m.islnk():
-        target = Path(m.linkname)
-        resolved = Path(*parts[:-1], m.linkname) if m.issym() else target
-        if target.is_absolute() or ".." in Path(os.path.normpath(resolved)).parts:
-            return f"links out of the tree ({m.linkname})"
-    return None
 
 
 def source_requirements(path: Path, recipe_file, where: str) -> list[str]:

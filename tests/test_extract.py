@@ -1,0 +1,470 @@
+"""extract_tar against hostile archives built by hand, and the genuine archives it must unpack.
+
+Every attack asserts two things: the archive is refused (IntegrityError naming archive and
+member), and nothing outside the destination changed: `tmp_path` holds a sentinel directory
+`outside/` with a file in it, and a snapshot of everything under `tmp_path` except the
+destination (names, modes, link counts, contents, link targets) is the same afterwards.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import stat
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from llmgw_store.build import fetch
+from llmgw_store.core.errors import IntegrityError
+from llmgw_store.core.extract import extract_tar
+
+# --- building archives ---------------------------------------------------------------------------
+
+
+def d(name: str, mode: int = 0o755):
+    info = tarfile.TarInfo(name)
+    info.type, info.mode = tarfile.DIRTYPE, mode
+    return info, None
+
+
+def f(name: str, data: bytes = b"x", mode: int = 0o644):
+    info = tarfile.TarInfo(name)
+    info.size, info.mode = len(data), mode
+    return info, data
+
+
+def sym(name: str, target: str):
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname, info.mode = tarfile.SYMTYPE, target, 0o777
+    return info, None
+
+
+def hard(name: str, target: str):
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname = tarfile.LNKTYPE, target
+    return info, None
+
+
+def special(name: str, kind: bytes):
+    info = tarfile.TarInfo(name)
+    info.type, info.devmajor, info.devminor = kind, 1, 3
+    return info, None
+
+
+def tar_bytes(members, mode: str = "w:gz") -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode=mode, format=tarfile.PAX_FORMAT) as tf:
+        for info, data in members:
+            tf.addfile(info, io.BytesIO(data) if data is not None else None)
+    return buf.getvalue()
+
+
+def cve_2025_4517(dest: str, prefix: str, up: int, last, *, physical: bool = False) -> list:
+    """The published shape: directories with long names nested 16 deep, each reachable through a
+    one-letter link, so that `a/b/.../p` is short to write but its resolution is nearly PATH_MAX
+    long; a link `a/.../p/lll...` back up to `prefix` that os.path.realpath can no longer lstat, so
+    it treats it as a directory; `escape` through it and `up` levels higher; then `last` through
+    `escape`. Component length chosen from len(dest) so the deepest directory still fits PATH_MAX
+    (tarfile must be able to make it) and the long link does not. With `physical` the long link
+    is named by its real path (no write through the one-letter links), so that what refuses it is
+    the resolution of `escape` itself."""
+    base = len(dest) + 1 + len(prefix)
+    comp = "d" * (230 if physical else min(250, (4090 - base) // 16 - 1))
+    steps = "abcdefghijklmnop"
+    members, path = [d(prefix)] if prefix else [], prefix
+    for step in steps:
+        members.append(d(os.path.join(path, comp)))
+        members.append(sym(os.path.join(path, step), comp))
+        path = os.path.join(path, comp)
+    linkpath = os.path.join(*steps, "l" * 254)
+    members.append(sym(os.path.join(path if physical else os.path.join(prefix, *steps), "l" * 254), "../" * len(steps)))
+    members.append(sym(os.path.join(prefix, "escape"), linkpath + "/.." * up + "/outside"))
+    members.append(last(os.path.join(prefix, "escape")))
+    return members
+
+
+# --- the sentinel --------------------------------------------------------------------------------
+
+
+def snapshot(root: Path, skip: Path) -> dict:
+    """Every entry under `root` except `skip` and below, as (mode, nlink, content or target)."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [n for n in dirnames if Path(dirpath, n) != skip]
+        for n in dirnames + filenames:
+            p = Path(dirpath, n)
+            if p == skip:
+                continue
+            st = os.lstat(p)
+            body = os.readlink(p) if stat.S_ISLNK(st.st_mode) else p.read_bytes() if stat.S_ISREG(st.st_mode) else None
+            out[str(p)] = (st.st_mode, st.st_nlink, body)
+    return out
+
+
+@pytest.fixture
+def outside(tmp_path) -> Path:
+    o = tmp_path / "outside"
+    o.mkdir()
+    (o / "secret").write_text("secret\n")
+    return o
+
+
+# --- extract_tar directly ------------------------------------------------------------------------
+
+def unpack(dest: Path, members, *, policy="inside", mode="w:gz", **kw):
+    kw.setdefault("max_bytes", None)
+    kw.setdefault("max_members", 10_000)
+    return extract_tar(io.BytesIO(tar_bytes(members, mode)), dest, policy=policy, label="evil.tar", **kw)
+
+
+def refused(tmp_path: Path, members, match: str | None = None, *, policy="inside", dest: Path | None = None,
+            **kw) -> str:
+    """Assert the archive is refused and nothing outside `dest` changed; return the message."""
+    if dest is None:
+        dest = tmp_path / "dest"
+        dest.mkdir()
+    before = snapshot(tmp_path, dest)
+    passwd = os.stat("/etc/passwd")
+    with pytest.raises(IntegrityError, match=match) as exc:
+        unpack(dest, members, policy=policy, **kw)
+    assert snapshot(tmp_path, dest) == before
+    assert os.stat("/etc/passwd").st_nlink == passwd.st_nlink
+    assert str(exc.value).startswith("evil.tar: refusing to unpack: member ")
+    return str(exc.value)
+
+
+BOTH = pytest.mark.parametrize("policy", ["inside", "signed"])
+
+
+@BOTH
+def test_cve_2025_4517_shape_is_refused_under_both_policies(tmp_path, outside, policy):
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    members = cve_2025_4517(str(dest), "", 1, lambda esc: f(esc + "/pwned", b"pwned\n"), physical=True)
+    # "inside" refuses the link that leads out; "signed" keeps it as content and refuses the write.
+    where = {"inside": "'escape' is a symlink that leads out", "signed": "'escape/pwned' is below the symlink member"}
+    refused(tmp_path, members, where[policy], policy=policy, dest=dest)
+
+
+@BOTH
+@pytest.mark.parametrize("hops", [1, 2, 5, 40, 60])
+def test_a_chain_of_links_then_a_file_through_it(tmp_path, outside, policy, hops):
+    """c1 -> ., c2 -> c1, ... cN -> c(N-1), esc -> cN/.. (lexically dest itself, physically its
+    parent), then esc/outside/pwned."""
+    members = [sym("c1", ".")] + [sym(f"c{i}", f"c{i - 1}") for i in range(2, hops + 1)]
+    members += [sym("esc", f"c{hops}/.."), f("esc/outside/pwned", b"pwned\n")]
+    msg = refused(tmp_path, members, policy=policy)
+    if policy == "signed":
+        assert "'esc/outside/pwned' is below the symlink member 'esc'" in msg
+    elif hops < 40:
+        assert "'esc' is a symlink that leads out of the tree" in msg
+    else:  # esc and c40 ... c1 are 41 links, as many as the kernel would refuse to follow (ELOOP)
+        assert f"'{'esc' if hops == 40 else 'c41'}' is a symlink through more than 40 links" in msg
+    assert not (outside / "pwned").exists()
+
+
+@pytest.mark.parametrize("members, bad", [
+    ([d("sub"), sym("sub/b", ".."), sym("sub/a", "b/..")], "sub/a"),      # a -> b/.. with b -> ..
+    ([sym("x", "."), sym("y", "x/x/x/..")], "y"),                         # x -> . repeated, then up
+    ([sym("x", "."), sym("y", "x/./x/../../outside")], "y"),
+    ([d("a"), d("a/b"), sym("a/b/up", "../.."), sym("z", "a/b/up/../outside")], "z"),
+    ([sym("self", "self/x")], "self"),                                    # a loop
+    ([sym("p", "q"), sym("q", "p")], "q"),
+    ([sym("abs", "/etc")], "abs"),
+    ([sym("up", "..")], "up"),
+    ([d("a"), sym("a/up", "../../outside")], "a/up"),
+    ([d("a"), sym("a/link", "/tmp"), sym("b", "a/link/x")], "a/link"),
+])
+def test_inside_policy_resolves_every_hop(tmp_path, outside, members, bad):
+    refused(tmp_path, members + [f(bad + "/pwned")], f"member '{bad}' is a symlink")
+
+
+def test_a_link_made_to_lead_out_by_a_later_link_is_refused_at_the_end(tmp_path, outside):
+    """l -> d/e/.. is d while e is a directory name; once d/e -> .. it is dest's parent."""
+    members = [sym("l", "d/e/.."), d("d"), sym("d/e", "..")]
+    msg = refused(tmp_path, members, "member 'l' is a symlink that leads out of the tree")
+    assert "once the archive's later links are made" in msg
+
+
+@BOTH
+def test_a_file_below_a_symlink_member(tmp_path, outside, policy):
+    target = "." if policy == "inside" else str(outside)
+    refused(tmp_path, [d("pkg"), sym("pkg/lib", target), f("pkg/lib/x", b"pwned")],
+            "'pkg/lib/x' is below the symlink member 'pkg/lib'", policy=policy)
+    assert not (outside / "x").exists()
+
+
+@pytest.mark.parametrize("members", [
+    [sym("a", "b"), f("a", b"replaced")],
+    [f("a", b"1"), f("a", b"2")],
+    [f("a", b"1"), sym("a", "b")],
+    [d("a"), f("a", b"1")],
+    [f("a", b"1"), d("a")],
+    [f("a", b"1"), f("a/b", b"2")],
+    [d("a"), f("a/x"), hard("a/y", "a/x"), hard("a/y", "a/x")],
+])
+def test_a_member_that_would_replace_an_earlier_one(tmp_path, members):
+    msg = refused(tmp_path, members)
+    assert "would replace an earlier member" in msg or "is below the file member 'a'" in msg
+
+
+@BOTH
+@pytest.mark.parametrize("target, why", [
+    ("/etc/passwd", "absolute"),
+    ("../outside/secret", ".. component"),
+    ("pkg/../../outside/secret", ".. component"),
+    ("pkg/link", "not a regular file extracted earlier"),      # a symlink member
+    ("pkg/later", "not a regular file extracted earlier"),     # a member that comes after
+    ("pkg", "not a regular file extracted earlier"),           # a directory
+    ("pkg/missing", "not a regular file extracted earlier"),
+    ("", "empty"),
+])
+def test_hard_links_only_to_earlier_regular_files(tmp_path, outside, policy, target, why):
+    members = [d("pkg"), f("pkg/file"), sym("pkg/link", "file"), hard("pkg/h", target), f("pkg/later")]
+    refused(tmp_path, members, f"member 'pkg/h' .*{why}", policy=policy)
+
+
+@BOTH
+@pytest.mark.parametrize("name, why", [
+    ("/tmp/llmgw-extract-abs", "absolute name"),
+    ("//etc/x", "absolute name"),
+    ("../outside/pwned", r"\.\. component"),
+    ("a/../../outside/pwned", r"\.\. component"),
+    ("a/b/../../../outside/pwned", r"\.\. component"),
+    ("", "empty name"),
+    (".", "empty name"),
+    ("a" * 256, "component over 255 bytes"),
+    ("/".join(["a" * 200] * 21), "bytes \\(at most 4096\\)"),
+    ("/".join("a" * 200), "components deep"),
+])
+def test_bad_names(tmp_path, outside, policy, name, why):
+    refused(tmp_path, [f(name, b"pwned")], why, policy=policy)
+    assert not Path("/tmp/llmgw-extract-abs").exists() and not (outside / "pwned").exists()
+
+
+def test_a_nul_byte_in_a_name(tmp_path):
+    info, data = f("a\x00b")
+    info.pax_headers = {"path": "a\x00/../../outside/pwned"}
+    refused(tmp_path, [(info, data)], "NUL byte")
+
+
+@BOTH
+@pytest.mark.parametrize("kind", [tarfile.CHRTYPE, tarfile.BLKTYPE, tarfile.FIFOTYPE, b"V", b"Z"])
+def test_devices_fifos_and_other_types(tmp_path, policy, kind):
+    refused(tmp_path, [d("pkg"), special("pkg/dev", kind)], "'pkg/dev' is a device, fifo or other special file",
+            policy=policy)
+
+
+@BOTH
+@pytest.mark.parametrize("member", [f("su", b"#!/bin/sh\n", 0o4755), f("sg", b"x", 0o2755), d("sticky", 0o1777)])
+def test_setuid_setgid_and_sticky_bits_are_refused(tmp_path, policy, member):
+    refused(tmp_path, [member], "setuid, setgid or sticky bit", policy=policy)
+
+
+class ZeroTar(io.RawIOBase):
+    """One header declaring `size` bytes, then zeros produced on demand; counts what was read."""
+
+    def __init__(self, size: int):
+        info = tarfile.TarInfo("bomb")
+        info.size = size
+        self.header, self.left, self.consumed = info.tobuf(tarfile.USTAR_FORMAT), size + 1024, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:
+        n = 0
+        if self.header:
+            n = min(len(b), len(self.header))
+            b[:n], self.header = self.header[:n], self.header[n:]
+        else:
+            n = min(len(b), self.left)
+            b[:n] = bytes(n)
+            self.left -= n
+        self.consumed += n
+        return n
+
+
+def test_a_tar_bomb_stops_before_its_bytes_are_read(tmp_path):
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    stream = ZeroTar(100 << 20)
+    with pytest.raises(IntegrityError, match=r"'bomb' would take the archive past 1048576 bytes \(104857600 bytes"):
+        extract_tar(io.BufferedReader(stream), dest, policy="inside", max_bytes=1 << 20, max_members=10,
+                    label="bomb.tar")
+    assert stream.consumed < 1 << 20
+    assert not (dest / "bomb").exists()
+
+
+def test_a_bomb_of_many_files_stops_at_the_first_one_past_the_bound(tmp_path):
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    members = [f(f"f{i}", bytes(400_000)) for i in range(5)]
+    refused(tmp_path, members, "'f2' would take the archive past 1000000 bytes", dest=dest, max_bytes=1_000_000)
+    assert sorted(p.name for p in dest.iterdir()) == ["f0", "f1"]
+
+
+def test_too_many_members(tmp_path):
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    refused(tmp_path, [f(f"f{i:02}") for i in range(20)], "'f10' is past the limit of 10 members", dest=dest,
+            max_members=10)
+    assert len(list(dest.iterdir())) == 10
+
+
+@BOTH
+@pytest.mark.parametrize("planted, members", [
+    ("sub", [f("sub/file", b"pwned")]),                      # a planted link as a parent
+    ("sub", [d("sub"), f("sub/file", b"pwned")]),            # ... named by a directory member
+    ("sub", [f("a"), hard("sub/file", "a")]),                # ... as the parent of a hard link
+    ("sub", [sym("sub/file", "x")]),                         # ... as the parent of a symlink
+    ("secret", [f("secret", b"pwned")]),                     # a planted link as the file itself
+])
+def test_a_link_planted_in_dest_is_never_followed(tmp_path, outside, policy, planted, members):
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    os.symlink(outside / planted if planted == "secret" else outside, dest / planted)
+    msg = refused(tmp_path, members, policy=policy, dest=dest)
+    assert "meets an entry already in the way" in msg and "which is not followed" in msg
+    assert sorted(p.name for p in outside.iterdir()) == ["secret"]
+    assert (outside / "secret").read_text() == "secret\n"
+
+
+def test_signed_top_holds_every_member(tmp_path, outside):
+    refused(tmp_path, [d("env"), f("env/a"), f("other/b")], "'other/b' is outside env/", policy="signed", top="env")
+
+
+def test_signed_top_must_be_a_directory(tmp_path):
+    refused(tmp_path, [f("env", b"x")], "'env' is env itself and not a directory", policy="signed", top="env")
+
+
+def test_corrupt_archives_are_not_readable(tmp_path):
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    good = tar_bytes([f("a", bytes(10_000))])
+    for bad in (b"not a tar at all" * 100, good[: len(good) // 2]):
+        with pytest.raises(IntegrityError, match="evil.tar: not a readable tar archive"):
+            extract_tar(io.BytesIO(bad), dest, policy="inside", max_bytes=None, max_members=10, label="evil.tar")
+        for p in dest.iterdir():
+            p.unlink()
+
+
+# --- what must unpack ------------------------------------------------------------------------------
+
+
+def test_a_genuine_source_tarball(tmp_path):
+    members = [
+        d("./pkg-1.0/", 0o775),
+        f("./pkg-1.0/setup.py", b"print('setup')\n", 0o664),
+        d("pkg-1.0/bin"),
+        f("pkg-1.0/bin/run", b"#!/bin/sh\necho run\n", 0o775),
+        f("pkg-1.0/bin/all", b"#!/bin/sh\n", 0o777),
+        d("pkg-1.0/src/pkg/data"),                           # parents it implies are made
+        f("pkg-1.0/src/pkg/data/v1.txt", b"v1\n"),
+        sym("pkg-1.0/src/pkg/data/latest", "v1.txt"),
+        sym("pkg-1.0/docs", "src/pkg/../pkg/data"),           # relative, with a .. that stays inside
+        sym("pkg-1.0/up", "src/pkg/data/../../.."),           # pkg-1.0 itself
+        sym("pkg-1.0/dangling", "not/there"),
+        hard("pkg-1.0/bin/run-again", "pkg-1.0/bin/run"),
+        d("pkg-1.0/readonly", 0o555),
+        f("pkg-1.0/readonly/frozen.txt", b"frozen\n", 0o444),
+        d("pkg-1.0/empty", 0o700),
+    ]
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    stats = unpack(dest, members, max_bytes=1 << 20, max_members=len(members))
+    root = dest / "pkg-1.0"
+    assert (root / "setup.py").read_text() == "print('setup')\n"
+    assert (root / "docs" / "latest").read_text() == "v1\n" and os.readlink(root / "docs") == "src/pkg/../pkg/data"
+    assert (root / "up" / "setup.py").exists() and os.readlink(root / "dangling") == "not/there"
+    modes = {p: stat.S_IMODE(os.lstat(root / p).st_mode) for p in
+             ("", "setup.py", "bin/run", "bin/all", "src", "src/pkg/data", "readonly", "readonly/frozen.txt", "empty")}
+    assert modes == {"": 0o755, "setup.py": 0o644, "bin/run": 0o755, "bin/all": 0o755, "src": 0o755,
+                     "src/pkg/data": 0o755, "readonly": 0o555, "readonly/frozen.txt": 0o444, "empty": 0o700}
+    assert os.stat(root / "bin/run").st_ino == os.stat(root / "bin/run-again").st_ino
+    assert (stats.files, stats.hardlinks, stats.symlinks, stats.dirs, stats.members) == (5, 1, 4, 5, len(members))
+    assert stats.bytes == sum(len(data) for info, data in members if data)
+    (root / "readonly").chmod(0o755)
+
+
+def test_signed_policy_keeps_absolute_links_and_checks_top(tmp_path):
+    members = [d("env"), d("env/bin"), sym("env/bin/python", "/usr/bin/python3"), sym("env/bin/python3", "python"),
+               f("env/bin/tool", b"#!/bin/sh\n", 0o755), sym("env/lib64", "lib"), d("env/lib")]
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    unpack(dest, members, policy="signed", top="env", max_bytes=None, max_members=100, mode="w")
+    assert os.readlink(dest / "env/bin/python") == "/usr/bin/python3"
+    assert os.readlink(dest / "env/lib64") == "lib"
+    with pytest.raises(ValueError):
+        unpack(tmp_path, [], policy="signed", top="../x", max_bytes=None, max_members=1)
+
+
+def test_the_same_absolute_link_is_refused_under_inside(tmp_path):
+    refused(tmp_path, [d("env"), d("env/bin"), sym("env/bin/python", "/usr/bin/python3")],
+            "'env/bin/python' is a symlink to an absolute path")
+
+
+def test_a_zstd_stream_in_one_pass(tmp_path):
+    """What fleet will pass: a non-seekable zstd reader over an uncompressed tar."""
+    import zstandard
+
+    members = [d("env")] + [f(f"env/d{i % 7}/f{i}", os.urandom(i * 37)) for i in range(300)]
+    compressed = zstandard.ZstdCompressor().compress(tar_bytes(members, "w"))
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    with zstandard.ZstdDecompressor().stream_reader(io.BytesIO(compressed)) as zr:
+        stats = extract_tar(zr, dest, policy="signed", top="env", max_bytes=None, max_members=1000)
+    assert stats.files == 300
+    for info, data in members[1:]:
+        assert (dest / info.name).read_bytes() == data
+
+
+def test_many_directories_do_not_exhaust_fds(tmp_path):
+    """The fd cache is bounded: 600 directories, revisited out of order, with a soft fd limit of 256."""
+    import resource
+
+    members = [f(f"t/d{i}/x", b"1") for i in range(600)] + [f(f"t/d{i}/y", b"2") for i in range(0, 600, 7)]
+    soft, hard_limit = resource.getrlimit(resource.RLIMIT_NOFILE)
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard_limit))
+    try:
+        unpack(dest, members, max_members=10_000, mode="w")
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard_limit))
+    assert len(list((dest / "t").iterdir())) == 600 and (dest / "t/d595/y").read_bytes() == b"2"
+
+
+# --- through fetch.unpack_source (what builds use) -----------------------------------------------
+
+
+@pytest.mark.parametrize("last", ["file", "symlink"])
+def test_unpack_source_refuses_the_cve_2025_4517_shape(tmp_path, outside, last):
+    """Before extract.py, tarfile's `data` filter let this write outside/pwned (realpath gives up
+    past PATH_MAX and treats the long link as a directory), and the lexical pre-check passed it."""
+    scratch = tmp_path / "scratch"
+    if last == "file":
+        make = lambda esc: f(esc + "/pwned", b"pwned\n")  # noqa: E731
+    else:
+        make = lambda esc: sym(esc + "/pwned", "secret")  # noqa: E731
+    archive = tmp_path / "pkg-1.0.tar.gz"
+    archive.write_bytes(tar_bytes(cve_2025_4517(str(scratch), "pkg-1.0", 2, make)))
+    before = snapshot(tmp_path, scratch)
+    # Refused where the archive first writes through one of its links: the long link itself.
+    with pytest.raises(IntegrityError, match=r"pkg-1.0.tar.gz: refusing to unpack: member 'pkg-1.0/a/b/c/.*"
+                                             r" is below the symlink member 'pkg-1.0/a' \(a write through a link\)"):
+        fetch.unpack_source(archive, scratch, None, "recipe.toml", "build[0].source")
+    assert not os.path.lexists(outside / "pwned")
+    assert snapshot(tmp_path, scratch) == before
+
+
+def test_unpack_source_takes_the_top_directory_and_passes_the_bound(tmp_path):
+    archive = tmp_path / "pkg-1.0.tar.gz"
+    archive.write_bytes(tar_bytes([d("pkg-1.0"), f("pkg-1.0/a.py", b"a\n" * 1000), sym("pkg-1.0/b.py", "a.py")]))
+    top = fetch.unpack_source(archive, tmp_path / "s1", None, "recipe.toml", "build[0].source")
+    assert top == tmp_path / "s1" / "pkg-1.0" and (top / "b.py").read_text() == "a\n" * 1000
+    with pytest.raises(IntegrityError, match="past 100 bytes"):
+        fetch.unpack_source(archive, tmp_path / "s2", None, "recipe.toml", "build[0].source", max_bytes=100)
+    assert not (tmp_path / "s2").exists()
