@@ -159,7 +159,7 @@ def _plan(store: Store, recipe: Recipe, chosen: Build, options: BuildOptions, pr
     index_url = options.index_url.rstrip("/")
     uv = uvmod.resolve(store, options.uv, index_url, progress)
     version = options.version or chosen.fields.get("version") or _latest(store, recipe, index_url, options, progress)
-    if not recipes.VERSION_RE.match(version):
+    if not recipes.VERSION_RE.fullmatch(version):
         raise UsageError(f"{version!r} is not a version")
     fields = chosen.resolved(version)
     if options.as_of is not None:
