@@ -9,7 +9,6 @@ Only a miss validates requirements, resolves and installs; see realise.py for th
 from __future__ import annotations
 
 import os
-import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -332,10 +331,13 @@ def make_env(store: Store, plan: BuildPlan, partial: Path, deadline: Deadline, p
 
 def _fetch_extras(store: Store, plan: BuildPlan, partial: Path, progress) -> list[str]:
     """The build's source archive, release assets and release wheel, each checked against its
-    digest; returns the requirements they add (the source's requirements file, the pinned wheel)."""
+    digest; returns the requirements they add (the source's requirements file, the pinned wheel).
+    Every path is checked again with `{version}` filled in, and every write into `partial` goes
+    through fetch's no-follow helpers: nothing lands outside it or on what uv venv made there."""
     from llmgw_store.build import fetch
 
     fields, origin, where = plan.fields, plan.origin, f"build[{plan.build_index}]"
+    recipes.check_paths(fields, origin, where)
     downloads = store.layout.downloads
     added: list[str] = []
     if "source" in fields:
@@ -345,26 +347,30 @@ def _fetch_extras(store: Store, plan: BuildPlan, partial: Path, progress) -> lis
         scratch = store.layout.tmp / f"unpack-{os.getpid()}-{time.monotonic_ns()}"
         try:
             top = fetch.unpack_source(archive, scratch, src.get("top"), origin, f"{where}.source")
+            top_rel = top.relative_to(scratch).as_posix()
             if "requirements" in src:
-                added += fetch.source_requirements(top / src["requirements"], origin, f"{where}.source")
-            dest = partial / src.get("dir", "src")
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            os.rename(top, dest)
+                added += fetch.source_requirements(scratch, f"{top_rel}/{src['requirements']}", origin, f"{where}.source")
+            fetch.move_tree(scratch, top_rel, partial, src.get("dir", "src"), origin, f"{where}.source")
         finally:
             force_rmtree(scratch)
     if "assets" in fields:
         repo, tag = plan.inputs["repo"], fields["asset_tag"]
         listed = fetch.release(repo, tag)
-        asset_dir = partial / fields.get("asset_dir", "bin")
-        asset_dir.mkdir(parents=True, exist_ok=True)
-        for name in fields["assets"]:
-            asset = fetch.pick(listed, repo, tag, name=name)
-            got = fetch.cached_download(asset["url"], asset["sha256"], downloads, progress)
-            target = asset_dir / name
-            shutil.copyfile(got, target)
-            if fields.get("asset_dir", "bin") == "bin":
-                target.chmod(0o755)
-            progress(f"asset {name} from release {tag} of {repo} (sha256 {asset['sha256'][:12]}…)")
+        asset_dir = fields.get("asset_dir", "bin")
+        try:
+            dir_fd = fetch.open_dir(partial, asset_dir, create=True)
+        except OSError as exc:
+            raise RecipeError(origin, f"{where}.asset_dir", f"{asset_dir!r} passes through a link or a file in the "
+                              f"environment; refusing to write through it ({exc.strerror})") from None
+        try:
+            for name in fields["assets"]:
+                asset = fetch.pick(listed, repo, tag, name=name)
+                got = fetch.cached_download(asset["url"], asset["sha256"], downloads, progress)
+                fetch.install_file(got, dir_fd, name, 0o755 if asset_dir == "bin" else 0o644, f"{asset_dir}/{name}",
+                                   origin, f"{where}.assets")
+                progress(f"asset {name} from release {tag} of {repo} (sha256 {asset['sha256'][:12]}…)")
+        finally:
+            os.close(dir_fd)
     if "wheel" in fields:
         w = fields["wheel"]
         repo = w.get("repo", plan.inputs["repo"])
