@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from llmgw_store.build import fetch
+from llmgw_store.build import recipe as recipes
 from llmgw_store.core.errors import RecipeError
 from llmgw_store.core.fsutil import sha256_of
 from tests.conftest import PYTHON, build_json, run_cli, run_in_env
@@ -295,3 +296,15 @@ def test_release_asset_names_that_are_not_plain_file_names_are_dropped(releases,
     listed = fetch.release("org/tinyengine", "v2.0")
     assert [a["name"] for a in listed] == ["tool"] and listed[0]["problem"] is None
     assert fetch.pick(listed, "org/tinyengine", "v2.0", name="tool")["sha256"] == hashlib.sha256(TOOL).hexdigest()
+
+
+def test_paths_are_checked_again_with_the_real_version_before_anything_is_built(tmp_path, index, releases, uv_bin,
+                                                                                base_python):
+    # `{version}` is `0` when the recipe is read; `--version 1!0` (an epoch) makes `src-1!0`.
+    recipe = _recipe(tmp_path, releases, base_python, GOOD_SOURCE, ('dir = "src"', 'dir = "src-{version}"'))
+    proc = run_cli(tmp_path / "root", "build", str(recipe), "--version", "1!0", "--as-of", "2024-03-01",
+                   "--index-url", index.url, "--uv", str(uv_bin), env={"LLMGW_STORE_GITHUB_API": releases.base})
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.splitlines()[-1] == (f"llmgw-store: error: {recipe}: build[0].source.dir: 'src-1!0': 'src-1!0' "
+                                            f"is not a plain name ({recipes.PLAIN})")
+    assert "creating the environment" not in proc.stderr and _store_is_empty(tmp_path)

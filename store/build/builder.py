@@ -227,9 +227,11 @@ def _remember_published(store: Store, files, project: str, version: str, index_u
 def check_requirements(plan: BuildPlan) -> list[str]:
     """Requirements must be PyPI requirement specifiers: a URL or `@` reference would bypass the
     index, `--exclude-newer` and the published hashes. Run on a miss only (packaging is slow to
-    import), before anything is locked or written, and again by `make_env`."""
+    import), before anything is locked or written, and again by `make_env`. The build's paths are
+    checked here too, now that `{version}` is filled in (the recipe was checked with `0`)."""
     from packaging.requirements import InvalidRequirement, Requirement
 
+    recipes.check_paths(plan.fields, plan.origin, f"build[{plan.build_index}]")
     where = f"build[{plan.build_index}].requirements"
     out = []
     for line in plan.fields["requirements"]:
@@ -332,12 +334,11 @@ def make_env(store: Store, plan: BuildPlan, partial: Path, deadline: Deadline, p
 def _fetch_extras(store: Store, plan: BuildPlan, partial: Path, progress) -> list[str]:
     """The build's source archive, release assets and release wheel, each checked against its
     digest; returns the requirements they add (the source's requirements file, the pinned wheel).
-    Every path is checked again with `{version}` filled in, and every write into `partial` goes
-    through fetch's no-follow helpers: nothing lands outside it or on what uv venv made there."""
+    Its paths were checked by `check_requirements`; every write into `partial` goes through fetch's
+    no-follow helpers, so nothing lands outside it or on what uv venv made there."""
     from llmgw_store.build import fetch
 
     fields, origin, where = plan.fields, plan.origin, f"build[{plan.build_index}]"
-    recipes.check_paths(fields, origin, where)
     downloads = store.layout.downloads
     added: list[str] = []
     if "source" in fields:
@@ -349,7 +350,8 @@ def _fetch_extras(store: Store, plan: BuildPlan, partial: Path, progress) -> lis
             top = fetch.unpack_source(archive, scratch, src.get("top"), origin, f"{where}.source")
             top_rel = top.relative_to(scratch).as_posix()
             if "requirements" in src:
-                added += fetch.source_requirements(scratch, f"{top_rel}/{src['requirements']}", origin, f"{where}.source")
+                added += fetch.source_requirements(scratch, f"{top_rel}/{src['requirements']}", origin,
+                                                   f"{where}.source")
             fetch.move_tree(scratch, top_rel, partial, src.get("dir", "src"), origin, f"{where}.source")
         finally:
             force_rmtree(scratch)

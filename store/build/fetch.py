@@ -6,6 +6,11 @@ refused), and an archive is unpacked with tarfile's `data` filter (no absolute p
 links out of the tree, no device files: the first such member refuses the whole archive) into a
 scratch directory that is moved into the environment only when all of it unpacked.
 
+Nothing is written or read through a link: the environment holds links made by uv venv (bin/python
+to the base interpreter, lib64 to lib) and the archive may hold links of its own, so every path
+below the build directory is walked with O_NOFOLLOW (`open_dir`), files are created with O_EXCL
+(`install_file`), and the source tree is moved by rename(2) between directory descriptors.
+
 The release API and download bases are configurable (`LLMGW_STORE_GITHUB_API`, default
 https://api.github.com), so tests serve releases from 127.0.0.1.
 """
