@@ -359,11 +359,7 @@ def _fetch_extras(store: Store, plan: BuildPlan, partial: Path, progress) -> lis
         repo, tag = plan.inputs["repo"], fields["asset_tag"]
         listed = fetch.release(repo, tag)
         asset_dir = fields.get("asset_dir", "bin")
-        try:
-            dir_fd = fetch.open_dir(partial, asset_dir, create=True)
-        except OSError as exc:
-            raise RecipeError(origin, f"{where}.asset_dir", f"{asset_dir!r} passes through a link or a file in the "
-                              f"environment; refusing to write through it ({exc.strerror})") from None
+        dir_fd = fetch.env_dir(partial, asset_dir, origin, f"{where}.asset_dir")
         try:
             for name in fields["assets"]:
                 asset = fetch.pick(listed, repo, tag, name=name)

@@ -129,6 +129,16 @@ def open_dir(base: Path, rel: str, *, create: bool = False) -> int:
     return fd
 
 
+def env_dir(env: Path, rel: str, recipe_file, field: str) -> int:
+    """`open_dir(env, rel, create=True)` for a directory the recipe names in the environment; a link
+    or a file on the way is refused with a RecipeError naming `field`."""
+    try:
+        return open_dir(env, rel, create=True)
+    except OSError as exc:
+        raise RecipeError(recipe_file, field, f"{rel!r} passes through a link or a file in the environment; "
+                          f"refusing to write through it ({exc.strerror})") from None
+
+
 def _split(rel: str) -> tuple[str, str]:
     parent, _, name = rel.rpartition("/")
     return parent, name
@@ -202,11 +212,7 @@ def move_tree(scratch: Path, top: str, env: Path, dest: str, recipe_file, where:
         if not stat.S_ISDIR(os.lstat(top_name, dir_fd=src_fd).st_mode):
             raise RecipeError(recipe_file, f"{where}.top",
                               f"{top!r} in the archive is a link or a file, not a directory")
-        try:
-            dest_fd = open_dir(env, parent, create=True)
-        except OSError as exc:
-            raise RecipeError(recipe_file, f"{where}.dir", f"{dest!r} passes through a link or a file in the "
-                              f"environment; refusing to write through it ({exc.strerror})") from None
+        dest_fd = env_dir(env, parent, recipe_file, f"{where}.dir")
         try:
             try:
                 os.mkdir(name, 0o755, dir_fd=dest_fd)
