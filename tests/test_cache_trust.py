@@ -19,7 +19,6 @@ import pytest
 from llmgw_store.cache import signing
 from llmgw_store.cache.backends import backend_for
 from llmgw_store.core.errors import IntegrityError
-from llmgw_store.core.keys import canonical_json
 from tests.conftest import build_store, copy_store, run_cli, run_in_env
 from tests.test_fleet import cache, push, s3_server  # noqa: F401  (fixtures: the three real backends)
 

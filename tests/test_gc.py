@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from llmgw_store.core.manifest import read as read_manifest, tree_hash
+from llmgw_store.core.manifest import read as read_manifest
+from llmgw_store.core.manifest import tree_hash
 from tests.conftest import build_store, cli_cmd, copy_store, real_uv, run_cli
 
 DATES = ("2024-02-02", "2024-06-02", "2024-08-01")

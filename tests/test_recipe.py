@@ -115,3 +115,76 @@ def test_bad_requirement_is_refused_before_anything_is_built(tmp_path, index, uv
     assert list((root / "store").iterdir()) == []
     assert list((root / "store").iterdir()) == []
     assert sqlite3.connect(root / "var" / "db.sqlite").execute("SELECT count(*) FROM builds").fetchone()[0] == 0
+
+
+# --- every path a build names stays inside its tree (see also tests/test_recipe_attacks.py) --------
+
+SOURCE = '\n[build.source]\nurl = "https://example.org/s.tar.gz"\nsha256 = "' + "0" * 64 + '"\n'
+
+
+def _paths_recipe(tmp_path, build_lines: str, source_lines: str = "") -> str:
+    f = tmp_path / "paths.toml"
+    f.write_text(GOOD.replace('[engine]\nname = "vllm"', '[engine]\nname = "vllm"\nrepo = "org/vllm"')
+                 + build_lines + (SOURCE + source_lines if source_lines else ""))
+    return f
+
+
+@pytest.mark.parametrize("build_lines, source_lines, field, words", [
+    ("", 'dir = ".llmgw"', "build[0].source.dir", "what the store and uv venv own"),
+    ("", 'dir = ".llmgw/x"', "build[0].source.dir", "what the store and uv venv own"),
+    ("", 'dir = "bin"', "build[0].source.dir", "what the store and uv venv own"),
+    ("", 'dir = "bin/python3.11"', "build[0].source.dir", "what the store and uv venv own"),
+    ("", 'dir = "pyvenv.cfg"', "build[0].source.dir", "what the store and uv venv own"),
+    ("", 'dir = "lib/python3.11/site-packages/evil"', "build[0].source.dir", "what the store and uv venv own"),
+    ("", 'dir = "lib64/x"', "build[0].source.dir", "what the store and uv venv own"),
+    ("", 'dir = "../outside"', "build[0].source.dir", "climbs out of the environment"),
+    ("", 'dir = "/tmp/x"', "build[0].source.dir", "is absolute"),
+    ("", 'dir = "a//b"', "build[0].source.dir", "empty component"),
+    ("", 'dir = "src\\n"', "build[0].source.dir", "is not a plain name"),
+    ("", 'dir = "a\\u0000b"', "build[0].source.dir", "is not a plain name"),
+    ("", f'dir = "{"a/" * 20}a"', "build[0].source.dir", "is longer than"),
+    ("", 'top = "../x"', "build[0].source.top", "climbs out of the archive"),
+    ("", 'requirements = "/etc/passwd"', "build[0].source.requirements", "is absolute"),
+    ('assets = ["python3"]\nasset_tag = "v1"', "", "build[0].assets", "reserved"),
+    ('assets = ["python3.11"]\nasset_tag = "v1"', "", "build[0].assets", "reserved"),
+    ('assets = ["activate"]\nasset_tag = "v1"', "", "build[0].assets", "reserved"),
+    ('assets = ["pip"]\nasset_tag = "v1"', "", "build[0].assets", "reserved"),
+    ('assets = ["../x"]\nasset_tag = "v1"', "", "build[0].assets", "not a plain file name"),
+    ('assets = ["/etc/x"]\nasset_tag = "v1"', "", "build[0].assets", "not a plain file name"),
+    ('assets = ["a\\n"]\nasset_tag = "v1"', "", "build[0].assets", "not a plain file name"),
+    ('assets = [".hidden"]\nasset_tag = "v1"', "", "build[0].assets", "not a plain file name"),
+    ('assets = ["tool", "tool"]\nasset_tag = "v1"', "", "build[0].assets", "appears twice"),
+    ('assets = ["tool"]\nasset_tag = "v1"\nasset_dir = "../x"', "", "build[0].asset_dir", "climbs out"),
+    ('assets = ["tool"]\nasset_tag = "v1"\nasset_dir = ".llmgw"', "", "build[0].asset_dir", "what the store and uv venv own"),
+    ('assets = ["tool"]\nasset_tag = "v1"\nasset_dir = "lib64"', "", "build[0].asset_dir", "what the store and uv venv own"),
+])
+def test_paths_outside_the_tree_or_on_the_stores_own_are_refused(tmp_path, build_lines, source_lines, field, words):
+    f = _paths_recipe(tmp_path, build_lines, source_lines)
+    with pytest.raises(RecipeError) as err:
+        recipes.load(f)
+    assert err.value.field == field and words in err.value.problem, str(err.value)
+    assert "\n" not in str(err.value)  # one line, even when the value holds a newline
+
+
+def test_plain_relative_paths_and_asset_names_are_accepted(tmp_path):
+    f = _paths_recipe(tmp_path, 'assets = ["tinytool", "tool-{version}.bin", "uvicorn"]\nasset_tag = "v1"\n'
+                      'asset_dir = "share/tools"', 'dir = "opt/src-{version}"\ntop = "vllm-{version}"\n'
+                      'requirements = "requirements/cuda.txt"')
+    fields = recipes.load(f).builds[0].resolved("0.6.3")
+    assert fields["source"]["dir"] == "opt/src-0.6.3" and fields["assets"][1] == "tool-0.6.3.bin"
+    recipes.check_paths(fields, f, "build[0]")  # what the builder runs again with the real version
+    f = _paths_recipe(tmp_path, 'assets = ["tinytool"]\nasset_tag = "v1"\nasset_dir = "bin"', 'dir = "bin/vllm-src"')
+    assert recipes.load(f).builds[0].fields["asset_dir"] == "bin"
+
+
+@pytest.mark.parametrize("change, field", [
+    (('name = "vllm"', 'name = "vllm\\n"'), "engine.name"),
+    (('variant = "cu128"', 'variant = "cu128\\n"'), "build[0].variant"),
+    (('python = "3.12"', 'python = "3.12"\nversion = "1.0\\n"'), "build[0].version"),
+])
+def test_a_trailing_newline_is_not_a_name(tmp_path, change, field):
+    f = tmp_path / "nl.toml"
+    f.write_text(GOOD.replace(*change))
+    with pytest.raises(RecipeError) as err:
+        recipes.load(f)
+    assert err.value.field == field

@@ -9,7 +9,6 @@ Only a miss validates requirements, resolves and installs; see realise.py for th
 from __future__ import annotations
 
 import os
-import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -154,7 +153,7 @@ def _plan(store: Store, recipe: Recipe, chosen: Build, options: BuildOptions) ->
     index_url = options.index_url.rstrip("/")
     uv = uvmod.resolve(store, options.uv, index_url)
     version = options.version or chosen.fields.get("version") or _latest(store, recipe, index_url, options)
-    if not recipes.VERSION_RE.match(version):
+    if not recipes.VERSION_RE.fullmatch(version):
         raise UsageError(f"{version!r} is not a version")
     fields = chosen.resolved(version)
     if options.as_of is not None:
@@ -223,9 +222,11 @@ def _remember_published(store: Store, files, project: str, version: str, index_u
 def check_requirements(plan: BuildPlan) -> list[str]:
     """Requirements must be PyPI requirement specifiers: a URL or `@` reference would bypass the
     index, `--exclude-newer` and the published hashes. Run on a miss only (packaging is slow to
-    import), before anything is locked or written, and again by `make_env`."""
+    import), before anything is locked or written, and again by `make_env`. The build's paths are
+    checked here too, now that `{version}` is filled in (the recipe was checked with `0`)."""
     from packaging.requirements import InvalidRequirement, Requirement
 
+    recipes.check_paths(plan.fields, plan.origin, f"build[{plan.build_index}]")
     where = f"build[{plan.build_index}].requirements"
     out = []
     for line in plan.fields["requirements"]:
@@ -331,7 +332,9 @@ def make_env(store: Store, plan: BuildPlan, partial: Path, deadline: Deadline) -
 
 def _fetch_extras(store: Store, plan: BuildPlan, partial: Path) -> list[str]:
     """The build's source archive, release assets and release wheel, each checked against its
-    digest; returns the requirements they add (the source's requirements file, the pinned wheel)."""
+    digest; returns the requirements they add (the source's requirements file, the pinned wheel).
+    Its paths were checked by `check_requirements`; every write into `partial` goes through fetch's
+    no-follow helpers, so nothing lands outside it or on what uv venv made there."""
     from llmgw_store.build import fetch
 
     fields, origin, where = plan.fields, plan.origin, f"build[{plan.build_index}]"
@@ -346,26 +349,27 @@ def _fetch_extras(store: Store, plan: BuildPlan, partial: Path) -> list[str]:
             # What the recipe says the whole build needs bounds what its source may unpack to.
             bound = int(fields["free_gb"] * 1e9) if fields.get("free_gb") else fetch.SOURCE_MAX_BYTES
             top = fetch.unpack_source(archive, scratch, src.get("top"), origin, f"{where}.source", max_bytes=bound)
+            top_rel = top.relative_to(scratch).as_posix()
             if "requirements" in src:
-                added += fetch.source_requirements(top / src["requirements"], origin, f"{where}.source")
-            dest = partial / src.get("dir", "src")
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            os.rename(top, dest)
+                added += fetch.source_requirements(scratch, f"{top_rel}/{src['requirements']}", origin,
+                                                   f"{where}.source")
+            fetch.move_tree(scratch, top_rel, partial, src.get("dir", "src"), origin, f"{where}.source")
         finally:
             force_rmtree(scratch)
     if "assets" in fields:
         repo, tag = plan.inputs["repo"], fields["asset_tag"]
         listed = fetch.release(repo, tag)
-        asset_dir = partial / fields.get("asset_dir", "bin")
-        asset_dir.mkdir(parents=True, exist_ok=True)
-        for name in fields["assets"]:
-            asset = fetch.pick(listed, repo, tag, name=name)
-            got = fetch.cached_download(asset["url"], asset["sha256"], downloads)
-            target = asset_dir / name
-            shutil.copyfile(got, target)
-            if fields.get("asset_dir", "bin") == "bin":
-                target.chmod(0o755)
-            say(f"asset {name} from release {tag} of {repo} (sha256 {asset['sha256'][:12]}…)")
+        asset_dir = fields.get("asset_dir", "bin")
+        dir_fd = fetch.env_dir(partial, asset_dir, origin, f"{where}.asset_dir")
+        try:
+            for name in fields["assets"]:
+                asset = fetch.pick(listed, repo, tag, name=name)
+                got = fetch.cached_download(asset["url"], asset["sha256"], downloads)
+                fetch.install_file(got, dir_fd, name, 0o755 if asset_dir == "bin" else 0o644, f"{asset_dir}/{name}",
+                                   origin, f"{where}.assets")
+                say(f"asset {name} from release {tag} of {repo} (sha256 {asset['sha256'][:12]}…)")
+        finally:
+            os.close(dir_fd)
     if "wheel" in fields:
         w = fields["wheel"]
         repo = w.get("repo", plan.inputs["repo"])

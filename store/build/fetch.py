@@ -7,6 +7,11 @@ paths, no `..`, no links leading out of the tree, no write through a link, no de
 bytes and members: the first such member refuses the whole archive) into a scratch directory that
 is moved into the environment only when all of it unpacked.
 
+Nothing is written or read through a link: the environment holds links made by uv venv (bin/python
+to the base interpreter, lib64 to lib) and the archive may hold links of its own, so every path
+below the build directory is walked with O_NOFOLLOW (`open_dir`), files are created with O_EXCL
+(`install_file`), and the source tree is moved by rename(2) between directory descriptors.
+
 The release API and download bases are configurable (`LLMGW_STORE_GITHUB_API`, default
 https://api.github.com), so tests serve releases from 127.0.0.1.
 """
@@ -14,14 +19,22 @@ https://api.github.com), so tests serve releases from 127.0.0.1.
 from __future__ import annotations
 
 import os
+import re
+import shutil
+import stat
 from pathlib import Path
 from typing import Any
 
+from llmgw_store.build.recipe import COMPONENT_RE, SHA256_RE
 from llmgw_store.core.errors import IntegrityError, NetworkError, RecipeError, UsageError
 from llmgw_store.core.fsutil import force_rmtree
 from llmgw_store.core.report import say
 
 GITHUB_API = "https://api.github.com"
+MAX_ASSETS = 1000  # GitHub allows 1000 assets per release
+# RFC 3986 characters only: no space or newline (it becomes a requirement line), no `#` (the
+# digest is appended as the fragment).
+URL_RE = re.compile(r"https?://[A-Za-z0-9._~:/?\[\]@!$&'()*+,;=%-]+")
 
 
 def api_base() -> str:
@@ -33,7 +46,10 @@ def cached_download(url: str, sha256: str, downloads: Path) -> Path:
     from llmgw_store.build import pypi
     from llmgw_store.core.fsutil import sha256_of
 
-    dest = downloads / f"{sha256[:16]}-{Path(url.split('?')[0]).name or 'download'}"
+    if not SHA256_RE.fullmatch(sha256):  # it names the cached file, so it is checked before any path is made of it
+        raise IntegrityError(f"{url}: {sha256!r} is not a sha256 digest; refusing it")
+    tail = url.split("?")[0].rsplit("/", 1)[-1]
+    dest = downloads / f"{sha256[:16]}-{tail if COMPONENT_RE.fullmatch(tail) else 'download'}"
     if dest.exists() and sha256_of(dest) == sha256.lower():
         return dest
     say(f"downloading {url}")
@@ -72,34 +88,150 @@ def unpack_source(archive: Path, scratch: Path, top: str | None, recipe_file, wh
     return found
 
 
-def source_requirements(path: Path, recipe_file, where: str) -> list[str]:
-    """A source's requirements file: PyPI requirement lines only. Options (-r, -e, --index-url ...),
-    URLs and `name @ url` references are refused with the line named: they would bypass the index,
-    --exclude-newer and the hashes."""
+# A source's requirements file is a list of package lines: anything bigger is not one.
+MAX_REQUIREMENTS_BYTES = 1 << 20
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def open_dir(base: Path, rel: str, *, create: bool = False) -> int:
+    """A descriptor of the directory `base/rel`, reached one component at a time with O_NOFOLLOW
+    relative to the last: a symbolic link or a non-directory anywhere below `base` raises OSError
+    (ELOOP, ENOTDIR) and is never followed, whoever made it (the archive, uv venv). `base` itself is
+    the caller's own directory (the build's .partial, an unpack scratch). With `create`, missing
+    components are made, mode 0755. The caller closes the descriptor."""
+    fd = os.open(base, _DIR_FLAGS)
+    try:
+        for part in (rel.split("/") if rel else []):
+            if create:
+                try:
+                    os.mkdir(part, 0o755, dir_fd=fd)
+                except FileExistsError:
+                    pass  # what is there is opened below with O_NOFOLLOW, so a link still fails
+            child = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = child
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def env_dir(env: Path, rel: str, recipe_file, field: str) -> int:
+    """`open_dir(env, rel, create=True)` for a directory the recipe names in the environment; a link
+    or a file on the way is refused with a RecipeError naming `field`."""
+    try:
+        return open_dir(env, rel, create=True)
+    except OSError as exc:
+        raise RecipeError(recipe_file, field, f"{rel!r} passes through a link or a file in the environment; "
+                          f"refusing to write through it ({exc.strerror})") from None
+
+
+def _split(rel: str) -> tuple[str, str]:
+    parent, _, name = rel.rpartition("/")
+    return parent, name
+
+
+def source_requirements(tree: Path, rel: str, recipe_file, where: str) -> list[str]:
+    """A source's requirements file (`tree/rel`, inside the unpacked archive): PyPI requirement lines
+    only. Options (-r, -e, --index-url ...), URLs and `name @ url` references are refused with the
+    line named: they would bypass the index, --exclude-newer and the hashes. The file must be a
+    regular file reached without following any link (a link in the archive could name /etc/passwd or
+    a file beside the source), and at most MAX_REQUIREMENTS_BYTES."""
     from packaging.requirements import InvalidRequirement, Requirement
 
+    field = f"{where}.requirements"
+    parent, name = _split(rel)
+    try:
+        dir_fd = open_dir(tree, parent)
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+        finally:
+            os.close(dir_fd)
+    except FileNotFoundError:
+        raise RecipeError(recipe_file, field, f"the archive has no file {rel!r}") from None
+    except OSError as exc:
+        raise RecipeError(recipe_file, field, f"{rel!r} in the archive is, or passes through, a symbolic link "
+                          f"or a non-directory; refusing to follow it ({exc.strerror})") from None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise RecipeError(recipe_file, field, f"{rel!r} in the archive is not a regular file")
+        data = f.read(MAX_REQUIREMENTS_BYTES + 1)
+    if len(data) > MAX_REQUIREMENTS_BYTES:
+        raise RecipeError(recipe_file, field, f"{rel!r} is larger than {MAX_REQUIREMENTS_BYTES} bytes; "
+                          "a requirements file lists packages")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise RecipeError(recipe_file, field, f"{rel!r} is not UTF-8 text") from None
     out = []
-    for n, raw in enumerate(path.read_text().splitlines(), 1):
+    for n, raw in enumerate(text.splitlines(), 1):
         line = raw.split(" #", 1)[0].strip()
         if not line or line.startswith("#"):
             continue
-        what = f"{path.name} line {n}: {raw.strip()!r}"
+        what = f"{name} line {n}: {raw.strip()!r}"
         if line.startswith("-"):
-            raise RecipeError(recipe_file, f"{where}.requirements", f"{what}: options are not allowed")
+            raise RecipeError(recipe_file, field, f"{what}: options are not allowed")
         if "://" in line:
-            raise RecipeError(recipe_file, f"{where}.requirements", f"{what}: URLs are not allowed")
+            raise RecipeError(recipe_file, field, f"{what}: URLs are not allowed")
         try:
             req = Requirement(line)
         except InvalidRequirement as exc:
-            raise RecipeError(recipe_file, f"{where}.requirements", f"{what}: {exc}") from None
+            raise RecipeError(recipe_file, field, f"{what}: {exc}") from None
         if req.url:
-            raise RecipeError(recipe_file, f"{where}.requirements", f"{what}: direct references are not allowed")
+            raise RecipeError(recipe_file, field, f"{what}: direct references are not allowed")
         out.append(str(req))
     return out
 
 
+def move_tree(scratch: Path, top: str, env: Path, dest: str, recipe_file, where: str) -> None:
+    """Move the unpacked directory `scratch/top` to `env/dest` (the recipe's source `dir`). Neither
+    side follows a link: `top` must be a real directory of the archive, `dest`'s parents are made or
+    opened with O_NOFOLLOW, and `dest` must not exist (an empty directory made here is what the
+    rename replaces: rename(2) onto an empty directory is atomic, and never follows a link)."""
+    top_parent, top_name = _split(top)
+    parent, name = _split(dest)
+    try:
+        src_fd = open_dir(scratch, top_parent)
+    except OSError as exc:
+        raise RecipeError(recipe_file, f"{where}.top",
+                          f"{top!r} passes through a link in the archive ({exc.strerror})") from None
+    try:
+        if not stat.S_ISDIR(os.lstat(top_name, dir_fd=src_fd).st_mode):
+            raise RecipeError(recipe_file, f"{where}.top",
+                              f"{top!r} in the archive is a link or a file, not a directory")
+        dest_fd = env_dir(env, parent, recipe_file, f"{where}.dir")
+        try:
+            try:
+                os.mkdir(name, 0o755, dir_fd=dest_fd)
+            except FileExistsError:
+                raise RecipeError(recipe_file, f"{where}.dir", f"{dest!r} already exists in the environment; "
+                                  "a source never replaces what is there") from None
+            os.rename(top_name, name, src_dir_fd=src_fd, dst_dir_fd=dest_fd)
+        finally:
+            os.close(dest_fd)
+    finally:
+        os.close(src_fd)
+
+
+def install_file(src: Path, dir_fd: int, name: str, mode: int, shown: str, recipe_file, field: str) -> None:
+    """Copy `src` to a new file `name` in the directory `dir_fd`. O_CREAT|O_EXCL|O_NOFOLLOW: an
+    existing file or link of that name (bin/python is a link to the base interpreter) is refused,
+    never written through."""
+    try:
+        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
+    except FileExistsError:
+        raise RecipeError(recipe_file, field, f"{shown} already exists in the environment; an asset never replaces "
+                          "a file (choose another asset_dir)") from None
+    with os.fdopen(fd, "wb") as out, open(src, "rb") as data:
+        shutil.copyfileobj(data, out)
+        os.fchmod(out.fileno(), mode)
+
+
 def release(repo: str, tag: str) -> list[dict[str, Any]]:
-    """The assets of a GitHub-style release: name, download URL, sha256 (None when unpublished)."""
+    """The assets of a GitHub-style release: name, download URL, sha256, and the `problem` (no digest,
+    a malformed one, a URL that is not plain http(s)) that makes `pick` refuse it. The answer is
+    untrusted: an asset whose name is not a plain file name is dropped, and the URL, which becomes a
+    requirement line, may hold no space, newline or `#`."""
     import httpx
 
     url = f"{api_base()}/repos/{repo}/releases/tags/{tag}"
@@ -111,11 +243,28 @@ def release(repo: str, tag: str) -> list[dict[str, Any]]:
         raise UsageError(f"no release {tag!r} in {repo} ({url})")
     if resp.status_code != 200:
         raise NetworkError(f"the release API answered HTTP {resp.status_code} for {url}")
+    try:
+        doc = resp.json()
+    except ValueError:
+        raise NetworkError(f"the release API answered {url} with something that is not JSON") from None
+    assets = doc.get("assets") if isinstance(doc, dict) else None
+    if not isinstance(assets, list) or len(assets) > MAX_ASSETS:
+        raise NetworkError(f"the release API's answer for {url} has no list of at most {MAX_ASSETS} assets")
     out = []
-    for a in resp.json().get("assets", []):
-        digest = a.get("digest") or ""
-        out.append({"name": a["name"], "url": a["browser_download_url"],
-                    "sha256": digest.split(":", 1)[1].lower() if digest.startswith("sha256:") else None})
+    for a in assets:
+        a = a if isinstance(a, dict) else {}
+        name, link, digest = a.get("name"), a.get("browser_download_url"), a.get("digest")
+        if not (isinstance(name, str) and COMPONENT_RE.fullmatch(name)):
+            continue  # no recipe can name it (names are plain file names), so it is never picked or shown
+        sha = digest[7:].lower() if isinstance(digest, str) and digest.startswith("sha256:") else None
+        problem = None
+        if not (isinstance(link, str) and URL_RE.fullmatch(link)):
+            problem = f"publishes a download URL for {name} that is not a plain http(s) URL"
+        elif sha is None:
+            problem = f"publishes no sha256 digest for {name}"
+        elif not SHA256_RE.fullmatch(sha):
+            problem = f"publishes a malformed sha256 digest for {name}"
+        out.append({"name": name, "url": link, "sha256": sha if problem is None else None, "problem": problem})
     return out
 
 
@@ -131,6 +280,6 @@ def pick(assets: list[dict[str, Any]], repo: str, tag: str, *, name: str | None 
         have = ", ".join(a["name"] for a in assets) or "none"
         raise UsageError(f"release {tag} of {repo}: {len(found)} assets match {what!r} (it has: {have})")
     asset = found[0]
-    if not asset["sha256"]:
-        raise IntegrityError(f"release {tag} of {repo} publishes no sha256 digest for {asset['name']}; refusing it")
+    if asset["problem"]:
+        raise IntegrityError(f"release {tag} of {repo} {asset['problem']}; refusing it")
     return asset

@@ -1,12 +1,14 @@
 """Recipes: TOML files that say how to build one engine's environments.
 
-Parsing checks structure and types only (it is on the cache-hit path, so it stays cheap); the
-builder checks requirement syntax before it starts a build. Every error names the file and the
+Parsing checks structure, types, names and every path a build names (it is on the cache-hit
+path, so it stays cheap: no I/O); the builder checks requirement syntax before it starts a build,
+and checks the paths again once `{version}` is filled in. Every error names the file and the
 field, so a person can fix the recipe without reading code.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -17,7 +19,7 @@ from typing import Any
 from llmgw_store.core.errors import RecipeError, UsageError
 from llmgw_store.core.keys import NAME_RE
 
-VERSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9+._!-]*$")
+VERSION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9+._!-]{0,63}")  # always re.fullmatch: `$` lets "1.0\n" through
 
 # field -> (python types, required): the fields of DESIGN.md, each documented in docs/recipes.md.
 ENGINE_FIELDS: dict[str, tuple[tuple[type, ...], bool]] = {
@@ -56,7 +58,23 @@ WHEEL_FIELDS: dict[str, tuple[tuple[type, ...], bool]] = {
     "repo": ((str,), False), "tag": ((str,), True), "prefix": ((str,), False), "suffix": ((str,), False),
     "project": ((str,), True),
 }
-SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+SHA256_RE = re.compile(r"[0-9a-f]{64}")
+
+# One component of a path a recipe names (source dir/top/requirements, asset_dir, an asset): no
+# separator, NUL, newline or space, and no leading `.` or `-`, so never `.`, `..`, `.llmgw` or an
+# option. Always re.fullmatch.
+COMPONENT_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._+-]{0,127}")
+MAX_PATH_CHARS = 255
+MAX_PATH_DEPTH = 16
+# What `uv venv` and the store put at the top of every environment. A recipe's files go beside
+# them, never over or into them: pyvenv.cfg and bin/python* decide which interpreter runs (and
+# bin/python is a link to the base interpreter), lib/ and lib64/ are site-packages, .llmgw/ holds
+# the lock and the manifest.
+STORE_OWNED = frozenset({".llmgw", "pyvenv.cfg", "lib", "lib64", "include", "CACHEDIR.TAG", ".gitignore"})
+# Names in bin/ that the venv made or that a person runs expecting the environment's own tool; an
+# asset is never called this, wherever it goes. (Anything else already in the environment is
+# refused when the build writes the asset: the write never replaces a file.)
+RESERVED_BIN = ("python*", "activate*", "deactivate*", "pydoc*", "pip", "pip3", "pip3.*", "uv", "uvx")
 
 
 @dataclass(frozen=True)
@@ -115,7 +133,7 @@ def parse(data: dict[str, Any], file: str | Path) -> Recipe:
     if not isinstance(engine, dict):
         raise RecipeError(file, "engine", "missing [engine] table")
     _check_table(engine, ENGINE_FIELDS, file, "engine")
-    if not NAME_RE.match(engine["name"]) or ".." in engine["name"]:
+    if not NAME_RE.fullmatch(engine["name"]) or ".." in engine["name"]:
         raise RecipeError(file, "engine.name", f"{engine['name']!r} is not a store name: use [a-z0-9._-], starting with a letter or digit")
     builds = data.get("build")
     if not isinstance(builds, list) or not builds:
@@ -128,14 +146,14 @@ def parse(data: dict[str, Any], file: str | Path) -> Recipe:
             raise RecipeError(file, where, "must be a table")
         _check_table(b, BUILD_FIELDS, file, where)
         b = dict(b)
-        if not NAME_RE.match(b["variant"]):
+        if not NAME_RE.fullmatch(b["variant"]):
             raise RecipeError(file, f"{where}.variant", f"{b['variant']!r} is not a valid name: use [a-z0-9._-]")
         if b["variant"] in seen:
             raise RecipeError(file, f"{where}.variant", f"variant {b['variant']!r} appears twice")
         seen.add(b["variant"])
         if not b["requirements"] and "source" not in b and "wheel" not in b:
             raise RecipeError(file, f"{where}.requirements", "must name at least one requirement")
-        if "version" in b and not VERSION_RE.match(b["version"]):
+        if "version" in b and not VERSION_RE.fullmatch(b["version"]):
             raise RecipeError(file, f"{where}.version", f"{b['version']!r} is not a version")
         if "as_of" in b:
             b["as_of"] = format_time(parse_time(b["as_of"], lambda msg: RecipeError(file, f"{where}.as_of", msg)))
@@ -144,11 +162,8 @@ def parse(data: dict[str, Any], file: str | Path) -> Recipe:
                               "the second index serves only the packages named for it")
         if "source" in b:
             _check_table(b["source"], SOURCE_FIELDS, file, f"{where}.source")
-            if not SHA256_RE.match(b["source"]["sha256"]):
+            if not SHA256_RE.fullmatch(b["source"]["sha256"]):
                 raise RecipeError(file, f"{where}.source.sha256", "must be 64 lowercase hex digits")
-            for key in ("dir", "top", "requirements"):
-                if key in b["source"] and (b["source"][key].startswith("/") or ".." in b["source"][key].split("/")):
-                    raise RecipeError(file, f"{where}.source.{key}", "must be a relative path inside the tree")
         if "wheel" in b:
             _check_table(b["wheel"], WHEEL_FIELDS, file, f"{where}.wheel")
             if "repo" not in b["wheel"] and "repo" not in engine:
@@ -158,8 +173,7 @@ def parse(data: dict[str, Any], file: str | Path) -> Recipe:
                 raise RecipeError(file, f"{where}.asset_tag", "assets need the release tag they come from")
             if "repo" not in engine:
                 raise RecipeError(file, "engine.repo", "assets need the repository they come from")
-        if "asset_dir" in b and (b["asset_dir"].startswith("/") or ".." in b["asset_dir"].split("/")):
-            raise RecipeError(file, f"{where}.asset_dir", "must be a relative path inside the environment")
+        check_paths(_fill(b, "0"), file, where)  # again with the real version by the builder
         for name in ("free_gb", "timeout"):
             if name in b and b[name] < 0:
                 raise RecipeError(file, f"{where}.{name}", "must not be negative")
@@ -172,6 +186,63 @@ def parse(data: dict[str, Any], file: str | Path) -> Recipe:
         engine=dict(engine),
         builds=parsed,
     )
+
+
+def check_paths(b: dict[str, Any], file, where: str) -> None:
+    """Every path a build names stays inside its tree and off what the store owns: `source.top` and
+    `source.requirements` inside the unpacked archive, `source.dir`, `asset_dir` and each asset in
+    the environment. Run at load time (with `{version}` as `0`) and by the builder on the real
+    values; the builder's writes also refuse links and existing files, so this is the first of two walls."""
+    src = b.get("source", {})
+    for key in ("top", "requirements"):
+        if key in src:
+            _relative(src[key], file, f"{where}.source.{key}", "the archive")
+    if "dir" in src:
+        _relative(src["dir"], file, f"{where}.source.dir", "the environment", owned=True)
+    asset_dir = b.get("asset_dir", "bin")
+    # bin itself is where assets go by default; what they are called is checked below.
+    _relative(asset_dir, file, f"{where}.asset_dir", "the environment", owned=asset_dir != "bin")
+    seen: set[str] = set()
+    for name in b.get("assets", []):
+        field = f"{where}.assets"
+        if "/" in name or not COMPONENT_RE.fullmatch(name):
+            raise RecipeError(file, field, f"{name!r} is not a plain file name ({PLAIN})")
+        if _reserved(name):
+            raise RecipeError(file, field, f"{name!r} is reserved for the environment's own tools "
+                              f"({', '.join(RESERVED_BIN)}); rename the asset")
+        if name in seen:
+            raise RecipeError(file, field, f"{name!r} appears twice")
+        seen.add(name)
+        _relative(f"{asset_dir}/{name}", file, field, "the environment", owned=True)
+
+
+PLAIN = "[A-Za-z0-9._+-], not starting with '.' or '-', at most 128 characters"
+
+
+def _relative(value: str, file, field: str, inside: str, owned: bool = False) -> tuple[str, ...]:
+    """`value` as the components of a plain relative path, or a RecipeError saying what is wrong;
+    with `owned`, a path in the environment that must not be (or be under) what the store owns."""
+    if value.startswith("/"):
+        raise RecipeError(file, field, f"{value!r} is absolute; give a path relative to {inside}")
+    parts = tuple(value.split("/"))
+    if ".." in parts:
+        raise RecipeError(file, field, f"{value!r} climbs out of {inside} with '..'")
+    if "" in parts:
+        raise RecipeError(file, field, f"{value!r} has an empty component (a leading, trailing or doubled '/')")
+    if len(value) > MAX_PATH_CHARS or len(parts) > MAX_PATH_DEPTH:
+        raise RecipeError(file, field, f"is longer than {MAX_PATH_CHARS} characters or {MAX_PATH_DEPTH} components")
+    if owned and (parts[0] in STORE_OWNED or (parts[0] == "bin" and (len(parts) == 1 or _reserved(parts[1])))):
+        owned = ", ".join(sorted(STORE_OWNED))
+        raise RecipeError(file, field, f"{value!r} is, or is under, what the store and uv venv own in every "
+                          f"environment ({owned}, bin itself, bin/python*, bin/activate* ...); choose another place")
+    for part in parts:
+        if not COMPONENT_RE.fullmatch(part):
+            raise RecipeError(file, field, f"{value!r}: {part!r} is not a plain name ({PLAIN})")
+    return parts
+
+
+def _reserved(name: str) -> bool:
+    return any(fnmatch.fnmatchcase(name, pattern) for pattern in RESERVED_BIN)
 
 
 def _check_table(table: dict[str, Any], spec: dict[str, tuple[tuple[type, ...], bool]], file, where: str) -> None:

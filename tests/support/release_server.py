@@ -1,6 +1,7 @@
 """GitHub-style releases on 127.0.0.1: `GET /repos/{owner}/{repo}/releases/tags/{tag}` answers the
 assets with `browser_download_url` and, unless withheld, a `digest` of `sha256:<hex>`, as GitHub's
-API does; `GET /download/{tag}/{name}` serves the bytes (other bytes, when tampered)."""
+API does; `GET /download/{tag}/{name}` serves the bytes (other bytes, when tampered). Names are
+percent-encoded in the URL, so a hostile name (`../x`, `a\n`) is served as a hostile API would."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import json
 import re
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import quote, unquote
 
 
 class ReleaseServer:
@@ -16,6 +18,8 @@ class ReleaseServer:
         self.releases: dict[tuple[str, str], dict[str, bytes]] = {}
         self.no_digest: set[str] = set()
         self.tampered: set[str] = set()
+        self.digests: dict[str, str] = {}  # name -> the `digest` published instead of the true one
+        self.urls: dict[str, str] = {}  # name -> the `browser_download_url` published instead
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self._server.daemon_threads = True
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
@@ -61,15 +65,18 @@ class ReleaseServer:
                     if assets is None:
                         return self._send(404, b'{"message": "Not Found"}')
                     doc = {"tag_name": m.group(2), "assets": [
-                        {"name": name, "browser_download_url": f"{srv.base}/download/{m.group(2)}/{name}",
-                         **({} if name in srv.no_digest else {"digest": "sha256:" + hashlib.sha256(data).hexdigest()})}
+                        {"name": name, "browser_download_url": srv.urls.get(
+                            name, f"{srv.base}/download/{m.group(2)}/{quote(name, safe='')}"),
+                         **({} if name in srv.no_digest else
+                            {"digest": srv.digests.get(name, "sha256:" + hashlib.sha256(data).hexdigest())})}
                         for name, data in assets.items()]}
                     return self._send(200, json.dumps(doc).encode())
                 m = re.fullmatch(r"/download/([^/]+)/([^/]+)", self.path)
+                name = unquote(m.group(2)) if m else None
                 for (_, tag), assets in srv.releases.items():
-                    if m and tag == m.group(1) and m.group(2) in assets:
-                        data = assets[m.group(2)]
-                        if m.group(2) in srv.tampered:
+                    if m and tag == m.group(1) and name in assets:
+                        data = assets[name]
+                        if name in srv.tampered:
                             data = data + b"\0"
                         return self._send(200, data, "application/octet-stream")
                 self._send(404, b"not found", "text/plain")
