@@ -153,12 +153,13 @@ BUILD_TIME = {
     "requirements file is a link": (
         [file_member("outside", b"tinydep<0.1\n"), _link("tinysrc-1.0/requirements.txt", "../outside"),
          file_member("tinysrc-1.0/serve.py", b"")],
-        [('dir = "src"', 'dir = "src"\ntop = "tinysrc-1.0"')], ("symbolic link",)),
+        [('dir = "src"', 'dir = "src"\ntop = "tinysrc-1.0"')], ("symbolic link", "leads out of its top directory")),
     "requirements file under a linked directory": (
         [file_member("other/requirements.txt", b"tinydep<0.1\n"), _link("tinysrc-1.0/reqs", "../other"),
          file_member("tinysrc-1.0/serve.py", b"")],
         [('dir = "src"', 'dir = "src"\ntop = "tinysrc-1.0"'),
-         ('requirements = "requirements.txt"', 'requirements = "reqs/requirements.txt"')], ("symbolic link",)),
+         ('requirements = "requirements.txt"', 'requirements = "reqs/requirements.txt"')],
+        ("symbolic link", "leads out of its top directory")),
     "requirements file is a link to /etc/passwd": (
         [_link("tinysrc-1.0/requirements.txt", "/etc/passwd"), file_member("tinysrc-1.0/serve.py", b"")],
         [], ("symbolic link", "refusing to unpack")),

@@ -22,8 +22,10 @@ would replace an earlier member or an entry already in `dest`; more than `max_me
 file bytes past `max_bytes` (checked against each member's declared size before it is written, and
 while it is written). Under policy "inside" also a symlink whose target is absolute, or which,
 resolved hop by hop against the symlinks of this archive (lexically, at most 40 hops, never on
-disk), leaves `dest`; this is checked when the link is made and again at the end against all the
-archive's links, since a later link can change where an earlier one leads. Under policy "signed"
+disk), leaves its own top-level directory (a source's `top` is what moves into an environment: a link
+that leaves it would point at whatever lies beside it there, `bin/python` say) — or, for a link at
+the top level, leaves `dest`; this is checked when the link is made and again at the end against all
+the archive's links, since a later link can change where an earlier one leads. Under policy "signed"
 (cache objects, whose environments hold links like bin/python -> /usr/bin/python3.11) any link
 target is kept as content; every other rule holds, and with `top` every member must be under it.
 
@@ -279,6 +281,7 @@ class _Extractor:
         if target.startswith("/"):
             return f"is a symlink to an absolute path ({target})"
         where = list(parts[:-1])
+        floor = 1 if len(parts) > 1 else 0  # a link may not climb out of its top-level directory
         todo = target.split("/")
         todo.reverse()  # a stack: the next component is last
         hops = 1  # the link itself, as the kernel counts it: a lookup follows at most 40
@@ -287,8 +290,8 @@ class _Extractor:
             if c in ("", "."):
                 continue
             if c == "..":
-                if not where:
-                    return f"is a symlink that leads out of the tree ({target})"
+                if len(where) <= floor:
+                    return f"is a symlink that leads out of {'its top directory' if floor else 'the tree'} ({target})"
                 where.pop()
                 continue
             where.append(c)
