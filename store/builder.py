@@ -296,8 +296,9 @@ def _make_env(store: Store, plan: dict[str, Any], partial: Path, progress) -> di
         "uv pip install",
     )
     progress("compiling bytecode")
+    compile_env = {**env, **debug.passed_on("COMPILE_PAUSE")}
     modules, failed, reused = bytecode.compile_tree(python, partial, layout.pyc_cache, lambda argv, what: uvmod.run(
-        argv, what=what, env=env, log_dir=layout.logs, cwd=layout.tmp, timeout=remaining(), show=progress))
+        argv, what=what, env=compile_env, log_dir=layout.logs, cwd=layout.tmp, timeout=remaining(), show=progress))
     progress(f"{modules} module(s): {modules - reused - failed} compiled, {reused} from the bytecode cache"
              + (f", {failed} left as source (they do not compile)" if failed else ""))
     name = plan["inputs"]["binary"]

@@ -42,6 +42,10 @@ def reuse(cached, target):
 
 def work(args):
     root, cache, chunk = args
+    pause = os.environ.get("LLMGW_STORE_DEBUG_COMPILE_PAUSE")  # a test hook, see debug.py
+    if pause:
+        import time
+        time.sleep(float(pause))
     failed = reused = 0
     for src in chunk:
         rel = os.path.relpath(src, root)

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import sqlite3
 import subprocess
 import time
 from pathlib import Path
 
-from tests.conftest import build_json, cli_cmd, run_in_env
+import pytest
+
+from tests.conftest import build_json, cli_cmd, run_cli, run_in_env
+from tests.support import procscan
 
 
 def wait_for_partial(root: Path, timeout: float = 60) -> list[Path]:
@@ -99,3 +103,89 @@ def test_lock_timeout_exits_75(root, recipe, index, uv_bin):
     finally:
         holder.kill()
         holder.wait(timeout=10)
+
+
+# Issue 12: a SIGKILLed build must not leave its children (uv, the bytecode compiler and its pool
+# workers) running and writing into its .partial. Checked as an operator would: by looking in /proc
+# for any live process that still mentions the store root.
+
+ORPHAN_GRACE_S = 5.0
+
+
+def _uv_installing(root: Path):
+    return [p for p in procscan.mentioning(str(root)) if " pip install " in f" {p.cmdline} "]
+
+
+def _compile_workers(root: Path):
+    # ProcessPoolExecutor forks: the script and its worker share the `python -c SCRIPT` command line.
+    found = [p for p in procscan.mentioning(str(root)) if "ProcessPoolExecutor" in p.cmdline]
+    return found if len(found) >= 2 else None
+
+
+@pytest.mark.parametrize("phase", ["uv install", "bytecode compile"])
+def test_sigkill_during_a_child_leaves_no_process_behind(root, recipe, index, uv_bin, phase):
+    env = dict(os.environ)
+    if phase == "uv install":
+        # Once resolved (the lock file is written), every wheel download takes 20 s: uv sits in `pip install`.
+        index.slow(20, when=lambda: any((root / "store").glob("*.partial/.llmgw/requirements.lock")))
+        caught = lambda: _uv_installing(root)  # noqa: E731
+    else:
+        env["LLMGW_STORE_DEBUG_COMPILE_PAUSE"] = "30"  # each compile worker sleeps 30 s first
+        caught = lambda: _compile_workers(root)  # noqa: E731
+    cmd = cli_cmd(root, "build", str(recipe), "--index-url", index.url, "--uv", str(uv_bin))
+    victim = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    try:
+        children = procscan.wait_for(caught, 90, f"the build to reach {phase}")
+    finally:
+        victim.send_signal(signal.SIGKILL)
+        victim.wait(timeout=10)
+    assert children
+    left = procscan.gone_within(str(root), ORPHAN_GRACE_S)
+    procscan.kill_all(left)
+    assert not left, "left running after SIGKILL of the build:\n" + "\n".join(map(str, left))
+
+
+def test_twenty_builds_killed_at_random_points_leave_nothing_and_rebuild(root, recipe, index, uv_bin):
+    """SIGKILL a build at a random moment of its run, 20 times (a different key each time, one root,
+    so the uv and pyc caches are shared as on a real host), and start the same build again at once:
+    within a second nothing of the killed build may still run, and the rebuild must succeed.
+    The killed builds are slowed where children run (each wheel download during install and each
+    compile worker waits PAUSE_S), so that most random moments fall inside a child, as they do for a
+    real engine, whose install and compile are most of its build."""
+    pause = 1.5
+    seed = int(os.environ.get("LLMGW_STORE_TEST_SEED") or time.time_ns() % 10**6)
+    rng = random.Random(seed)
+    slowed = {"on": False}
+    index.slow(pause, when=lambda: slowed["on"] and any((root / "store").glob("*.partial/.llmgw/requirements.lock")))
+    victim_env = {**os.environ, "LLMGW_STORE_DEBUG_COMPILE_PAUSE": str(pause)}
+    cmd = cli_cmd(root, "--json", "build", str(recipe), "--index-url", index.url, "--uv", str(uv_bin))
+    started = time.monotonic()
+    build_json(root, recipe, index, uv_bin, "--as-of", "2024-03-01")  # the interpreter etc. memoised
+    calibrate = time.monotonic()
+    slowed["on"] = True
+    build_json(root, recipe, index, uv_bin, "--as-of", "2024-03-02", env=victim_env)
+    run_time = time.monotonic() - calibrate
+    report = []
+    for i in range(20):
+        as_of = f"2024-02-{i + 2:02d}"
+        delay = rng.uniform(0, run_time)
+        where = f"seed {seed}, iteration {i} (killed after {delay:.2f}s of {run_time:.2f}s)"
+        slowed["on"] = True
+        victim = subprocess.Popen(cmd + ["--as-of", as_of], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                  env=victim_env)
+        time.sleep(delay)
+        victim.send_signal(signal.SIGKILL)
+        victim.wait(timeout=10)
+        slowed["on"] = False
+        rebuild = subprocess.Popen(cmd + ["--as-of", as_of], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        left = [p for p in procscan.gone_within(str(root), 1.0) if p.pid != rebuild.pid and p.ppid != rebuild.pid]
+        out, err = rebuild.communicate(timeout=120)
+        procscan.kill_all(left)
+        assert not left, f"{where}: left running:\n" + "\n".join(map(str, left))
+        assert rebuild.returncode == 0, f"{where}: the rebuild failed: {err}"
+        doc = json.loads(out)
+        report.append(f"{delay:.2f}s:{doc['how']}")
+        assert run_in_env(Path(doc["path"]), "tinyengine") == "tinyengine 1.0 tinydep 1.0"
+        assert procscan.gone_within(str(root), ORPHAN_GRACE_S) == []
+    print(f"seed {seed}, one slowed build {run_time:.2f}s, 20/20 rebuilt in {time.monotonic() - started:.0f}s: "
+          + " ".join(report))
