@@ -19,6 +19,10 @@ with mostly the same packages compiles only what is new, and shares those pycs o
 is most of a vLLM build: 80 of 120 s for its 98,000 files here.) The key is the content, never an
 inode or a time, so a stale entry cannot stand in for a changed source. gc deletes entries no
 environment links any more.
+
+The script runs as a child of procs.run, so it and its pool workers are in one process group that
+the store's keeper kills when the build ends or dies. The workers also set PR_SET_PDEATHSIG
+(SIGKILL) in the pool's initializer, so they die with the script even if it alone is killed.
 """
 
 from __future__ import annotations
@@ -26,8 +30,19 @@ from __future__ import annotations
 from pathlib import Path
 
 SCRIPT = r"""
-import hashlib, importlib.util, os, sys, py_compile
+import hashlib, importlib.util, multiprocessing, os, signal, sys, py_compile
 from concurrent.futures import ProcessPoolExecutor
+
+def die_with(parent):
+    # Pool initializer: a worker dies with this script (PR_SET_PDEATHSIG, SIGKILL), even if the
+    # script is killed alone; the store's keeper kills the whole process group in any case.
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)
+    except Exception:
+        pass
+    if os.getppid() != parent:  # the script died before prctl took effect
+        os._exit(1)
 
 def reuse(cached, target):
     try:
@@ -79,7 +94,11 @@ if __name__ == "__main__":
     cache = os.path.join(cache, importlib.util.MAGIC_NUMBER.hex())
     files = sorted(os.path.join(d, f) for d, _, fs in os.walk(lib) for f in fs if f.endswith(".py"))
     n = max(1, min(os.cpu_count() or 1, len(files) // 50 or 1))
-    with ProcessPoolExecutor(n) as pool:
+    # fork, whatever the interpreter's default: the pool then forks every worker up front, from
+    # this main thread, before it starts a thread of its own; the main thread lives as long as
+    # the script, so the workers' PDEATHSIG fires when the script dies, not before.
+    with ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("fork"),
+                             initializer=die_with, initargs=(os.getpid(),)) as pool:
         results = list(pool.map(work, [(root, cache, files[i::n]) for i in range(n)]))
     print(len(files), sum(r[0] for r in results), sum(r[1] for r in results))
 """
