@@ -57,11 +57,26 @@ def mentioning(text: str) -> list[Proc]:
     return found
 
 
-def gone_within(text: str, seconds: float) -> list[Proc]:
-    """Wait up to `seconds` for every process mentioning `text` to be gone; returns those left."""
+def descends_from(pid: int, ancestor: int) -> bool:
+    """Whether `ancestor` is `pid` or one of its ancestors (an orphan has been reparented: its
+    chain no longer leads to the process that started it)."""
+    seen = 0
+    while pid > 1 and seen < 1000:
+        if pid == ancestor:
+            return True
+        st = _stat(pid)
+        if st is None:
+            return False
+        pid, seen = st[1], seen + 1
+    return False
+
+
+def gone_within(text: str, seconds: float, but: int | None = None) -> list[Proc]:
+    """Wait up to `seconds` for every process mentioning `text` to be gone (but `but` and its
+    descendants); returns those left."""
     deadline = time.monotonic() + seconds
     while True:
-        left = mentioning(text)
+        left = [p for p in mentioning(text) if but is None or not descends_from(p.pid, but)]
         if not left or time.monotonic() >= deadline:
             return left
         time.sleep(0.05)
