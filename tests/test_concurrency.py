@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import build_json, cli_cmd, run_cli, run_in_env
+from tests.conftest import PYTHON, TINY_RECIPE, build_json, cli_cmd, run_cli, run_in_env
 from tests.support import procscan
 
 
@@ -184,3 +184,32 @@ def test_twenty_builds_killed_at_random_points_leave_nothing_and_rebuild(root, r
         assert procscan.gone_within(str(root), ORPHAN_GRACE_S) == []
     print(f"seed {seed}, one slowed build {run_time:.2f}s, 20/20 rebuilt in {time.monotonic() - started:.0f}s: "
           + " ".join(report))
+
+
+def test_a_child_that_left_its_group_is_killed_by_the_next_build_of_the_key(root, tmp_path, index, uv_bin):
+    """The backstop: a grandchild that calls setsid leaves the group its keeper kills. It still
+    carries the build's token, so the next build of the key kills it before touching the .partial."""
+    flag = tmp_path / "escape"
+    verify = f'["sh", "-c", "if [ -e {flag} ]; then setsid sleep 300 & sleep 300; fi"]'
+    recipe = tmp_path / "escaping.toml"
+    recipe.write_text(TINY_RECIPE.format(python=PYTHON, extra='version = "1.0"')
+                      .replace('verify = ["tinyengine"]', f"verify = {verify}"))
+    flag.touch()
+    cmd = cli_cmd(root, "build", str(recipe), "--index-url", index.url, "--uv", str(uv_bin))
+    victim = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    sleeps = lambda: [p for p in procscan.mentioning(str(root)) if p.cmdline.startswith("sleep 300")]  # noqa: E731
+    try:
+        procscan.wait_for(lambda: len(sleeps()) == 2, 90, "verify to start its two sleeps")
+    finally:
+        victim.send_signal(signal.SIGKILL)
+        victim.wait(timeout=10)
+    flag.unlink()
+    try:
+        escaped = procscan.wait_for(lambda: len(sleeps()) == 1 and sleeps(), 5, "the keeper to kill its group")
+        assert os.getsid(escaped[0].pid) == escaped[0].pid  # the one in a session of its own is left
+        proc = run_cli(root, "build", str(recipe), "--index-url", index.url, "--uv", str(uv_bin))
+        assert proc.returncode == 0, proc.stderr
+        assert "killed 1 process(es) left running by a build that did not finish" in proc.stderr
+        assert procscan.mentioning(str(root)) == []
+    finally:
+        procscan.kill_all(sleeps())
