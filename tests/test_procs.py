@@ -12,7 +12,6 @@ import sys
 import textwrap
 import time
 import uuid
-from pathlib import Path
 
 import pytest
 
