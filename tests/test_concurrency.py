@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import sqlite3
 import subprocess
 import time
 from pathlib import Path
 
-from tests.conftest import build_json, cli_cmd, run_in_env
+import pytest
+
+from tests.conftest import PYTHON, TINY_RECIPE, build_json, cli_cmd, run_cli, run_in_env
+from tests.support import procscan
 
 
 def wait_for_partial(root: Path, timeout: float = 60) -> list[Path]:
@@ -99,3 +103,113 @@ def test_lock_timeout_exits_75(root, recipe, index, uv_bin):
     finally:
         holder.kill()
         holder.wait(timeout=10)
+
+
+# Issue 12: a SIGKILLed build must not leave its children (uv, the bytecode compiler and its pool
+# workers) running and writing into its .partial. Checked as an operator would: by looking in /proc
+# for any live process that still mentions the store root.
+
+ORPHAN_GRACE_S = 5.0
+
+
+def _uv_installing(root: Path):
+    return [p for p in procscan.mentioning(str(root)) if " pip install " in f" {p.cmdline} "]
+
+
+def _compile_workers(root: Path):
+    # ProcessPoolExecutor forks: the script and its worker share the `python -c SCRIPT` command line.
+    found = [p for p in procscan.mentioning(str(root)) if "ProcessPoolExecutor" in p.cmdline]
+    return found if len(found) >= 2 else None
+
+
+@pytest.mark.parametrize("phase", ["uv install", "bytecode compile"])
+def test_sigkill_during_a_child_leaves_no_process_behind(root, recipe, index, uv_bin, phase):
+    env = dict(os.environ)
+    if phase == "uv install":
+        # Once resolved (the lock file is written), every wheel download takes 20 s: uv sits in `pip install`.
+        index.slow(20, when=lambda: any((root / "store").glob("*.partial/.llmgw/requirements.lock")))
+        caught = lambda: _uv_installing(root)  # noqa: E731
+    else:
+        env["LLMGW_STORE_DEBUG_COMPILE_PAUSE"] = "30"  # each compile worker sleeps 30 s first
+        caught = lambda: _compile_workers(root)  # noqa: E731
+    cmd = cli_cmd(root, "build", str(recipe), "--index-url", index.url, "--uv", str(uv_bin))
+    victim = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    try:
+        children = procscan.wait_for(caught, 90, f"the build to reach {phase}")
+    finally:
+        victim.send_signal(signal.SIGKILL)
+        victim.wait(timeout=10)
+    assert children
+    left = procscan.gone_within(str(root), ORPHAN_GRACE_S)
+    procscan.kill_all(left)
+    assert not left, "left running after SIGKILL of the build:\n" + "\n".join(map(str, left))
+
+
+def test_twenty_builds_killed_at_random_points_leave_nothing_and_rebuild(root, recipe, index, uv_bin):
+    """SIGKILL a build at a random moment of its run, 20 times (a different key each time, one root,
+    so the uv and pyc caches are shared as on a real host), and start the same build again at once:
+    within half a second nothing of the killed build may still run, and the rebuild must succeed.
+    The killed builds' compile workers first sleep `pause` seconds, so that many random moments
+    fall inside a child, as they do for a real engine, whose compile is most of its build. (Their
+    install is quick whatever one does: the wheels are in the shared uv cache after the first build.)"""
+    pause = 1.0
+    seed = int(os.environ.get("LLMGW_STORE_TEST_SEED") or time.time_ns() % 10**6)
+    rng = random.Random(seed)
+    victim_env = {**os.environ, "LLMGW_STORE_DEBUG_COMPILE_PAUSE": str(pause)}
+    cmd = cli_cmd(root, "--json", "build", str(recipe), "--index-url", index.url, "--uv", str(uv_bin))
+    started = time.monotonic()
+    build_json(root, recipe, index, uv_bin, "--as-of", "2024-03-01")  # the interpreter etc. memoised
+    calibrate = time.monotonic()
+    build_json(root, recipe, index, uv_bin, "--as-of", "2024-03-02", env=victim_env)
+    run_time = time.monotonic() - calibrate
+    report = []
+    for i in range(20):
+        as_of = f"2024-02-{i + 2:02d}"
+        delay = rng.uniform(0, run_time)
+        where = f"seed {seed}, iteration {i} (killed after {delay:.2f}s of {run_time:.2f}s)"
+        victim = subprocess.Popen(cmd + ["--as-of", as_of], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                  env=victim_env)
+        time.sleep(delay)
+        victim.send_signal(signal.SIGKILL)
+        victim.wait(timeout=10)
+        rebuild = subprocess.Popen(cmd + ["--as-of", as_of], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        left = procscan.gone_within(str(root), 0.5, but=rebuild.pid)
+        out, err = rebuild.communicate(timeout=120)
+        procscan.kill_all(left)
+        assert not left, f"{where}: left running:\n" + "\n".join(map(str, left))
+        assert rebuild.returncode == 0, f"{where}: the rebuild failed: {err}"
+        doc = json.loads(out)
+        report.append(f"{delay:.2f}s:{doc['how']}")
+        assert run_in_env(Path(doc["path"]), "tinyengine") == "tinyengine 1.0 tinydep 1.0"
+        assert procscan.gone_within(str(root), ORPHAN_GRACE_S) == []
+    print(f"seed {seed}, one slowed build {run_time:.2f}s, 20/20 rebuilt in {time.monotonic() - started:.0f}s: "
+          + " ".join(report))
+
+
+def test_a_child_that_left_its_group_is_killed_by_the_next_build_of_the_key(root, tmp_path, index, uv_bin):
+    """The backstop: a grandchild that calls setsid leaves the group its keeper kills. It still
+    carries the build's token, so the next build of the key kills it before touching the .partial."""
+    flag = tmp_path / "escape"
+    verify = f'["sh", "-c", "if [ -e {flag} ]; then setsid sleep 300 & sleep 300; fi"]'
+    recipe = tmp_path / "escaping.toml"
+    recipe.write_text(TINY_RECIPE.format(python=PYTHON, extra='version = "1.0"')
+                      .replace('verify = ["tinyengine"]', f"verify = {verify}"))
+    flag.touch()
+    cmd = cli_cmd(root, "build", str(recipe), "--index-url", index.url, "--uv", str(uv_bin))
+    victim = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    sleeps = lambda: [p for p in procscan.mentioning(str(root)) if p.cmdline.startswith("sleep 300")]  # noqa: E731
+    try:
+        procscan.wait_for(lambda: len(sleeps()) == 2, 90, "verify to start its two sleeps")
+    finally:
+        victim.send_signal(signal.SIGKILL)
+        victim.wait(timeout=10)
+    flag.unlink()
+    try:
+        escaped = procscan.wait_for(lambda: len(sleeps()) == 1 and sleeps(), 5, "the keeper to kill its group")
+        assert os.getsid(escaped[0].pid) == escaped[0].pid  # the one in a session of its own is left
+        proc = run_cli(root, "build", str(recipe), "--index-url", index.url, "--uv", str(uv_bin))
+        assert proc.returncode == 0, proc.stderr
+        assert "killed 1 process(es) left running by a build that did not finish" in proc.stderr
+        assert procscan.mentioning(str(root)) == []
+    finally:
+        procscan.kill_all(sleeps())

@@ -311,8 +311,9 @@ def make_env(store: Store, plan: BuildPlan, partial: Path, deadline: Deadline) -
     )
     say("compiling bytecode")
     pyc_cache = plan.pyc_cache or layout.pyc_cache
+    compile_env = {**env, **debug.passed_on("COMPILE_PAUSE")}
     modules, failed, reused = bytecode.compile_tree(python, partial, pyc_cache, lambda argv, what: uvmod.run(
-        argv, what=what, env=env, log_dir=layout.logs, cwd=layout.tmp, timeout=remaining(), show=say))
+        argv, what=what, env=compile_env, log_dir=layout.logs, cwd=layout.tmp, timeout=remaining(), show=say))
     say(f"{modules} module(s): {modules - reused - failed} compiled, {reused} from the bytecode cache"
              + (f", {failed} left as source (they do not compile)" if failed else ""))
     name = plan.inputs["binary"]

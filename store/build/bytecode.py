@@ -27,6 +27,10 @@ Invariants that keep one environment from poisoning another through this cache:
 - nothing under the cache is followed if it is a symlink (every open is O_NOFOLLOW, relative to a
   directory descriptor), and only names matching ENTRY are read, at most MAX_ENTRIES_PER_KEY per key.
 A reuse sets the entry's mtime: gc drops entries no build has used for a while (gc.py).
+
+The script runs as a child of procs.run, so it and its pool workers are in one process group that
+the store's keeper kills when the build ends or dies. The workers also set PR_SET_PDEATHSIG
+(SIGKILL) in the pool's initializer, so they die with the script even if it alone is killed.
 """
 
 from __future__ import annotations
@@ -39,8 +43,19 @@ ENTRY_RE = re.compile(r"([0-9a-f]{64})\.([0-9a-f]{64})\.pyc")
 TEMP_PREFIX = ".tmp-"
 
 SCRIPT = r"""
-import hashlib, importlib.util, os, re, stat, sys, py_compile
+import hashlib, importlib.util, multiprocessing, os, re, signal, stat, sys, py_compile
 from concurrent.futures import ProcessPoolExecutor
+
+def die_with(parent):
+    # Pool initializer: a worker dies with this script (PR_SET_PDEATHSIG, SIGKILL), even if the
+    # script is killed alone; the store's keeper kills the whole process group in any case.
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)
+    except Exception:
+        pass
+    if os.getppid() != parent:  # the script died before prctl took effect
+        os._exit(1)
 
 ENTRY = re.compile(%(entry)r)
 TEMP = %(temp)r
@@ -183,6 +198,10 @@ def place(target, data):
 
 def work(args):
     root, cache_dir, chunk = args
+    pause = os.environ.get("LLMGW_STORE_DEBUG_COMPILE_PAUSE")  # a test hook, see debug.py
+    if pause:
+        import time
+        time.sleep(float(pause))
     cache = Cache(cache_dir)
     failed = reused = 0
     for src in chunk:
@@ -214,7 +233,11 @@ if __name__ == "__main__":
     root, lib, cache = sys.argv[1], sys.argv[2], sys.argv[3]
     files = sorted(os.path.join(d, f) for d, _, fs in os.walk(lib) for f in fs if f.endswith(".py"))
     n = max(1, min(os.cpu_count() or 1, len(files) // 50 or 1))
-    with ProcessPoolExecutor(n) as pool:
+    # fork, whatever the interpreter's default: the pool then forks every worker up front, from
+    # this main thread, before it starts a thread of its own; the main thread lives as long as
+    # the script, so the workers' PDEATHSIG fires when the script dies, not before.
+    with ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("fork"),
+                             initializer=die_with, initargs=(os.getpid(),)) as pool:
         results = list(pool.map(work, [(root, cache, files[i::n]) for i in range(n)]))
     print(len(files), sum(r[0] for r in results), sum(r[1] for r in results))
 """ % {"entry": ENTRY_RE.pattern, "temp": TEMP_PREFIX}

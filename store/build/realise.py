@@ -3,6 +3,7 @@
     hit?  ── the index has the key and its directory exists ──▶ done, no lock, no network
       │ no
     take the key's lock            (from here on, no other process writes this key's paths)
+    kill a dead holder's children  (any its keepers missed, see procs.py); record ours from here on
     hit?  ── another process built it while we waited ──▶ done
       │ no
     on disk, unregistered? ── its manifest shows it complete (tree rehashed) ──▶ register it: "recovered"
@@ -22,10 +23,11 @@ from __future__ import annotations
 
 import os
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
-from llmgw_store.core import locks, manifest
+from llmgw_store.core import locks, manifest, procs
 from llmgw_store.core.fsutil import force_rmtree, freeze
 from llmgw_store.core.index import now_iso, row_from_manifest
 from llmgw_store.core.report import say
@@ -68,7 +70,8 @@ def realise(
     # From here until this process exits, gc keeps `name` (and its .partial) whatever else happens.
     TempRoots(layout).add(name)
 
-    with locks.hold(layout.locks, key, f"building {name}", lock_timeout):
+    with locks.hold(layout.locks, key, f"building {name}", lock_timeout), \
+            _children_recorded(layout, key):
         # The lock is held: this process alone may create, clear or register this key's paths.
         row = index.path_by_key(key)
         if row is not None and final.is_dir():
@@ -136,7 +139,8 @@ def replace(
     layout, index = store.layout, store.index
     final, partial = layout.path_of(name), layout.partial_of(name)
     TempRoots(layout).add(name)
-    with locks.hold(layout.locks, key, f"repairing {name}", lock_timeout):
+    with locks.hold(layout.locks, key, f"repairing {name}", lock_timeout), \
+            _children_recorded(layout, key):
         force_rmtree(partial)
         build_id = index.start_build(key, name)
         doc = _produce(store, key, name, inputs, meta, make, verify, build_id)
@@ -176,6 +180,25 @@ def _differences(final: Path, partial: Path, expect: str, limit: int = 5) -> str
     paths = sorted(p for kind in found.values() for p in kind)
     more = f" and {len(paths) - limit} more" if len(paths) > limit else ""
     return ", ".join(paths[:limit]) + more
+
+
+@contextmanager
+def _children_recorded(layout, key: str) -> Iterator[None]:
+    """Under the key's lock, before a `.partial` is touched: kill what the children of a holder
+    that died (the record `var/locks/<key>.pgids` is left only then) still run — they could be
+    writing into the `.partial` about to be removed — then record this build's children there
+    until the block ends. See procs.py for why this kills nothing but that build's processes."""
+    record = layout.locks / f"{key}.pgids"
+    reaped = procs.reap(record)
+    if reaped.killed:
+        groups = ", ".join(map(str, reaped.groups)) or "unrecorded"
+        say(f"killed {len(reaped.killed)} process(es) left running by a build that did not finish "
+                 f"(process groups {groups})")
+    if reaped.left:
+        say(f"{len(reaped.left)} process(es) of a build that did not finish are still dying "
+                 f"(pids {', '.join(map(str, reaped.left))})")
+    with procs.recording(record):
+        yield
 
 
 def exchange(a: Path, b: Path) -> None:

@@ -8,6 +8,8 @@ then that binary's own `--version` is what enters every key.
 Every uv run goes through `run`: a clean environment (no inherited UV_*, PIP_*, VIRTUAL_ENV, so a
 user's uv.toml or pip.conf cannot change a build), paths as strings, the command shown with -v,
 output captured; on failure the whole output goes to a log under ROOT/var/log and the error names it.
+`run` starts its child through procs.run, which kills the child's whole process group when the
+run ends, however it ends, and when the store process dies (issue 12).
 """
 
 from __future__ import annotations
@@ -59,27 +61,25 @@ def run(
     timeout: float | None = None,
     show: Callable[[str], None] | None = None,
 ) -> str:
-    """Run `cmd`, return its combined output; raise CommandError with the tail of it on failure."""
-    import subprocess
+    """Run `cmd`, return its combined output; raise CommandError with the tail of it on failure.
+    The child runs under procs.run: in a process group of its own that is killed, grandchildren
+    and all, on every way out of this call and when this process dies."""
+    from llmgw_store.core import procs
 
     argv = [str(c) for c in cmd]
     if show is not None:
         show("$ " + " ".join(argv))
     try:
-        proc = subprocess.run(
-            argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, text=True, errors="replace", timeout=timeout,
-        )
+        done = procs.run(argv, env=env, cwd=cwd, timeout=timeout)
     except FileNotFoundError:
         raise CommandError(f"{what}: {argv[0]} not found") from None
-    except subprocess.TimeoutExpired as exc:
-        out = exc.output if isinstance(exc.output, str) else (exc.output or b"").decode(errors="replace")
-        log = _write_log(log_dir, what, argv, out)
-        raise CommandError(f"{what} timed out after {timeout:.0f}s", output_tail=_tail(out), log=log) from None
-    if proc.returncode != 0:
-        log = _write_log(log_dir, what, argv, proc.stdout)
-        raise CommandError(f"{what} failed (exit {proc.returncode})", output_tail=_tail(proc.stdout), log=log)
-    return proc.stdout
+    if done.timed_out:
+        log = _write_log(log_dir, what, argv, done.output)
+        raise CommandError(f"{what} timed out after {timeout:.0f}s", output_tail=_tail(done.output), log=log)
+    if done.returncode != 0:
+        log = _write_log(log_dir, what, argv, done.output)
+        raise CommandError(f"{what} failed (exit {done.returncode})", output_tail=_tail(done.output), log=log)
+    return done.output
 
 
 def _tail(text: str) -> str:

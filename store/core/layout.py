@@ -3,7 +3,8 @@
     ROOT/store/<key>-<name>/            immutable environments (read-only once renamed into place)
     ROOT/store/<key>-<name>.partial/    a build in progress; only the holder of the key's lock touches it
     ROOT/var/db.sqlite                  the index (WAL)
-    ROOT/var/locks/                     one lock file per key (+ an .owner note saying who holds it)
+    ROOT/var/locks/                     one lock file per key (+ an .owner note saying who holds it,
+                                        and a .pgids record of the holder's children, see procs.py)
     ROOT/var/log/                       full output of failed subprocesses
     ROOT/var/trash/                     dead paths gc has renamed out of store/ and is deleting
     ROOT/var/tmp/                       scratch space on the store's filesystem (renames stay atomic)

@@ -1,6 +1,8 @@
 """A package index on 127.0.0.1 for tests: PEP 503 HTML and PEP 691 JSON with `upload-time`, files
 with their sha256, HEAD supported, every request counted. `tamper(filename)` makes it serve other
-bytes than the ones whose digest it publishes, as a compromised mirror would."""
+bytes than the ones whose digest it publishes, as a compromised mirror would; `slow(seconds, when)`
+makes it wait that long before answering a file download while `when()` holds, as a slow mirror
+would (a uv that is installing then stays alive long enough to be caught)."""
 
 from __future__ import annotations
 
@@ -9,10 +11,12 @@ import html
 import json
 import re
 import threading
+import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Callable
 
 JSON_TYPE = "application/vnd.pypi.simple.v1+json"
 
@@ -37,6 +41,8 @@ class PackageIndex:
     def __init__(self) -> None:
         self.releases: dict[str, list[Release]] = {}
         self.tampered: set[str] = set()
+        self.file_delay = 0.0
+        self.delay_when: Callable[[], bool] = lambda: True
         self.requests: list[tuple[str, str]] = []
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
@@ -64,6 +70,10 @@ class PackageIndex:
 
     def tamper(self, filename: str) -> None:
         self.tampered.add(filename)
+
+    def slow(self, seconds: float, when: Callable[[], bool] | None = None) -> None:
+        self.file_delay = seconds
+        self.delay_when = when or (lambda: True)
 
     def reset_counts(self) -> None:
         with self._lock:
@@ -140,6 +150,8 @@ class PackageIndex:
                 rel = index._find(f.group(1)) if f else None
                 if rel is None:
                     return self._send(404, "text/plain", b"not found", head)
+                if index.file_delay and not head and index.delay_when():
+                    time.sleep(index.file_delay)
                 data = rel.data
                 if rel.filename in index.tampered:
                     data = data[:-1] + bytes([data[-1] ^ 0xFF])

@@ -1,0 +1,399 @@
+"""The one way the store starts children, and how it makes sure none outlives the build that
+started it (issue 12: a SIGKILLed build left uv and the bytecode compiler writing into its `.partial`).
+
+    store process ──socketpair──▶ keeper  (own session and process group; pgid = keeper's pid)
+                                    └─▶ the command  (PR_SET_PDEATHSIG(SIGKILL), bound to the keeper)
+                                          └─▶ its children (uv's, the compile pool's workers) …
+
+`run` starts a *keeper*: a few lines of Python (`KEEPER`, run by this interpreter with -I -S and
+the command's environment; it costs 30-50 ms of startup per child here) in a new session, so it
+leads a process group of its own, which the command and everything the command starts inherit. The keeper forks and execs the command and waits. The
+store holds the other end of a socketpair; the keeper acts on its end:
+- the command exits: the keeper writes its exit status on the socket and keeps waiting;
+- the socket reaches EOF: the keeper sends SIGKILL to its whole process group, itself included.
+EOF comes when the store closes its end — `run` does so on every way out: the command finished,
+the timeout, an exception, KeyboardInterrupt — and also when the store process dies in any way,
+SIGKILL included, because the kernel closes a dead process's descriptors. So every child, and
+every grandchild that stayed in the group, is killed within milliseconds of the store's end.
+
+Why this design, against the alternatives:
+- `preexec_fn` (prctl through ctypes in the child) is not safe in a process with threads: the
+  forked child runs Python code and may deadlock on a lock another thread held at fork time — and
+  the store hashes a tree in a thread while verify runs. `run` passes no preexec_fn: Popen uses
+  `start_new_session` and `pass_fds`, which it handles in C, thread-safely. The keeper is
+  single-threaded, so its fork → prctl → exec is safe.
+- PR_SET_PDEATHSIG alone fires when the parent *thread* that forked exits, not the process; it
+  reaches only the direct child (not uv's children, not the compile pool's workers); and it is
+  lost between fork and prctl if the parent dies in that gap. The keeper's socket is per process,
+  so no thread's end matters; the kill is per group, so grandchildren die too; and a store that
+  died before the keeper even started leaves a socket already at EOF. PDEATHSIG is still set on
+  the command, bound to the keeper (whose only thread lives as long as it does, and which checks
+  getppid() after prctl to close the gap), so the command dies if the keeper alone is killed.
+- os.posix_spawn cannot run prctl at all.
+`run` itself is synchronous: the thread that calls it waits until the keeper is reaped, so the
+spawning thread always outlives the child.
+
+Which signal, which group, and why it cannot hit an unrelated process:
+- Always SIGKILL; nothing is asked to clean up, since what it would clean is a `.partial` the
+  next build of the key removes anyway.
+- The keeper signals its own group (killpg(0)). The store signals a keeper's group (pgid = the
+  keeper's pid) only while that keeper is its own unreaped child — alive or a zombie — and a pid
+  that is still held by a process or zombie is never handed out again, so that group cannot be
+  someone else's.
+- What escapes the group (a child calling setsid) is reached through `reap` below; a descendant
+  that both left the group and replaced its whole environment is out of reach (only a cgroup
+  would hold it; the store does not assume it may create one).
+
+Recording (`recording`, `reap`): while a build holds its key's lock, `recording(path)` writes
+`path` (ROOT/var/locks/<key>.pgids): a random token, and one line per child started (its pgid) and
+ended. Every child of the build runs with LLMGW_STORE_BUILD=<token> in its environment, which its
+own children inherit. A build that takes the lock and finds such a file knows its holder died
+without ending its record; `reap(path)` then SIGKILLs every process that still carries that token
+— in a recorded group or not — and removes the file. It never kills a process by pgid or pid
+number alone: a process is killed only if /proc/<pid>/environ holds the exact token, read after
+a pidfd has pinned the process, and the signal goes through that pidfd. A recycled pid or pgid
+belongs to a process without the token (the token is 128 random bits, made for one build), and a
+pidfd whose process died signals nothing. Normally the keepers have already done the work and
+`reap` finds nothing; it is the backstop for children that left their group, and for a keeper
+killed together with the store (a keeper killed alone is seen by `run`, which kills its group).
+
+Everything is bounded: waiting for a group to die takes at most KILL_WAIT_S.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Sequence
+
+TOKEN_VAR = "LLMGW_STORE_BUILD"
+KILL_WAIT_S = 5.0
+
+# argv: <socket fd> <executable> <argv0> <args…>. Run with -I -S, so it imports little.
+KEEPER = r"""
+import os, select, signal, sys
+fd, exe, argv = int(sys.argv[1]), sys.argv[2], sys.argv[3:]
+try:
+    import ctypes
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+except Exception:  # no ctypes: the group kill below still reaches the command
+    prctl = None
+keeper = os.getpid()
+pid = os.fork()
+if pid == 0:
+    try:
+        os.close(fd)
+        if prctl is not None:
+            prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG: die with the keeper
+        if os.getppid() != keeper:  # the keeper died before prctl took effect
+            os._exit(128 + signal.SIGKILL)
+        for sig in ("SIGPIPE", "SIGXFSZ"):  # Python ignores them; the command gets the defaults
+            if hasattr(signal, sig):
+                signal.signal(getattr(signal, sig), signal.SIG_DFL)
+        os.execv(exe, argv)
+    except OSError as exc:
+        os.write(2, ("llmgw-store: cannot run %s: %s\n" % (exe, exc.strerror or exc)).encode())
+    finally:  # never fall through into the keeper's part
+        os._exit(127)
+try:
+    try:
+        pidfd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        pidfd = None  # before Linux 5.3: poll
+    done = False
+    while True:
+        watch = [fd] if done or pidfd is None else [fd, pidfd]
+        ready = select.select(watch, [], [], None if done or pidfd is not None else 0.05)[0]
+        if fd in ready and not os.read(fd, 64):
+            break  # EOF: the store is done with us, or dead
+        if not done:
+            got, status = os.waitpid(pid, os.WNOHANG)
+            if got:
+                done = True
+                os.write(fd, b"%d\n" % os.waitstatus_to_exitcode(status))
+finally:
+    os.killpg(0, signal.SIGKILL)  # the whole group: the command, its children, this keeper
+"""
+
+
+@dataclass(frozen=True)
+class Finished:
+    """How a command ended: `returncode` as subprocess gives it (negative: killed by that signal),
+    its stdout and stderr together, and whether `run` killed it for running past its timeout."""
+
+    returncode: int
+    output: str
+    timed_out: bool = False
+
+
+def run(argv: Sequence[str | os.PathLike], *, env: dict[str, str], cwd: str | os.PathLike | None = None,
+        timeout: float | None = None) -> Finished:
+    """Run `argv` under a keeper (see the module docstring) with `env` (plus the build token while
+    a `recording` is active), stdin from /dev/null, stdout and stderr into one temporary file.
+    Returns once the command has ended or timed out and its whole process group is dead, whatever
+    happens meanwhile (an exception, KeyboardInterrupt: the group is killed, then it propagates).
+    Raises FileNotFoundError or PermissionError, as subprocess does, when argv[0] cannot be found
+    or executed."""
+    import socket
+    import subprocess
+    import sys
+    import tempfile
+
+    args = [os.fsdecode(a) for a in argv]
+    exe = _executable(args[0], env, cwd)
+    env = dict(env)
+    record = _active()
+    if record is not None:
+        env[TOKEN_VAR] = record.token
+    ours, theirs = socket.socketpair()  # both close-on-exec: only the keeper gets `theirs`
+    with ours, tempfile.TemporaryFile() as out:
+        try:
+            keeper = subprocess.Popen(
+                [sys.executable, "-I", "-S", "-c", KEEPER, str(theirs.fileno()), exe, *args],
+                env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                start_new_session=True, pass_fds=(theirs.fileno(),),
+            )
+        finally:
+            theirs.close()
+        try:
+            if record is not None:
+                record.note("child", keeper.pid)
+            code, timed_out = _status(ours, timeout)
+        finally:
+            ours.close()  # EOF: the keeper kills its group, itself included
+            _bury(keeper)
+            if record is not None:
+                record.note("ended", keeper.pid)
+        out.seek(0)
+        output = _text(out.read())
+    if code is None:
+        code = keeper.returncode  # killed for the timeout, or the keeper died before the command
+    return Finished(code, output, timed_out)
+
+
+def _executable(name: str, env: dict[str, str], cwd) -> str:
+    """The file `name` runs, found as subprocess finds it (a name with a slash is a path, relative
+    to `cwd`; a bare name is looked up on env's PATH)."""
+    import errno
+
+    if os.sep in name:
+        path = os.path.join(os.fspath(cwd), name) if cwd is not None else name
+        if not os.path.exists(path):
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), name)
+        if os.path.isdir(path) or not os.access(path, os.X_OK):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), name)
+        return os.path.abspath(path)
+    for d in os.get_exec_path(env):
+        path = os.path.join(d, name)
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            return os.path.abspath(path)
+    raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), name)
+
+
+def _status(sock, timeout: float | None) -> tuple[int | None, bool]:
+    """(exit code, False) once the keeper reports the command's end; (None, True) at the timeout;
+    (None, False) if the keeper died without reporting."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    buf = b""
+    while not buf.endswith(b"\n"):
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None, True
+            sock.settimeout(left)
+        try:
+            chunk = sock.recv(64)
+        except TimeoutError:
+            return None, True
+        if not chunk:
+            return None, False
+        buf += chunk
+    return int(buf), False
+
+
+def _bury(keeper) -> None:
+    """Wait (boundedly) for the keeper to die, then SIGKILL its group once more — while the keeper
+    is an unreaped child of ours, so its pid, which is the pgid, cannot have been given to anyone
+    else — and reap it."""
+    if not _exited(keeper.pid, KILL_WAIT_S):
+        _killpg(keeper.pid)  # the keeper did not kill its group: do it from here
+        _exited(keeper.pid, KILL_WAIT_S)
+    _killpg(keeper.pid)  # anything that joined the group while the keeper was dying
+    try:
+        keeper.wait(timeout=KILL_WAIT_S)
+    except Exception:  # stuck in the kernel (D state) with SIGKILL pending; Popen reaps it later
+        pass
+
+
+def _killpg(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _exited(pid: int, timeout: float) -> bool:
+    """Whether child `pid` has exited (it is left unreaped), waiting at most `timeout` seconds."""
+    import select
+
+    try:
+        fd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        fd = None
+    if fd is not None:
+        try:
+            return bool(select.select([fd], [], [], timeout)[0])
+        finally:
+            os.close(fd)
+    deadline = time.monotonic() + timeout
+    while os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.005)
+    return True
+
+
+def _text(data: bytes) -> str:
+    """Bytes as `subprocess.run(text=True, errors="replace")` would give them."""
+    import locale
+
+    text = data.decode(locale.getpreferredencoding(False), errors="replace")
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
+# -- recording the children of the build that holds a lock, and killing what a dead one left --
+
+
+class _Record:
+    def __init__(self, path: Path, token: str) -> None:
+        self.path, self.token = path, token
+
+    def note(self, what: str, pgid: int) -> None:
+        with _lock, open(self.path, "a") as f:
+            f.write(json.dumps({what: pgid}) + "\n")
+
+
+_lock = threading.Lock()
+_records: list[_Record] = []
+
+
+def _active() -> _Record | None:
+    with _lock:
+        return _records[-1] if _records else None
+
+
+@contextmanager
+def recording(path: Path) -> Iterator[str]:
+    """Until the block ends, give every child `run` starts (from any thread of this process) the
+    environment variable LLMGW_STORE_BUILD=<a new random token>, and note its pgid in `path` when
+    it starts and when it has ended; yields the token. Call it holding the lock that `path` sits
+    beside, after `reap(path)`. The file is removed when the block ends, however it ends (`run`
+    returns only once a child's group is dead), so a file found by the next holder of the lock was
+    left by a process that died holding it."""
+    token = secrets.token_hex(16)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_text(json.dumps({"token": token, "pid": os.getpid(), "since": time.time()}) + "\n")
+    os.replace(tmp, path)
+    record = _Record(path, token)
+    with _lock:
+        _records.append(record)
+    try:
+        yield token
+    finally:
+        with _lock:
+            _records.remove(record)
+        path.unlink(missing_ok=True)
+
+
+@dataclass(frozen=True)
+class Reaped:
+    """What `reap` did: the pgids the dead holder had recorded as running, the pids it killed, and
+    the pids still alive at its deadline (SIGKILLed, but stuck in the kernel)."""
+
+    groups: tuple[int, ...] = ()
+    killed: tuple[int, ...] = ()
+    left: tuple[int, ...] = ()
+
+
+def reap(path: Path, wait: float = KILL_WAIT_S) -> Reaped:
+    """SIGKILL whatever still runs of the children recorded in `path` by a holder of its lock that
+    died, then remove `path`; waits at most `wait` seconds for them to go. A process is killed only
+    if its environment holds that holder's token (see the module docstring); any process left in
+    a recorded group carries it unless it replaced its whole environment — and the recorded
+    groups' keepers kill those groups themselves as soon as the holder dies."""
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        return Reaped()
+    token, running = None, []
+    for n, line in enumerate(lines):
+        try:
+            doc = json.loads(line)
+            if n == 0:
+                token = doc["token"]
+            elif "child" in doc:
+                running.append(int(doc["child"]))
+            elif "ended" in doc and int(doc["ended"]) in running:
+                running.remove(int(doc["ended"]))
+        except (ValueError, KeyError, TypeError):
+            continue  # a line cut short by the crash
+    killed: set[int] = set()
+    left: list[int] = []
+    if isinstance(token, str) and len(token) == 32 and all(c in "0123456789abcdef" for c in token):
+        item = f"{TOKEN_VAR}={token}".encode()
+        deadline = time.monotonic() + wait
+        while True:
+            left = _carriers(item)
+            if not left or time.monotonic() >= deadline:
+                break
+            killed.update(pid for pid in left if _kill_carrier(pid, item))
+            time.sleep(0.02)
+    path.unlink(missing_ok=True)
+    return Reaped(tuple(running), tuple(sorted(killed)), tuple(left))
+
+
+def _carries(pid: int, item: bytes) -> bool:
+    """Whether process `pid`'s environment holds exactly `item` (NAME=value). A zombie, a process
+    that is gone, or one we may not read (another user's, when not root) does not."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return item in f.read().split(b"\0")
+    except OSError:
+        return False
+
+
+def _carriers(item: bytes) -> list[int]:
+    me = os.getpid()
+    return [int(e) for e in os.listdir("/proc") if e.isdigit() and int(e) != me and _carries(int(e), item)]
+
+
+def _kill_carrier(pid: int, item: bytes) -> bool:
+    """SIGKILL `pid` if it carries `item`. The process is pinned by a pidfd before its environment
+    is read and signalled through the pidfd: if `pid` died and its number went to another process
+    meanwhile, the signal reaches nobody (ESRCH) instead of the newcomer."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return False
+    except (AttributeError, OSError):
+        fd = None  # Linux < 5.3: a plain kill right after the check
+    try:
+        if not _carries(pid, item):
+            return False
+        if fd is not None:
+            signal.pidfd_send_signal(fd, signal.SIGKILL)
+        else:
+            os.kill(pid, signal.SIGKILL)
+        return True
+    except ProcessLookupError:
+        return False
+    finally:
+        if fd is not None:
+            os.close(fd)
