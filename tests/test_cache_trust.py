@@ -256,7 +256,7 @@ def test_signed_archive_that_unpacks_past_its_signed_size_is_refused(world):
              size=0, files=1)
     publish(world, m, signer="builder-1")
     before = outside_state(world)
-    assert_refused_leaving_nothing(world, pull(world), before, words="more than its signed size")
+    assert_refused_leaving_nothing(world, pull(world), before, words="would take the archive past")
 
 
 def test_genuine_object_and_its_reference_are_pulled(world, template):

@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import tarfile
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -51,6 +50,7 @@ MAX_BYTES = 1 << 42  # 4 TiB: no environment is larger; a larger signed size is 
 # contents listing, which `size` leaves out.
 UNPACK_PER_ENTRY = 8 << 10
 UNPACK_MARGIN = 1 << 20
+UNPACK_EXTRA_MEMBERS = 16  # the top directory and the manifest files, which the listing leaves out
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 
 # field -> type, as push writes them; `inputs` and `compression` are optional.
@@ -207,28 +207,6 @@ def _check_relocatable(tree: Path, name: str) -> None:
                                  "Python there (or build the recipe locally)")
 
 
-def _unsafe_member(m: tarfile.TarInfo, name: str, symlinks: set[str]) -> str | None:
-    """Environments hold absolute symlinks (bin/python -> the interpreter), and those are signed
-    and hashed like any entry; what must never happen is a write outside the tree: no absolute or
-    `..` names, nothing outside `name/`, no hardlink out, no devices, and no member below a symlink
-    the archive made (a write through it)."""
-    parts = Path(m.name).parts
-    if m.name.startswith("/") or ".." in parts:
-        return "has an absolute or .. path"
-    if not parts or parts[0] != name:
-        return f"is outside {name}"
-    if m.isdev() or m.isfifo():
-        return "is a device or special file"
-    if m.islnk() and (Path(m.linkname).is_absolute() or ".." in Path(m.linkname).parts
-                      or Path(m.linkname).parts[:1] != (name,)):
-        return f"hardlinks out of the tree ({m.linkname})"
-    if any("/".join(parts[:i]) in symlinks for i in range(1, len(parts))):
-        return "would be written through a symlink"
-    if m.issym():
-        symlinks.add("/".join(parts))
-    return None
-
-
 class _Capped:
     """A decompressed stream that yields at most `limit` bytes: past it the object is refused (a
     zstd bomb or a tree larger than signed stops here, in both passes)."""
@@ -260,45 +238,17 @@ def _zstd_stream(archive: Path, limit: int, label: str):
         raise IntegrityError(f"{label}: not a zstd stream ({exc}); refusing it") from None
 
 
-def _check_members(archive: Path, name: str, label: str, limit: int) -> None:
-    """Every member is checked before a byte is written (one pass over the headers)."""
-    symlinks: set[str] = set()
-    with _zstd_stream(archive, limit, label) as zr:
-        try:
-            with tarfile.open(fileobj=zr, mode="r|") as tf:
-                for m in tf:
-                    problem = _unsafe_member(m, name, symlinks)
-                    if problem:
-                        raise IntegrityError(f"{label}: member {m.name!r} {problem}; refusing it")
-        except tarfile.TarError as exc:
-            raise IntegrityError(f"{label}: not a tar stream ({exc}); refusing it") from None
+def _unpack(archive: Path, dest: Path, meta: Meta) -> None:
+    """One pass, through the store's one extractor (core/extract.py): nothing written follows a
+    link, every member lies under `meta.name/`, and no more bytes or members than the signed
+    metadata declares (with a small margin) are decompressed or written. Environments hold absolute
+    links (bin/python -> the interpreter): as signed content they are kept, never followed."""
+    from llmgw_store.core.extract import extract_tar
 
-
-def _extract(archive: Path, dest: Path, limit: int, label: str) -> None:
-    """GNU tar extracts (it is several times faster than tarfile on trees of thousands of files and
-    restores read-only directories last); the stream is decompressed here, so no zstd binary is
-    needed. Ownership is not restored: the files belong to whoever runs the store."""
-    import shutil
-    import subprocess
-
-    tar = shutil.which("tar")
-    if tar is None:
-        raise UsageError("pulling needs GNU tar on PATH")
-    proc = subprocess.Popen([tar, "-x", "-f", "-", "-C", str(dest), "--no-same-owner", "--delay-directory-restore"],
-                            stdin=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        with _zstd_stream(archive, limit, label) as zr:
-            shutil.copyfileobj(zr, proc.stdin, 1 << 20)
-        proc.stdin.close()
-    except BrokenPipeError:
-        pass
-    except BaseException:
-        proc.kill()
-        proc.wait()
-        raise
-    err = proc.stderr.read().decode(errors="replace")
-    if proc.wait() != 0:
-        raise IntegrityError(f"{label}: tar failed: {err.strip()[-300:]}")
+    limit = _unpacked_limit(meta)
+    with _zstd_stream(archive, limit, meta.archive) as zr:
+        extract_tar(zr, dest, policy="signed", top=meta.name, max_bytes=limit,
+                    max_members=meta.files + UNPACK_EXTRA_MEMBERS, label=meta.archive)
 
 
 def fetch_into_store(store: Store, backend, meta: Meta) -> Path:
@@ -318,10 +268,8 @@ def fetch_into_store(store: Store, backend, meta: Meta) -> Path:
         if digest != meta.archive_sha256:
             raise IntegrityError(f"{meta.archive}: sha256 differs from the signed metadata; refusing it")
         # From here the archive's bytes are the ones a trusted key signed.
-        limit = _unpacked_limit(meta)
         scratch.mkdir(parents=True)
-        _check_members(archive, meta.name, meta.archive, limit)
-        _extract(archive, scratch, limit, meta.archive)
+        _unpack(archive, scratch, meta)
         tree = scratch / meta.name
         entries = manifest.scan(tree)
         if manifest.content_hash(entries) != meta.content_hash:
