@@ -31,7 +31,7 @@ from llmgw_store.core.index import now_iso, row_from_manifest
 if TYPE_CHECKING:
     from llmgw_store.core.local_store import Store
 
-DEFAULT_LOCK_TIMEOUT_S = 3600.0
+DEFAULT_LOCK_TIMEOUT_S = locks.BUILD_LOCK_TIMEOUT_S
 
 
 def realise(
@@ -64,7 +64,7 @@ def realise(
     from llmgw_store.core.temproots import TempRoots
 
     # From here until this process exits, gc keeps `name` (and its .partial) whatever else happens.
-    TempRoots(layout).add(name)
+    TempRoots(layout).add(name, lock_timeout, progress)
 
     with locks.hold(layout.locks, key, f"building {name}", lock_timeout, progress):
         # The lock is held: this process alone may create, clear or register this key's paths.
@@ -122,7 +122,7 @@ def replace(
 
     layout, index = store.layout, store.index
     final, partial = layout.path_of(name), layout.partial_of(name)
-    TempRoots(layout).add(name)
+    TempRoots(layout).add(name, lock_timeout, progress)
     with locks.hold(layout.locks, key, f"repairing {name}", lock_timeout, progress):
         force_rmtree(partial)
         build_id = index.start_build(key, name)

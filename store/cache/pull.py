@@ -167,11 +167,11 @@ def fetch_into_store(store: Store, backend, meta: dict[str, Any], trusted: dict[
 
 
 def pull(target: str, from_: list[str], trusted: list[str], *, root: str | Path | None = None,
-         progress: Callable[[str], None] = _quiet) -> dict[str, Any]:
+         lock_timeout: float = locks.BUILD_LOCK_TIMEOUT_S, progress: Callable[[str], None] = _quiet) -> dict[str, Any]:
     backends = [backend_for(u) for u in from_]
     keys = trusted_keys(trusted)
     pulled, present = [], []
-    with Store.open(root) as store:
+    with Store.open(root, lock_timeout) as store:
 
         def one(t: str) -> None:
             backend, meta = _find_meta(backends, t)
@@ -181,8 +181,8 @@ def pull(target: str, from_: list[str], trusted: list[str], *, root: str | Path 
             if store.index.path_by_key(meta["key"]) and store.layout.path_of(name).is_dir():
                 present.append(name)
                 return
-            TempRoots(store.layout).add(name)
-            with locks.hold(store.layout.locks, meta["key"], f"pulling {name}", 3600, progress):
+            TempRoots(store.layout).add(name, lock_timeout, progress)
+            with locks.hold(store.layout.locks, meta["key"], f"pulling {name}", lock_timeout, progress):
                 if store.index.path_by_key(meta["key"]) and store.layout.path_of(name).is_dir():
                     present.append(name)
                     return

@@ -14,13 +14,13 @@ from typing import Any
 
 from llmgw_store.core.errors import IntegrityError, UsageError
 from llmgw_store.core.keys import canonical_json
+from llmgw_store.core.names import check_signing_key_name
 
 
 def keygen(name: str, out_dir: str | Path) -> dict[str, str]:
     from nacl.signing import SigningKey
 
-    if not name or ":" in name or "/" in name:
-        raise UsageError(f"{name!r} is not a key name (no ':' or '/')")
+    check_signing_key_name(name)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     sk = SigningKey.generate()

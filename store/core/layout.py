@@ -14,13 +14,27 @@
     ROOT/cache/{uv,pyc,downloads}       caches that gc may prune
 
 Every directory under ROOT is on one filesystem, so `os.rename` between them is atomic.
+
+Other local users can neither block nor redirect the store. `ensure` makes or checks every
+directory the store writes, walking from ROOT down with descriptors opened O_NOFOLLOW: each must
+be a real directory (never a symlink), owned by the running user or root, and writable by no group
+or other user; anything else is refused before a byte is written. Directories get their mode here:
+what holds locks, the index, temp roots, logs and caches is 0700 (no other user can open a lock
+file or the database, so none can hold one); store/, python/, profiles/ and gcroots/ stay 0755 so
+that every user can run the environments.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
+
+from llmgw_store.core.errors import UsageError
+
+PUBLIC_DIR = 0o755
+PRIVATE_DIR = 0o700
 
 
 def default_root() -> Path:
@@ -107,13 +121,70 @@ class Layout:
     def downloads(self) -> Path:
         return self.root / "cache" / "downloads"
 
+    def dir_modes(self) -> list[tuple[Path, int]]:
+        """Every directory the store writes and its mode, parents before children."""
+        cache = self.root / "cache"
+        return [
+            (self.root, PUBLIC_DIR), (self.store, PUBLIC_DIR), (self.profiles, PUBLIC_DIR),
+            (self.gcroots, PUBLIC_DIR), (self.python_installs, PUBLIC_DIR),
+            (self.var, PRIVATE_DIR), (self.locks, PRIVATE_DIR), (self.temproots, PRIVATE_DIR),
+            (self.tmp, PRIVATE_DIR), (self.trash, PRIVATE_DIR), (self.logs, PRIVATE_DIR),
+            # uv takes its cache lock in cache/uv: only the owner may open it.
+            (cache, PRIVATE_DIR), (self.uv_cache, PRIVATE_DIR), (self.pyc_cache, PRIVATE_DIR),
+            (self.downloads, PRIVATE_DIR),
+        ]
+
     def ensure(self) -> None:
-        for d in (self.store, self.locks, self.logs, self.tmp, self.trash, self.temproots, self.profiles, self.gcroots,
-                  self.python_installs, self.uv_cache, self.pyc_cache, self.downloads):
-            d.mkdir(parents=True, exist_ok=True)
+        """Make or check every directory the store writes (see the module's docstring)."""
+        self.root.parent.mkdir(parents=True, exist_ok=True)
+        fds: dict[Path, int] = {}
+        try:
+            for path, mode in self.dir_modes():
+                parent = fds.get(path.parent)
+                fds[path] = _own_dir(path, mode, parent)
+        finally:
+            for fd in fds.values():
+                os.close(fd)
 
     def path_of(self, name: str) -> Path:
         return self.store / name
 
     def partial_of(self, name: str) -> Path:
         return self.store / (name + ".partial")
+
+
+def _refuse(path: Path, why: str) -> UsageError:
+    return UsageError(f"refusing to use the store directory {path}: {why}; "
+                      "another user may have planted it — check it, then remove it or fix its owner and mode")
+
+
+def _own_dir(path: Path, mode: int, parent_fd: int | None) -> int:
+    """A descriptor on the directory `path` (made with `mode` if missing, relative to `parent_fd`,
+    an already checked directory). The descriptor, not the name, is checked, so a link swapped in
+    between the check and a chmod cannot redirect it. Lax modes of the owner's own directory (a store
+    made by an older llmgw-store) are tightened, never loosened; someone else's is refused."""
+    name = path.name if parent_fd is not None else os.fspath(path)
+    try:
+        os.mkdir(name, mode, dir_fd=parent_fd)
+        created = True
+    except FileExistsError:
+        created = False
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent_fd)
+    except OSError as exc:
+        kind = "a symlink" if os.path.islink(path) else "not a directory"
+        raise _refuse(path, f"it is {kind} (pass the real directory as --root)" if parent_fd is None
+                      else f"it is {kind}") from exc
+    try:
+        st = os.fstat(fd)
+        if st.st_uid not in (os.geteuid(), 0):
+            raise _refuse(path, f"it is owned by uid {st.st_uid}, not by this user ({os.geteuid()}) or root")
+        if stat.S_IMODE(st.st_mode) & (stat.S_IWGRP | stat.S_IWOTH):
+            raise _refuse(path, f"other users may write in it (mode {stat.S_IMODE(st.st_mode):o})")
+        have = stat.S_IMODE(st.st_mode)
+        if st.st_uid == os.geteuid() and (created or have & ~mode):
+            os.fchmod(fd, mode if created else have & mode)  # created: the umask may have taken bits
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd

@@ -18,6 +18,7 @@ from llmgw_store.core.errors import LockTimeout
 from llmgw_store.core.index import Index, fold_wal, row_from_manifest
 from llmgw_store.core.layout import Layout
 from llmgw_store.core.local_store import Store
+from llmgw_store.core.locks import LOCK_TIMEOUT_S
 from llmgw_store.core.temproots import gc_lock, read_all
 
 HISTORY_TABLES = ("builds", "switches", "releases", "latest", "tools", "generations")
@@ -67,16 +68,16 @@ def check(store: Store) -> dict[str, list[str]]:
     }
 
 
-def doctor(*, root: str | Path | None = None, rebuild_index: bool = False,
+def doctor(*, root: str | Path | None = None, rebuild_index: bool = False, lock_timeout: float = LOCK_TIMEOUT_S,
            progress: Callable[[str], None] = _quiet) -> dict[str, Any]:
-    with Store.open(root) as store:
+    with Store.open(root, lock_timeout) as store:
         if not rebuild_index:
             found = check(store)
             return {"problems": found, "ok": not any(found.values())}
         layout = store.layout
         # No build or activation may be in flight: their open connections would write into the old
         # file. The exclusive gc lock stops new ones from starting; live temp roots show old ones.
-        with gc_lock(layout, shared=False, timeout=60.0):
+        with gc_lock(layout, shared=False, timeout=lock_timeout, what="rebuilding the index", progress=progress):
             live, _ = read_all(layout)
             if live:
                 raise LockTimeout(f"{len(live)} build(s) or activation(s) are in flight; rebuild the index when they are done")

@@ -25,6 +25,7 @@ from typing import Any, Callable
 from llmgw_store.core import manifest
 from llmgw_store.core.fsutil import WRITE_BITS
 from llmgw_store.core.local_store import Store
+from llmgw_store.core.locks import LOCK_TIMEOUT_S
 from llmgw_store.core.temproots import gc_lock
 
 
@@ -33,15 +34,15 @@ def _quiet(_: str) -> None:
     pass
 
 
-def optimise(*, root: str | Path | None = None, dry_run: bool = False,
+def optimise(*, root: str | Path | None = None, dry_run: bool = False, lock_timeout: float = LOCK_TIMEOUT_S,
              progress: Callable[[str], None] = _quiet) -> dict[str, Any]:
-    with Store.open(root) as store:
+    with Store.open(root, lock_timeout) as store:
         pool = store.layout.links_pool
         pool.mkdir(exist_ok=True)
         linked = saved = examined = 0
         # Shared gc lock: gc (exclusive) cannot prune the pool or delete a path under us; builds and
         # activations (also shared) go on.
-        with gc_lock(store.layout, shared=True, timeout=120.0):
+        with gc_lock(store.layout, shared=True, timeout=lock_timeout, what="optimising", progress=progress):
             for row in store.index.paths():
                 env = store.layout.path_of(row["name"])
                 try:

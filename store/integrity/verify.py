@@ -19,6 +19,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
+from llmgw_store.core import locks
 from llmgw_store.core import manifest
 from llmgw_store.core.errors import NotFoundError, UsageError
 from llmgw_store.core.fsutil import force_rmtree
@@ -71,23 +72,26 @@ def verify(
     repair: bool = False,
     uv: str | Path | None = None,
     python_preference: str | None = None,
+    lock_timeout: float = locks.BUILD_LOCK_TIMEOUT_S,
     progress: Callable[[str], None] = _quiet,
 ) -> dict[str, Any]:
-    with Store.open(root) as store:
+    """Check `targets` (default: every path); with `repair`, rebuild the damaged ones, waiting at
+    most `lock_timeout` s for each lock (the gc lock to add a temp root, the key's, the index)."""
+    with Store.open(root, lock_timeout) as store:
         rows = [registered(store, t) for t in targets] if targets else store.index.paths()
         results = []
         for row in rows:
             r = check_path(store, row)
             progress(f"{row['name']}: {'ok' if r['ok'] else 'DAMAGED'}")
             if not r["ok"] and repair:
-                r["repair"] = _repair(store, row, uv, python_preference, progress)
+                r["repair"] = _repair(store, row, uv, python_preference, lock_timeout, progress)
                 r["ok_after_repair"] = check_path(store, store.index.path_by_name(row["name"]))["ok"]
             results.append(r)
         damaged = [r["name"] for r in results if not r["ok"] and not r.get("ok_after_repair")]
         return {"paths": results, "checked": len(results), "damaged": damaged}
 
 
-def _repair(store: Store, row: dict[str, Any], uv_path, python_preference, progress) -> dict[str, Any]:
+def _repair(store: Store, row: dict[str, Any], uv_path, python_preference, lock_timeout, progress) -> dict[str, Any]:
     from llmgw_store.build import builder
     from llmgw_store.build import interpreters
     from llmgw_store.build import uv as uvmod
@@ -127,7 +131,7 @@ def _repair(store: Store, row: dict[str, Any], uv_path, python_preference, progr
         new = replace(store, plan.key, name, inputs, plan.meta,
                       lambda partial: builder.make_env(store, plan, partial, deadline, progress),
                       verify=lambda tree: builder.verify_env(store, plan, tree, deadline, progress),
-                      progress=progress)
+                      progress=progress, lock_timeout=lock_timeout)
     finally:
         force_rmtree(plan.uv_cache)
     identical = new["content_hash"] == row["content_hash"]

@@ -29,9 +29,8 @@ from llmgw_store.core import debug
 from llmgw_store.core.fsutil import force_rmtree, free_bytes, walk_files
 from llmgw_store.core.layout import Layout
 from llmgw_store.core.local_store import Store
+from llmgw_store.core.locks import LOCK_TIMEOUT_S
 from llmgw_store.core.temproots import gc_lock, read_all
-
-DEFAULT_LOCK_TIMEOUT_S = 60.0
 
 
 def _quiet(_: str) -> None:
@@ -111,12 +110,13 @@ def collect(
     max_freed: int | None = None,
     min_free: int | None = None,
     max_cache: int | None = None,
-    lock_timeout: float = DEFAULT_LOCK_TIMEOUT_S,
+    lock_timeout: float = LOCK_TIMEOUT_S,
     progress: Callable[[str], None] = _quiet,
 ) -> dict[str, Any]:
+    """Every lock (the gc lock, each profile's, the index) is waited for at most `lock_timeout` s."""
     started = time.monotonic()
     report: dict[str, Any] = {"dry_run": dry_run, "deleted": [], "generations_deleted": {}, "freed": {}, "kept": {}}
-    with Store.open(root) as store:
+    with Store.open(root, lock_timeout) as store:
         layout = store.layout
         trash = layout.trash
         if min_free is not None:
@@ -133,9 +133,9 @@ def collect(
 
         excluded: set[tuple[str, int]] = set()
         if delete_older_than is not None or keep is not None:
-            excluded = _prune_generations(store, delete_older_than, keep, dry_run, progress, report)
+            excluded = _prune_generations(store, delete_older_than, keep, dry_run, lock_timeout, progress, report)
 
-        with gc_lock(layout, shared=False, timeout=lock_timeout):
+        with gc_lock(layout, shared=False, timeout=lock_timeout, progress=progress):
             # From here until the lock is released no process can add a temp root: the roots read
             # below are all the roots there are.
             root_map = roots(store, excluded)
@@ -169,7 +169,7 @@ def collect(
         if not dry_run:
             # After the uv cache: a file the uv cache still links costs nothing. Exclusive again,
             # briefly: optimise links into the pool with the lock shared.
-            with gc_lock(layout, shared=False, timeout=lock_timeout):
+            with gc_lock(layout, shared=False, timeout=lock_timeout, progress=progress):
                 report["freed"]["linked_caches"] = _prune_linked_caches([layout.links_pool, layout.pyc_cache])
         report["seconds"] = round(time.monotonic() - started, 3)
         report["free_after"] = free_bytes(layout.store)
@@ -211,7 +211,7 @@ def _choose(store: Store, live: set[str], budget: int | None) -> list[dict[str, 
     return chosen
 
 
-def _prune_generations(store: Store, older_than, keep, dry_run, progress, report) -> set[tuple[str, int]]:
+def _prune_generations(store: Store, older_than, keep, dry_run, lock_timeout, progress, report) -> set[tuple[str, int]]:
     from llmgw_store.roots.profiles import delete_generations_locked, profile_lock
 
     excluded = set()
@@ -219,7 +219,7 @@ def _prune_generations(store: Store, older_than, keep, dry_run, progress, report
         if entry.name.startswith(".") or entry.name.endswith("-link") or not entry.is_symlink():
             continue
         profile = entry.name
-        with profile_lock(store, profile):
+        with profile_lock(store, profile, lock_timeout, progress):
             r = delete_generations_locked(store, profile, None, older_than, keep, dry_run, progress)
         if r["deleted"]:
             report["generations_deleted"][profile] = r["deleted"]
@@ -323,9 +323,9 @@ def _prune_downloads(layout: Layout) -> int:
     return freed
 
 
-def print_roots(*, root: str | Path | None = None, lock_timeout: float = DEFAULT_LOCK_TIMEOUT_S) -> dict[str, list[str]]:
+def print_roots(*, root: str | Path | None = None, lock_timeout: float = LOCK_TIMEOUT_S) -> dict[str, list[str]]:
     """Each root and the store paths it holds (closure included), as gc would see them now."""
-    with Store.open(root) as store:
+    with Store.open(root, lock_timeout) as store:
         with gc_lock(store.layout, shared=False, timeout=lock_timeout):
             return {desc: sorted(n for n in _closure(store, set(names)) if not n.endswith(".partial"))
                     for desc, names in roots(store).items()}
