@@ -195,8 +195,10 @@ def test_root_planted_by_another_user_is_refused(intruder, shared, outside, tmp_
     proc = as_intruder(intruder, PLANT, str(root), str(outside), how)
     assert proc.returncode == 0, proc.stderr
     try:
+        planted = sorted(os.listdir(root))
         line = one_error_line(run_cli(root, "list"), 2)
         assert str(root) in line
+        assert sorted(os.listdir(root)) == planted  # refused before anything was made
         assert sorted(p.name for p in outside.iterdir()) == ["sentinel"]
         assert (outside / "sentinel").read_text() == "untouched\n"
     finally:

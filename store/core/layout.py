@@ -135,16 +135,23 @@ class Layout:
         ]
 
     def ensure(self) -> None:
-        """Make or check every directory the store writes (see the module's docstring)."""
-        self.root.parent.mkdir(parents=True, exist_ok=True)
-        fds: dict[Path, int] = {}
-        try:
-            for path, mode in self.dir_modes():
-                parent = fds.get(path.parent)
-                fds[path] = _own_dir(path, mode, parent)
-        finally:
-            for fd in fds.values():
-                os.close(fd)
+        """Check every directory the store writes, then make the missing ones (see the module's
+        docstring): a refusal comes before anything is created."""
+        for create in (False, True):
+            if create:
+                self.root.parent.mkdir(parents=True, exist_ok=True)
+            fds: dict[Path, int] = {}
+            try:
+                for path, mode in self.dir_modes():
+                    parent = fds.get(path.parent)
+                    if parent is None and path != self.root:
+                        continue  # its parent is missing: checked once made
+                    fd = _own_dir(path, mode, parent, create)
+                    if fd is not None:
+                        fds[path] = fd
+            finally:
+                for fd in fds.values():
+                    os.close(fd)
 
     def path_of(self, name: str) -> Path:
         return self.store / name
@@ -158,19 +165,25 @@ def _refuse(path: Path, why: str) -> UsageError:
                       "another user may have planted it — check it, then remove it or fix its owner and mode")
 
 
-def _own_dir(path: Path, mode: int, parent_fd: int | None) -> int:
+def _own_dir(path: Path, mode: int, parent_fd: int | None, create: bool) -> int | None:
     """A descriptor on the directory `path` (made with `mode` if missing, relative to `parent_fd`,
-    an already checked directory). The descriptor, not the name, is checked, so a link swapped in
+    an already checked directory); None when it is missing and not to be made. The descriptor, not the name, is checked, so a link swapped in
     between the check and a chmod cannot redirect it. Lax modes of the owner's own directory (a store
     made by an older llmgw-store) are tightened, never loosened; someone else's is refused."""
     name = path.name if parent_fd is not None else os.fspath(path)
-    try:
-        os.mkdir(name, mode, dir_fd=parent_fd)
-        created = True
-    except FileExistsError:
-        created = False
+    created = False
+    if create:
+        try:
+            os.mkdir(name, mode, dir_fd=parent_fd)
+            created = True
+        except FileExistsError:
+            pass
     try:
         fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent_fd)
+    except FileNotFoundError:
+        if create:
+            raise
+        return None
     except OSError as exc:
         kind = "a symlink" if os.path.islink(path) else "not a directory"
         raise _refuse(path, f"it is {kind} (pass the real directory as --root)" if parent_fd is None

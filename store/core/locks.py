@@ -65,17 +65,33 @@ def _owner_text(path: Path, default: str) -> str:
             info = json.loads(f.read(4096))
         pid, host = int(info["pid"]), str(info["host"])[:64]
         age = int(time.time() - info["since"])
+        if host == _hostname() and not _alive(pid):
+            return default  # a note left by a holder that was killed; whoever holds it now left none
         return f"pid {pid} on {host} ({str(info['what'])[:200]}, for {age}s)"
     except (OSError, ValueError, KeyError, TypeError):
         return default
 
 
-def _write_note(owner: Path, what: str) -> None:
-    """Replace the note atomically (rename), so a reader sees a whole note or the previous one."""
+def _hostname() -> str:
     import socket
 
+    return socket.gethostname()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, ValueError):
+        pass
+    return True
+
+
+def _write_note(owner: Path, what: str) -> None:
+    """Replace the note atomically (rename), so a reader sees a whole note or the previous one."""
     tmp = owner.with_name(f".{owner.name}.{os.getpid()}")
-    note = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "what": what, "since": time.time()})
+    note = json.dumps({"pid": os.getpid(), "host": _hostname(), "what": what, "since": time.time()})
     tfd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, LOCK_MODE)
     with os.fdopen(tfd, "w") as f:
         f.write(note)

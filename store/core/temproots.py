@@ -9,6 +9,12 @@ Protocol (after Nix's gc.cc):
   under it: an `add` waits for that short window, never for the slow deletion after it.
 - After `add` returns, a name that gc had already taken is gone from the index; callers check
   the path again after adding it (realise does).
+- The files are 0600 in the 0700 var/temproots (layout.ensure), and never followed: a process
+  makes its file with O_EXCL|O_NOFOLLOW after removing whatever had the name (a planted link to
+  the gc lock would otherwise have it lock the gc lock exclusively while holding it shared, and
+  wait for itself for ever); gc reads them O_NOFOLLOW and counts links, FIFOs and files with
+  another hard link as stale.
+- `add` waits for the gc lock at most its `timeout` (the command's --lock-timeout).
 """
 
 from __future__ import annotations
