@@ -150,13 +150,18 @@ def test_environments_stay_readable_by_everyone(store, intruder):
     assert seen["name"] == store["name"] and "tinyengine" in seen["bin"] and seen["script"] > 0
 
 
-def test_old_lax_modes_are_tightened_on_open(store):
+def test_old_lax_modes_are_tightened_on_open(store, intruder):
     """A store made by an older llmgw-store (0755 var/, 0644 db) is closed up on its next open."""
     root = store["root"]
     for d in ("var", "var/locks", "var/temproots", "cache/uv"):
         (root / d).chmod(0o755)
-    (root / "var" / "db.sqlite").chmod(0o644)
+    db = root / "var" / "db.sqlite"
+    db.chmod(0o644)
+    before = json.loads(as_intruder(intruder, TRY_OPEN, str(db)).stdout)
+    assert before == {str(db): "held"}  # with the old modes another user could hold it
     run_cli(root, "list", check=True)
+    after = json.loads(as_intruder(intruder, TRY_OPEN, str(db)).stdout)
+    assert after == {str(db): "PermissionError"}
     for d in ("var", "var/locks", "var/temproots", "cache/uv"):
         assert stat.S_IMODE((root / d).stat().st_mode) == 0o700, d
     assert stat.S_IMODE((root / "var" / "db.sqlite").stat().st_mode) == 0o600
@@ -231,14 +236,19 @@ def test_the_owner_still_builds_activates_and_collects(store, recipe, index, uv_
 
 # --- temp-root files are never followed --------------------------------------------------------
 
-def test_planted_temp_root_link_to_the_gc_lock_does_not_deadlock(store):
+@pytest.mark.parametrize("command", ["activate", "build"])
+def test_planted_temp_root_link_to_the_gc_lock_does_not_deadlock(store, command, recipe, index, uv_bin):
     """temproots/<pid> -> ../locks/gc.lock: followed, the process would take the gc lock exclusively
     while holding it shared, and wait for itself for ever."""
     root = store["root"]
+    if command == "build":
+        args = ["build", str(recipe), "--index-url", index.url, "--uv", str(uv_bin), "--as-of", "2024-06-02"]
+    else:
+        args = ["activate", "p", store["path"]]
     child = subprocess.Popen(
         [sys.executable, "-c", "import sys; sys.stdin.readline(); from llmgw_store.cli.main import cli; "
                                "cli(sys.argv[1:], prog_name='llmgw-store')",
-         "--root", str(root), "activate", "p", store["path"]],
+         "--root", str(root), *args],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     link = root / "var" / "temproots" / str(child.pid)
     os.symlink("../locks/gc.lock", link)
@@ -247,9 +257,12 @@ def test_planted_temp_root_link_to_the_gc_lock_does_not_deadlock(store):
     except subprocess.TimeoutExpired:
         child.kill()
         child.communicate()
-        pytest.fail("the activation deadlocked on a planted temp-root link")
+        pytest.fail(f"{command} deadlocked on a planted temp-root link")
     assert child.returncode == 0, err
-    assert os.path.realpath(root / "profiles" / "p") == store["path"]
+    if command == "activate":
+        assert os.path.realpath(root / "profiles" / "p") == store["path"]
+    else:
+        assert Path(out.strip()).is_dir() and Path(out.strip()).parent == root / "store"
     assert not link.is_symlink() and link.is_file()
     assert (root / "var" / "locks" / "gc.lock").stat().st_size == 0  # nothing written through the link
 
@@ -406,6 +419,23 @@ def test_commands_give_up_on_the_gc_lock(store, holder, command):
     h = holder("gc", root)
     args = [store["path"] if a == "PATH" else a for a in command]
     timed_out(run_cli(root, *args, "--lock-timeout", "2", timeout=HOLD_TIMEOUT_S), h.pid)
+
+
+def test_a_busy_index_is_exit_75_after_the_lock_timeout(store):
+    """SQLite's own wait is bounded by --lock-timeout too (its busy timeout is never longer)."""
+    root = store["root"]
+    import sqlite3
+
+    con = sqlite3.connect(str(root / "var" / "db.sqlite"), isolation_level=None)
+    con.execute("BEGIN IMMEDIATE")  # the write lock, as a long transaction of another process would
+    try:
+        line = one_error_line(run_cli(root, "pin", "keep", store["path"], "--lock-timeout", "2",
+                                      timeout=HOLD_TIMEOUT_S), 75)
+    finally:
+        con.execute("ROLLBACK")
+        con.close()
+    assert "index" in line and "--lock-timeout" in line
+    run_cli(root, "pin", "keep", store["path"], "--lock-timeout", "2", check=True)
 
 
 def test_verify_repair_gives_up_on_the_key_lock(store, holder, uv_bin):
