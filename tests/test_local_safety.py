@@ -115,6 +115,7 @@ def test_other_user_cannot_open_locks_db_or_temp_roots(store, intruder):
         held.touch(store["name"])
         files = [p for d in ("var/locks", "var/temproots") for p in (root / d).iterdir()]
         files += [root / "var" / f"db.sqlite{s}" for s in ("", "-wal", "-shm")]
+        files.append(root / "python" / ".lock")  # uv's, in a directory that stays 0755
         assert any(p.name.startswith("profile-p") for p in files) and any(p.name.isdigit() for p in files)
         assert all(p.exists() for p in files)
         uv_cache = root / "cache" / "uv"
@@ -157,6 +158,7 @@ def test_old_lax_modes_are_tightened_on_open(store, intruder):
         (root / d).chmod(0o755)
     db = root / "var" / "db.sqlite"
     db.chmod(0o644)
+    (root / "python" / ".lock").chmod(0o666)  # as uv makes it
     before = json.loads(as_intruder(intruder, TRY_OPEN, str(db)).stdout)
     assert before == {str(db): "held"}  # with the old modes another user could hold it
     run_cli(root, "list", check=True)
@@ -165,6 +167,7 @@ def test_old_lax_modes_are_tightened_on_open(store, intruder):
     for d in ("var", "var/locks", "var/temproots", "cache/uv"):
         assert stat.S_IMODE((root / d).stat().st_mode) == 0o700, d
     assert stat.S_IMODE((root / "var" / "db.sqlite").stat().st_mode) == 0o600
+    assert stat.S_IMODE((root / "python" / ".lock").stat().st_mode) == 0o600
 
 
 # --- a store root or directory planted by someone else is refused --------------------------------

@@ -149,6 +149,10 @@ class Layout:
                     fd = _own_dir(path, mode, parent, create)
                     if fd is not None:
                         fds[path] = fd
+                if create:
+                    # uv makes its lock in python/ (which must stay 0755) 0666: made here first, 0600,
+                    # no other user can open it and hold uv's Python installs up.
+                    _private_lock(fds[self.python_installs], self.python_installs / ".lock")
             finally:
                 for fd in fds.values():
                     os.close(fd)
@@ -201,3 +205,25 @@ def _own_dir(path: Path, mode: int, parent_fd: int | None, create: bool) -> int 
         os.close(fd)
         raise
     return fd
+
+
+def _private_lock(dir_fd: int, path: Path) -> None:
+    """`path` (in the checked directory `dir_fd`) as a plain 0600 file. A lax one (made by uv before
+    the store made it) is replaced, not chmod-ed: whoever opened the old one keeps only that."""
+    flags = os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    for _ in range(2):
+        try:
+            fd = os.open(path.name, flags, 0o600, dir_fd=dir_fd)
+        except OSError as exc:
+            raise _refuse(path, "it is not a plain file") from exc
+        try:
+            st = os.fstat(fd)
+        finally:
+            os.close(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise _refuse(path, "it is not a plain file")
+        if not stat.S_IMODE(st.st_mode) & 0o077:
+            return
+        if st.st_uid != os.geteuid():
+            return  # root's file in a store another user opens: only root may replace it
+        os.unlink(path.name, dir_fd=dir_fd)
