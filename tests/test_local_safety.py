@@ -464,3 +464,15 @@ def test_lock_timeout_defaults_live_in_the_library():
                              ("generations", locks.LOCK_TIMEOUT_S)):
         text = CliRunner().invoke(cli, [command, "--help"]).output
         assert "--lock-timeout" in text and f"{default:g}" in text.replace(".0]", "]"), command
+
+
+def test_gc_keeps_the_lock_file_of_a_profile_whose_lock_name_looks_like_a_key(store):
+    """`profile-<24 characters>` is 32 characters, as long as a key: gc must not take it for a
+    stale key's lock (deleting a lock file someone holds lets two processes lock two inodes)."""
+    root = store["root"]
+    profile = "p" * 24
+    run_cli(root, "activate", profile, store["path"], check=True)
+    lock = root / "var" / "locks" / f"profile-{profile}.lock"
+    assert lock.exists()
+    run_cli(root, "gc", check=True)
+    assert lock.exists()

@@ -232,13 +232,14 @@ def _remove_stale_key_locks(layout: Layout, live_temp: set[str]) -> int:
     builder adds its temp root (which needs the gc lock) before it opens its key's lock file, so no
     process can be holding or about to open a lock file whose key no live temp root names. (Deleting
     a lock file someone may still open would let two processes lock two different inodes.)"""
-    from llmgw_store.core.keys import key_of_name
+    from llmgw_store.core.keys import KEY_RE, key_of_name
 
     busy = {key_of_name(n.removesuffix(".partial")) for n in live_temp}
     removed = 0
     for entry in os.scandir(layout.locks):
         key, _, ext = entry.name.partition(".")
-        if ext in ("lock", "owner") and len(key) == 32 and key not in busy:
+        # A key's, never `profile-<p>` (32 characters for a 24-character profile name) or the gc lock.
+        if ext in ("lock", "owner") and KEY_RE.fullmatch(key) and key not in busy:
             os.unlink(entry.path)
             removed += 1
     return removed
