@@ -253,7 +253,7 @@ def generations(obj: Context, profile: str, delete: tuple[int, ...], older_than:
         verb = "would delete" if dry_run else "deleted"
         obj.emit(r, f"{profile}: {verb} generation(s) {', '.join(map(str, r['deleted'])) or 'none'}")
         return
-    r = profiles.generations(profile, root=obj.root)
+    r = profiles.generations(profile, root=obj.root, lock_timeout=lock_timeout)
     for line in r["repaired"]:
         obj.progress(f"index repaired: {line}")
     lines = [

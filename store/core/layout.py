@@ -170,10 +170,11 @@ def _refuse(path: Path, why: str) -> UsageError:
 
 
 def _own_dir(path: Path, mode: int, parent_fd: int | None, create: bool) -> int | None:
-    """A descriptor on the directory `path` (made with `mode` if missing, relative to `parent_fd`,
-    an already checked directory); None when it is missing and not to be made. The descriptor, not the name, is checked, so a link swapped in
-    between the check and a chmod cannot redirect it. Lax modes of the owner's own directory (a store
-    made by an older llmgw-store) are tightened, never loosened; someone else's is refused."""
+    """A descriptor on the directory `path` (made with `mode` if missing and `create`, relative to
+    `parent_fd`, an already checked directory); None when it is missing and not to be made. The
+    descriptor, not the name, is checked, so a link swapped in between the check and a chmod cannot
+    redirect it. Lax modes of the owner's own directory (a store made by an older llmgw-store) are
+    tightened, never loosened; someone else's directory, or one others may write in, is refused."""
     name = path.name if parent_fd is not None else os.fspath(path)
     created = False
     if create:
@@ -188,6 +189,9 @@ def _own_dir(path: Path, mode: int, parent_fd: int | None, create: bool) -> int 
         if create:
             raise
         return None
+    except PermissionError as exc:
+        raise UsageError(f"cannot open the store directory {path}: permission denied; "
+                         "run llmgw-store as the user that owns the store") from exc
     except OSError as exc:
         kind = "a symlink" if os.path.islink(path) else "not a directory"
         raise _refuse(path, f"it is {kind} (pass the real directory as --root)" if parent_fd is None

@@ -135,10 +135,10 @@ def rollback(profile: str, *, to: int | None = None, root: str | Path | None = N
             return {"profile": profile, "generation": to, "previous": current, "path": str(layout.path_of(name)), "changed": to != current}
 
 
-def generations(profile: str, *, root: str | Path | None = None) -> dict[str, Any]:
+def generations(profile: str, *, root: str | Path | None = None, lock_timeout: float = locks.LOCK_TIMEOUT_S) -> dict[str, Any]:
     """The profile's generations from disk, with the index repaired where it disagrees."""
     check_profile(profile)
-    with Store.open(root) as store:
+    with Store.open(root, lock_timeout) as store:
         layout = store.layout
         current = current_generation(layout, profile)
         gens = disk_generations(layout, profile)
