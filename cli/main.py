@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from llmgw_store.core import defaults
+from llmgw_store.core import defaults, locks
 from llmgw_store.core.errors import CommandError, StoreError
 from llmgw_store.core.report import reporting_to
 
@@ -87,6 +87,12 @@ def cli(ctx: click.Context, root: str | None, as_json: bool, verbose: int) -> No
     ctx.with_resource(reporting_to(ctx.obj.progress))
 
 
+def lock_timeout_option(default: float, waits_for: str):
+    """--lock-timeout for a command that takes a lock; its default is the library's."""
+    return click.option("--lock-timeout", type=click.FloatRange(min=0), default=default, show_default=True,
+                        help=f"Seconds to wait for {waits_for}; then exit 75 naming the holder.")
+
+
 def build_options(f):
     """The options that decide a build, shared by `build` and `activate RECIPE.toml`."""
     for opt in reversed([
@@ -99,8 +105,7 @@ def build_options(f):
         click.option("--python-preference", envvar="LLMGW_STORE_PYTHON_PREFERENCE", default=defaults.PYTHON_PREFERENCE,
                      show_default=True, type=click.Choice(defaults.PYTHON_PREFERENCES),
                      help="Where the interpreter may come from; only-managed falls back to system when downloads fail."),
-        click.option("--lock-timeout", type=float, default=defaults.BUILD_LOCK_TIMEOUT_S, show_default=True,
-                     help="Seconds to wait for another process building the same key (then exit 75)."),
+        lock_timeout_option(locks.BUILD_LOCK_TIMEOUT_S, "each lock (another process building the same key, a gc, the profile)"),
         click.option("--substituter", "substituters", multiple=True, envvar="LLMGW_STORE_SUBSTITUTERS",
                      help="Binary cache to ask before building (file:///dir, http(s)://...); repeatable. "
                           "Env: LLMGW_STORE_SUBSTITUTERS (space-separated)."),
@@ -204,8 +209,9 @@ def activate(obj: Context, profile: str, target: str, **kw) -> None:
 @cli.command()
 @click.argument("profile")
 @click.option("--to", "to", type=int, help="Generation number to switch to (default: the previous one).")
+@lock_timeout_option(locks.LOCK_TIMEOUT_S, "the profile's lock")
 @click.pass_obj
-def rollback(obj: Context, profile: str, to: int | None) -> None:
+def rollback(obj: Context, profile: str, to: int | None, lock_timeout: float) -> None:
     """Switch PROFILE back to its previous generation, or to generation N with --to N.
 
     \b
@@ -215,7 +221,7 @@ def rollback(obj: Context, profile: str, to: int | None) -> None:
     """
     from llmgw_store.roots.profiles import rollback as do_rollback
 
-    r = do_rollback(profile, to=to, root=obj.root)
+    r = do_rollback(profile, to=to, root=obj.root, lock_timeout=lock_timeout)
     obj.emit(r.to_json(), f"{profile}: generation {r.previous} -> {r.generation} ({r.path})")
 
 
@@ -225,9 +231,10 @@ def rollback(obj: Context, profile: str, to: int | None) -> None:
 @click.option("--older-than", help="Delete generations older than this (30d, 12h, ...), except the current one.")
 @click.option("--keep", type=int, help="Keep the newest N generations (and the current one), delete the rest.")
 @click.option("--dry-run", is_flag=True, help="Say what would be deleted, delete nothing.")
+@lock_timeout_option(locks.LOCK_TIMEOUT_S, "the profile's lock")
 @click.pass_obj
 def generations(obj: Context, profile: str, delete: tuple[int, ...], older_than: str | None, keep: int | None,
-                dry_run: bool) -> None:
+                dry_run: bool, lock_timeout: float) -> None:
     """List PROFILE's generations (number, date, store path, engine version, current), or delete some.
 
     \b
@@ -242,11 +249,12 @@ def generations(obj: Context, profile: str, delete: tuple[int, ...], older_than:
         from llmgw_store.core.units import parse_duration
 
         r = profiles.delete_generations(profile, numbers=list(delete), keep=keep, dry_run=dry_run, root=obj.root,
-                                        older_than=parse_duration(older_than) if older_than else None)
+                                        older_than=parse_duration(older_than) if older_than else None,
+                                        lock_timeout=lock_timeout)
         verb = "would delete" if dry_run else "deleted"
         obj.emit(r.to_json(), f"{profile}: {verb} generation(s) {', '.join(map(str, r.deleted)) or 'none'}")
         return
-    r = profiles.generations(profile, root=obj.root)
+    r = profiles.generations(profile, root=obj.root, lock_timeout=lock_timeout)
     for line in r.index_differs:
         obj.progress(f"index differs: {line} (the next change of the profile records it)")
     lines = [
@@ -270,8 +278,9 @@ def list_profiles(obj: Context) -> None:
 @cli.command()
 @click.argument("name")
 @click.argument("path")
+@lock_timeout_option(locks.LOCK_TIMEOUT_S, "a gc to let go of the gc lock")
 @click.pass_obj
-def pin(obj: Context, name: str, path: str) -> None:
+def pin(obj: Context, name: str, path: str, lock_timeout: float) -> None:
     """Keep PATH from gc under the pin NAME (ROOT/gcroots/NAME).
 
     \b
@@ -280,18 +289,19 @@ def pin(obj: Context, name: str, path: str) -> None:
     """
     from llmgw_store.roots.pins import pin as do_pin
 
-    r = do_pin(name, path, root=obj.root)
+    r = do_pin(name, path, root=obj.root, lock_timeout=lock_timeout)
     obj.emit(r, f"pinned {r['path']} as {name}")
 
 
 @cli.command()
 @click.argument("name")
+@lock_timeout_option(locks.LOCK_TIMEOUT_S, "the index")
 @click.pass_obj
-def unpin(obj: Context, name: str) -> None:
+def unpin(obj: Context, name: str, lock_timeout: float) -> None:
     """Remove the pin NAME (the store path stays until a gc finds nothing else holds it)."""
     from llmgw_store.roots.pins import unpin as do_unpin
 
-    r = do_unpin(name, root=obj.root)
+    r = do_unpin(name, root=obj.root, lock_timeout=lock_timeout)
     obj.emit(r, f"unpinned {name} ({r['path']})")
 
 
@@ -356,8 +366,7 @@ def run(obj: Context, profile: str, command: tuple[str, ...]) -> None:
 @click.option("--max-freed", metavar="SIZE", help="Stop after freeing this much (50G), least recently used first.")
 @click.option("--min-free", metavar="SIZE", help="Collect only until the filesystem has this much free; nothing if it has.")
 @click.option("--max-cache", metavar="SIZE", help="Clean the whole uv cache when what it holds alone (not shared with environments) is over SIZE; else only prune it.")
-@click.option("--lock-timeout", type=float, default=defaults.GC_LOCK_TIMEOUT_S, show_default=True,
-              help="Seconds to wait for the gc lock (another gc); then exit 75 so cron tries again later.")
+@lock_timeout_option(locks.LOCK_TIMEOUT_S, "the gc lock and each profile's lock (so cron tries again later)")
 @click.option("--print-roots", is_flag=True, help="Print each gc root and the store paths it holds; collect nothing.")
 @click.pass_obj
 def gc(obj: Context, dry_run: bool, delete_older_than: str | None, keep: int | None, max_freed: str | None,
@@ -398,8 +407,10 @@ def gc(obj: Context, dry_run: bool, delete_older_than: str | None, keep: int | N
 @click.option("--uv", "uv_path", type=click.Path(dir_okay=False), envvar="LLMGW_STORE_UV", help="uv for --repair (must be the version the path was built with).")
 @click.option("--python-preference", envvar="LLMGW_STORE_PYTHON_PREFERENCE", default=defaults.PYTHON_PREFERENCE, show_default=True,
               type=click.Choice(defaults.PYTHON_PREFERENCES), help="For --repair: where the interpreter may come from.")
+@lock_timeout_option(locks.BUILD_LOCK_TIMEOUT_S, "each lock --repair takes (the gc lock, the key's)")
 @click.pass_obj
-def verify(obj: Context, paths: tuple[str, ...], repair: bool, uv_path: str | None, python_preference: str) -> None:
+def verify(obj: Context, paths: tuple[str, ...], repair: bool, uv_path: str | None, python_preference: str,
+           lock_timeout: float) -> None:
     """Recompute the content hash of PATHS (default: every store path) and compare with the manifest
     and the index; name modified, missing, extra and writable files. Exit 1 if any path is damaged.
 
@@ -411,7 +422,7 @@ def verify(obj: Context, paths: tuple[str, ...], repair: bool, uv_path: str | No
     from llmgw_store.integrity.verify import verify as do_verify
 
     r = do_verify(list(paths) or None, root=obj.root, repair=repair, uv=uv_path,
-                  python_preference=python_preference)
+                  python_preference=python_preference, lock_timeout=lock_timeout)
     lines = []
     for p in r.paths:
         state = "ok" if p["ok"] else ("repaired" if p.get("ok_after_repair") else "DAMAGED")
@@ -426,8 +437,9 @@ def verify(obj: Context, paths: tuple[str, ...], repair: bool, uv_path: str | No
 
 @cli.command()
 @click.option("--rebuild-index", is_flag=True, help="Recreate the index from the manifests, profile links and pins (the old one is kept as a backup).")
+@lock_timeout_option(locks.LOCK_TIMEOUT_S, "the gc lock (--rebuild-index)")
 @click.pass_obj
-def doctor(obj: Context, rebuild_index: bool) -> None:
+def doctor(obj: Context, rebuild_index: bool, lock_timeout: float) -> None:
     """Check the index against the disk; exit 1 if they disagree. --rebuild-index recreates it.
 
     \b
@@ -437,7 +449,7 @@ def doctor(obj: Context, rebuild_index: bool) -> None:
     """
     from llmgw_store.integrity.doctor import doctor as do_doctor
 
-    r = do_doctor(root=obj.root, rebuild_index=rebuild_index)
+    r = do_doctor(root=obj.root, rebuild_index=rebuild_index, lock_timeout=lock_timeout)
     if rebuild_index:
         obj.emit(r, f"index rebuilt: {len(r['registered'])} path(s), {r['generations']} generation(s), "
                     f"{r['pins']} pin(s); {len(r['skipped'])} directory(ies) left unregistered; "
@@ -451,13 +463,14 @@ def doctor(obj: Context, rebuild_index: bool) -> None:
 
 @cli.command()
 @click.option("--dry-run", is_flag=True, help="Count what would be linked and freed; change nothing.")
+@lock_timeout_option(locks.LOCK_TIMEOUT_S, "a gc to let go of the gc lock")
 @click.pass_obj
-def optimise(obj: Context, dry_run: bool) -> None:
+def optimise(obj: Context, dry_run: bool, lock_timeout: float) -> None:
     """Hardlink identical files across store paths (through ROOT/store/.links) and report the bytes saved."""
     from llmgw_store.core.units import human_size
     from llmgw_store.integrity.optimise import optimise as do_optimise
 
-    r = do_optimise(root=obj.root, dry_run=dry_run)
+    r = do_optimise(root=obj.root, dry_run=dry_run, lock_timeout=lock_timeout)
     obj.emit(r.to_json(), f"{r.files_linked} of {r.files_examined} file(s) {'would be ' if dry_run else ''}linked, "
                           f"{human_size(r.bytes_saved)} {'would be ' if dry_run else ''}freed")
 
@@ -525,8 +538,9 @@ def push(obj: Context, paths: tuple[str, ...], to: str, secret_key: str) -> None
 @click.argument("target")
 @click.option("--from", "from_", multiple=True, required=True, help="Cache URL; repeatable (asked in order).")
 @click.option("--trusted-key", "trusted_keys", multiple=True, help="Public key accepted (name:base64 or a .public file).")
+@lock_timeout_option(locks.BUILD_LOCK_TIMEOUT_S, "each lock (another process fetching the same key, a gc)")
 @click.pass_obj
-def pull(obj: Context, target: str, from_: tuple[str, ...], trusted_keys: tuple[str, ...]) -> None:
+def pull(obj: Context, target: str, from_: tuple[str, ...], trusted_keys: tuple[str, ...], lock_timeout: float) -> None:
     """Fetch a store path (by key or store path name) and its references from a binary cache.
 
     \b
@@ -535,7 +549,7 @@ def pull(obj: Context, target: str, from_: tuple[str, ...], trusted_keys: tuple[
     """
     from llmgw_store.cache.pull import pull as do_pull
 
-    r = do_pull(target, list(from_), list(trusted_keys), root=obj.root)
+    r = do_pull(target, list(from_), list(trusted_keys), root=obj.root, lock_timeout=lock_timeout)
     obj.emit(r, r["path"])
 
 

@@ -16,6 +16,7 @@ from llmgw_store.build.builder import build as _build
 from llmgw_store.cache.pull import CacheSubstituter
 from llmgw_store.cache.push import push as _push
 from llmgw_store.core.local_store import Store
+from llmgw_store.core.names import check_profile
 from llmgw_store.roots import profiles
 from llmgw_store.roots.resolve import reference
 
@@ -31,10 +32,10 @@ def activate(profile: str, target: str | Path, options: BuildOptions = BuildOpti
              substituters: tuple[str, ...] = (), trusted_keys: tuple[str, ...] = (),
              root: str | Path | None = None) -> profiles.Switch:
     """Make TARGET (a store path, name, key, or a recipe built first) the profile's current generation."""
-    profiles.check_name(profile)
+    check_profile(profile)
     if str(target).endswith(".toml"):
         target = build(target, options, substituters=substituters, trusted_keys=trusted_keys, root=root).path
-    return profiles.activate(profile, target, root=root)
+    return profiles.activate(profile, target, root=root, lock_timeout=options.lock_timeout)
 
 
 def push(targets: list[str], to: str, secret_key: str, *, root: str | Path | None = None) -> dict[str, Any]:

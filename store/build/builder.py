@@ -129,7 +129,7 @@ def build(
         chosen = recipe.build_for(options.variant)
     if options.as_of is not None:
         parse_time(options.as_of)  # a bad --as-of is a usage error before the store is touched
-    with Store.open(root) as store:
+    with Store.open(root, options.lock_timeout) as store:
         plan = _plan(store, recipe, chosen, options)
         deadline = Deadline(plan)
         path, how = realise(

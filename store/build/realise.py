@@ -35,7 +35,7 @@ from llmgw_store.core.report import say
 if TYPE_CHECKING:
     from llmgw_store.core.local_store import Store
 
-DEFAULT_LOCK_TIMEOUT_S = 3600.0
+DEFAULT_LOCK_TIMEOUT_S = locks.BUILD_LOCK_TIMEOUT_S
 
 
 def realise(
@@ -68,7 +68,7 @@ def realise(
     from llmgw_store.core.temproots import TempRoots
 
     # From here until this process exits, gc keeps `name` (and its .partial) whatever else happens.
-    TempRoots(layout).add(name)
+    TempRoots(layout).add(name, lock_timeout)
 
     with locks.hold(layout.locks, key, f"building {name}", lock_timeout), \
             _children_recorded(layout, key):
@@ -138,7 +138,7 @@ def replace(
 
     layout, index = store.layout, store.index
     final, partial = layout.path_of(name), layout.partial_of(name)
-    TempRoots(layout).add(name)
+    TempRoots(layout).add(name, lock_timeout)
     with locks.hold(layout.locks, key, f"repairing {name}", lock_timeout), \
             _children_recorded(layout, key):
         force_rmtree(partial)

@@ -18,6 +18,7 @@ from typing import Any
 
 from llmgw_store.core.errors import RecipeError, UsageError
 from llmgw_store.core.keys import NAME_RE
+from llmgw_store.core.names import check_engine
 
 VERSION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9+._!-]{0,63}")  # always re.fullmatch: `$` lets "1.0\n" through
 
@@ -133,8 +134,10 @@ def parse(data: dict[str, Any], file: str | Path) -> Recipe:
     if not isinstance(engine, dict):
         raise RecipeError(file, "engine", "missing [engine] table")
     _check_table(engine, ENGINE_FIELDS, file, "engine")
-    if not NAME_RE.fullmatch(engine["name"]) or ".." in engine["name"]:
-        raise RecipeError(file, "engine.name", f"{engine['name']!r} is not a store name: use [a-z0-9._-], starting with a letter or digit")
+    try:
+        check_engine(engine["name"])
+    except UsageError as exc:
+        raise RecipeError(file, "engine.name", str(exc)) from None
     builds = data.get("build")
     if not isinstance(builds, list) or not builds:
         raise RecipeError(file, "build", "at least one [[build]] table is needed")

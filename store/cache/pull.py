@@ -299,20 +299,21 @@ def _local_path(store: Store, key: str) -> Path | None:
     return path if path is not None and path.is_dir() else None
 
 
-def pull(target: str, from_: list[str], trusted: list[str], *, root: str | Path | None = None) -> dict[str, Any]:
+def pull(target: str, from_: list[str], trusted: list[str], *, root: str | Path | None = None,
+         lock_timeout: float = locks.BUILD_LOCK_TIMEOUT_S) -> dict[str, Any]:
     backends = [backend_for(u) for u in from_]
     keys = trusted_keys(trusted)
     key, name = _target(target)
     # Every object of the closure is checked before the store is touched.
     objects = _closure(backends, key, name, keys)
     pulled, present = [], []
-    with Store.open(root) as store:
+    with Store.open(root, lock_timeout) as store:
         for backend, meta in objects:
             local = _local_path(store, meta.key)
             if local is None:
-                TempRoots(store.layout).add(meta.name)
+                TempRoots(store.layout).add(meta.name, lock_timeout)
                 # The key's lock: from here only this process creates, clears or registers its path.
-                with locks.hold(store.layout.locks, meta.key, f"pulling {meta.name}", 3600):
+                with locks.hold(store.layout.locks, meta.key, f"pulling {meta.name}", lock_timeout):
                     local = _local_path(store, meta.key)
                     if local is None:
                         fetch_into_store(store, backend, meta)

@@ -16,6 +16,7 @@ from typing import Any
 
 from llmgw_store.core.errors import IntegrityError, UsageError
 from llmgw_store.core.keys import canonical_json
+from llmgw_store.core.names import check_signing_key_name
 
 METADATA_MAX_BYTES = 1 << 20
 
@@ -23,8 +24,7 @@ METADATA_MAX_BYTES = 1 << 20
 def keygen(name: str, out_dir: str | Path) -> dict[str, str]:
     from nacl.signing import SigningKey
 
-    if not name or ":" in name or "/" in name:
-        raise UsageError(f"{name!r} is not a key name (no ':' or '/')")
+    check_signing_key_name(name)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     sk = SigningKey.generate()

@@ -3,7 +3,9 @@
 Invariant: a row in `paths` exists only for a directory that is complete, read-only and renamed
 into `store/`; the row is inserted after the rename, in the same transaction as its build-log row.
 The index is in WAL mode, so readers (a cache-hit `build`, `list`) never wait for a writer, and a
-30 s busy timeout covers writers queuing behind each other.
+busy timeout (30 s, or the caller's lock timeout when shorter) covers writers queuing behind each
+other. The database and its -wal and -shm are 0600 in the 0700 var/ (layout.ensure): SQLite locks
+them with fcntl, and a user who could open -shm could hold those locks and stop every writer.
 
 The schema version lives in `PRAGMA user_version`; `MIGRATIONS[i]` takes version i to i + 1.
 Reads on the cache-hit path use plain sqlite3; sqlite-utils (slow to import) is loaded only to
@@ -21,9 +23,28 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
-from llmgw_store.core.errors import IndexError_
+from llmgw_store.core.errors import IndexError_, LockTimeout
 
 BUSY_TIMEOUT_S = 30.0
+DB_MODE = 0o600
+
+
+def _private_db_files(db: Path) -> None:
+    """Create the database 0600 before SQLite opens it (SQLite gives -wal and -shm the database's
+    mode), and close up the files of an index made by an older llmgw-store. Never follows a link."""
+    for path, create in ((db, True), (Path(f"{db}-wal"), False), (Path(f"{db}-shm"), False)):
+        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | (os.O_CREAT if create else 0)
+        try:
+            fd = os.open(path, flags, DB_MODE)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            raise IndexError_(f"cannot open the index {path}: {exc}; it must be a plain file") from exc
+        try:
+            if os.fstat(fd).st_mode & 0o077:
+                os.fchmod(fd, DB_MODE)
+        finally:
+            os.close(fd)
 
 
 def now_iso() -> str:
@@ -122,21 +143,25 @@ def index_error(path: Path, what: str, exc: sqlite3.Error) -> IndexError_:
 
 
 class Index:
-    def __init__(self, path: Path, store_dir: Path | None = None, *, readonly: bool = False):
+    def __init__(self, path: Path, store_dir: Path | None = None, busy_timeout: float = BUSY_TIMEOUT_S, *,
+                 readonly: bool = False):
         self.path, self.store_dir = path, store_dir
+        self.busy_timeout = min(busy_timeout, BUSY_TIMEOUT_S)
+        if not readonly:
+            _private_db_files(path)
         try:
             if readonly:
                 # mode=ro: SQLite opens the file without creating it or anything beside it but the
                 # WAL index it needs to read; nothing this connection does can write the store.
                 uri = "file:" + urllib.parse.quote(str(path.absolute())) + "?mode=ro"
-                self.conn = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+                self.conn = sqlite3.connect(uri, uri=True, timeout=self.busy_timeout, isolation_level=None)
                 self.conn.row_factory = sqlite3.Row
                 version = self.conn.execute("PRAGMA user_version").fetchone()[0]
                 if version != SCHEMA_VERSION:
                     raise IndexError_(f"{path} has schema version {version}, this llmgw-store reads {SCHEMA_VERSION}; "
                                       "run a command that writes (e.g. `llmgw-store gc --dry-run`) to migrate it")
                 return
-            self.conn = sqlite3.connect(str(path), timeout=BUSY_TIMEOUT_S, isolation_level=None)
+            self.conn = sqlite3.connect(str(path), timeout=self.busy_timeout, isolation_level=None)
             self.conn.row_factory = sqlite3.Row
             self._enable_wal()
             self.conn.execute("PRAGMA synchronous=NORMAL")
@@ -149,13 +174,13 @@ class Index:
                     f"({SCHEMA_VERSION}); upgrade llmgw-store"
                 )
         except sqlite3.Error as exc:
-            raise index_error(path, f"cannot open the index {path}", exc) from exc
+            raise self._error(exc, f"cannot open the index {path}") from exc
 
     def _enable_wal(self) -> None:
         """WAL is a property of the file, set once by whoever creates it. Switching needs an exclusive
         lock, for which SQLite does not call the busy handler, so processes that open a new store at
         the same moment retry here until one of them has switched it."""
-        deadline = time.monotonic() + BUSY_TIMEOUT_S
+        deadline = time.monotonic() + self.busy_timeout
         while True:
             try:
                 if self.conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal":
@@ -197,11 +222,18 @@ class Index:
     def close(self) -> None:
         self.conn.close()
 
+    def _error(self, exc: sqlite3.Error, what: str) -> Exception:
+        """LockTimeout (exit 75) when another connection held the database past the busy timeout."""
+        if isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc):
+            return LockTimeout(f"{what}: another process held the index for {self.busy_timeout:g}s; "
+                               "try again later or raise --lock-timeout")
+        return index_error(self.path, what, exc)
+
     def _sql(self, sql: str, params: tuple | dict = ()) -> sqlite3.Cursor:
         try:
             return self.conn.execute(sql, params)
         except sqlite3.Error as exc:
-            raise index_error(self.path, f"index {self.path}", exc) from exc
+            raise self._error(exc, f"index {self.path}") from exc
 
     # --- store paths -------------------------------------------------------------------------
     def path_by_key(self, key: str) -> dict[str, Any] | None:
@@ -231,7 +263,7 @@ class Index:
                 self.conn.executemany("INSERT OR IGNORE INTO refs VALUES (?, ?)", [(row["name"], r) for r in references])
                 self._finish_build(build_id, outcome, seconds, None)
         except sqlite3.Error as exc:
-            raise index_error(self.path, f"index {self.path}: cannot register {row['name']}", exc) from exc
+            raise self._error(exc, f"index {self.path}: cannot register {row['name']}") from exc
 
     def forget(self, name: str) -> None:
         try:
@@ -240,7 +272,7 @@ class Index:
                 self.conn.execute("DELETE FROM paths WHERE name = ?", (name,))
                 self.conn.execute("DELETE FROM refs WHERE referrer = ?", (name,))
         except sqlite3.Error as exc:
-            raise index_error(self.path, f"index {self.path}: cannot forget {name}", exc) from exc
+            raise self._error(exc, f"index {self.path}: cannot forget {name}") from exc
 
     def insert_path(self, row: dict[str, Any], references: list[str]) -> None:
         """A path row and its references without a build-log entry (doctor rebuilding the index)."""
@@ -251,7 +283,7 @@ class Index:
                                   tuple(row.values()))
                 self.conn.executemany("INSERT OR IGNORE INTO refs VALUES (?, ?)", [(row["name"], r) for r in references])
         except sqlite3.Error as exc:
-            raise index_error(self.path, f"index {self.path}: cannot register {row['name']}", exc) from exc
+            raise self._error(exc, f"index {self.path}: cannot register {row['name']}") from exc
 
     def copy_history_from(self, other: Path, tables: tuple[str, ...] | list[str]) -> dict[str, int]:
         """Copy the rows of `tables` that a damaged or old index file still yields (doctor), row by

@@ -16,12 +16,15 @@ from blake3 import blake3
 SCHEMA_VERSION = 1
 KEY_BYTES = 20
 NIX_BASE32 = "0123456789abcdfghijklmnpqrsvwxyz"
-KEY_RE = re.compile(rf"^[{NIX_BASE32}]{{32}}$")
-NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+# \A and \Z, not ^ and $: `$` also matches before a trailing newline, and "p\n" is not a name.
+# Check names with llmgw_store.core.names, which also bounds their length.
+KEY_RE = re.compile(rf"\A[{NIX_BASE32}]{{32}}\Z")
+NAME_RE = re.compile(r"\A[a-z0-9][a-z0-9._-]*\Z")
 # A store path name: `<key>-<engine>-<version>-<variant>`, one path component (no separator, never
-# `.` or `..`), short enough to leave room for `.partial` and the lock and owner files beside it.
+# `.` or `..`; versions may hold capitals, `+` and `!`), short enough to leave room under NAME_MAX
+# (255) for `.partial`, a trash suffix and the lock and owner files beside it.
+STORE_NAME_RE = re.compile(rf"\A[{NIX_BASE32}]{{32}}-[A-Za-z0-9._+!-]+\Z")
 STORE_NAME_MAX = 200
-STORE_NAME_RE = re.compile(rf"[{NIX_BASE32}]{{32}}-[A-Za-z0-9._+!-]+")
 
 
 def canonical_json(value: Any) -> bytes:

@@ -15,13 +15,27 @@
     ROOT/cache/{uv,pyc,downloads}       caches that gc may prune
 
 Every directory under ROOT is on one filesystem, so `os.rename` between them is atomic.
+
+Other local users can neither block nor redirect the store. `ensure` makes or checks every
+directory the store writes, walking from ROOT down with descriptors opened O_NOFOLLOW: each must
+be a real directory (never a symlink), owned by the running user or root, and writable by no group
+or other user; anything else is refused before a byte is written. Directories get their mode here:
+what holds locks, the index, temp roots, logs and caches is 0700 (no other user can open a lock
+file or the database, so none can hold one); store/, python/, profiles/ and gcroots/ stay 0755 so
+that every user can run the environments.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
+
+from llmgw_store.core.errors import UsageError
+
+PUBLIC_DIR = 0o755
+PRIVATE_DIR = 0o700
 
 
 def default_root() -> Path:
@@ -108,13 +122,121 @@ class Layout:
     def downloads(self) -> Path:
         return self.root / "cache" / "downloads"
 
+    def dir_modes(self) -> list[tuple[Path, int]]:
+        """Every directory the store writes and its mode, parents before children."""
+        cache = self.root / "cache"
+        return [
+            (self.root, PUBLIC_DIR), (self.store, PUBLIC_DIR), (self.profiles, PUBLIC_DIR),
+            (self.gcroots, PUBLIC_DIR), (self.python_installs, PUBLIC_DIR),
+            (self.var, PRIVATE_DIR), (self.locks, PRIVATE_DIR), (self.temproots, PRIVATE_DIR),
+            (self.tmp, PRIVATE_DIR), (self.trash, PRIVATE_DIR), (self.logs, PRIVATE_DIR),
+            # uv takes its cache lock in cache/uv: only the owner may open it.
+            (cache, PRIVATE_DIR), (self.uv_cache, PRIVATE_DIR), (self.pyc_cache, PRIVATE_DIR),
+            (self.downloads, PRIVATE_DIR),
+        ]
+
+    def check(self) -> None:
+        """Check every directory of the store that exists, changing nothing (for commands that only
+        look): a link, another user's directory or one others may write in is refused all the same."""
+        self._walk(create=False, fix=False)
+
     def ensure(self) -> None:
-        for d in (self.store, self.locks, self.logs, self.tmp, self.trash, self.temproots, self.profiles, self.gcroots,
-                  self.python_installs, self.uv_cache, self.pyc_cache, self.downloads):
-            d.mkdir(parents=True, exist_ok=True)
+        """Check every directory the store writes, then make the missing ones (see the module's
+        docstring): a refusal comes before anything is created."""
+        self._walk(create=False, fix=True)
+        self._walk(create=True, fix=True)
+
+    def _walk(self, *, create: bool, fix: bool) -> None:
+        if create:
+            self.root.parent.mkdir(parents=True, exist_ok=True)
+        fds: dict[Path, int] = {}
+        try:
+            for path, mode in self.dir_modes():
+                parent = fds.get(path.parent)
+                if parent is None and path != self.root:
+                    continue  # its parent is missing: checked once made
+                fd = _own_dir(path, mode, parent, create, fix)
+                if fd is not None:
+                    fds[path] = fd
+            if create:
+                # uv makes its lock in python/ (which must stay 0755) 0666: made here first, 0600,
+                # no other user can open it and hold uv's Python installs up.
+                _private_lock(fds[self.python_installs], self.python_installs / ".lock")
+        finally:
+            for fd in fds.values():
+                os.close(fd)
 
     def path_of(self, name: str) -> Path:
         return self.store / name
 
     def partial_of(self, name: str) -> Path:
         return self.store / (name + ".partial")
+
+
+def _refuse(path: Path, why: str) -> UsageError:
+    return UsageError(f"refusing to use the store directory {path}: {why}; "
+                      "another user may have planted it — check it, then remove it or fix its owner and mode")
+
+
+def _own_dir(path: Path, mode: int, parent_fd: int | None, create: bool, fix: bool = True) -> int | None:
+    """A descriptor on the directory `path` (made with `mode` if missing and `create`, relative to
+    `parent_fd`, an already checked directory); None when it is missing and not to be made. The
+    descriptor, not the name, is checked, so a link swapped in between the check and a chmod cannot
+    redirect it. Lax modes of the owner's own directory (a store made by an older llmgw-store) are
+    tightened, never loosened; someone else's directory, or one others may write in, is refused."""
+    name = path.name if parent_fd is not None else os.fspath(path)
+    created = False
+    if create:
+        try:
+            os.mkdir(name, mode, dir_fd=parent_fd)
+            created = True
+        except FileExistsError:
+            pass
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent_fd)
+    except FileNotFoundError:
+        if create:
+            raise
+        return None
+    except PermissionError as exc:
+        raise UsageError(f"cannot open the store directory {path}: permission denied; "
+                         "run llmgw-store as the user that owns the store") from exc
+    except OSError as exc:
+        kind = "a symlink" if os.path.islink(path) else "not a directory"
+        raise _refuse(path, f"it is {kind} (pass the real directory as --root)" if parent_fd is None
+                      else f"it is {kind}") from exc
+    try:
+        st = os.fstat(fd)
+        if st.st_uid not in (os.geteuid(), 0):
+            raise _refuse(path, f"it is owned by uid {st.st_uid}, not by this user ({os.geteuid()}) or root")
+        if stat.S_IMODE(st.st_mode) & (stat.S_IWGRP | stat.S_IWOTH):
+            raise _refuse(path, f"other users may write in it (mode {stat.S_IMODE(st.st_mode):o})")
+        have = stat.S_IMODE(st.st_mode)
+        if fix and st.st_uid == os.geteuid() and (created or have & ~mode):
+            os.fchmod(fd, mode if created else have & mode)  # created: the umask may have taken bits
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _private_lock(dir_fd: int, path: Path) -> None:
+    """`path` (in the checked directory `dir_fd`) as a plain 0600 file. A lax one (made by uv before
+    the store made it) is replaced, not chmod-ed: whoever opened the old one keeps only that."""
+    flags = os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    for _ in range(2):
+        try:
+            fd = os.open(path.name, flags, 0o600, dir_fd=dir_fd)
+        except OSError as exc:
+            raise _refuse(path, "it is not a plain file") from exc
+        try:
+            st = os.fstat(fd)
+        finally:
+            os.close(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise _refuse(path, "it is not a plain file")
+        if not stat.S_IMODE(st.st_mode) & 0o077:
+            return
+        if st.st_uid != os.geteuid():
+            return  # root's file in a store another user opens: only root may replace it
+        os.unlink(path.name, dir_fd=dir_fd)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from llmgw_store.core import manifest
 from llmgw_store.core.errors import NotFoundError
-from llmgw_store.core.index import Index, row_from_manifest
+from llmgw_store.core.index import BUSY_TIMEOUT_S, Index, row_from_manifest
 from llmgw_store.core.keys import key_of_name
 from llmgw_store.core.layout import Layout
 
@@ -20,18 +21,22 @@ class Store:
     index: Index
 
     @classmethod
-    def open(cls, root: str | Path | None = None, *, readonly: bool = False) -> "Store":
-        """Open (and on first use create) the store at `root`. `readonly=True` is for commands that
-        only look (list, info, stats, verify, generations): they create nothing, write nothing, and
-        on a root that holds no store say so."""
+    def open(cls, root: str | Path | None = None, lock_timeout: float = BUSY_TIMEOUT_S, *,
+             readonly: bool = False) -> "Store":
+        """Check (or make) the store's directories, then open its index. Waits on the index's SQLite
+        locks never outlast `lock_timeout` (the command's --lock-timeout). `readonly=True` is for
+        commands that only look (list, info, stats, verify, generations): they create nothing, write
+        nothing, and on a root that holds no store say so."""
         layout = Layout.at(root)
         if readonly:
+            if os.path.lexists(layout.root):
+                layout.check()
             if not layout.db.is_file():
                 raise NotFoundError(f"no store at {layout.root} (no index {layout.db}); "
                                     "build something first, or pass the right --root")
             return cls(layout, Index(layout.db, layout.store, readonly=True))
         layout.ensure()
-        return cls(layout, Index(layout.db, layout.store))
+        return cls(layout, Index(layout.db, layout.store, busy_timeout=lock_timeout))
 
     def close(self) -> None:
         self.index.close()

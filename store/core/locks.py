@@ -16,9 +16,11 @@ enter (see layout.ensure), so no other user can open one and hold it.
     var/temproots/<pid>            exclusive, for the   marks the temp-roots file of a live process
                                    process's lifetime   (gc tells stale files by locking them)
 
-Order (never the other way round): the gc lock, then a key's or a profile's lock. Beside a key's
-lock, `<key>.owner` says who holds it (pid, host, what, since when) so that a waiter can tell a
-person whom it waits for; the note is advisory only — the flock is the truth.
+Order (never the other way round): the gc lock, then a key's or a profile's lock. Beside each
+lock held exclusively, `<name>.owner` says who holds it (pid, host, what, since when) so that a
+waiter can tell a person whom it waits for; the note is advisory only — the flock is the truth.
+Every wait is bounded by a timeout the caller passes (the user's --lock-timeout, else the defaults
+below) and ends in LockTimeout (exit 75) naming the holder.
 """
 
 from __future__ import annotations
@@ -28,13 +30,19 @@ import os
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Iterator
 
 from llmgw_store.core.errors import LockTimeout
 from llmgw_store.core.report import say
 
 POLL_S = 0.02
 LOCK_MODE = 0o600
+# How long a command waits for a lock before it exits 75; the CLI's --lock-timeout defaults read
+# these. Keys are held for a whole build; every other lock only for short critical sections.
+BUILD_LOCK_TIMEOUT_S = 3600.0
+LOCK_TIMEOUT_S = 60.0
+# The note of a holder appears just after it takes the lock: a waiter gives it this long.
+NOTE_GRACE_S = 1.0
 
 
 def open_lock_file(path: Path) -> int:
@@ -42,83 +50,104 @@ def open_lock_file(path: Path) -> int:
     return os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, LOCK_MODE)
 
 
-@contextmanager
-def flock(path: Path, *, shared: bool, timeout: float, busy: Callable[[], str]) -> Iterator[bool]:
-    """Hold flock(2) on `path`; yields True if it had to wait. After `timeout` seconds of waiting,
-    raises LockTimeout with the message `busy()` returns."""
+def owner_note(lock: Path) -> Path:
+    """`<name>.owner` beside `<name>.lock`: who holds it exclusively."""
+    return lock.with_suffix(".owner")
+
+
+def _owner_text(path: Path, default: str) -> str:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as f:
+            info = json.loads(f.read(4096))
+        pid, host = int(info["pid"]), str(info["host"])[:64]
+        age = int(time.time() - info["since"])
+        if host == _hostname() and not _alive(pid):
+            return default  # a note left by a holder that was killed; whoever holds it now left none
+        return f"pid {pid} on {host} ({str(info['what'])[:200]}, for {age}s)"
+    except (OSError, ValueError, KeyError, TypeError):
+        return default
+
+
+def _hostname() -> str:
+    import socket
+
+    return socket.gethostname()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, ValueError):
+        pass
+    return True
+
+
+def _write_note(owner: Path, what: str) -> None:
+    """Replace the note atomically (rename), so a reader sees a whole note or the previous one."""
+    tmp = owner.with_name(f".{owner.name}.{os.getpid()}")
+    note = json.dumps({"pid": os.getpid(), "host": _hostname(), "what": what, "since": time.time()})
+    tfd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, LOCK_MODE)
+    with os.fdopen(tfd, "w") as f:
+        f.write(note)
+    os.replace(tmp, owner)
+
+
+def _acquire(fd: int, path: Path, shared: bool, what: str, timeout: float, default_holder: str) -> bool:
+    """Take the flock on `fd`, waiting at most `timeout` seconds; True if it had to wait."""
     import fcntl
 
-    fd = open_lock_file(path)
     mode = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
-    deadline = time.monotonic() + timeout
-    waited = False
     try:
-        while True:
-            try:
-                fcntl.flock(fd, mode | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    raise LockTimeout(busy()) from None
-                waited = True
-                time.sleep(POLL_S)
-        yield waited
+        fcntl.flock(fd, mode | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        pass
+    started = time.monotonic()
+    deadline = started + max(0.0, timeout)
+    owner = owner_note(path)
+    while not owner.exists() and time.monotonic() < min(deadline, started + NOTE_GRACE_S):
+        time.sleep(POLL_S)
+    say(f"{what}: waiting for {_owner_text(owner, default_holder)}, which holds {path.name}")
+    while True:
+        try:
+            fcntl.flock(fd, mode | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise LockTimeout(
+                    f"{what}: gave up after {timeout:g}s waiting for {_owner_text(owner, default_holder)}, "
+                    f"which holds {path}; try again later or raise --lock-timeout"
+                ) from None
+            time.sleep(POLL_S)
+
+
+@contextmanager
+def flock(path: Path, *, shared: bool, timeout: float, what: str, default_holder: str = "another process") -> Iterator[bool]:
+    """Hold flock(2) on `path`; yields True if it had to wait. An exclusive holder leaves a note
+    (`owner_note`) saying who it is, so that a waiter can name it; shared holders leave none, and a
+    waiter then names them `default_holder`. After `timeout` seconds of waiting, raises LockTimeout
+    naming the holder."""
+    fd = open_lock_file(path)
+    try:
+        waited = _acquire(fd, path, shared, what, timeout, default_holder)
+        if shared:
+            yield waited
+            return
+        owner = owner_note(path)
+        _write_note(owner, what)
+        try:
+            yield waited
+        finally:
+            # Before the flock is released: the next holder's note is never removed by this one.
+            owner.unlink(missing_ok=True)
     finally:
         os.close(fd)  # closing the descriptor releases the lock
 
 
-def _owner_text(path: Path) -> str:
-    try:
-        with open(path, "rb") as f:
-            info = json.loads(f.read(4096))
-        age = int(time.time() - info["since"])
-        return f"pid {int(info['pid'])} on {str(info['host'])[:64]} ({str(info['what'])[:200]}, for {age}s)"
-    except (OSError, ValueError, KeyError, TypeError):
-        return "another process"
-
-
-@contextmanager
-def hold(lock_dir: Path, name: str, what: str, timeout: float) -> Iterator[bool]:
-    """Hold the exclusive lock `name` with an owner note; yields True when it had to wait for
-    another holder first. Raises LockTimeout after `timeout` seconds of waiting."""
-    import fcntl
-
-    owner = lock_dir / f"{name}.owner"
-    fd = open_lock_file(lock_dir / f"{name}.lock")
-    waited = False
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            waited = True
-            # The holder writes its note just after it takes the lock: give it a moment to appear.
-            note_deadline = time.monotonic() + min(1.0, timeout)
-            while not owner.exists() and time.monotonic() < note_deadline:
-                time.sleep(POLL_S)
-            say(f"waiting for {_owner_text(owner)} to finish {what}")
-            deadline = time.monotonic() + timeout
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() >= deadline:
-                        raise LockTimeout(
-                            f"gave up after {timeout:.0f}s waiting for {_owner_text(owner)} to finish {what}; "
-                            "try again later or raise --lock-timeout"
-                        ) from None
-                    time.sleep(POLL_S)
-        import socket
-
-        tmp = owner.with_name(f".{owner.name}.{os.getpid()}")
-        note = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "what": what, "since": time.time()})
-        tfd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, LOCK_MODE)
-        with os.fdopen(tfd, "w") as f:
-            f.write(note)
-        os.replace(tmp, owner)
-        try:
-            yield waited
-        finally:
-            owner.unlink(missing_ok=True)
-    finally:
-        os.close(fd)
+def hold(lock_dir: Path, name: str, what: str, timeout: float):
+    """Hold the exclusive lock `lock_dir/<name>.lock` with an owner note; yields True when it had to
+    wait for another holder first. Raises LockTimeout after `timeout` seconds of waiting."""
+    return flock(lock_dir / f"{name}.lock", shared=False, timeout=timeout, what=what)

@@ -23,6 +23,7 @@ from llmgw_store.core.fsutil import force_rmtree
 from llmgw_store.core.index import Index
 from llmgw_store.core.layout import Layout
 from llmgw_store.core.local_store import Store
+from llmgw_store.core.locks import LOCK_TIMEOUT_S
 from llmgw_store.core.report import say
 from llmgw_store.core.temproots import gc_lock, read_all
 
@@ -70,9 +71,10 @@ def check(store: Store) -> dict[str, list[str]]:
     }
 
 
-def doctor(*, root: str | Path | None = None, rebuild_index: bool = False) -> dict[str, Any]:
+def doctor(*, root: str | Path | None = None, rebuild_index: bool = False,
+           lock_timeout: float = LOCK_TIMEOUT_S) -> dict[str, Any]:
     if not rebuild_index:
-        with Store.open(root) as store:
+        with Store.open(root, lock_timeout) as store:
             found = check(store)
             return {"problems": found, "ok": not any(found.values())}
     # The old index is not opened where it lies: it may be damaged in any way (opening fails), and
@@ -82,7 +84,7 @@ def doctor(*, root: str | Path | None = None, rebuild_index: bool = False) -> di
     layout.ensure()
     # No build or activation may be in flight: their open connections would write into the old
     # file. The exclusive gc lock stops new ones from starting; live temp roots show old ones.
-    with gc_lock(layout, shared=False, timeout=60.0):
+    with gc_lock(layout, shared=False, timeout=lock_timeout, what="rebuilding the index"):
         live, _ = read_all(layout)
         if live:
             raise LockTimeout(f"{len(live)} build(s) or activation(s) are in flight; rebuild the index when they are done")

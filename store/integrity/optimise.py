@@ -33,6 +33,7 @@ from blake3 import blake3
 from llmgw_store.core import manifest
 from llmgw_store.core.fsutil import WRITE_BITS
 from llmgw_store.core.local_store import Store
+from llmgw_store.core.locks import LOCK_TIMEOUT_S
 from llmgw_store.core.report import say
 from llmgw_store.core.results import Result
 from llmgw_store.core.temproots import gc_lock
@@ -46,15 +47,16 @@ class OptimiseReport(Result):
     dry_run: bool
 
 
-def optimise(*, root: str | Path | None = None, dry_run: bool = False) -> OptimiseReport:
-    with Store.open(root) as store:
+def optimise(*, root: str | Path | None = None, dry_run: bool = False,
+             lock_timeout: float = LOCK_TIMEOUT_S) -> OptimiseReport:
+    with Store.open(root, lock_timeout) as store:
         pool = store.layout.links_pool
         pool.mkdir(exist_ok=True)
         linked = saved = examined = 0
         checked: set[tuple[int, int]] = set()  # pool inodes hashed and found right in this run
         # Shared gc lock: gc (exclusive) cannot prune the pool or delete a path under us; builds and
         # activations (also shared) go on.
-        with gc_lock(store.layout, shared=True, timeout=120.0):
+        with gc_lock(store.layout, shared=True, timeout=lock_timeout, what="optimising"):
             for row in store.index.paths():
                 env = store.layout.path_of(row["name"])
                 try:

@@ -24,7 +24,7 @@ from typing import Any
 
 from blake3 import blake3
 
-from llmgw_store.core import manifest
+from llmgw_store.core import locks, manifest
 from llmgw_store.core.errors import NotFoundError, UsageError
 from llmgw_store.core.fsutil import force_rmtree
 from llmgw_store.core.local_store import Store
@@ -84,23 +84,26 @@ def verify(
     repair: bool = False,
     uv: str | Path | None = None,
     python_preference: str | None = None,
+    lock_timeout: float = locks.BUILD_LOCK_TIMEOUT_S,
 ) -> VerifyReport:
-    # Without --repair verify only looks: the store is opened read-only.
-    with Store.open(root, readonly=not repair) as store:
+    """Check `targets` (default: every path); with `repair`, rebuild the damaged ones, waiting at
+    most `lock_timeout` s for each lock (the gc lock to add a temp root, the key's, the index).
+    Without `repair` verify only looks: the store is opened read-only."""
+    with Store.open(root, lock_timeout, readonly=not repair) as store:
         rows = [registered(store, t) for t in targets] if targets else store.index.paths()
         results = []
         for row in rows:
             r = check_path(store, row)
             say(f"{row['name']}: {'ok' if r['ok'] else 'DAMAGED'}")
             if not r["ok"] and repair:
-                r["repair"] = _repair(store, row, uv, python_preference)
+                r["repair"] = _repair(store, row, uv, python_preference, lock_timeout)
                 r["ok_after_repair"] = check_path(store, store.index.path_by_name(row["name"]))["ok"]
             results.append(r)
         damaged = [r["name"] for r in results if not r["ok"] and not r.get("ok_after_repair")]
         return VerifyReport(tuple(results), len(results), tuple(damaged))
 
 
-def _repair(store: Store, row: dict[str, Any], uv_path, python_preference) -> dict[str, Any]:
+def _repair(store: Store, row: dict[str, Any], uv_path, python_preference, lock_timeout) -> dict[str, Any]:
     from llmgw_store.build import builder, interpreters
     from llmgw_store.build import uv as uvmod
     from llmgw_store.build.realise import replace
@@ -135,7 +138,8 @@ def _repair(store: Store, row: dict[str, Any], uv_path, python_preference) -> di
         new = replace(store, plan.key, name, inputs, plan.meta,
                       lambda partial: builder.make_env(store, plan, partial, deadline),
                       expect=row["content_hash"],
-                      verify=lambda tree: builder.verify_env(store, plan, tree, deadline))
+                      verify=lambda tree: builder.verify_env(store, plan, tree, deadline),
+                      lock_timeout=lock_timeout)
     finally:
         force_rmtree(private)
     say(f"repaired {name}: byte-identical to what was built")

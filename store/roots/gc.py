@@ -27,14 +27,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from llmgw_store.core import debug, defaults
+from llmgw_store.core import debug
 from llmgw_store.core.fsutil import force_rmtree, free_bytes, walk_files
 from llmgw_store.core.layout import Layout
 from llmgw_store.core.local_store import Store
+from llmgw_store.core.locks import LOCK_TIMEOUT_S
 from llmgw_store.core.report import say
 from llmgw_store.core.temproots import gc_lock, read_all
-
-DEFAULT_LOCK_TIMEOUT_S = defaults.GC_LOCK_TIMEOUT_S
 
 
 def _du(path: Path) -> int:
@@ -110,11 +109,12 @@ def collect(
     max_freed: int | None = None,
     min_free: int | None = None,
     max_cache: int | None = None,
-    lock_timeout: float = DEFAULT_LOCK_TIMEOUT_S,
+    lock_timeout: float = LOCK_TIMEOUT_S,
 ) -> dict[str, Any]:
+    """Every lock (the gc lock, each profile's, the index) is waited for at most `lock_timeout` s."""
     started = time.monotonic()
     report: dict[str, Any] = {"dry_run": dry_run, "deleted": [], "generations_deleted": {}, "freed": {}, "kept": {}}
-    with Store.open(root) as store:
+    with Store.open(root, lock_timeout) as store:
         layout = store.layout
         trash = layout.trash
         if min_free is not None:
@@ -131,7 +131,7 @@ def collect(
 
         excluded: set[tuple[str, int]] = set()
         if delete_older_than is not None or keep is not None:
-            excluded = _prune_generations(store, delete_older_than, keep, dry_run, report)
+            excluded = _prune_generations(store, delete_older_than, keep, dry_run, lock_timeout, report)
 
         with gc_lock(layout, shared=False, timeout=lock_timeout):
             # From here until the lock is released no process can add a temp root: the roots read
@@ -236,7 +236,7 @@ def _choose(store: Store, live: set[str], budget: int | None, checked: bool = Tr
     return chosen
 
 
-def _prune_generations(store: Store, older_than, keep, dry_run, report) -> set[tuple[str, int]]:
+def _prune_generations(store: Store, older_than, keep, dry_run, lock_timeout, report) -> set[tuple[str, int]]:
     from llmgw_store.roots.profiles import delete_generations_locked, profile_lock
 
     excluded = set()
@@ -244,7 +244,7 @@ def _prune_generations(store: Store, older_than, keep, dry_run, report) -> set[t
         if entry.name.startswith(".") or entry.name.endswith("-link") or not entry.is_symlink():
             continue
         profile = entry.name
-        with profile_lock(store, profile):
+        with profile_lock(store, profile, lock_timeout):
             r = delete_generations_locked(store, profile, None, older_than, keep, dry_run)
         if r.deleted:
             report["generations_deleted"][profile] = list(r.deleted)
@@ -257,13 +257,14 @@ def _remove_stale_key_locks(layout: Layout, live_temp: set[str]) -> int:
     builder adds its temp root (which needs the gc lock) before it opens its key's lock file, so no
     process can be holding or about to open a lock file whose key no live temp root names. (Deleting
     a lock file someone may still open would let two processes lock two different inodes.)"""
-    from llmgw_store.core.keys import key_of_name
+    from llmgw_store.core.keys import KEY_RE, key_of_name
 
     busy = {key_of_name(n.removesuffix(".partial")) for n in live_temp}
     removed = 0
     for entry in os.scandir(layout.locks):
         key, _, ext = entry.name.partition(".")
-        if ext in ("lock", "owner") and len(key) == 32 and key not in busy:
+        # A key's, never `profile-<p>` (32 characters for a 24-character profile name) or the gc lock.
+        if ext in ("lock", "owner") and KEY_RE.fullmatch(key) and key not in busy:
             os.unlink(entry.path)
             removed += 1
     return removed
@@ -361,9 +362,9 @@ def _prune_downloads(layout: Layout) -> int:
     return freed
 
 
-def print_roots(*, root: str | Path | None = None, lock_timeout: float = DEFAULT_LOCK_TIMEOUT_S) -> dict[str, list[str]]:
+def print_roots(*, root: str | Path | None = None, lock_timeout: float = LOCK_TIMEOUT_S) -> dict[str, list[str]]:
     """Each root and the store paths it holds (closure included), as gc would see them now."""
-    with Store.open(root) as store:
+    with Store.open(root, lock_timeout) as store:
         with gc_lock(store.layout, shared=False, timeout=lock_timeout):
             return {desc: sorted(n for n in _closure(store, set(names)) if not n.endswith(".partial"))
                     for desc, names in roots(store).items()}

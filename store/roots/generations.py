@@ -11,13 +11,7 @@ import re
 from pathlib import Path
 
 from llmgw_store.core.errors import NotFoundError, UsageError
-from llmgw_store.core.keys import NAME_RE
 from llmgw_store.core.layout import Layout
-
-
-def check_name(profile: str) -> None:
-    if not NAME_RE.match(profile) or re.search(r"-\d+-link$", profile):
-        raise UsageError(f"{profile!r} is not a profile name: use [a-z0-9._-], starting with a letter or digit")
 
 
 def gen_link(layout: Layout, profile: str, number: int) -> Path:

@@ -6,28 +6,30 @@ import os
 from pathlib import Path
 from typing import Any
 
-from llmgw_store.core.errors import NotFoundError, UsageError
-from llmgw_store.core.keys import NAME_RE
+from llmgw_store.core.errors import NotFoundError
 from llmgw_store.core.links import symlink_atomically
 from llmgw_store.core.local_store import Store
+from llmgw_store.core.locks import LOCK_TIMEOUT_S
+from llmgw_store.core.names import check_pin
 from llmgw_store.core.temproots import TempRoots
 from llmgw_store.roots.resolve import registered
 
 
-def pin(name: str, target: str | Path, *, root: str | Path | None = None) -> dict[str, Any]:
-    if not NAME_RE.match(name):
-        raise UsageError(f"{name!r} is not a pin name: use [a-z0-9._-], starting with a letter or digit")
-    with Store.open(root) as store:
+def pin(name: str, target: str | Path, *, root: str | Path | None = None,
+        lock_timeout: float = LOCK_TIMEOUT_S) -> dict[str, Any]:
+    check_pin(name)
+    with Store.open(root, lock_timeout) as store:
         path_name = registered(store, target)["name"]
-        TempRoots(store.layout).add(path_name)
+        TempRoots(store.layout).add(path_name, lock_timeout)
         registered(store, path_name)  # still there now that gc cannot take it
         symlink_atomically(f"../store/{path_name}", store.layout.gcroots / name)
         store.index.record_pin(name, path_name)
         return {"pin": name, "path": str(store.layout.path_of(path_name))}
 
 
-def unpin(name: str, *, root: str | Path | None = None) -> dict[str, Any]:
-    with Store.open(root) as store:
+def unpin(name: str, *, root: str | Path | None = None, lock_timeout: float = LOCK_TIMEOUT_S) -> dict[str, Any]:
+    check_pin(name)
+    with Store.open(root, lock_timeout) as store:
         link = store.layout.gcroots / name
         if not link.is_symlink():
             raise NotFoundError(f"no pin {name!r} in {store.layout.gcroots}")

@@ -34,13 +34,12 @@ from llmgw_store.core.errors import NotFoundError, UsageError
 from llmgw_store.core.layout import Layout
 from llmgw_store.core.links import symlink_atomically
 from llmgw_store.core.local_store import Store
+from llmgw_store.core.names import check_generation, check_profile
 from llmgw_store.core.report import say
 from llmgw_store.core.results import Result
 from llmgw_store.core.temproots import TempRoots
-from llmgw_store.roots.generations import check_name, current_generation, disk_generations, gen_link, generation_target
+from llmgw_store.roots.generations import current_generation, disk_generations, gen_link, generation_target
 from llmgw_store.roots.resolve import registered
-
-PROFILE_LOCK_TIMEOUT_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -99,11 +98,9 @@ class ProfileList(Result):
         return [p.to_json() for p in self.profiles]
 
 
-def profile_lock(store: Store, profile: str):
+def profile_lock(store: Store, profile: str, timeout: float = locks.LOCK_TIMEOUT_S):
     """The profile's lock: held for every change to its links, so two changes serialise."""
-    path = store.layout.locks / f"profile-{profile}.lock"
-    return locks.flock(path, shared=False, timeout=PROFILE_LOCK_TIMEOUT_S,
-                       busy=lambda: f"profile {profile!r} is being changed by another process ({path}); try again later")
+    return locks.hold(store.layout.locks, f"profile-{profile}", f"changing profile {profile}", timeout)
 
 
 def _switch(store: Store, profile: str, number: int) -> None:
@@ -116,19 +113,20 @@ def activate(
     target: str | Path,
     *,
     root: str | Path | None = None,
+    lock_timeout: float = locks.LOCK_TIMEOUT_S,
 ) -> Switch:
     """Make `target` (a store path, its name or key) the profile's current generation. Activating
     what is already current makes no new generation. (`llmgw_store.api.activate` also takes a
-    recipe: it builds first, then calls this.)"""
-    check_name(profile)
-    with Store.open(root) as store:
+    recipe: it builds first, then calls this.) Each lock is waited for at most `lock_timeout` s."""
+    check_profile(profile)
+    with Store.open(root, lock_timeout) as store:
         name = registered(store, target)["name"]
-        TempRoots(store.layout).add(name)
+        TempRoots(store.layout).add(name, lock_timeout)
         # Checked again now that gc can no longer take it.
         row = registered(store, name)
         if not store.layout.path_of(row["name"]).is_dir():
             raise NotFoundError(f"{name} is registered but missing on disk; build it again")
-        with profile_lock(store, profile):
+        with profile_lock(store, profile, lock_timeout):
             layout = store.layout
             _clear_temporaries(layout, profile)
             gens = disk_generations(layout, profile)
@@ -149,11 +147,14 @@ def activate(
             return Switch(profile, number, current, str(layout.path_of(name)), True)
 
 
-def rollback(profile: str, *, to: int | None = None, root: str | Path | None = None) -> Switch:
+def rollback(profile: str, *, to: int | None = None, root: str | Path | None = None,
+             lock_timeout: float = locks.LOCK_TIMEOUT_S) -> Switch:
     """Switch to generation `to`, or to the newest generation older than the current one."""
-    check_name(profile)
-    with Store.open(root) as store:
-        with profile_lock(store, profile):
+    check_profile(profile)
+    if to is not None:
+        check_generation(to)
+    with Store.open(root, lock_timeout) as store:
+        with profile_lock(store, profile, lock_timeout):
             layout = store.layout
             current = current_generation(layout, profile)
             gens = disk_generations(layout, profile)
@@ -172,11 +173,12 @@ def rollback(profile: str, *, to: int | None = None, root: str | Path | None = N
             return Switch(profile, to, current, str(layout.path_of(name)), to != current)
 
 
-def generations(profile: str, *, root: str | Path | None = None) -> GenerationList:
+def generations(profile: str, *, root: str | Path | None = None,
+                lock_timeout: float = locks.LOCK_TIMEOUT_S) -> GenerationList:
     """The profile's generations from disk (the truth), and where the index differs from them
     (the next change of the profile, or `doctor --rebuild-index`, records it). Read-only."""
-    check_name(profile)
-    with Store.open(root, readonly=True) as store:
+    check_profile(profile)
+    with Store.open(root, lock_timeout, readonly=True) as store:
         layout = store.layout
         current = current_generation(layout, profile)
         gens = disk_generations(layout, profile)
@@ -200,11 +202,14 @@ def delete_generations(
     keep: int | None = None,
     dry_run: bool = False,
     root: str | Path | None = None,
+    lock_timeout: float = locks.LOCK_TIMEOUT_S,
 ) -> DeletedGenerations:
     """Delete generation links (never the current one). Store paths are freed by a later gc."""
-    check_name(profile)
-    with Store.open(root) as store:
-        with profile_lock(store, profile):
+    check_profile(profile)
+    for n in numbers or []:
+        check_generation(n)
+    with Store.open(root, lock_timeout) as store:
+        with profile_lock(store, profile, lock_timeout):
             return delete_generations_locked(store, profile, numbers, older_than, keep, dry_run)
 
 

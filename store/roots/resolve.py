@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
-from llmgw_store.core.errors import NotFoundError
+from llmgw_store.core.errors import NotFoundError, UsageError
 from llmgw_store.core.keys import KEY_RE
 from llmgw_store.core.local_store import Store
+from llmgw_store.core.names import check_generation, check_profile
 from llmgw_store.roots.generations import current_generation, generation_target
 
 
@@ -28,11 +30,12 @@ def registered(store: Store, text: str | Path) -> dict[str, Any]:
 
 def reference(store: Store, text: str) -> dict[str, Any]:
     """`PROFILE@N` (a generation), `PROFILE` (its current generation), or a store path, name or key."""
-    profile, _, number = text.partition("@")
-    if number:
-        if not number.isdigit():
-            raise NotFoundError(f"{text}: a generation is PROFILE@N with N a number")
-        return registered(store, generation_target(store.layout, profile, int(number)))
+    profile, at, number = text.partition("@")
+    if at:
+        if not re.fullmatch(r"[0-9]{1,10}", number):
+            raise UsageError(f"{text[:120]!r}: a generation is PROFILE@N with N a number")
+        check_profile(profile)
+        return registered(store, generation_target(store.layout, profile, check_generation(int(number))))
     if "/" not in text and (store.layout.profiles / text).is_symlink():
         current = current_generation(store.layout, text)
         return registered(store, generation_target(store.layout, text, current))

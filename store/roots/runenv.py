@@ -9,8 +9,9 @@ from pathlib import Path
 
 from llmgw_store.core.errors import NotFoundError
 from llmgw_store.core.local_store import Store
+from llmgw_store.core.names import check_profile
 from llmgw_store.core.results import Result
-from llmgw_store.roots.generations import check_name, current_generation, generation_target
+from llmgw_store.roots.generations import current_generation, generation_target
 
 
 @dataclass(frozen=True)
@@ -23,7 +24,7 @@ class EnvLines(Result):
 
 def env_lines(profile: str, *, root: str | Path | None = None) -> EnvLines:
     """Variables for a shell: the profile's link, so a new shell follows later switches."""
-    check_name(profile)
+    check_profile(profile)
     with Store.open(root, readonly=True) as store:
         current_generation(store.layout, profile)  # exists?
         link = store.layout.profiles / profile
@@ -38,7 +39,7 @@ def exec_in(profile: str, argv: list[str], *, root: str | Path | None = None) ->
     """Replace this process with `argv` run in the profile's current generation. The store path is
     resolved once, now: a running engine keeps its environment across later switches (and gc sees
     it through /proc as long as it runs)."""
-    check_name(profile)
+    check_profile(profile)
     if not argv:
         raise NotFoundError("no command given: llmgw-store run PROFILE -- COMMAND [ARGS...]")
     with Store.open(root) as store:
