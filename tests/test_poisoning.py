@@ -153,3 +153,32 @@ def test_gc_keeps_bytecode_cache_entries_in_use(root, recipe, index, uv_bin):
 
     json.loads(run_cli(root, "--json", "gc", check=True).stdout)
     assert fresh.exists() and not stale.exists() and not foreign.exists()
+
+
+def test_a_forged_bytecode_cache_entry_is_not_used(root, recipe, index, uv_bin, tmp_path):
+    """Someone who can write the bytecode cache plants a pyc of their own under the right key with
+    a name that hashes right (sha256 of its bytes): without the store's secret (var/, 0600) the
+    entry cannot carry a valid tag, so a later build compiles the module itself."""
+    import hashlib
+    import py_compile
+
+    a = Path(build_json(root, recipe, index, uv_bin)["path"])
+    genuine = (a / PYC).read_bytes()
+    entries = [Path(d) / f for d, _, fs in os.walk(root / "cache" / "pyc") for f in fs
+               if (Path(d) / f).read_bytes() == genuine]
+    assert len(entries) == 1
+    k = entries[0].name.split(".")[0]
+    sentinel = tmp_path / "PWNED"
+    evil_src = tmp_path / "evil.py"
+    evil_src.write_text(f"open({str(sentinel)!r}, 'w').write('x')\ndef main():\n    print('tinyengine')\n")
+    evil_pyc = tmp_path / "evil.pyc"
+    py_compile.compile(str(evil_src), cfile=str(evil_pyc), dfile="x",
+                       invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
+    evil = evil_pyc.read_bytes()
+    entries[0].unlink()
+    (entries[0].parent / f"{k}.{hashlib.sha256(evil).hexdigest()}.pyc").write_bytes(evil)
+    b = Path(build_json(root, recipe, index, uv_bin, "--as-of", "2024-06-02")["path"])
+    assert (b / PYC).read_bytes() == genuine and not sentinel.exists()
+    # the positive case: a genuine entry is still reused (B's build wrote one with a valid tag)
+    c = build_json(root, recipe, index, uv_bin, "--as-of", "2024-06-03")
+    assert (Path(c["path"]) / PYC).read_bytes() == genuine

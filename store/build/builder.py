@@ -311,7 +311,9 @@ def make_env(store: Store, plan: BuildPlan, partial: Path, deadline: Deadline) -
     )
     say("compiling bytecode")
     pyc_cache = plan.pyc_cache or layout.pyc_cache
-    compile_env = {**env, **debug.passed_on("COMPILE_PAUSE")}
+    # A repair's private cache gets a secret of its own, kept nowhere: nothing outside it is used.
+    secret = os.urandom(bytecode.SECRET_BYTES) if plan.pyc_cache else bytecode.cache_secret(layout.pyc_secret)
+    compile_env = {**env, **debug.passed_on("COMPILE_PAUSE"), bytecode.SECRET_ENV: secret.hex()}
     modules, failed, reused = bytecode.compile_tree(python, partial, pyc_cache, lambda argv, what: uvmod.run(
         argv, what=what, env=compile_env, log_dir=layout.logs, cwd=layout.tmp, timeout=remaining(), show=say))
     say(f"{modules} module(s): {modules - reused - failed} compiled, {reused} from the bytecode cache"

@@ -14,15 +14,19 @@ and `optimise` can share pycs across environments. It was also faster than uv's 
 
 Because the bytes depend only on the source, the interpreter's magic number, the invalidation mode,
 the optimisation level and the recorded relative path, compiled files are kept in a store-wide
-cache, `ROOT/cache/pyc/<magic>/<k[:2]>/<k>.<sha256 of the pyc>.pyc`, where k is the sha256 of all
-of those. (Compiling is most of a vLLM build: 80 of 120 s for its 98,000 files here.)
+cache, `ROOT/cache/pyc/<magic>/<k[:2]>/<k>.<tag>.pyc`, where k is the sha256 of all of those and
+the tag is HMAC-SHA256 of k and the pyc's bytes under the store's secret (`ROOT/var/pyc-cache.key`,
+32 random bytes, 0600 in the 0700 var/). (Compiling is most of a vLLM build: 80 of 120 s for its 98,000 files here.)
 
 Invariants that keep one environment from poisoning another through this cache:
 - an environment never shares an inode with the cache: an entry is written as a new file from the
   bytes just compiled, and reused by reading it and writing a new file into the environment. An
   edit in place to an environment's pyc (chmod u+w and write, as root can) reaches nothing else;
-- an entry is used only if its bytes hash to the sha256 in its name; one that does not is deleted
-  and the module compiled again. Entries are made by writing a temporary file and renaming it to
+- an entry is used only if its tag is right for its key and bytes; one that is not is deleted and
+  the module compiled again. So a damaged entry is never used, and neither is one planted by
+  someone who can write the cache but not read the secret: the tag binds the bytes to the source
+  they were compiled from, which a plain hash of the bytes would not. The secret reaches the
+  compile script in its environment (readable only by the store's user), never on a command line. Entries are made by writing a temporary file and renaming it to
   its final name (atomic in one directory), so a reader sees a complete entry or none;
 - nothing under the cache is followed if it is a symlink (every open is O_NOFOLLOW, relative to a
   directory descriptor), and only names matching ENTRY are read, at most MAX_ENTRIES_PER_KEY per key.
@@ -36,14 +40,17 @@ the store's keeper kills when the build ends or dies. The workers also set PR_SE
 from __future__ import annotations
 
 import re
+import os
 from pathlib import Path
 
 # The names gc and the compiler agree on: `<key>.<sha256 of the bytes>.pyc`.
 ENTRY_RE = re.compile(r"([0-9a-f]{64})\.([0-9a-f]{64})\.pyc")
 TEMP_PREFIX = ".tmp-"
+SECRET_ENV = "LLMGW_STORE_PYC_SECRET"
+SECRET_BYTES = 32
 
 SCRIPT = r"""
-import hashlib, importlib.util, multiprocessing, os, re, signal, stat, sys, py_compile
+import hashlib, hmac, importlib.util, multiprocessing, os, re, signal, stat, sys, py_compile
 from concurrent.futures import ProcessPoolExecutor
 
 def die_with(parent):
@@ -62,6 +69,10 @@ TEMP = %(temp)r
 MODE = py_compile.PycInvalidationMode.UNCHECKED_HASH
 OPTIMIZE = 0
 SALT = b"llmgw-pyc\0" + importlib.util.MAGIC_NUMBER + b"\0unchecked-hash\0optimize=0\0"
+SECRET = bytes.fromhex(os.environ.get(%(secret_env)r, ""))  # without it the cache is not used
+
+def tag(key, data):
+    return hmac.new(SECRET, key.encode() + b"\0" + data, "sha256").hexdigest()
 MAX_PYC = 64 << 20          # no pyc of a real module comes near this; larger entries are ignored
 MAX_SHARD_NAMES = 1 << 20   # names read from one cache directory
 MAX_ENTRIES_PER_KEY = 4     # entries of one key tried before compiling
@@ -79,6 +90,8 @@ class Cache:
     # One per worker: each shard directory is opened and listed once, lazily.
     def __init__(self, path):
         self.fd = None
+        if len(SECRET) < 32:
+            path = None  # no secret, no cache: every module is compiled
         try:
             top = os.open(path, DIR)
             try:
@@ -117,7 +130,7 @@ class Cache:
             data = read_regular(name, fd)
             if data is None:
                 continue
-            if hashlib.sha256(data).hexdigest() == name[65:129]:
+            if hmac.compare_digest(tag(key, data), name[65:129]):
                 try:
                     os.utime(name, dir_fd=fd, follow_symlinks=False)
                 except OSError:
@@ -135,7 +148,7 @@ class Cache:
         fd, names = self.shard(key)
         if fd is None:
             return
-        name = key + "." + hashlib.sha256(data).hexdigest() + ".pyc"
+        name = key + "." + tag(key, data) + ".pyc"
         if name in names.get(key, ()):
             return
         self.n += 1
@@ -240,7 +253,34 @@ if __name__ == "__main__":
                              initializer=die_with, initargs=(os.getpid(),)) as pool:
         results = list(pool.map(work, [(root, cache, files[i::n]) for i in range(n)]))
     print(len(files), sum(r[0] for r in results), sum(r[1] for r in results))
-""" % {"entry": ENTRY_RE.pattern, "temp": TEMP_PREFIX}
+""" % {"entry": ENTRY_RE.pattern, "temp": TEMP_PREFIX, "secret_env": SECRET_ENV}
+
+
+def cache_secret(path: Path) -> bytes:
+    """The store's secret that tags bytecode cache entries: 32 random bytes in `path` (made on first
+    use, 0600, never through a link). A file that is not the store user's own 32-byte regular file
+    is refused: the cache is then not used (a fresh random secret is returned, so every entry
+    fails its check and nothing planted is read)."""
+    import stat as stat_
+
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(os.urandom(SECRET_BYTES))
+    except FileExistsError:
+        pass
+    try:
+        fd = os.open(path, flags)
+    except OSError:
+        return os.urandom(SECRET_BYTES)
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        data = f.read(SECRET_BYTES + 1)
+    if (not stat_.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or stat_.S_IMODE(st.st_mode) & 0o077
+            or len(data) != SECRET_BYTES):
+        return os.urandom(SECRET_BYTES)
+    return data
 
 
 def compile_tree(python: Path, env: Path, cache: Path, run) -> tuple[int, int, int]:

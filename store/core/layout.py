@@ -115,6 +115,11 @@ class Layout:
         return self.root / "cache" / "uv"
 
     @property
+    def pyc_secret(self) -> Path:
+        """The secret that tags bytecode cache entries (bytecode.py): private, like all of var/."""
+        return self.var / "pyc-cache.key"
+
+    @property
     def pyc_cache(self) -> Path:
         return self.root / "cache" / "pyc"
 
