@@ -39,8 +39,8 @@ the store's keeper kills when the build ends or dies. The workers also set PR_SE
 
 from __future__ import annotations
 
-import re
 import os
+import re
 from pathlib import Path
 
 # The names gc and the compiler agree on: `<key>.<sha256 of the bytes>.pyc`.
