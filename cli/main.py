@@ -290,7 +290,7 @@ def pin(obj: Context, name: str, path: str, lock_timeout: float) -> None:
     from llmgw_store.roots.pins import pin as do_pin
 
     r = do_pin(name, path, root=obj.root, lock_timeout=lock_timeout)
-    obj.emit(r, f"pinned {r['path']} as {name}")
+    obj.emit(r.to_json(), f"pinned {r.path} as {name}")
 
 
 @cli.command()
@@ -302,7 +302,7 @@ def unpin(obj: Context, name: str, lock_timeout: float) -> None:
     from llmgw_store.roots.pins import unpin as do_unpin
 
     r = do_unpin(name, root=obj.root, lock_timeout=lock_timeout)
-    obj.emit(r, f"unpinned {name} ({r['path']})")
+    obj.emit(r.to_json(), f"unpinned {name} ({r.path})")
 
 
 @cli.command()
@@ -513,7 +513,7 @@ def keygen(obj: Context, name: str, out_dir: str) -> None:
     from llmgw_store.cache.signing import keygen as do_keygen
 
     r = do_keygen(name, out_dir)
-    obj.emit(r, f"secret key: {r['secret']}\npublic key: {r['public']} ({r['public_key']})")
+    obj.emit(r.to_json(), f"secret key: {r.secret}\npublic key: {r.public} ({r.public_key})")
 
 
 @cli.command()
@@ -531,7 +531,7 @@ def push(obj: Context, paths: tuple[str, ...], to: str, secret_key: str) -> None
     from llmgw_store.api import push as do_push
 
     r = do_push(list(paths), to, secret_key, root=obj.root)
-    obj.emit(r, f"pushed {len(r['pushed'])}, already there {len(r['already_there'])}")
+    obj.emit(r.to_json(), f"pushed {len(r.pushed)}, already there {len(r.already_there)}")
 
 
 @cli.command()
@@ -550,7 +550,7 @@ def pull(obj: Context, target: str, from_: tuple[str, ...], trusted_keys: tuple[
     from llmgw_store.cache.pull import pull as do_pull
 
     r = do_pull(target, list(from_), list(trusted_keys), root=obj.root, lock_timeout=lock_timeout)
-    obj.emit(r, r["path"])
+    obj.emit(r.to_json(), r.path)
 
 
 def main() -> None:

@@ -9,11 +9,11 @@ names is the roots layer's job, called here).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from llmgw_store.build.builder import BuildOptions, BuildResult
 from llmgw_store.build.builder import build as _build
 from llmgw_store.cache.pull import CacheSubstituter
+from llmgw_store.cache.push import PushResult
 from llmgw_store.cache.push import push as _push
 from llmgw_store.core.local_store import Store
 from llmgw_store.core.names import check_profile
@@ -38,7 +38,7 @@ def activate(profile: str, target: str | Path, options: BuildOptions = BuildOpti
     return profiles.activate(profile, target, root=root, lock_timeout=options.lock_timeout)
 
 
-def push(targets: list[str], to: str, secret_key: str, *, root: str | Path | None = None) -> dict[str, Any]:
+def push(targets: list[str], to: str, secret_key: str, *, root: str | Path | None = None) -> PushResult:
     """Push store paths given as PROFILE, PROFILE@N, a store name, a key or a path."""
     with Store.open(root) as store:
         names = [reference(store, t)["name"] for t in targets]

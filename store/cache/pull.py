@@ -40,6 +40,7 @@ from llmgw_store.core.index import row_from_manifest
 from llmgw_store.core.keys import KEY_RE, is_store_name, key_of_name
 from llmgw_store.core.local_store import Store
 from llmgw_store.core.report import say
+from llmgw_store.core.results import Result
 from llmgw_store.core.temproots import TempRoots
 
 MAX_REFERENCES = 64  # of one object
@@ -292,6 +293,13 @@ def fetch_into_store(store: Store, backend, meta: Meta) -> Path:
     return final
 
 
+@dataclass(frozen=True)
+class PullResult(Result):
+    pulled: tuple[str, ...]
+    already_present: tuple[str, ...]
+    path: str  # the local store path of what was asked for
+
+
 def _local_path(store: Store, key: str) -> Path | None:
     """The registered path of `key` in this store (its local name), if it is there."""
     row = store.index.path_by_key(key)
@@ -300,7 +308,7 @@ def _local_path(store: Store, key: str) -> Path | None:
 
 
 def pull(target: str, from_: list[str], trusted: list[str], *, root: str | Path | None = None,
-         lock_timeout: float = locks.BUILD_LOCK_TIMEOUT_S) -> dict[str, Any]:
+         lock_timeout: float = locks.BUILD_LOCK_TIMEOUT_S) -> PullResult:
     backends = [backend_for(u) for u in from_]
     keys = trusted_keys(trusted)
     key, name = _target(target)
@@ -320,7 +328,7 @@ def pull(target: str, from_: list[str], trusted: list[str], *, root: str | Path 
                         pulled.append(meta.name)
                         continue
             present.append(local.name)
-        return {"pulled": pulled, "already_present": present, "path": str(_local_path(store, key))}
+        return PullResult(tuple(pulled), tuple(present), str(_local_path(store, key)))
 
 
 class CacheSubstituter:

@@ -13,8 +13,8 @@ import json
 import os
 import tarfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from llmgw_store.cache.backends import backend_for
 from llmgw_store.cache.signing import METADATA_MAX_BYTES, sign
@@ -23,6 +23,7 @@ from llmgw_store.core.fsutil import sha256_of
 from llmgw_store.core.keys import canonical_json
 from llmgw_store.core.local_store import Store
 from llmgw_store.core.report import say
+from llmgw_store.core.results import Result
 
 ZSTD_LEVEL = 3
 
@@ -36,7 +37,14 @@ def _archive(tree: Path, name: str, out: Path) -> None:
             tf.add(tree, arcname=name)
 
 
-def push(names: list[str], to: str, secret_key: str, *, root: str | Path | None = None) -> dict[str, Any]:
+@dataclass(frozen=True)
+class PushResult(Result):
+    pushed: tuple[str, ...]
+    already_there: tuple[str, ...]
+    to: str
+
+
+def push(names: list[str], to: str, secret_key: str, *, root: str | Path | None = None) -> PushResult:
     """Push the registered store paths `names` and their references (recorded at registration),
     references first. (`llmgw_store.api.push` turns PROFILE, PROFILE@N, keys and paths into names.)"""
     backend = backend_for(to)
@@ -70,4 +78,4 @@ def push(names: list[str], to: str, secret_key: str, *, root: str | Path | None 
             say(f"pushed {name} ({meta['archive_size'] / 1e6:.1f} MB compressed from {row['size'] / 1e6:.1f} MB "
                      f"in {time.monotonic() - started:.1f}s)")
             pushed.append(name)
-    return {"pushed": pushed, "already_there": skipped, "to": to}
+    return PushResult(tuple(pushed), tuple(skipped), to)

@@ -11,14 +11,23 @@ from __future__ import annotations
 import base64
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from llmgw_store.core.errors import IntegrityError, UsageError
 from llmgw_store.core.keys import canonical_json
 from llmgw_store.core.names import check_signing_key_name
+from llmgw_store.core.results import Result
 
 METADATA_MAX_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class KeyPair(Result):
+    secret: str  # the secret key's file (0600)
+    public: str  # the public key's file
+    public_key: str  # name:base64, to pass as --trusted-key
 
 
 def keygen(name: str, out_dir: str | Path) -> dict[str, str]:
@@ -35,7 +44,7 @@ def keygen(name: str, out_dir: str | Path) -> dict[str, str]:
     with os.fdopen(fd, "w") as f:
         f.write(f"{name}:{base64.b64encode(bytes(sk)).decode()}\n")
     public.write_text(f"{name}:{base64.b64encode(bytes(sk.verify_key)).decode()}\n")
-    return {"secret": str(secret), "public": str(public), "public_key": public.read_text().strip()}
+    return KeyPair(str(secret), str(public), public.read_text().strip())
 
 
 def key_text(value: str) -> str:

@@ -3,31 +3,40 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from llmgw_store.core.errors import NotFoundError
 from llmgw_store.core.links import symlink_atomically
 from llmgw_store.core.local_store import Store
 from llmgw_store.core.locks import LOCK_TIMEOUT_S
 from llmgw_store.core.names import check_pin
+from llmgw_store.core.results import Result
 from llmgw_store.core.temproots import TempRoots
-from llmgw_store.roots.resolve import registered
+from llmgw_store.roots.resolve import reference, registered
+
+
+@dataclass(frozen=True)
+class PinResult(Result):
+    pin: str
+    path: str
+    removed: bool = False
 
 
 def pin(name: str, target: str | Path, *, root: str | Path | None = None,
-        lock_timeout: float = LOCK_TIMEOUT_S) -> dict[str, Any]:
+        lock_timeout: float = LOCK_TIMEOUT_S) -> PinResult:
+    """Pin `target` (a store path, its name or key, PROFILE or PROFILE@N) as `name`."""
     check_pin(name)
     with Store.open(root, lock_timeout) as store:
-        path_name = registered(store, target)["name"]
+        path_name = reference(store, str(target))["name"]
         TempRoots(store.layout).add(path_name, lock_timeout)
         registered(store, path_name)  # still there now that gc cannot take it
         symlink_atomically(f"../store/{path_name}", store.layout.gcroots / name)
         store.index.record_pin(name, path_name)
-        return {"pin": name, "path": str(store.layout.path_of(path_name))}
+        return PinResult(name, str(store.layout.path_of(path_name)))
 
 
-def unpin(name: str, *, root: str | Path | None = None, lock_timeout: float = LOCK_TIMEOUT_S) -> dict[str, Any]:
+def unpin(name: str, *, root: str | Path | None = None, lock_timeout: float = LOCK_TIMEOUT_S) -> PinResult:
     check_pin(name)
     with Store.open(root, lock_timeout) as store:
         link = store.layout.gcroots / name
@@ -36,7 +45,7 @@ def unpin(name: str, *, root: str | Path | None = None, lock_timeout: float = LO
         target = Path(os.readlink(link)).name
         os.unlink(link)
         store.index.record_pin(name, None)
-        return {"pin": name, "path": str(store.layout.path_of(target)), "removed": True}
+        return PinResult(name, str(store.layout.path_of(target)), removed=True)
 
 
 def list_pins(layout) -> dict[str, str]:
