@@ -386,7 +386,7 @@ def gc(obj: Context, dry_run: bool, delete_older_than: str | None, keep: int | N
 
     if print_roots:
         held = gcmod.print_roots(root=obj.root, lock_timeout=lock_timeout)
-        obj.emit(held, "\n".join(f"{desc}: {', '.join(names)}" for desc, names in sorted(held.items())))
+        obj.emit(held.to_json(), "\n".join(f"{desc}: {', '.join(names)}" for desc, names in sorted(held.roots.items())))
         return
     r = gcmod.collect(
         root=obj.root, dry_run=dry_run, keep=keep, lock_timeout=lock_timeout,
@@ -396,9 +396,9 @@ def gc(obj: Context, dry_run: bool, delete_older_than: str | None, keep: int | N
         max_cache=parse_size(max_cache) if max_cache else None,
     )
     verb = "would free" if dry_run else "freed"
-    freed = sum(r["freed"].values())
-    obj.emit(r, f"{len(r['deleted'])} store path(s) {'to delete' if dry_run else 'deleted'}, {verb} {human_size(freed)} "
-                f"in {r['seconds']:.1f}s")
+    freed = sum(r.freed.values())
+    obj.emit(r.to_json(), f"{len(r.deleted)} store path(s) {'to delete' if dry_run else 'deleted'}, {verb} "
+                          f"{human_size(freed)} in {r.seconds:.1f}s")
 
 
 @cli.command()
@@ -451,13 +451,13 @@ def doctor(obj: Context, rebuild_index: bool, lock_timeout: float) -> None:
 
     r = do_doctor(root=obj.root, rebuild_index=rebuild_index, lock_timeout=lock_timeout)
     if rebuild_index:
-        obj.emit(r, f"index rebuilt: {len(r['registered'])} path(s), {r['generations']} generation(s), "
-                    f"{r['pins']} pin(s); {len(r['skipped'])} directory(ies) left unregistered; "
-                    + (f"old index kept in {r['backup']}" if r["backup"] else "there was no old index"))
+        obj.emit(r.to_json(), f"index rebuilt: {len(r.registered)} path(s), {r.generations} generation(s), "
+                              f"{r.pins} pin(s); {len(r.skipped)} directory(ies) left unregistered; "
+                              + (f"old index kept in {r.backup}" if r.backup else "there was no old index"))
         return
-    lines = [f"{kind.replace('_', ' ')}: {item}" for kind, items in r["problems"].items() for item in items]
-    obj.emit(r, "\n".join(lines) or "index and disk agree")
-    if not r["ok"]:
+    lines = [f"{kind.replace('_', ' ')}: {item}" for kind, items in r.problems.items() for item in items]
+    obj.emit(r.to_json(), "\n".join(lines) or "index and disk agree")
+    if not r.ok:
         obj.exit(1)
 
 

@@ -14,6 +14,7 @@ import re
 import shutil
 import stat
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from llmgw_store.core.layout import Layout
 from llmgw_store.core.local_store import Store
 from llmgw_store.core.locks import LOCK_TIMEOUT_S
 from llmgw_store.core.report import say
+from llmgw_store.core.results import Result
 from llmgw_store.core.temproots import gc_lock, read_all
 
 HISTORY_TABLES = ("builds", "switches", "releases", "latest", "tools", "generations")
@@ -71,12 +73,28 @@ def check(store: Store) -> dict[str, list[str]]:
     }
 
 
+@dataclass(frozen=True)
+class DoctorReport(Result):
+    """What `doctor` found (`problems`: kind -> items; ok when there are none), or with
+    `--rebuild-index` what it did (the rest, None/empty otherwise)."""
+
+    problems: dict[str, list[str]] = field(default_factory=dict)
+    ok: bool = True
+    registered: tuple[str, ...] = ()
+    skipped: tuple[str, ...] = ()
+    generations: int = 0
+    pins: int = 0
+    history_copied: dict[str, int] = field(default_factory=dict)
+    backup: str | None = None
+    moved_aside: tuple[str, ...] = ()
+
+
 def doctor(*, root: str | Path | None = None, rebuild_index: bool = False,
-           lock_timeout: float = LOCK_TIMEOUT_S) -> dict[str, Any]:
+           lock_timeout: float = LOCK_TIMEOUT_S) -> DoctorReport:
     if not rebuild_index:
         with Store.open(root, lock_timeout) as store:
             found = check(store)
-            return {"problems": found, "ok": not any(found.values())}
+            return DoctorReport(problems=found, ok=not any(found.values()))
     # The old index is not opened where it lies: it may be damaged in any way (opening fails), and
     # SQLite writes to a file it opens (it replays or drops a WAL), where the operator may want the
     # damaged bytes as they were.
@@ -92,9 +110,10 @@ def doctor(*, root: str | Path | None = None, rebuild_index: bool = False,
         for f in moved:
             say(f"moved the old index file aside to {f}")
         report = _rebuild(layout, backup)
-    report["backup"] = str(backup) if backup is not None else None
-    report["moved_aside"] = [str(f) for f in moved]
-    return report
+    return DoctorReport(registered=tuple(report["registered"]), skipped=tuple(report["skipped"]),
+                        generations=report["generations"], pins=report["pins"],
+                        history_copied=report["history_copied"], backup=str(backup) if backup is not None else None,
+                        moved_aside=tuple(str(f) for f in moved))
 
 
 def _move_aside(db: Path) -> tuple[Path | None, list[Path]]:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import re
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ from llmgw_store.core.layout import Layout
 from llmgw_store.core.local_store import Store
 from llmgw_store.core.locks import LOCK_TIMEOUT_S
 from llmgw_store.core.report import say
+from llmgw_store.core.results import Result
 from llmgw_store.core.temproots import gc_lock, read_all
 
 
@@ -100,6 +102,32 @@ def roots(store: Store, excluded_generations: set[tuple[str, int]] = frozenset()
     return out
 
 
+@dataclass(frozen=True)
+class GcReport(Result):
+    """What gc did (or with dry_run would do): each path deleted (name, size, reason), bytes freed
+    per kind, each root and what it holds, generations deleted, complete paths registered again."""
+
+    dry_run: bool
+    deleted: tuple[dict[str, Any], ...] = ()
+    generations_deleted: dict[str, list[int]] = field(default_factory=dict)
+    freed: dict[str, int] = field(default_factory=dict)
+    kept: dict[str, list[str]] = field(default_factory=dict)
+    registered: tuple[str, ...] = ()
+    seconds: float = 0.0
+    free_before: int | None = None
+    free_after: int | None = None
+
+
+@dataclass(frozen=True)
+class Roots(Result):
+    """Each gc root and the store paths it holds (closure included)."""
+
+    roots: dict[str, list[str]]
+
+    def to_json(self) -> dict[str, list[str]]:
+        return dict(self.roots)
+
+
 def collect(
     *,
     root: str | Path | None = None,
@@ -110,7 +138,7 @@ def collect(
     min_free: int | None = None,
     max_cache: int | None = None,
     lock_timeout: float = LOCK_TIMEOUT_S,
-) -> dict[str, Any]:
+) -> GcReport:
     """Every lock (the gc lock, each profile's, the index) is waited for at most `lock_timeout` s."""
     started = time.monotonic()
     report: dict[str, Any] = {"dry_run": dry_run, "deleted": [], "generations_deleted": {}, "freed": {}, "kept": {}}
@@ -122,7 +150,7 @@ def collect(
             if free >= min_free:
                 say(f"{free / 1e9:.1f} GB free, at least --min-free: nothing to do")
                 report.update(seconds=round(time.monotonic() - started, 3), free_before=free)
-                return report
+                return _report(report)
             budget = min_free - free
         else:
             budget = None
@@ -173,7 +201,11 @@ def collect(
                 report["freed"]["linked_caches"] = _prune_linked_caches(layout.links_pool, layout.pyc_cache)
         report["seconds"] = round(time.monotonic() - started, 3)
         report["free_after"] = free_bytes(layout.store)
-        return report
+        return _report(report)
+
+
+def _report(report: dict[str, Any]) -> GcReport:
+    return GcReport(**{**report, "deleted": tuple(report["deleted"]), "registered": tuple(report.get("registered", ()))})
 
 
 def _closure(store: Store, names: set[str]) -> set[str]:
@@ -362,9 +394,9 @@ def _prune_downloads(layout: Layout) -> int:
     return freed
 
 
-def print_roots(*, root: str | Path | None = None, lock_timeout: float = LOCK_TIMEOUT_S) -> dict[str, list[str]]:
+def print_roots(*, root: str | Path | None = None, lock_timeout: float = LOCK_TIMEOUT_S) -> Roots:
     """Each root and the store paths it holds (closure included), as gc would see them now."""
     with Store.open(root, lock_timeout) as store:
         with gc_lock(store.layout, shared=False, timeout=lock_timeout):
-            return {desc: sorted(n for n in _closure(store, set(names)) if not n.endswith(".partial"))
-                    for desc, names in roots(store).items()}
+            return Roots({desc: sorted(n for n in _closure(store, set(names)) if not n.endswith(".partial"))
+                          for desc, names in roots(store).items()})
