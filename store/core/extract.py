@@ -122,8 +122,9 @@ class _BoundedTarInfo(tarfile.TarInfo):
         total = getattr(tf, EXTENDED_TOTAL, 0) + self.size
         setattr(tf, EXTENDED_TOTAL, total)
         if total > MAX_EXTENDED_HEADER:
-            kind = "pax" if self.type in (tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE) else "GNU long-name"
-            raise _Refused(f"has {kind} header(s) of {total} bytes before it (at most {MAX_EXTENDED_HEADER})")
+            pax = self.type in (tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE)
+            raise _Refused(f"{'pax' if pax else 'GNU long-name/long-link'} header(s) of {total} bytes before one "
+                           f"member (at most {MAX_EXTENDED_HEADER})")
 
     def _proc_gnulong(self, tarfile):
         self._check_extended(tarfile)
