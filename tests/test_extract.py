@@ -472,3 +472,138 @@ def test_unpack_source_takes_the_top_directory_and_passes_the_bound(tmp_path):
     with pytest.raises(IntegrityError, match="past 100 bytes"):
         fetch.unpack_source(archive, tmp_path / "s2", None, "recipe.toml", "build[0].source", max_bytes=100)
     assert not (tmp_path / "s2").exists()
+
+
+# --- issue 11: a nested top, extended-header bombs, link-resolution work -------------------------
+
+
+def test_a_link_under_a_nested_top_may_not_leave_it(tmp_path, outside):
+    """Only `top` moves into the environment: a link there that climbs to a directory beside it
+    (inside the archive's top-level directory, so the old floor passed it) would, once moved, point
+    into the environment (bin/, lib/) and uv would write through it outside the store."""
+    archive = tmp_path / "pkg.tar.gz"
+    archive.write_bytes(tar_bytes([d("a/b/c/d/e"), d("a/victimdir"), f("a/b/c/d/e/setup.py"),
+                                   sym("a/b/c/d/e/kern", "../../../../victimdir")]))
+    before = snapshot(tmp_path, tmp_path / "s1")
+    with pytest.raises(IntegrityError, match=r"member 'a/b/c/d/e/kern' is a symlink that leads out of a/b/c/d/e/"):
+        fetch.unpack_source(archive, tmp_path / "s1", "a/b/c/d/e", "recipe.toml", "build[0].source")
+    assert not (tmp_path / "s1").exists()
+    assert snapshot(tmp_path, tmp_path / "s1") == before
+
+
+def test_links_inside_a_nested_top_and_beside_it_are_kept(tmp_path):
+    archive = tmp_path / "pkg.tar.gz"
+    archive.write_bytes(tar_bytes([d("a/b/c/d/e/sub"), f("a/b/c/d/e/y.py", b"y\n"), sym("a/b/c/d/e/sub/y", "../y.py"),
+                                   sym("a/b/c/d/e/x", "sub/../y.py"), sym("a/other", "b/c")]))
+    top = fetch.unpack_source(archive, tmp_path / "s1", "a/b/c/d/e", "recipe.toml", "build[0].source")
+    assert (top / "x").read_text() == (top / "sub/y").read_text() == "y\n"
+    assert os.readlink(tmp_path / "s1/a/other") == "b/c"  # not moved, so its own top directory bounds it
+
+
+GNU_NAME = ("d" * 99 + "/") * 39 + "f"  # 3901 bytes, 40 components
+
+
+def raw_extended_header(kind: bytes, size: int) -> bytes:
+    """An uncompressed tar: a pax (x) or GNU long-name (L) header declaring `size` bytes of data,
+    the data, then a genuine member."""
+    hdr = tarfile.TarInfo("././@PaxHeader" if kind == tarfile.XHDTYPE else "././@LongLink")
+    hdr.type, hdr.size = kind, size
+    if kind == tarfile.XHDTYPE:
+        data = (b"%d comment=" % size).ljust(size - 1, b"a") + b"\n"
+    else:  # a NUL-terminated name of 100-byte components, as long as fits
+        data = GNU_NAME[: max(0, size - 1)].encode().ljust(size, b"\0")
+    body = hdr.tobuf(format=tarfile.GNU_FORMAT) + data + bytes(-size % 512)
+    member = tarfile.TarInfo("pkg/file")
+    member.size = 3
+    return body + member.tobuf(format=tarfile.GNU_FORMAT) + b"hi\n".ljust(512, b"\0") + bytes(1024)
+
+
+class Counting(io.RawIOBase):
+    def __init__(self, data: bytes):
+        self.data, self.consumed = data, 0
+
+    def readable(self):
+        return True
+
+    def readinto(self, b):
+        n = min(len(b), len(self.data) - self.consumed)
+        b[:n] = self.data[self.consumed:self.consumed + n]
+        self.consumed += n
+        return n
+
+
+@pytest.mark.parametrize("kind, what", [(tarfile.XHDTYPE, "pax"), (tarfile.GNUTYPE_LONGNAME, "GNU long-name/long-link")])
+def test_a_huge_extended_header_is_refused_before_it_is_read(tmp_path, kind, what):
+    """tarfile reads a pax or GNU long-name header whole into memory (204 KB of gzip made 625 MB
+    of RSS); the bound is checked on its declared size, before its data is read, and the 8 MB name
+    does not end up in the error."""
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    stream = Counting(raw_extended_header(kind, 8 << 20))
+    with pytest.raises(IntegrityError, match=rf"refusing to unpack: {what} header\(s\) of 8388608 bytes before one member") as exc:
+        extract_tar(io.BufferedReader(stream, 1 << 16), dest, policy="inside", max_bytes=None, max_members=10,
+                    label="evil.tar")
+    assert stream.consumed < 1 << 20
+    assert len(str(exc.value)) < 300
+    assert list(dest.iterdir()) == []
+
+
+def test_the_hooks_the_header_bound_relies_on_are_still_tarfiles():
+    """_proc_pax and _proc_gnulong are private to tarfile; if a Python release renames them the
+    bound silently stops working, so fail here instead (the bomb test above would too)."""
+    for hook in ("_proc_pax", "_proc_gnulong", "_proc_member"):
+        assert callable(getattr(tarfile.TarInfo, hook, None)), hook
+
+
+@pytest.mark.parametrize("kind", [tarfile.XHDTYPE, tarfile.GNUTYPE_LONGNAME])
+def test_a_small_extended_header_still_works(tmp_path, kind):
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    data = raw_extended_header(kind, 4000)
+    stats = extract_tar(io.BytesIO(data), dest, policy="inside", max_bytes=None, max_members=10, label="ok.tar")
+    assert stats.files == 1  # a GNU long name of 4000 bytes names the member after it
+    assert (dest / (GNU_NAME if kind == tarfile.GNUTYPE_LONGNAME else "pkg/file")).read_bytes() == b"hi\n"
+
+
+def test_long_names_in_pax_and_gnu_archives_still_unpack(tmp_path):
+    long_name = "pkg/" + "n" * 200 + "/" + "m" * 200
+    for fmt in (tarfile.PAX_FORMAT, tarfile.GNU_FORMAT):
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w", format=fmt) as tf:
+            info, data = f(long_name, b"z")
+            tf.addfile(info, io.BytesIO(data))
+        dest = tmp_path / f"dest{fmt}"
+        dest.mkdir()
+        extract_tar(io.BytesIO(buf.getvalue()), dest, policy="inside", max_bytes=None, max_members=10)
+        assert (dest / long_name).read_bytes() == b"z"
+
+
+def test_a_huge_name_is_cut_short_in_the_error(tmp_path):
+    name = "pkg/" + "n" * 200_000  # a pax path of 200 KB: under the header bound, over the name bound
+    msg = refused(tmp_path, [f(name)], "has a name of 200004 bytes")
+    assert len(msg) < 400 and "(200004 characters)" in msg
+
+
+def test_link_resolution_work_is_bounded(tmp_path):
+    """10.5 KB of gzip: 38 links whose 4 KB targets of `./` each name the next, then 500 links into
+    the chain; each resolution walked 76,000 components, twice for each of the 500 links. Now one
+    resolution stops at MAX_RESOLVE_STEPS components."""
+    pad = "./" * 1990
+    members = [d("p")] + [sym(f"p/q{j}", pad + (f"q{j + 1}" if j < 37 else ".")) for j in range(38)]
+    members += [sym(f"p/k{i}", pad + "q0") for i in range(500)]
+    assert len(tar_bytes(members)) < 16_000
+    refused(tmp_path, members, r"member 'p/q0' is a symlink whose resolution takes more than 1024 steps")
+
+
+def test_too_many_symlinks(tmp_path, monkeypatch):
+    from llmgw_store.core import extract
+    monkeypatch.setattr(extract, "MAX_SYMLINKS", 50)  # 10,000 in earnest; the same check
+    refused(tmp_path, [d("p"), f("p/x")] + [sym(f"p/l{i}", "x") for i in range(60)],
+            "'p/l50' is past the limit of 50 symlinks")
+    dest = tmp_path / "ok"
+    dest.mkdir()
+    assert unpack(dest, [d("p"), f("p/x")] + [sym(f"p/l{i}", "x") for i in range(50)]).symlinks == 50
+
+
+def test_a_link_deeper_than_any_member_is_refused(tmp_path):
+    refused(tmp_path, [d("p"), sym("p/deep", "/".join(["d"] * 200))], "leads more than 128 components deep")

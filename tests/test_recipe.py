@@ -188,3 +188,77 @@ def test_a_trailing_newline_is_not_a_name(tmp_path, change, field):
     with pytest.raises(RecipeError) as err:
         recipes.load(f)
     assert err.value.field == field
+
+
+# --- issue 11: values handed to uv, a requirement or a release lookup --------------------------
+
+WHEEL = '\n[build.wheel]\ntag = "v{version}"\nprefix = "vllm-"\nproject = "vllm"\n'  # appended; needs engine.repo
+REPO = ('binary = "vllm"', 'binary = "vllm"\nrepo = "org/vllm"')
+ASSET = ('python = "3.12"', 'python = "3.12"\nassets = ["tool"]\nasset_tag = "v{version}"')
+EXTRA = 'python = "3.12"\nextra_index = "https://download.pytorch.org/whl/cu128"\nindex_packages = ["torch"]'
+
+
+def _wheel(old: str, new: str) -> tuple:
+    return REPO, WHEEL.replace(old, new)
+
+
+@pytest.mark.parametrize("change, tail, field", [
+    (('python = "3.12"', 'python = "--install-dir=/x"'), "", "build[0].python"),
+    (('python = "3.12"', 'python = "3.12 --install-dir=/x"'), "", "build[0].python"),
+    (('python = "3.12"', 'python = "../bin/python"'), "", "build[0].python"),
+    (('python = "3.12"', 'python = "/usr/../tmp/python"'), "", "build[0].python"),
+    (('python = "3.12"', 'python = "3.12\\n"'), "", "build[0].python"),
+    (('binary = "vllm"', 'binary = "../../usr/bin/env"'), "", "engine.binary"),
+    (('binary = "vllm"', 'binary = "-rf"'), "", "engine.binary"),
+    (('binary = "vllm"', 'binary = "vllm\\nx"'), "", "engine.binary"),
+    (('binary = "vllm"', 'binary = "vllm"\npypi = "vllm\\n--index-url=http://evil"'), "", "engine.pypi"),
+    (('binary = "vllm"', 'binary = "vllm"\npypi = "../x"'), "", "engine.pypi"),
+    (('binary = "vllm"', 'binary = "vllm"\nrepo = "org/../x"'), "", "engine.repo"),
+    (('binary = "vllm"', 'binary = "vllm"\nrepo = "org/vllm/releases"'), "", "engine.repo"),
+    (('binary = "vllm"', 'binary = "vllm"\nrepo = "../vllm"'), "", "engine.repo"),
+    (*_wheel('project = "vllm"', 'project = "tinydep @ file:///x\\nvllm"'), "build[0].wheel.project"),
+    (*_wheel('project = "vllm"', 'project = "-r /etc/shadow"'), "build[0].wheel.project"),
+    (*_wheel('tag = "v{version}"', 'tag = "v1/../../x"'), "build[0].wheel.tag"),
+    (*_wheel('prefix = "vllm-"', 'prefix = "../vllm-"'), "build[0].wheel.prefix"),
+    (*_wheel('prefix = "vllm-"', 'suffix = ".whl\\n"'), "build[0].wheel.suffix"),
+    (*_wheel('prefix = "vllm-"', 'repo = "org/x y"'), "build[0].wheel.repo"),
+    (('python = "3.12"', EXTRA.replace("https://download.pytorch.org/whl/cu128", "file:///etc")), "",
+     "build[0].extra_index"),
+    (('python = "3.12"', EXTRA.replace("cu128", 'cu128\\n--index-url=http://evil')), "", "build[0].extra_index"),
+    (('python = "3.12"', EXTRA.replace("cu128", 'cu128\\"')), "", "build[0].extra_index"),
+    (('python = "3.12"', EXTRA.replace('["torch"]', '["-r /etc/shadow"]')), "", "build[0].index_packages"),
+    (('python = "3.12"', EXTRA.replace('["torch"]', '["torch\\ntriton"]')), "", "build[0].index_packages"),
+    (('python = "3.12"', EXTRA.replace('["torch"]', '["tinydep @ file:///x/tinydep-6.6.whl"]')), "",
+     "build[0].index_packages"),
+    ((ASSET[0], ASSET[1].replace("v{version}", "../v{version}")), "", "build[0].asset_tag"),
+])
+def test_values_passed_to_uv_or_a_requirement_are_checked(tmp_path, change, tail, field):
+    f = tmp_path / "v.toml"
+    text = GOOD.replace(*change) + tail
+    f.write_text(text.replace(*REPO) if "assets" in text else text)  # assets need engine.repo
+    with pytest.raises(RecipeError) as err:
+        recipes.load(f)
+    assert err.value.field == field
+    assert len(str(err.value)) < 400 and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("python", ["3", "3.11", "3.11.7", "cpython3.11", "cpython@3.12", "pypy3.10",
+                                    "/usr/bin/python3.11"])
+def test_genuine_python_requests_and_values_still_load(tmp_path, python):
+    f = tmp_path / "v.toml"
+    text = GOOD.replace(*ASSET).replace(*REPO).replace('binary = "vllm"', 'binary = "vllm-serve_2"\npypi = "vllm.x_y-z"')
+    text = text.replace('python = "3.12"', EXTRA.replace("3.12", python).replace('["torch"]', '["torch", "triton"]'))
+    f.write_text(text + WHEEL.replace('prefix = "vllm-"', 'prefix = "vllm-"\nsuffix = "+cu128.whl"'))
+    r = recipes.load(f)
+    assert r.builds[0].fields["python"] == python and r.binary == "vllm-serve_2" and r.pypi == "vllm.x_y-z"
+    assert r.builds[0].fields["wheel"]["project"] == "vllm" and r.builds[0].fields["asset_tag"] == "v{version}"
+
+
+def test_cli_refuses_a_python_that_is_an_option(tmp_path):
+    """uv took `--install-dir=/x` as its option and wrote an interpreter at /x, as root."""
+    f = tmp_path / "r.toml"
+    f.write_text(GOOD.replace('python = "3.12"', f'python = "--install-dir={tmp_path}/x"'))
+    proc = run_cli(tmp_path / "root", "build", str(f))
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1
+    assert proc.stderr.startswith(f"llmgw-store: error: {f}: build[0].python: ")
+    assert not (tmp_path / "x").exists() and not (tmp_path / "root").exists()

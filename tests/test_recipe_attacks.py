@@ -153,13 +153,19 @@ BUILD_TIME = {
     "requirements file is a link": (
         [file_member("outside", b"tinydep<0.1\n"), _link("tinysrc-1.0/requirements.txt", "../outside"),
          file_member("tinysrc-1.0/serve.py", b"")],
-        [('dir = "src"', 'dir = "src"\ntop = "tinysrc-1.0"')], ("symbolic link", "leads out of its top directory")),
+        [('dir = "src"', 'dir = "src"\ntop = "tinysrc-1.0"')], ("symbolic link", "leads out of tinysrc-1.0/")),
     "requirements file under a linked directory": (
         [file_member("other/requirements.txt", b"tinydep<0.1\n"), _link("tinysrc-1.0/reqs", "../other"),
          file_member("tinysrc-1.0/serve.py", b"")],
         [('dir = "src"', 'dir = "src"\ntop = "tinysrc-1.0"'),
          ('requirements = "requirements.txt"', 'requirements = "reqs/requirements.txt"')],
-        ("symbolic link", "leads out of its top directory")),
+        ("symbolic link", "leads out of tinysrc-1.0/")),
+    # Only top (nested) moves into the environment, as src/: kern -> ../../victim stays inside the
+    # archive's top-level directory but, once moved, is src/../../victim, beside the store.
+    "a link under a nested top that leaves it": (
+        [file_member("tinysrc-1.0/x/y/requirements.txt", b"tinydep<2\n"), file_member("tinysrc-1.0/x/y/serve.py", b""),
+         file_member("tinysrc-1.0/victim/keep", b""), _link("tinysrc-1.0/x/y/kern", "../../victim")],
+        [('dir = "src"', 'dir = "src"\ntop = "tinysrc-1.0/x/y"')], ("leads out of tinysrc-1.0/x/y/",)),
     "requirements file is a link to /etc/passwd": (
         [_link("tinysrc-1.0/requirements.txt", "/etc/passwd"), file_member("tinysrc-1.0/serve.py", b"")],
         [], ("symbolic link", "refusing to unpack")),

@@ -70,8 +70,9 @@ def unpack_source(archive: Path, scratch: Path, top: str | None, recipe_file, wh
     scratch.mkdir(parents=True)
     try:
         with open(archive, "rb") as f:
+            # `top` alone moves into the environment: a link under it must stay under it.
             extract_tar(f, scratch, policy="inside", max_bytes=max_bytes, max_members=SOURCE_MAX_MEMBERS,
-                        label=archive.name)
+                        link_root=top, label=archive.name)
     except BaseException:
         force_rmtree(scratch)  # read-only directories are restored only at the end; none may be left
         raise

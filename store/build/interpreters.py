@@ -61,7 +61,7 @@ def _discover(store: "Store", uv: UvTool, request: str, preference: str) -> Inte
     if path is None and preference in ("only-managed", "managed"):
         say(f"installing a managed Python {request} into {store.layout.python_installs}")
         try:
-            run([uv.path, "python", "install", request], what=f"uv python install {request}",
+            run([uv.path, "python", "install", "--", request], what=f"uv python install {request}",
                 env=_env(store, downloads="automatic"), log_dir=store.layout.logs, cwd=store.layout.tmp)
             path = _uv_find(store, uv, request, preference)
         except CommandError as exc:
@@ -82,7 +82,7 @@ def _discover(store: "Store", uv: UvTool, request: str, preference: str) -> Inte
 
 def _uv_find(store: "Store", uv: UvTool, request: str, preference: str) -> str | None:
     try:
-        out = run([uv.path, "python", "find", "--system", "--python-preference", preference, request],
+        out = run([uv.path, "python", "find", "--system", "--python-preference", preference, "--", request],
                   what=f"uv python find {request}", env=_env(store, downloads="never"),
                   log_dir=store.layout.logs, cwd=store.layout.tmp)
     except CommandError:

@@ -61,6 +61,22 @@ WHEEL_FIELDS: dict[str, tuple[tuple[type, ...], bool]] = {
 }
 SHA256_RE = re.compile(r"[0-9a-f]{64}")
 
+# Values a build passes to uv or puts in a requirement, a URL or a file name: each must be just
+# what it says, never an option (`--install-dir=/x`), a second line (`tinydep @ file:///x\n...`)
+# or a path. Always re.fullmatch (`$` would let a trailing newline through).
+# build.python: a version request (3, 3.11, 3.11.7, cpython3.11, cpython@3.12, pypy3.10) or an
+# absolute path to an interpreter, each component plain (so no `..`), never anything uv could
+# read as an option.
+PYTHON_RE = re.compile(r"((cpython|pypy)@?)?[0-9]{1,2}(\.[0-9]{1,3}){0,2}|(/[A-Za-z0-9_+-][A-Za-z0-9._+-]{0,127}){1,16}")
+MAX_PYTHON_CHARS = 255
+PROJECT_RE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,98}[A-Za-z0-9])?")  # a PEP 508 name, at most 100
+REPO_PART_RE = re.compile(r"[A-Za-z0-9._-]{1,100}")  # owner and name of a GitHub repository
+TAG_RE = re.compile(r"[A-Za-z0-9._+!-]{1,128}")  # a release tag; `!` as in VERSION_RE (an epoch)
+# An index URL goes into uv's arguments and a generated pyproject.toml: http(s), and only the
+# characters RFC 3986 allows, less the quote characters.
+INDEX_URL_RE = re.compile(r"https?://[A-Za-z0-9._~:/?#\[\]@!$&()*+,;=%-]{1,2048}")
+AFFIX_RE = re.compile(r"[^/\\\x00-\x1f\x7f]{1,128}")  # part of an asset's name: no separator or control character
+
 # One component of a path a recipe names (source dir/top/requirements, asset_dir, an asset): no
 # separator, NUL, newline or space, and no leading `.` or `-`, so never `.`, `..`, `.llmgw` or an
 # option. Always re.fullmatch.
@@ -138,6 +154,7 @@ def parse(data: dict[str, Any], file: str | Path) -> Recipe:
         check_engine(engine["name"])
     except UsageError as exc:
         raise RecipeError(file, "engine.name", str(exc)) from None
+    _check_engine_values(engine, file)
     builds = data.get("build")
     if not isinstance(builds, list) or not builds:
         raise RecipeError(file, "build", "at least one [[build]] table is needed")
@@ -154,6 +171,9 @@ def parse(data: dict[str, Any], file: str | Path) -> Recipe:
         if b["variant"] in seen:
             raise RecipeError(file, f"{where}.variant", f"variant {b['variant']!r} appears twice")
         seen.add(b["variant"])
+        if len(b["python"]) > MAX_PYTHON_CHARS or not PYTHON_RE.fullmatch(b["python"]):
+            raise RecipeError(file, f"{where}.python", f"{_cut(b['python'])} is not a Python version request such as "
+                              "3.11, 3.11.7, cpython3.11 or pypy3.10, nor an absolute path to an interpreter")
         if not b["requirements"] and "source" not in b and "wheel" not in b:
             raise RecipeError(file, f"{where}.requirements", "must name at least one requirement")
         if "version" in b and not VERSION_RE.fullmatch(b["version"]):
@@ -191,11 +211,64 @@ def parse(data: dict[str, Any], file: str | Path) -> Recipe:
     )
 
 
+def _check_engine_values(engine: dict[str, Any], file) -> None:
+    """engine.binary is one file name in bin/, engine.pypi a project name, engine.repo owner/name."""
+    if not COMPONENT_RE.fullmatch(engine["binary"]):
+        raise RecipeError(file, "engine.binary", f"{_cut(engine['binary'])} is not a plain file name ({PLAIN})")
+    if "pypi" in engine:
+        _project(engine["pypi"], file, "engine.pypi")
+    if "repo" in engine:
+        _repo(engine["repo"], file, "engine.repo")
+
+
+def check_values(b: dict[str, Any], file, where: str) -> None:
+    """The names, tags and URLs a build hands to uv, a requirement or a release lookup (see the
+    patterns above). With `{version}` filled in, like check_paths, which calls it."""
+    w = b.get("wheel", {})
+    if "project" in w:
+        _project(w["project"], file, f"{where}.wheel.project")
+    if "repo" in w:
+        _repo(w["repo"], file, f"{where}.wheel.repo")
+    for field, value in (("asset_tag", b.get("asset_tag")), ("wheel.tag", w.get("tag"))):
+        if value is not None and not TAG_RE.fullmatch(value):
+            raise RecipeError(file, f"{where}.{field}", f"{_cut(value)} is not a release tag ([A-Za-z0-9._+!-], "
+                              "at most 128 characters)")
+    for key in ("prefix", "suffix"):
+        if key in w and not AFFIX_RE.fullmatch(w[key]):
+            raise RecipeError(file, f"{where}.wheel.{key}", f"{_cut(w[key])} must be at most 128 characters "
+                              "with no '/', '\\' or control character")
+    for name in b.get("index_packages", []):
+        _project(name, file, f"{where}.index_packages")
+    if "extra_index" in b and not INDEX_URL_RE.fullmatch(b["extra_index"]):
+        raise RecipeError(file, f"{where}.extra_index", f"{_cut(b['extra_index'])} is not an http(s) URL "
+                          "(no spaces, quotes or control characters, at most 2048 characters)")
+
+
+def _project(value: str, file, field: str) -> None:
+    if not PROJECT_RE.fullmatch(value):
+        raise RecipeError(file, field, f"{_cut(value)} is not a project name ([A-Za-z0-9._-], starting and "
+                          "ending with a letter or digit, at most 100 characters)")
+
+
+def _repo(value: str, file, field: str) -> None:
+    parts = value.split("/")
+    if len(parts) != 2 or any(not REPO_PART_RE.fullmatch(p) or p in (".", "..") for p in parts):
+        raise RecipeError(file, field, f"{_cut(value)} is not a repository owner/name (each [A-Za-z0-9._-], "
+                          "at most 100 characters, not '.' or '..')")
+
+
+def _cut(value: str, limit: int = 100) -> str:
+    """`value` quoted for an error message, cut short: a hostile recipe's value can be huge."""
+    return repr(value) if len(value) <= limit else repr(value[:limit]) + "..."
+
+
 def check_paths(b: dict[str, Any], file, where: str) -> None:
     """Every path a build names stays inside its tree and off what the store owns: `source.top` and
     `source.requirements` inside the unpacked archive, `source.dir`, `asset_dir` and each asset in
-    the environment. Run at load time (with `{version}` as `0`) and by the builder on the real
-    values; the builder's writes also refuse links and existing files, so this is the first of two walls."""
+    the environment; and every other value passes check_values. Run at load time (with `{version}`
+    as `0`) and by the builder on the real values; the builder's writes also refuse links and
+    existing files, so this is the first of two walls."""
+    check_values(b, file, where)
     src = b.get("source", {})
     for key in ("top", "requirements"):
         if key in src:

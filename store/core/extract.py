@@ -22,9 +22,10 @@ would replace an earlier member or an entry already in `dest`; more than `max_me
 file bytes past `max_bytes` (checked against each member's declared size before it is written, and
 while it is written). Under policy "inside" also a symlink whose target is absolute, or which,
 resolved hop by hop against the symlinks of this archive (lexically, at most 40 hops, never on
-disk), leaves its own top-level directory (a source's `top` is what moves into an environment: a link
-that leaves it would point at whatever lies beside it there, `bin/python` say) — or, for a link at
-the top level, leaves `dest`; this is checked when the link is made and again at the end against all
+disk), leaves its floor: `link_root` for a link under it (a source's `top`, which alone moves into
+an environment: a link that left it would point at whatever lies beside it there, `bin/python` or
+site-packages say), otherwise its own top-level directory (what moves when no `top` is named), or
+`dest` for a link at the top level; this is checked when the link is made and again at the end against all
 the archive's links, since a later link can change where an earlier one leads. Under policy "signed"
 (cache objects, whose environments hold links like bin/python -> /usr/bin/python3.11) any link
 target is kept as content; every other rule holds, and with `top` every member must be under it.
@@ -37,6 +38,12 @@ made 0o755 and a directory member's own `mode & 0o755` is applied at the end, de
 read-only directory does not stop its own contents being written (as GNU tar's
 --delay-directory-restore). Owners and mtimes are not restored: entries belong to whoever runs
 the store and carry the time of extraction.
+
+Work is bounded for a hostile archive too: a pax or GNU long-name/long-link header is refused on
+its declared size (over MAX_EXTENDED_HEADER before one member) before tarfile reads it into
+memory; under "inside" a link target is at most 4096 bytes, one resolution processes at most
+MAX_RESOLVE_STEPS components and never goes deeper than `max_depth`, and an archive holds at most
+MAX_SYMLINKS links; a name or target quoted in an error is cut to QUOTE_CHARS characters.
 
 Memory and time are bounded for 10 GB, 100k-file objects: one pass over the stream ("r|*", so a
 non-seekable or zstd-decompressing reader works), tarfile's list of seen headers emptied as it
@@ -62,6 +69,14 @@ MAX_NAME_BYTES = 4096
 MAX_COMPONENT_BYTES = 255
 MAX_DEPTH = 128
 MAX_HOPS = 40  # the kernel's own limit on links followed in one lookup
+# Work bounds for a hostile archive (10 KB of gzip can hold hundreds of 4 KB link targets, each
+# naming the next): components one link's resolution may process, symlinks one archive may hold
+# under policy "inside" (each is resolved twice), and the size of a pax or GNU long-name/long-link
+# header, which tarfile would otherwise read whole into memory before any other check.
+MAX_RESOLVE_STEPS = 1024
+MAX_SYMLINKS = 10_000
+MAX_EXTENDED_HEADER = 1 << 20
+QUOTE_CHARS = 200  # a name or target quoted in an error; past this it is cut
 CHUNK = 1 << 20
 FD_CACHE = 256  # at most; a quarter of the soft fd limit when that is lower
 
@@ -88,31 +103,68 @@ class _Refused(Exception):
     """One member is refused; extract_tar turns it into an IntegrityError naming archive and member."""
 
 
+def _quote(text: str) -> str:
+    """`text` as repr for an error, cut to QUOTE_CHARS: a name can be a megabyte long."""
+    return repr(text) if len(text) <= QUOTE_CHARS else repr(text[:QUOTE_CHARS]) + f"... ({len(text)} characters)"
+
+
+class _BoundedTarInfo(tarfile.TarInfo):
+    """Refuses a pax (x/g) or GNU long-name/long-link (L/K) header whose declared size is over
+    MAX_EXTENDED_HEADER before tarfile reads its data: tarfile reads such a header whole into memory
+    (204 KB of gzip declared 625 MB). `_proc_pax` and `_proc_gnulong` are private to tarfile but
+    have kept their name and signature from 3.8 to 3.13, and `_proc_member` dispatches to them for
+    exactly these types; tests/test_extract.py checks both hooks are still called."""
+
+    def _check_extended(self, tf: tarfile.TarFile) -> None:
+        # The hooks recurse into the next header while holding this one's data, so a chain of
+        # extended headers before one member is bounded as a whole; extract_tar resets the total
+        # (an attribute of this stream's TarFile) before each member.
+        total = getattr(tf, EXTENDED_TOTAL, 0) + self.size
+        setattr(tf, EXTENDED_TOTAL, total)
+        if total > MAX_EXTENDED_HEADER:
+            pax = self.type in (tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE)
+            raise _Refused(f"{'pax' if pax else 'GNU long-name/long-link'} header(s) of {total} bytes before one "
+                           f"member (at most {MAX_EXTENDED_HEADER})")
+
+    def _proc_gnulong(self, tarfile):
+        self._check_extended(tarfile)
+        return super()._proc_gnulong(tarfile)
+
+    def _proc_pax(self, tarfile):
+        self._check_extended(tarfile)
+        return super()._proc_pax(tarfile)
+
+
+EXTENDED_TOTAL = "_llmgw_extended_bytes"
+
+
 def extract_tar(fileobj: BinaryIO, dest: Path, *, policy: Policy, max_bytes: int | None, max_members: int,
-                top: str | None = None, label: str = "archive", max_depth: int = MAX_DEPTH) -> ExtractStats:
+                top: str | None = None, link_root: str | None = None, label: str = "archive",
+                max_depth: int = MAX_DEPTH) -> ExtractStats:
     """Unpack the tar stream `fileobj` (plain, gz, bz2 or xz; or an already decompressed stream)
     into `dest`, an existing empty directory the caller made. See the module docstring for what is
-    refused. On IntegrityError (or any error) the caller removes `dest`."""
+    refused. `link_root` (policy "inside"): the directory that will be moved out on its own (a
+    source's `top`); a link under it must resolve inside it. On IntegrityError (or any error) the
+    caller removes `dest`."""
     if policy not in ("inside", "signed"):
         raise ValueError(f"unknown symlink policy {policy!r}")
     x = _Extractor(Path(dest), policy, max_bytes, max_members, max_depth)
     try:
-        if top is not None:
-            try:
-                x.top = x.parts(top)
-            except _Refused as exc:
-                raise ValueError(f"top {top!r} {exc}") from None
-            if not x.top:
-                raise ValueError(f"top {top!r} names no directory")
-        with tarfile.open(fileobj=fileobj, mode="r|*") as tf:
-            while (m := tf.next()) is not None:
+        x.top = x.root_parts("top", top)
+        x.link_root = x.root_parts("link_root", link_root)
+        with tarfile.open(fileobj=fileobj, mode="r|*", tarinfo=_BoundedTarInfo) as tf:
+            while True:
+                x.name = None  # a refused extended header belongs to no member yet
+                setattr(tf, EXTENDED_TOTAL, 0)
+                if (m := tf.next()) is None:
+                    break
                 del tf.members[:]  # tarfile keeps every header it read; only the current one is needed
                 x.name = m.name
                 x.member(tf, m)
             x.name = None
             x.finish()
     except _Refused as exc:
-        what = f"member {x.name!r} " if x.name is not None else ""
+        what = f"member {_quote(x.name)} " if x.name is not None else ""
         raise IntegrityError(f"{label}: refusing to unpack: {what}{exc}") from None
     except (tarfile.TarError, EOFError) as exc:
         raise IntegrityError(f"{label}: not a readable tar archive: {exc}") from None
@@ -125,6 +177,7 @@ class _Extractor:
     def __init__(self, dest: Path, policy: Policy, max_bytes: int | None, max_members: int, max_depth: int):
         self.policy, self.max_bytes, self.max_members, self.max_depth = policy, max_bytes, max_members, max_depth
         self.top: tuple[str, ...] | None = None
+        self.link_root: tuple[str, ...] | None = None
         self.name: str | None = None
         self.stats = ExtractStats()
         # What this extraction made, by relative path: "d" directory, "f" regular file (or a hard
@@ -149,6 +202,18 @@ class _Extractor:
             self.root = -1
 
     # --- names ---------------------------------------------------------------------------------
+
+    def root_parts(self, what: str, value: str | None) -> tuple[str, ...] | None:
+        """The components of the caller's `top` or `link_root`; ValueError (a caller's bug) if bad."""
+        if value is None:
+            return None
+        try:
+            parts = self.parts(value)
+        except _Refused as exc:
+            raise ValueError(f"{what} {value!r} {exc}") from None
+        if not parts:
+            raise ValueError(f"{what} {value!r} names no directory")
+        return parts
 
     def parts(self, name: str, what: str = "name") -> tuple[str, ...]:
         """The components of a member name or hard-link target, or _Refused."""
@@ -183,9 +248,9 @@ class _Extractor:
             prefix = "/".join(parts[:i])
             kind = self.kinds.get(prefix)
             if kind == "l":
-                raise _Refused(f"is below the symlink member {prefix!r} (a write through a link)")
+                raise _Refused(f"is below the symlink member {_quote(prefix)} (a write through a link)")
             if kind == "f":
-                raise _Refused(f"is below the file member {prefix!r}")
+                raise _Refused(f"is below the file member {_quote(prefix)}")
 
     # --- members -------------------------------------------------------------------------------
 
@@ -251,6 +316,8 @@ class _Extractor:
         if not target or "\x00" in target or len(os.fsencode(target)) > MAX_NAME_BYTES:
             raise _Refused("has an empty, NUL-holding or over-long link target")
         if self.policy == "inside":
+            if len(self.links) >= MAX_SYMLINKS:
+                raise _Refused(f"is past the limit of {MAX_SYMLINKS} symlinks (each is resolved to check it)")
             self.links["/".join(parts)] = target
             problem = self.escapes(parts, target)
             if problem:
@@ -262,7 +329,7 @@ class _Extractor:
     def hardlink(self, m: tarfile.TarInfo, parts: tuple[str, ...]) -> None:
         source = self.parts(m.linkname, "hard link target")
         if not source or self.kinds.get("/".join(source)) != "f":
-            raise _Refused(f"hard links to {m.linkname!r}, not a regular file extracted earlier from this archive")
+            raise _Refused(f"hard links to {_quote(m.linkname)}, not a regular file extracted earlier from this archive")
         # A copy, so the walk to the other parent cannot close it by evicting it from the LRU.
         src_dir = os.dup(self.dir(source[:-1]))
         try:
@@ -275,34 +342,54 @@ class _Extractor:
 
     # --- symlink targets (policy "inside") -----------------------------------------------------
 
+    def floor(self, parts: tuple[str, ...]) -> tuple[int, str]:
+        """How many leading components of `parts` a link there may never climb above, and their name.
+        Under `link_root` that is link_root: it alone moves into the environment, so a link that
+        left it would point at whatever lies beside it there (bin/python, site-packages). Elsewhere
+        the link's own top-level directory (what moves when no `top` is named), or dest itself for
+        a link at the top level."""
+        root = self.link_root
+        if root is not None and len(parts) > len(root) and parts[: len(root)] == root:
+            return len(root), f"{'/'.join(root)}/"
+        return (1, "its top directory") if len(parts) > 1 else (0, "the tree")
+
     def escapes(self, parts: tuple[str, ...], target: str) -> str | None:
-        """Why the link at `parts` leads out of dest, or None. Every component is resolved as the
-        kernel would (a link is expanded before a `..` after it), against this archive's links."""
+        """Why the link at `parts` leads out of its floor (see `floor`), or None. Every component
+        is resolved as the kernel would (a link is expanded before a `..` after it), against this
+        archive's links. Bounded: at most MAX_RESOLVE_STEPS components, MAX_HOPS links, and a
+        path no deeper than max_depth (no member lies deeper, so no link there could be met)."""
+        shown = _quote(target)
         if target.startswith("/"):
-            return f"is a symlink to an absolute path ({target})"
+            return f"is a symlink to an absolute path ({shown})"
         where = list(parts[:-1])
-        floor = 1 if len(parts) > 1 else 0  # a link may not climb out of its top-level directory
+        floor, above = self.floor(parts)
         todo = target.split("/")
         todo.reverse()  # a stack: the next component is last
         hops = 1  # the link itself, as the kernel counts it: a lookup follows at most 40
+        steps = 0
         while todo:
+            steps += 1
+            if steps > MAX_RESOLVE_STEPS:
+                return f"is a symlink whose resolution takes more than {MAX_RESOLVE_STEPS} steps ({shown})"
             c = todo.pop()
             if c in ("", "."):
                 continue
             if c == "..":
                 if len(where) <= floor:
-                    return f"is a symlink that leads out of {'its top directory' if floor else 'the tree'} ({target})"
+                    return f"is a symlink that leads out of {above} ({shown})"
                 where.pop()
                 continue
             where.append(c)
+            if len(where) > self.max_depth:
+                return f"is a symlink that leads more than {self.max_depth} components deep ({shown})"
             link = self.links.get("/".join(where))
             if link is None:
                 continue
             hops += 1
             if hops > MAX_HOPS:
-                return f"is a symlink through more than {MAX_HOPS} links ({target})"
+                return f"is a symlink through more than {MAX_HOPS} links ({shown})"
             if link.startswith("/"):
-                return f"is a symlink through a link to an absolute path ({target})"
+                return f"is a symlink through a link to an absolute path ({shown})"
             where.pop()
             todo.extend(reversed(link.split("/")))
         return None
@@ -348,7 +435,7 @@ class _Extractor:
                 at = f" at {what}" if what else ""
                 raise _Refused(f"meets an entry already in the way{at} ({exc.strerror}), "
                                "which is not followed") from None
-            raise StoreError(f"cannot write {self.name!r}: {exc}") from None
+            raise StoreError(f"cannot write {_quote(self.name or '')}: {exc}") from None
 
     def finish(self) -> None:
         if self.policy == "inside":  # a later link may have changed where an earlier one leads
