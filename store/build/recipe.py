@@ -229,9 +229,9 @@ def check_values(b: dict[str, Any], file, where: str) -> None:
         _project(w["project"], file, f"{where}.wheel.project")
     if "repo" in w:
         _repo(w["repo"], file, f"{where}.wheel.repo")
-    for field, value in (("asset_tag", b.get("asset_tag")), ("wheel.tag", w.get("tag"))):
+    for name, value in (("asset_tag", b.get("asset_tag")), ("wheel.tag", w.get("tag"))):
         if value is not None and not TAG_RE.fullmatch(value):
-            raise RecipeError(file, f"{where}.{field}", f"{_cut(value)} is not a release tag ([A-Za-z0-9._+!-], "
+            raise RecipeError(file, f"{where}.{name}", f"{_cut(value)} is not a release tag ([A-Za-z0-9._+!-], "
                               "at most 128 characters)")
     for key in ("prefix", "suffix"):
         if key in w and not AFFIX_RE.fullmatch(w[key]):
