@@ -32,7 +32,8 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from llmgw_store.core.errors import UsageError
+from llmgw_store.core.errors import IndexError_, UsageError
+from llmgw_store.core.keys import is_store_name
 
 PUBLIC_DIR = 0o755
 PRIVATE_DIR = 0o700
@@ -167,10 +168,24 @@ class Layout:
                 os.close(fd)
 
     def path_of(self, name: str) -> Path:
-        return self.store / name
+        """`store/<name>`. The one way a name (from the index, a cache, a link) becomes a path: only
+        a well-formed store path name (one component, no separator, no dot-dot) gets one, so no
+        row, however planted, makes a command touch anything outside store/."""
+        return self.store / _checked_name(name)
 
     def partial_of(self, name: str) -> Path:
-        return self.store / (name + ".partial")
+        return self.store / (_checked_name(name) + ".partial")
+
+
+def malformed_name(name: object) -> IndexError_:
+    return IndexError_(f"the index holds a malformed store path name {str(name)[:80]!r}; "
+                       "run `llmgw-store doctor --rebuild-index` to rebuild it from the store's manifests")
+
+
+def _checked_name(name: object) -> str:
+    if not is_store_name(name):
+        raise malformed_name(name)
+    return name  # type: ignore[return-value]
 
 
 def _refuse(path: Path, why: str) -> UsageError:

@@ -1,0 +1,74 @@
+"""A tampered index, a planted pool or cache link, a damaged path found after the index was lost:
+none of them makes a command touch anything outside store/ or delete what a root holds."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import build_json, run_cli
+
+ENV = {"LLMGW_STORE_PYTHON_PREFERENCE": "only-system"}
+
+
+def _plant_row(root: Path, name: str) -> None:
+    """A copy of the first `paths` row, under another key, named `name`."""
+    con = sqlite3.connect(root / "var" / "db.sqlite")
+    cur = con.execute("SELECT * FROM paths")
+    row = dict(zip([d[0] for d in cur.description], cur.fetchone()))
+    row.update(name=name, key="x" * 32)
+    con.execute(f"INSERT INTO paths ({','.join(row)}) VALUES ({','.join('?' * len(row))})", tuple(row.values()))
+    con.commit()
+    con.close()
+
+
+def _victim(root: Path, suffix: str = "") -> Path:
+    victim = root.parent / f"victim_dir{suffix}"
+    victim.mkdir()
+    (victim / "precious").write_text("data")
+    return victim
+
+
+@pytest.mark.parametrize("how", ["relative", "absolute"])
+def test_gc_never_renames_a_malformed_row_outside_the_store(root, recipe, index, uv_bin, how):
+    env = Path(build_json(root, recipe, index, uv_bin)["path"])
+    victim = _victim(root)
+    _plant_row(root, "../../victim_dir" if how == "relative" else str(victim))
+    r = run_cli(root, "--json", "gc")
+    assert r.returncode == 0, r.stderr
+    assert (victim / "precious").read_text() == "data"
+    assert "malformed" in r.stderr
+    # the genuine, unrooted path is still collected
+    assert not env.exists()
+    assert env.name in [d["name"] for d in json.loads(r.stdout)["deleted"]]
+
+
+def test_verify_repair_never_builds_at_a_malformed_row(root, recipe, index, uv_bin):
+    env = Path(build_json(root, recipe, index, uv_bin)["path"])
+    victim, partial = _victim(root), _victim(root, ".partial")
+    _plant_row(root, str(victim))
+    r = run_cli(root, "--json", "verify", "--repair", "--uv", str(uv_bin), env=ENV)
+    assert (victim / "precious").exists() and (partial / "precious").exists()
+    assert "malformed" in r.stderr
+    # the genuine path is verified as usual
+    assert r.returncode == 0, r.stderr
+    assert [p["name"] for p in json.loads(r.stdout)["paths"]] == [env.name]
+
+
+def test_a_malformed_name_never_becomes_a_path(tmp_path):
+    from llmgw_store.core.errors import IndexError_
+    from llmgw_store.core.layout import Layout
+
+    layout = Layout.at(tmp_path)
+    good = "0" * 32 + "-tiny-1.0-cpu"
+    assert layout.path_of(good) == layout.store / good
+    assert layout.partial_of(good) == layout.store / (good + ".partial")
+    for bad in ("../../victim", "/abs/victim", "0" * 32 + "-x/../../y", "0" * 32 + "-x\n", "", "0" * 32 + "-" + "a" * 300):
+        with pytest.raises(IndexError_, match="doctor --rebuild-index"):
+            layout.path_of(bad)
+        with pytest.raises(IndexError_):
+            layout.partial_of(bad)
