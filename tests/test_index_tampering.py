@@ -6,11 +6,12 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import build_json, run_cli
+from tests.conftest import PYTHON, build_json, run_cli
 
 ENV = {"LLMGW_STORE_PYTHON_PREFERENCE": "only-system"}
 
@@ -72,3 +73,51 @@ def test_a_malformed_name_never_becomes_a_path(tmp_path):
             layout.path_of(bad)
         with pytest.raises(IndexError_):
             layout.partial_of(bad)
+
+
+MODULE = f"lib/python{PYTHON}/site-packages/tinyengine/__init__.py"
+AS_OF = "2024-02-02T00:00:00Z"
+
+
+def _rooted(root: Path, recipe: Path, index, uv_bin: Path) -> Path:
+    env = Path(build_json(root, recipe, index, uv_bin, "--as-of", AS_OF)["path"])
+    run_cli(root, "activate", "prod", str(env), check=True)
+    run_cli(root, "pin", "keep", str(env), check=True)
+    return env
+
+
+def _lose_index(root: Path) -> None:
+    for suffix in ("", "-wal", "-shm"):
+        (root / "var" / f"db.sqlite{suffix}").unlink(missing_ok=True)
+
+
+def test_a_build_after_the_index_was_lost_keeps_a_damaged_rooted_path(root, recipe, index, uv_bin):
+    env = _rooted(root, recipe, index, uv_bin)
+    module = env / MODULE
+    os.chmod(module, 0o644)
+    with open(module, "ab") as f:
+        f.write(b"\n# local hotfix\n")
+    os.chmod(module, 0o444)
+    _lose_index(root)
+    proc = subprocess.Popen([str(env / "bin" / "python"), "-c", "import time; time.sleep(60)"], cwd=env)
+    try:
+        r = run_cli(root, "build", str(recipe), "--index-url", index.url, "--uv", str(uv_bin), "--as-of", AS_OF)
+    finally:
+        proc.kill()
+        proc.wait()
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 1 and len(lines) == 1, r.stderr
+    assert lines[0] == (f"llmgw-store: error: {env.name} exists but does not match its manifest (damaged: "
+                        f"{lines[0].split('(damaged: ', 1)[1].split('): run', 1)[0]}): run "
+                        f"`llmgw-store verify --repair {env.name}`, or remove its roots and let gc take it")
+    assert b"# local hotfix" in module.read_bytes()
+    assert (root / "profiles" / "prod").resolve() == env
+
+
+def test_a_build_after_the_index_was_lost_registers_a_complete_path_again(root, recipe, index, uv_bin):
+    env = _rooted(root, recipe, index, uv_bin)
+    ino = os.stat(env / MODULE).st_ino
+    _lose_index(root)
+    r = build_json(root, recipe, index, uv_bin, "--as-of", AS_OF)
+    assert r["how"] == "recovered" and r["path"] == str(env)
+    assert os.stat(env / MODULE).st_ino == ino
