@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import stat
 import sqlite3
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -121,3 +124,33 @@ def test_a_build_after_the_index_was_lost_registers_a_complete_path_again(root, 
     r = build_json(root, recipe, index, uv_bin, "--as-of", AS_OF)
     assert r["how"] == "recovered" and r["path"] == str(env)
     assert os.stat(env / MODULE).st_ino == ino
+
+
+@pytest.mark.parametrize("victim", ["store/.links", "cache/pyc", "var/trash", "cache/downloads"])
+def test_gc_and_optimise_never_follow_a_linked_cache_dir(root, recipe, index, uv_bin, tmp_path, victim):
+    build_json(root, recipe, index, uv_bin)
+    outside = tmp_path / "other_disk"
+    (outside / "sub").mkdir(parents=True)
+    (outside / "sub" / "weights.bin").write_text("precious")
+    (outside / "old.iso").write_text("precious")
+    old = time.time() - 30 * 86400 * 2
+    os.utime(outside / "old.iso", (old, old))
+    target = root / victim
+    if target.exists():
+        shutil.rmtree(target)
+    os.symlink(outside, target)
+    for command in (("gc",), ("optimise",)):
+        r = run_cli(root, *command)
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 2 and len(lines) == 1 and str(target) in lines[0], (command, r.stderr)
+    assert sorted(p.name for p in outside.rglob("*")) == ["old.iso", "sub", "weights.bin"]
+    assert os.path.islink(target)
+
+
+def test_the_pool_is_a_real_public_directory_of_the_store(root, recipe, index, uv_bin):
+    build_json(root, recipe, index, uv_bin)
+    pool = root / "store" / ".links"
+    assert not pool.is_symlink() and stat.S_IMODE(os.lstat(pool).st_mode) == 0o755
+    run_cli(root, "optimise", check=True)
+    assert any(pool.iterdir())
+    assert run_cli(root, "gc").returncode == 0

@@ -2,6 +2,7 @@
 
     ROOT/store/<key>-<name>/            immutable environments (read-only once renamed into place)
     ROOT/store/<key>-<name>.partial/    a build in progress; only the holder of the key's lock touches it
+    ROOT/store/.links/                  optimise's pool: one link per distinct file content (0755)
     ROOT/var/db.sqlite                  the index (WAL)
     ROOT/var/locks/                     one lock file per key (+ an .owner note saying who holds it,
                                         and a .pgids record of the holder's children, see procs.py)
@@ -127,7 +128,7 @@ class Layout:
         """Every directory the store writes and its mode, parents before children."""
         cache = self.root / "cache"
         return [
-            (self.root, PUBLIC_DIR), (self.store, PUBLIC_DIR), (self.profiles, PUBLIC_DIR),
+            (self.root, PUBLIC_DIR), (self.store, PUBLIC_DIR), (self.links_pool, PUBLIC_DIR), (self.profiles, PUBLIC_DIR),
             (self.gcroots, PUBLIC_DIR), (self.python_installs, PUBLIC_DIR),
             (self.var, PRIVATE_DIR), (self.locks, PRIVATE_DIR), (self.temproots, PRIVATE_DIR),
             (self.tmp, PRIVATE_DIR), (self.trash, PRIVATE_DIR), (self.logs, PRIVATE_DIR),
