@@ -154,3 +154,39 @@ def test_the_pool_is_a_real_public_directory_of_the_store(root, recipe, index, u
     run_cli(root, "optimise", check=True)
     assert any(pool.iterdir())
     assert run_cli(root, "gc").returncode == 0
+
+
+def _two_paths(root: Path, recipe: Path, index, uv_bin: Path) -> tuple[Path, Path]:
+    a = Path(build_json(root, recipe, index, uv_bin)["path"])
+    b = Path(build_json(root, recipe, index, uv_bin, "--as-of", "2024-06-02")["path"])
+    assert (a / MODULE).read_bytes() == (b / MODULE).read_bytes()
+    return a, b
+
+
+def _pool_entry(root: Path, env: Path) -> Path:
+    from blake3 import blake3
+
+    return root / "store" / ".links" / f"{blake3((env / MODULE).read_bytes()).hexdigest()}-f"
+
+
+@pytest.mark.parametrize("plant", ["setuid_world_writable", "uv_cache_inode"])
+def test_optimise_never_links_a_planted_pool_entry_into_store_paths(root, recipe, index, uv_bin, plant):
+    a, b = _two_paths(root, recipe, index, uv_bin)
+    entry = _pool_entry(root, a)
+    if plant == "setuid_world_writable":
+        entry.write_bytes((a / MODULE).read_bytes())
+        os.chmod(entry, 0o6777)
+    else:  # the right bytes, but the uv cache's (writable) inode
+        hits = [Path(d, f) for d, _, fs in os.walk(root / "cache" / "uv") for f in fs
+                if Path(d, f).as_posix().endswith("tinyengine/__init__.py")]
+        assert hits and hits[0].read_bytes() == (a / MODULE).read_bytes()
+        os.link(hits[0], entry)
+    planted = os.stat(entry).st_ino
+    run_cli(root, "optimise", check=True)
+    for env in (a, b):
+        st = os.stat(env / MODULE)
+        assert st.st_ino != planted and not st.st_mode & 0o7222
+    assert run_cli(root, "verify").returncode == 0
+    # the planted inode left the pool; a store file took its place, and the two paths share it
+    assert os.stat(entry).st_ino != planted
+    assert os.stat(a / MODULE).st_ino == os.stat(b / MODULE).st_ino == os.stat(entry).st_ino
