@@ -190,3 +190,37 @@ def test_optimise_never_links_a_planted_pool_entry_into_store_paths(root, recipe
     # the planted inode left the pool; a store file took its place, and the two paths share it
     assert os.stat(entry).st_ino != planted
     assert os.stat(a / MODULE).st_ino == os.stat(b / MODULE).st_ino == os.stat(entry).st_ino
+
+
+ODD_NAMES = ["a\rb", "c\r\nd", "e\x0bf", "g\x0ch", "i\x1cj", "k\x85l", "m\u2028n", "o\u2029p", "q\nr", "s\tt", "u\\v"]
+
+
+def test_a_listing_of_files_with_line_break_like_names_reads_back_as_written(tmp_path):
+    from llmgw_store.core import manifest
+
+    tree = tmp_path / "tree"
+    (tree / manifest.MANIFEST_DIR).mkdir(parents=True)
+    for i, name in enumerate(ODD_NAMES):
+        (tree / name).write_text(f"file {i}\n")
+    (tree / "plain").write_text("plain\n")
+    entries = manifest.scan(tree)
+    assert {e.path for e in entries} >= set(ODD_NAMES) | {"plain"}
+    manifest.write_contents(tree, entries)
+    assert manifest.read_contents(tree) == entries
+    assert manifest.compare(manifest.read_contents(tree), manifest.scan(tree)) == {"modified": [], "missing": [], "extra": []}
+
+
+def test_optimise_skips_a_path_whose_listing_cannot_be_read(root, recipe, index, uv_bin):
+    from llmgw_store.core import manifest
+
+    a, b = _two_paths(root, recipe, index, uv_bin)
+    contents = a / manifest.CONTENTS
+    os.chmod(contents.parent, 0o755)
+    os.chmod(contents, 0o644)
+    with open(contents, "a") as f:
+        f.write("not a listing line\n")
+    r = run_cli(root, "optimise")
+    assert r.returncode == 0, r.stderr
+    assert f"{a.name}: skipped, its contents listing cannot be read" in r.stderr
+    # the other path was still optimised: its files are in the pool
+    assert os.stat(b / MODULE).st_ino == os.stat(_pool_entry(root, b)).st_ino

@@ -62,7 +62,8 @@ def optimise(*, root: str | Path | None = None, dry_run: bool = False,
                 env = store.layout.path_of(row["name"])
                 try:
                     entries = manifest.read_contents(env)
-                except OSError:
+                except (OSError, ValueError) as exc:
+                    say(f"{row['name']}: skipped, its contents listing cannot be read ({exc}); run `llmgw-store verify`")
                     continue
                 n_linked, n_saved = 0, 0
                 for e in entries:
