@@ -224,3 +224,37 @@ def test_optimise_skips_a_path_whose_listing_cannot_be_read(root, recipe, index,
     assert f"{a.name}: skipped, its contents listing cannot be read" in r.stderr
     # the other path was still optimised: its files are in the pool
     assert os.stat(b / MODULE).st_ino == os.stat(_pool_entry(root, b)).st_ino
+
+
+def test_rebuild_index_leaves_out_a_path_tampered_while_the_index_was_lost(root, recipe, index, uv_bin):
+    a = Path(build_json(root, recipe, index, uv_bin)["path"])
+    _lose_index(root)
+    module = a / MODULE
+    os.chmod(module, 0o644)
+    module.write_bytes(module.read_bytes().replace(b"def main", b"EVIL = 1\ndef main"))
+    os.chmod(module, 0o444)
+    d = json.loads(run_cli(root, "--json", "doctor", "--rebuild-index", check=True).stdout)
+    assert a.name not in d["registered"] and a.name in d["skipped"]
+    # so a later build is no cache hit on the tampered tree: it refuses (the path is damaged)
+    r = run_cli(root, "build", str(recipe), "--index-url", index.url, "--uv", str(uv_bin))
+    assert r.returncode == 1 and "does not match its manifest" in r.stderr
+
+
+def test_rebuild_index_registers_an_intact_path(root, recipe, index, uv_bin):
+    a = Path(build_json(root, recipe, index, uv_bin)["path"])
+    _lose_index(root)
+    d = json.loads(run_cli(root, "--json", "doctor", "--rebuild-index", check=True).stdout)
+    assert d["registered"] == [a.name] and d["skipped"] == []
+    assert build_json(root, recipe, index, uv_bin)["how"] == "hit"
+
+
+@pytest.mark.parametrize("args", [("list",), ("stats",), ("verify",)], ids=lambda a: a[0])
+def test_a_missing_index_says_run_doctor_not_no_store(root, recipe, index, uv_bin, args):
+    build_json(root, recipe, index, uv_bin)
+    _lose_index(root)
+    r = run_cli(root, *args)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1, r.stderr
+    assert "index" in lines[0] and "missing" in lines[0] and "llmgw-store doctor --rebuild-index" in lines[0]
+    assert "no store at" not in lines[0]
+    assert not (root / "var" / "db.sqlite").exists()  # looking made nothing

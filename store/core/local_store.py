@@ -32,6 +32,9 @@ class Store:
             if os.path.lexists(layout.root):
                 layout.check()
             if not layout.db.is_file():
+                if os.path.isdir(layout.store):
+                    raise NotFoundError(f"the index {layout.db} of the store at {layout.root} is missing; run "
+                                        "`llmgw-store doctor --rebuild-index` to rebuild it from the store's manifests")
                 raise NotFoundError(f"no store at {layout.root} (no index {layout.db}); "
                                     "build something first, or pass the right --root")
             return cls(layout, Index(layout.db, layout.store, readonly=True))
