@@ -144,11 +144,17 @@ class Layout:
 
     def ensure(self) -> None:
         """Check every directory the store writes, then make the missing ones (see the module's
-        docstring): a refusal comes before anything is created."""
+        docstring): a refusal comes before anything is created. The pool is checked when it
+        exists, made only by `ensure_pool` (store/ holds nothing else until something is built)."""
         self._walk(create=False, fix=True)
         self._walk(create=True, fix=True)
 
-    def _walk(self, *, create: bool, fix: bool) -> None:
+    def ensure_pool(self) -> None:
+        """`ensure`, and make optimise's pool store/.links too."""
+        self._walk(create=False, fix=True)
+        self._walk(create=True, fix=True, pool=True)
+
+    def _walk(self, *, create: bool, fix: bool, pool: bool = False) -> None:
         if create:
             self.root.parent.mkdir(parents=True, exist_ok=True)
         fds: dict[Path, int] = {}
@@ -157,7 +163,7 @@ class Layout:
                 parent = fds.get(path.parent)
                 if parent is None and path != self.root:
                     continue  # its parent is missing: checked once made
-                fd = _own_dir(path, mode, parent, create, fix)
+                fd = _own_dir(path, mode, parent, create and (pool or path != self.links_pool), fix)
                 if fd is not None:
                     fds[path] = fd
             if create:

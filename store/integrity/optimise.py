@@ -51,7 +51,9 @@ class OptimiseReport(Result):
 def optimise(*, root: str | Path | None = None, dry_run: bool = False,
              lock_timeout: float = LOCK_TIMEOUT_S) -> OptimiseReport:
     with Store.open(root, lock_timeout) as store:
-        # Store.open checked store/.links (Layout.dir_modes): a real directory of ours, never a link.
+        # Made or checked like every store directory (Layout.dir_modes): ours, 0755, never a link.
+        if not dry_run:
+            store.layout.ensure_pool()
         pool = store.layout.links_pool
         linked = saved = examined = 0
         checked: set[tuple[int, int]] = set()  # pool inodes hashed and found right in this run
