@@ -260,3 +260,12 @@ def test_a_missing_index_says_run_doctor_not_no_store(root, recipe, index, uv_bi
     assert "index" in lines[0] and "missing" in lines[0] and "llmgw-store doctor --rebuild-index" in lines[0]
     assert "no store at" not in lines[0]
     assert not (root / "var" / "db.sqlite").exists()  # looking made nothing
+
+
+def test_rebuild_index_passes_over_a_directory_not_named_like_a_store_path(root, recipe, index, uv_bin):
+    a = Path(build_json(root, recipe, index, uv_bin)["path"])
+    stray = root / "store" / "not-a-store-path"
+    stray.mkdir()
+    d = json.loads(run_cli(root, "--json", "doctor", "--rebuild-index", check=True).stdout)
+    assert d["registered"] == [a.name] and d["skipped"] == [stray.name]
+    assert stray.is_dir()

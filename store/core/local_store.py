@@ -9,7 +9,7 @@ from pathlib import Path
 from llmgw_store.core import manifest
 from llmgw_store.core.errors import NotFoundError
 from llmgw_store.core.index import BUSY_TIMEOUT_S, Index, row_from_manifest
-from llmgw_store.core.keys import key_of_name
+from llmgw_store.core.keys import is_store_name, key_of_name
 from llmgw_store.core.layout import Layout
 
 MAX_REFERENCES = 64
@@ -58,6 +58,8 @@ class Store:
         registration) is found again, never deleted on the index's word alone.
         The caller keeps every other writer of `name` away: it holds the key's lock, or the gc lock
         exclusively with no live temp root naming `name`."""
+        if not is_store_name(name):
+            return "its name is not a store path name"
         env = self.layout.path_of(name)
         try:
             doc = manifest.check_complete(env, name, rehash=rehash)
