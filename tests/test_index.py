@@ -55,18 +55,21 @@ def _row(name: str, key: str) -> dict:
             "files": 1, "build_seconds": 0.1, "created": "t", "last_used": "t"}
 
 
+K1 = "1" * 32  # rows carry well-formed store path names (the index hands out no other)
+
+
 def test_register_writes_path_and_log_in_one_transaction(tmp_path):
     idx = Index(tmp_path / "db.sqlite")
-    b1 = idx.start_build("k1", "k1-e")
-    idx.register(_row("k1-e", "k1"), b1, 0.1)
-    assert idx.path_by_key("k1")["name"] == "k1-e"
-    assert idx.builds("k1")[0]["outcome"] == "built"
+    b1 = idx.start_build(K1, f"{K1}-e")
+    idx.register(_row(f"{K1}-e", K1), b1, 0.1)
+    assert idx.path_by_key(K1)["name"] == f"{K1}-e"
+    assert idx.builds(K1)[0]["outcome"] == "built"
     # A second path with the same key violates the unique index: neither the row nor the log changes.
-    b2 = idx.start_build("k1", "k1-other")
+    b2 = idx.start_build(K1, f"{K1}-other")
     with pytest.raises(IndexError_):
-        idx.register({**_row("k1-other", "k1")}, b2, 0.1)
-    assert idx.path_by_name("k1-other") is None
-    assert [b["outcome"] for b in idx.builds("k1")] == ["built", "running"]
+        idx.register({**_row(f"{K1}-other", K1)}, b2, 0.1)
+    assert idx.path_by_name(f"{K1}-other") is None
+    assert [b["outcome"] for b in idx.builds(K1)] == ["built", "running"]
 
 
 def test_latest_memo_expires(tmp_path):

@@ -7,7 +7,8 @@
     hit?  ── another process built it while we waited ──▶ done
       │ no
     on disk, unregistered? ── its manifest shows it complete (tree rehashed) ──▶ register it: "recovered"
-    clear leftovers                (a .partial, or an unregistered directory that is not complete)
+                           └─ it does not ──▶ refuse (damaged, maybe rooted and in use: never deleted here)
+    clear leftovers                (a .partial only)
     make(.partial)                 (the caller's steps: venv, resolve, install, verify)
     hash the tree, write the manifest, freeze (drop write bits)
     rename .partial → final        (atomic on one filesystem: the path appears complete or not at all)
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from llmgw_store.core import locks, manifest, procs
+from llmgw_store.core.errors import IntegrityError
 from llmgw_store.core.fsutil import force_rmtree, freeze
 from llmgw_store.core.index import now_iso, row_from_manifest
 from llmgw_store.core.report import say
@@ -86,13 +88,16 @@ def realise(
             force_rmtree(partial)
         if os.path.lexists(final):
             # Unregistered but present: the index lost it (deleted, rebuilt) or a build died between
-            # rename and registration. It is deleted only when its own manifest shows it incomplete.
+            # rename and registration. A final directory is only ever renamed into place complete,
+            # so one that does not match its manifest was damaged since, and may be rooted and in
+            # use: a build never deletes it (only .partial trees), it refuses.
             why = store.adopt(name, rehash=True)
             if why is None:
                 say(f"{name} is complete on disk but was not in the index; registered it again from its manifest")
                 return final, "recovered"
-            say(f"removing {name}, not a complete store path ({why})")
-            force_rmtree(final)
+            raise IntegrityError(
+                f"{name} exists but does not match its manifest (damaged: {why}): run "
+                f"`llmgw-store verify --repair {name}`, or remove its roots and let gc take it")
 
         if substitute is not None and substitute():
             return final, "substituted"

@@ -24,6 +24,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from llmgw_store.core.errors import IndexError_, LockTimeout
+from llmgw_store.core.keys import is_store_name
+from llmgw_store.core.layout import malformed_name
+from llmgw_store.core.report import say
 
 BUSY_TIMEOUT_S = 30.0
 DB_MODE = 0o600
@@ -45,6 +48,12 @@ def _private_db_files(db: Path) -> None:
                 os.fchmod(fd, DB_MODE)
         finally:
             os.close(fd)
+
+
+def _well_formed(row: dict[str, Any]) -> dict[str, Any]:
+    if not is_store_name(row["name"]):
+        raise malformed_name(row["name"])
+    return row
 
 
 def now_iso() -> str:
@@ -236,16 +245,27 @@ class Index:
             raise self._error(exc, f"index {self.path}") from exc
 
     # --- store paths -------------------------------------------------------------------------
+    # Every row handed out names a well-formed store path (keys.is_store_name): the index is a file
+    # on disk, and a planted `../x` or `/x` row must never become a path (Layout.path_of refuses it too).
     def path_by_key(self, key: str) -> dict[str, Any] | None:
         row = self._sql("SELECT * FROM paths WHERE key = ?", (key,)).fetchone()
-        return dict(row) if row else None
+        return _well_formed(dict(row)) if row else None
 
     def path_by_name(self, name: str) -> dict[str, Any] | None:
         row = self._sql("SELECT * FROM paths WHERE name = ?", (name,)).fetchone()
-        return dict(row) if row else None
+        return _well_formed(dict(row)) if row else None
 
     def paths(self) -> list[dict[str, Any]]:
-        return [dict(r) for r in self._sql("SELECT * FROM paths ORDER BY engine, version, variant, created")]
+        """Every row with a well-formed name; a malformed one is reported and left out (gc and
+        verify never act on it; `doctor --rebuild-index` drops it)."""
+        out = []
+        for r in self._sql("SELECT * FROM paths ORDER BY engine, version, variant, created"):
+            if is_store_name(r["name"]):
+                out.append(dict(r))
+            else:
+                say(f"skipping a malformed row of the index ({str(r['name'])[:80]!r}): "
+                    "run `llmgw-store doctor --rebuild-index`")
+        return out
 
     def touch(self, name: str) -> None:
         self._sql("UPDATE paths SET last_used = ? WHERE name = ?", (now_iso(), name))

@@ -2,6 +2,7 @@
 
     ROOT/store/<key>-<name>/            immutable environments (read-only once renamed into place)
     ROOT/store/<key>-<name>.partial/    a build in progress; only the holder of the key's lock touches it
+    ROOT/store/.links/                  optimise's pool: one link per distinct file content (0755)
     ROOT/var/db.sqlite                  the index (WAL)
     ROOT/var/locks/                     one lock file per key (+ an .owner note saying who holds it,
                                         and a .pgids record of the holder's children, see procs.py)
@@ -32,7 +33,8 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from llmgw_store.core.errors import UsageError
+from llmgw_store.core.errors import IndexError_, UsageError
+from llmgw_store.core.keys import is_store_name
 
 PUBLIC_DIR = 0o755
 PRIVATE_DIR = 0o700
@@ -131,7 +133,7 @@ class Layout:
         """Every directory the store writes and its mode, parents before children."""
         cache = self.root / "cache"
         return [
-            (self.root, PUBLIC_DIR), (self.store, PUBLIC_DIR), (self.profiles, PUBLIC_DIR),
+            (self.root, PUBLIC_DIR), (self.store, PUBLIC_DIR), (self.links_pool, PUBLIC_DIR), (self.profiles, PUBLIC_DIR),
             (self.gcroots, PUBLIC_DIR), (self.python_installs, PUBLIC_DIR),
             (self.var, PRIVATE_DIR), (self.locks, PRIVATE_DIR), (self.temproots, PRIVATE_DIR),
             (self.tmp, PRIVATE_DIR), (self.trash, PRIVATE_DIR), (self.logs, PRIVATE_DIR),
@@ -147,11 +149,17 @@ class Layout:
 
     def ensure(self) -> None:
         """Check every directory the store writes, then make the missing ones (see the module's
-        docstring): a refusal comes before anything is created."""
+        docstring): a refusal comes before anything is created. The pool is checked when it
+        exists, made only by `ensure_pool` (store/ holds nothing else until something is built)."""
         self._walk(create=False, fix=True)
         self._walk(create=True, fix=True)
 
-    def _walk(self, *, create: bool, fix: bool) -> None:
+    def ensure_pool(self) -> None:
+        """`ensure`, and make optimise's pool store/.links too."""
+        self._walk(create=False, fix=True)
+        self._walk(create=True, fix=True, pool=True)
+
+    def _walk(self, *, create: bool, fix: bool, pool: bool = False) -> None:
         if create:
             self.root.parent.mkdir(parents=True, exist_ok=True)
         fds: dict[Path, int] = {}
@@ -160,7 +168,7 @@ class Layout:
                 parent = fds.get(path.parent)
                 if parent is None and path != self.root:
                     continue  # its parent is missing: checked once made
-                fd = _own_dir(path, mode, parent, create, fix)
+                fd = _own_dir(path, mode, parent, create and (pool or path != self.links_pool), fix)
                 if fd is not None:
                     fds[path] = fd
             if create:
@@ -172,10 +180,24 @@ class Layout:
                 os.close(fd)
 
     def path_of(self, name: str) -> Path:
-        return self.store / name
+        """`store/<name>`. The one way a name (from the index, a cache, a link) becomes a path: only
+        a well-formed store path name (one component, no separator, no dot-dot) gets one, so no
+        row, however planted, makes a command touch anything outside store/."""
+        return self.store / _checked_name(name)
 
     def partial_of(self, name: str) -> Path:
-        return self.store / (name + ".partial")
+        return self.store / (_checked_name(name) + ".partial")
+
+
+def malformed_name(name: object) -> IndexError_:
+    return IndexError_(f"the index holds a malformed store path name {str(name)[:80]!r}; "
+                       "run `llmgw-store doctor --rebuild-index` to rebuild it from the store's manifests")
+
+
+def _checked_name(name: object) -> str:
+    if not is_store_name(name):
+        raise malformed_name(name)
+    return name  # type: ignore[return-value]
 
 
 def _refuse(path: Path, why: str) -> UsageError:

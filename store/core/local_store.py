@@ -9,7 +9,7 @@ from pathlib import Path
 from llmgw_store.core import manifest
 from llmgw_store.core.errors import NotFoundError
 from llmgw_store.core.index import BUSY_TIMEOUT_S, Index, row_from_manifest
-from llmgw_store.core.keys import key_of_name
+from llmgw_store.core.keys import is_store_name, key_of_name
 from llmgw_store.core.layout import Layout
 
 MAX_REFERENCES = 64
@@ -32,6 +32,9 @@ class Store:
             if os.path.lexists(layout.root):
                 layout.check()
             if not layout.db.is_file():
+                if os.path.isdir(layout.store):
+                    raise NotFoundError(f"the index {layout.db} of the store at {layout.root} is missing; run "
+                                        "`llmgw-store doctor --rebuild-index` to rebuild it from the store's manifests")
                 raise NotFoundError(f"no store at {layout.root} (no index {layout.db}); "
                                     "build something first, or pass the right --root")
             return cls(layout, Index(layout.db, layout.store, readonly=True))
@@ -55,6 +58,8 @@ class Store:
         registration) is found again, never deleted on the index's word alone.
         The caller keeps every other writer of `name` away: it holds the key's lock, or the gc lock
         exclusively with no live temp root naming `name`."""
+        if not is_store_name(name):
+            return "its name is not a store path name"
         env = self.layout.path_of(name)
         try:
             doc = manifest.check_complete(env, name, rehash=rehash)

@@ -148,7 +148,14 @@ def write_contents(env: Path, entries: list[Entry]) -> None:
 
 
 def read_contents(env: Path) -> list[Entry]:
-    return [Entry.parse(ln) for ln in (env / CONTENTS).read_text().splitlines() if ln]
+    # bytes, decoded: read_text() would translate "\r" and "\r\n" (universal newlines)
+    return _parse_listing((env / CONTENTS).read_bytes().decode())
+
+
+def _parse_listing(text: str) -> list[Entry]:
+    # Lines end in "\n" only: the format escapes "\n", "\t" and "\\" in names, but a name may hold
+    # any other character str.splitlines() would also break on ("\r", "\x0b", "\x85", U+2028...).
+    return [Entry.parse(ln) for ln in text.split("\n") if ln]
 
 
 def compare(recorded: list[Entry], actual: list[Entry]) -> dict[str, list[str]]:
@@ -236,7 +243,7 @@ def check_complete(env: Path, name: str, *, rehash: bool) -> dict[str, Any]:
     raw = _read_meta_file(env, "contents", CONTENTS_MAX)
     try:
         doc = json.loads(doc_bytes)
-        entries = [Entry.parse(ln) for ln in raw.decode().splitlines() if ln]
+        entries = _parse_listing(raw.decode())
     except ValueError as exc:  # JSON, UTF-8 and listing lines alike
         raise ValueError(f"its manifest or contents listing is malformed ({exc})") from exc
     if not isinstance(doc, dict) or doc.get("name") != name or doc.get("key") != key_of_name(name):

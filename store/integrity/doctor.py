@@ -144,8 +144,10 @@ def _rebuild(layout: Layout, backup: Path | None) -> dict[str, Any]:
     try:
         registered, skipped = [], []
         for name in _store_dirs(layout):
-            # The listing's hash is checked, not the tree's (verify does that): fast on any store.
-            why = store.adopt(name, rehash=False)
+            # Every tree is hashed again: a path registered here becomes a later build's cache hit,
+            # so one whose bytes no longer match its manifest (changed while the index was lost)
+            # must stay out. Slower than checking the listing alone, but this is a recovery command.
+            why = store.adopt(name, rehash=True)
             if why is None:
                 registered.append(name)
             else:

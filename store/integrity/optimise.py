@@ -10,8 +10,9 @@ Digests come from each path's `.llmgw/contents`; a file whose size differs from 
 left alone (`verify` reports it). What the pool links are store files only, and only bytes that
 were checked: a file becomes the pool's copy only if it has no other link (not a cache's, not
 another path's) and hashes to its listed digest; a pool entry is linked into another path only
-once it has been hashed in this run and found to hold what its name says (one that does not is
-dropped from the pool). So an edit to one path's file never spreads to a path that did not
+once it has been hashed in this run and found to hold what its name says, and only if it is a
+plain file of the store's user with no write, setuid, setgid or sticky bit (one that is not, or
+does not hold its bytes, is dropped from the pool: it was planted). So an edit to one path's file never spreads to a path that did not
 already share it. What sharing does cost: paths linked to one pool entry are one inode, so an
 edit in place to one of them changes all of them (`verify` names each; `verify --repair`
 rebuilds each as a separate tree). gc removes pool entries that no store path links any more.
@@ -50,8 +51,10 @@ class OptimiseReport(Result):
 def optimise(*, root: str | Path | None = None, dry_run: bool = False,
              lock_timeout: float = LOCK_TIMEOUT_S) -> OptimiseReport:
     with Store.open(root, lock_timeout) as store:
+        # Made or checked like every store directory (Layout.dir_modes): ours, 0755, never a link.
+        if not dry_run:
+            store.layout.ensure_pool()
         pool = store.layout.links_pool
-        pool.mkdir(exist_ok=True)
         linked = saved = examined = 0
         checked: set[tuple[int, int]] = set()  # pool inodes hashed and found right in this run
         # Shared gc lock: gc (exclusive) cannot prune the pool or delete a path under us; builds and
@@ -61,7 +64,8 @@ def optimise(*, root: str | Path | None = None, dry_run: bool = False,
                 env = store.layout.path_of(row["name"])
                 try:
                     entries = manifest.read_contents(env)
-                except OSError:
+                except (OSError, ValueError) as exc:
+                    say(f"{row['name']}: skipped, its contents listing cannot be read ({exc}); run `llmgw-store verify`")
                     continue
                 n_linked, n_saved = 0, 0
                 for e in entries:
@@ -126,12 +130,20 @@ def _checked_entry(pool_entry: Path, e: manifest.Entry, checked: set[tuple[int, 
     ident = (pst.st_dev, pst.st_ino)
     if ident in checked:
         return pst
-    if stat.S_ISREG(pst.st_mode) and pst.st_size == e.size and _digest_of(pool_entry) == e.digest:
+    if _plain_ours(pst) and pst.st_size == e.size and _digest_of(pool_entry) == e.digest:
         checked.add(ident)
         return pst
     if not dry_run:
         os.unlink(pool_entry)  # the paths that link it keep it; verify names them
     return None
+
+
+def _plain_ours(st: os.stat_result) -> bool:
+    """Whether a pool entry may be linked into store paths: a regular file of the store's user with
+    no write, setuid, setgid or sticky bit (as every frozen store file is). Anything else was
+    planted, and sharing its inode would hand its owner or its mode to every path that links it."""
+    return (stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid()
+            and not st.st_mode & (WRITE_BITS | stat.S_ISUID | stat.S_ISGID | stat.S_ISVTX))
 
 
 def _digest_of(path: Path) -> str | None:

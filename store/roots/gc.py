@@ -29,10 +29,13 @@ from pathlib import Path
 from typing import Any
 
 from llmgw_store.core import debug
+from llmgw_store.core.errors import IndexError_, UsageError
 from llmgw_store.core.fsutil import force_rmtree, free_bytes, walk_files
+from llmgw_store.core.keys import is_store_name
 from llmgw_store.core.layout import Layout
 from llmgw_store.core.local_store import Store
 from llmgw_store.core.locks import LOCK_TIMEOUT_S
+from llmgw_store.core.names import check_profile
 from llmgw_store.core.report import say
 from llmgw_store.core.results import Result
 from llmgw_store.core.temproots import gc_lock, read_all
@@ -182,7 +185,7 @@ def collect(
                     continue
                 store.index.forget(item["name"])
                 debug.pause("GC_AFTER_FORGET")  # forgotten, still in store/
-                src = layout.store / item["name"]
+                src = layout.store / _component(item["name"])
                 if os.path.lexists(src):
                     os.rename(src, trash / f"{item['name']}.{os.getpid()}.{time.monotonic_ns()}")
             report["deleted"] = dead
@@ -225,7 +228,7 @@ def _adopt_unregistered(store: Store, busy: set[str]) -> list[str]:
     adopted = []
     for entry in os.scandir(store.layout.store):
         name = entry.name
-        if (name in known or name in busy or name.startswith(".") or name.endswith(".partial")
+        if (name in known or name in busy or not is_store_name(name)
                 or not entry.is_dir(follow_symlinks=False)):
             continue
         if store.adopt(name, rehash=True) is None:
@@ -268,6 +271,14 @@ def _choose(store: Store, live: set[str], budget: int | None, checked: bool = Tr
     return chosen
 
 
+def _component(name: str) -> str:
+    """`name` if it is one entry of store/ (a registered name is checked by the index, a leftover's
+    comes from listing store/): nothing gc renames is ever outside store/."""
+    if not name or name in (".", "..") or os.sep in name or "\0" in name:
+        raise IndexError_(f"refusing to collect {name[:80]!r}: not an entry of the store directory")
+    return name
+
+
 def _prune_generations(store: Store, older_than, keep, dry_run, lock_timeout, report) -> set[tuple[str, int]]:
     from llmgw_store.roots.profiles import delete_generations_locked, profile_lock
 
@@ -276,6 +287,11 @@ def _prune_generations(store: Store, older_than, keep, dry_run, lock_timeout, re
         if entry.name.startswith(".") or entry.name.endswith("-link") or not entry.is_symlink():
             continue
         profile = entry.name
+        try:
+            check_profile(profile)
+        except UsageError:
+            say(f"skipping {entry.name!r} in profiles/: not a profile name")
+            continue
         with profile_lock(store, profile, lock_timeout):
             r = delete_generations_locked(store, profile, None, older_than, keep, dry_run)
         if r.deleted:
