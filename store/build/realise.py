@@ -96,8 +96,9 @@ def realise(
                 say(f"{name} is complete on disk but was not in the index; registered it again from its manifest")
                 return final, "recovered"
             raise IntegrityError(
-                f"{name} exists but does not match its manifest (damaged: {why}): run "
-                f"`llmgw-store verify --repair {name}`, or remove its roots and let gc take it")
+                f"{name} exists but does not match its manifest (damaged: {why}); it is kept, since it may "
+                "be in use: remove the profiles and pins that hold it and let `llmgw-store gc` take it, then "
+                "build again")
 
         if substitute is not None and substitute():
             return final, "substituted"
