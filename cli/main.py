@@ -200,7 +200,9 @@ def activate(obj: Context, profile: str, target: str, **kw) -> None:
     """
     from llmgw_store.api import activate as do_activate
 
-    r = do_activate(profile, target, _options(kw), **_caches(kw), root=obj.root)
+    # Build options are made (and the builder loaded) only for a recipe.
+    options = _options(kw) if target.endswith(".toml") else None
+    r = do_activate(profile, target, options, **_caches(kw), root=obj.root, lock_timeout=kw["lock_timeout"])
     text = (f"{profile}: generation {r.generation} -> {r.path}" if r.changed
             else f"{profile}: already at generation {r.generation} -> {r.path}")
     obj.emit(r.to_json(), text)

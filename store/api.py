@@ -4,42 +4,59 @@ The layers below never reach up (see docs/architecture.md): the builder does not
 caches (it asks a `Substituter`), profiles do not build (activating a recipe is build, then
 activate, here), push takes store path names (turning PROFILE, PROFILE@N, keys and paths into
 names is the roots layer's job, called here).
+
+Each function imports the layers it runs when it runs: a cache-hit `build` or an `activate` of a
+store path is a hot path (start-up is most of its time), and must not load binary caches, or the
+builder, that it does not use.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from llmgw_store.build.builder import BuildOptions, BuildResult
-from llmgw_store.build.builder import build as _build
-from llmgw_store.cache.pull import CacheSubstituter
-from llmgw_store.cache.push import PushResult
-from llmgw_store.cache.push import push as _push
-from llmgw_store.core.local_store import Store
-from llmgw_store.core.names import check_profile
-from llmgw_store.roots import profiles
-from llmgw_store.roots.resolve import reference
+from llmgw_store.core import locks
+
+if TYPE_CHECKING:
+    from llmgw_store.build.builder import BuildOptions, BuildResult
+    from llmgw_store.cache.push import PushResult
+    from llmgw_store.roots.profiles import Switch
 
 
-def build(recipe: str | Path, options: BuildOptions = BuildOptions(), *, substituters: tuple[str, ...] = (),
+def build(recipe: str | Path, options: BuildOptions | None = None, *, substituters: tuple[str, ...] = (),
           trusted_keys: tuple[str, ...] = (), root: str | Path | None = None) -> BuildResult:
     """Build a recipe, asking the binary caches `substituters` (signed by `trusted_keys`) first."""
-    substituter = CacheSubstituter(substituters, trusted_keys) if substituters else None
-    return _build(recipe, options, root=root, substituter=substituter)
+    from llmgw_store.build.builder import BuildOptions
+    from llmgw_store.build.builder import build as build_recipe
+
+    substituter = None
+    if substituters:
+        from llmgw_store.cache.pull import CacheSubstituter
+
+        substituter = CacheSubstituter(substituters, trusted_keys)
+    return build_recipe(recipe, options or BuildOptions(), root=root, substituter=substituter)
 
 
-def activate(profile: str, target: str | Path, options: BuildOptions = BuildOptions(), *,
+def activate(profile: str, target: str | Path, options: BuildOptions | None = None, *,
              substituters: tuple[str, ...] = (), trusted_keys: tuple[str, ...] = (),
-             root: str | Path | None = None) -> profiles.Switch:
-    """Make TARGET (a store path, name, key, or a recipe built first) the profile's current generation."""
+             root: str | Path | None = None, lock_timeout: float = locks.LOCK_TIMEOUT_S) -> Switch:
+    """Make TARGET (a store path, name, key, PROFILE@N, or a recipe built first with `options`) the
+    profile's current generation, waiting at most `lock_timeout` for the profile's lock."""
+    from llmgw_store.core.names import check_profile
+    from llmgw_store.roots import profiles
+
     check_profile(profile)
     if str(target).endswith(".toml"):
         target = build(target, options, substituters=substituters, trusted_keys=trusted_keys, root=root).path
-    return profiles.activate(profile, target, root=root, lock_timeout=options.lock_timeout)
+    return profiles.activate(profile, target, root=root, lock_timeout=lock_timeout)
 
 
 def push(targets: list[str], to: str, secret_key: str, *, root: str | Path | None = None) -> PushResult:
     """Push store paths given as PROFILE, PROFILE@N, a store name, a key or a path."""
+    from llmgw_store.cache.push import push as push_names
+    from llmgw_store.core.local_store import Store
+    from llmgw_store.roots.resolve import reference
+
     with Store.open(root) as store:
         names = [reference(store, t)["name"] for t in targets]
-    return _push(names, to, secret_key, root=root)
+    return push_names(names, to, secret_key, root=root)

@@ -215,7 +215,7 @@ def test_a_build_never_deletes_a_tampered_unregistered_path(store, template, tam
                    "--uv", str(real_uv()), "--as-of", DATES[0])
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 1 and len(lines) == 1, proc.stderr
-    assert a.name in lines[0] and "does not match its manifest" in lines[0] and "verify --repair" in lines[0]
+    assert a.name in lines[0] and "does not match its manifest" in lines[0] and "it is kept" in lines[0]
     assert os.path.lexists(a)
     if tamper == "file":
         assert "tampered" in victim.read_text()

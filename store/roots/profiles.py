@@ -39,7 +39,7 @@ from llmgw_store.core.report import say
 from llmgw_store.core.results import Result
 from llmgw_store.core.temproots import TempRoots
 from llmgw_store.roots.generations import current_generation, disk_generations, gen_link, generation_target
-from llmgw_store.roots.resolve import registered
+from llmgw_store.roots.resolve import reference, registered
 
 
 @dataclass(frozen=True)
@@ -115,12 +115,13 @@ def activate(
     root: str | Path | None = None,
     lock_timeout: float = locks.LOCK_TIMEOUT_S,
 ) -> Switch:
-    """Make `target` (a store path, its name or key) the profile's current generation. Activating
-    what is already current makes no new generation. (`llmgw_store.api.activate` also takes a
-    recipe: it builds first, then calls this.) Each lock is waited for at most `lock_timeout` s."""
+    """Make `target` (a store path, its name or key, PROFILE or PROFILE@N) the profile's current
+    generation. Activating what is already current makes no new generation. (`llmgw_store.api.activate`
+    also takes a recipe: it builds first, then calls this.) Each lock is waited for at most
+    `lock_timeout` s."""
     check_profile(profile)
     with Store.open(root, lock_timeout) as store:
-        name = registered(store, target)["name"]
+        name = reference(store, str(target))["name"]
         TempRoots(store.layout).add(name, lock_timeout)
         # Checked again now that gc can no longer take it.
         row = registered(store, name)
