@@ -4,6 +4,7 @@ substitution on build, signatures, tampering."""
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 from pathlib import Path
 
@@ -194,3 +195,33 @@ def test_signed_archive_that_writes_through_a_symlink_is_refused(builder, tmp_pa
                    str(keys / "builder-1.public"))
     assert proc.returncode == 1 and "(a write through a link)" in proc.stderr
     assert list(outside.iterdir()) == []
+
+
+def test_gc_racing_a_push_keeps_the_path_being_pushed(builder, tmp_path):
+    """push holds what it archives as a temp root: a gc that runs meanwhile (the path is unrooted
+    otherwise) keeps it, and the pushed object is whole. The positive control: once the push is
+    done, the same gc deletes the path."""
+    import subprocess
+    import time
+
+    from tests.conftest import cli_cmd
+
+    root, name, keys = builder
+    cache = f"file://{tmp_path / 'cache'}"
+    env = {**os.environ, "LLMGW_STORE_DEBUG_PUSH_PAUSE": "30"}
+    pusher = subprocess.Popen(cli_cmd(root, "push", name, "--to", cache, "--secret-key", str(keys / "builder-1.secret")),
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        mine = root / "var" / "temproots" / str(pusher.pid)
+        while not (mine.exists() and name in mine.read_text()):
+            assert pusher.poll() is None and time.monotonic() < deadline, "push never held its path"
+            time.sleep(0.05)
+        gc = json.loads(run_cli(root, "--json", "gc", check=True).stdout)
+        assert name not in [d["name"] for d in gc["deleted"]]
+        assert (root / "store" / name).is_dir()
+    finally:
+        pusher.kill()
+        pusher.wait()
+    gc = json.loads(run_cli(root, "--json", "gc", check=True).stdout)
+    assert name in [d["name"] for d in gc["deleted"]]

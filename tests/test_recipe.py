@@ -44,7 +44,7 @@ def test_good_recipe_parses_with_defaults(tmp_path):
         (('requirements = ["vllm=={version}"]', "requirements = [1]"), "build[0].requirements", "list of non-empty strings"),
         (('python = "3.12"', 'python = "3.12"\nfree_gb = true'), "build[0].free_gb", "must be int or float, not bool"),
         (('python = "3.12"', 'python = "3.12"\nas_of = "yesterday"'), "build[0].as_of", "not an ISO 8601 time"),
-        (('variant = "cu128"', 'variant = "CU 128"'), "build[0].variant", "not a valid name"),
+        (('variant = "cu128"', 'variant = "CU 128"'), "build[0].variant", "not a variant name"),
     ],
 )
 def test_bad_recipes_name_file_and_field(tmp_path, change, field, words):
@@ -262,3 +262,13 @@ def test_cli_refuses_a_python_that_is_an_option(tmp_path):
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1
     assert proc.stderr.startswith(f"llmgw-store: error: {f}: build[0].python: ")
     assert not (tmp_path / "x").exists() and not (tmp_path / "root").exists()
+
+
+@pytest.mark.parametrize("variant", ["x" * 33, "cu128\n", "../x", ""])
+def test_a_variant_is_a_short_name(tmp_path, variant):
+    """The variant is part of every store path name: a name, at most 32 characters."""
+    with pytest.raises(RecipeError, match=r"build\[0\]\.variant"):
+        recipes.parse({"engine": {"name": "e", "binary": "e"},
+                       "build": [{"variant": variant, "python": "3.11", "requirements": ["e"]}]}, tmp_path / "r.toml")
+    recipes.parse({"engine": {"name": "e", "binary": "e"},
+                   "build": [{"variant": "x" * 32, "python": "3.11", "requirements": ["e"]}]}, tmp_path / "r.toml")

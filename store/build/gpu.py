@@ -36,7 +36,6 @@ class Host:
 
 def probe_host() -> Host:
     import shutil
-    import subprocess
 
     proc = Path(os.environ.get("LLMGW_STORE_NVIDIA_PROC", "/proc/driver/nvidia/version"))
     driver = None
@@ -47,10 +46,13 @@ def probe_host() -> Host:
     smi = os.environ.get("LLMGW_STORE_NVIDIA_SMI") or shutil.which("nvidia-smi")
     gpus: list[GPU] = []
     if smi and (driver or os.environ.get("LLMGW_STORE_NVIDIA_SMI")):
-        try:
-            out = subprocess.run([smi, "--query-gpu=index,name,compute_cap,driver_version", "--format=csv,noheader"],
-                                 capture_output=True, text=True, timeout=30).stdout
-        except (OSError, subprocess.TimeoutExpired):
+        from llmgw_store.core import procs
+
+        try:  # through procs, like every child: it dies with the store, whatever ends it
+            done = procs.run([smi, "--query-gpu=index,name,compute_cap,driver_version", "--format=csv,noheader"],
+                             env=dict(os.environ), timeout=30)
+            out = "" if done.timed_out or done.returncode != 0 else done.output
+        except OSError:
             out = ""
         for line in out.splitlines():
             parts = [p.strip() for p in line.split(",")]

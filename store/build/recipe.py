@@ -17,8 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from llmgw_store.core.errors import RecipeError, UsageError
-from llmgw_store.core.keys import NAME_RE
-from llmgw_store.core.names import check_engine
+from llmgw_store.core.names import check_engine, check_variant
 
 VERSION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9+._!-]{0,63}")  # always re.fullmatch: `$` lets "1.0\n" through
 
@@ -166,8 +165,10 @@ def parse(data: dict[str, Any], file: str | Path) -> Recipe:
             raise RecipeError(file, where, "must be a table")
         _check_table(b, BUILD_FIELDS, file, where)
         b = dict(b)
-        if not NAME_RE.fullmatch(b["variant"]):
-            raise RecipeError(file, f"{where}.variant", f"{b['variant']!r} is not a valid name: use [a-z0-9._-]")
+        try:
+            check_variant(b["variant"])
+        except UsageError as exc:
+            raise RecipeError(file, f"{where}.variant", str(exc)) from None
         if b["variant"] in seen:
             raise RecipeError(file, f"{where}.variant", f"variant {b['variant']!r} appears twice")
         seen.add(b["variant"])

@@ -18,12 +18,14 @@ from pathlib import Path
 
 from llmgw_store.cache.backends import backend_for
 from llmgw_store.cache.signing import METADATA_MAX_BYTES, sign
+from llmgw_store.core import debug, locks
 from llmgw_store.core.errors import NotFoundError
 from llmgw_store.core.fsutil import sha256_of
 from llmgw_store.core.keys import canonical_json
 from llmgw_store.core.local_store import Store
 from llmgw_store.core.report import say
 from llmgw_store.core.results import Result
+from llmgw_store.core.temproots import TempRoots
 
 ZSTD_LEVEL = 3
 
@@ -44,13 +46,18 @@ class PushResult(Result):
     to: str
 
 
-def push(names: list[str], to: str, secret_key: str, *, root: str | Path | None = None) -> PushResult:
+def push(names: list[str], to: str, secret_key: str, *, root: str | Path | None = None,
+         lock_timeout: float = locks.LOCK_TIMEOUT_S) -> PushResult:
     """Push the registered store paths `names` and their references (recorded at registration),
     references first. (`llmgw_store.api.push` turns PROFILE, PROFILE@N, keys and paths into names.)"""
     backend = backend_for(to)
     pushed, skipped = [], []
-    with Store.open(root) as store:
+    with Store.open(root, lock_timeout) as store:
         for name in store.index.closure(names):
+            # A temp root of this process from here on: a gc running meanwhile cannot take the path
+            # while it is archived (it is checked again below, now that gc cannot).
+            TempRoots(store.layout).add(name, lock_timeout)
+            debug.pause("PUSH_PAUSE")
             row = store.index.path_by_name(name)
             if row is None:
                 raise NotFoundError(f"{name} is not a registered store path in {store.layout.store}")

@@ -44,6 +44,13 @@ def check_engine(text: str) -> str:
     return text
 
 
+VARIANT_MAX = 32  # a variant is part of every store path name: cu128, cpu, rocm6.3 ...
+
+
+def check_variant(text: str) -> str:
+    return check("variant", text, max_len=VARIANT_MAX)
+
+
 def check_profile(text: str) -> str:
     check("profile", text)
     if _GENERATION_LINK_RE.fullmatch(text):
