@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
-from llmgw_store.core import locks, manifest, procs
+from llmgw_store.core import locks, manifest
 from llmgw_store.core.errors import IntegrityError
 from llmgw_store.core.fsutil import force_rmtree, freeze
 from llmgw_store.core.index import now_iso, row_from_manifest
@@ -193,7 +193,10 @@ def _children_recorded(layout, key: str) -> Iterator[None]:
     """Under the key's lock, before a `.partial` is touched: kill what the children of a holder
     that died (the record `var/locks/<key>.pgids` is left only then) still run — they could be
     writing into the `.partial` about to be removed — then record this build's children there
-    until the block ends. See procs.py for why this kills nothing but that build's processes."""
+    until the block ends. See procs.py for why this kills nothing but that build's processes.
+    (procs is loaded here, on a miss: a cache hit never starts a child.)"""
+    from llmgw_store.core import procs
+
     record = layout.locks / f"{key}.pgids"
     reaped = procs.reap(record)
     if reaped.killed:
