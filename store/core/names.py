@@ -1,4 +1,4 @@
-"""The one check for every name that enters the store: recipe and engine names, profiles, pins,
+"""The one check for every name that enters the store: recipe, engine and variant names, profiles, pins,
 generation numbers, keys, store path names and the names of signing keys.
 
 A name that passes is safe as one path component under any store directory: it matches its
