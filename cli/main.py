@@ -68,7 +68,7 @@ class StoreGroup(click.Group):
 
 
 @click.group(cls=StoreGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--root", type=click.Path(file_okay=False), envvar="LLMGW_STORE_ROOT",
+@click.option("--root", type=click.Path(), envvar="LLMGW_STORE_ROOT",
               help="Store root. Default: $LLMGW_STORE_ROOT, else /var/lib/llmgw-store (root) or $XDG_DATA_HOME/llmgw-store.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout; human text goes to stderr.")
 @click.option("-v", "--verbose", count=True, help="Show the commands run, and a failed command's output.")

@@ -146,3 +146,25 @@ def test_second_environment_reuses_compiled_bytecode(root, recipe, index, uv_bin
     rel_dep = rel.replace("tinyengine", "tinydep")
     assert os.stat(Path(first["path"]) / rel_dep).st_ino != os.stat(Path(second["path"]) / rel_dep).st_ino
     assert run_in_env(Path(second["path"]), "tinyengine") == "tinyengine 1.0 tinydep 2.0"
+
+
+def test_a_resolution_date_in_the_future_is_refused(root, recipe, index, uv_bin):
+    """asOf fixes what the index held: a date still to come fixes nothing (what is uploaded before
+    it would change a build of the same key). Refused, exit 2, one line, nothing built; the
+    positive case: a past date builds."""
+    proc = run_cli(root, "build", str(recipe), "--index-url", index.url, "--uv", str(uv_bin), "--as-of", "2099-01-01")
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "in the future" in proc.stderr, proc.stderr
+    future = write_recipe(recipe.parent, 'version = "1.0"\nas_of = "2099-01-01T00:00:00Z"', name="future.toml")
+    proc = run_cli(root, "build", str(future), "--index-url", index.url, "--uv", str(uv_bin))
+    assert proc.returncode == 2 and "build[0].as_of" in proc.stderr and "in the future" in proc.stderr, proc.stderr
+    assert not any((root / "store").glob("*tinyengine*")) if (root / "store").exists() else True
+    assert build_json(root, recipe, index, uv_bin, "--as-of", "2024-02-02")["as_of"] == "2024-02-02T00:00:00Z"
+
+
+def test_a_root_that_is_a_file_is_one_line(tmp_path):
+    f = tmp_path / "a-file"
+    f.write_text("")
+    for args in (("list",), ("gc", "--dry-run")):
+        proc = run_cli(f, *args)
+        assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+        assert proc.stderr.startswith("llmgw-store: error: ") and "a-file" in proc.stderr

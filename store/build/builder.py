@@ -18,7 +18,7 @@ from llmgw_store.build import bytecode, interpreters, lockfiles
 from llmgw_store.build import recipe as recipes
 from llmgw_store.build import uv as uvmod
 from llmgw_store.build.realise import DEFAULT_LOCK_TIMEOUT_S, realise
-from llmgw_store.build.recipe import ONE_DAY, Build, Recipe, format_time, parse_time
+from llmgw_store.build.recipe import ONE_DAY, Build, Recipe, format_time, parse_time, past_time
 from llmgw_store.core import debug, defaults
 from llmgw_store.core.errors import CommandError, RecipeError, StoreError, UsageError
 from llmgw_store.core.fsutil import force_rmtree, free_bytes
@@ -128,7 +128,7 @@ def build(
     else:
         chosen = recipe.build_for(options.variant)
     if options.as_of is not None:
-        parse_time(options.as_of)  # a bad --as-of is a usage error before the store is touched
+        past_time(options.as_of)  # a bad --as-of is a usage error before the store is touched
     with Store.open(root, options.lock_timeout) as store:
         plan = _plan(store, recipe, chosen, options)
         deadline = Deadline(plan)
@@ -157,7 +157,7 @@ def _plan(store: Store, recipe: Recipe, chosen: Build, options: BuildOptions) ->
         raise UsageError(f"{version!r} is not a version")
     fields = chosen.resolved(version)
     if options.as_of is not None:
-        as_of = format_time(parse_time(options.as_of))
+        as_of = format_time(past_time(options.as_of))
     elif "as_of" in fields:
         as_of = fields["as_of"]
     else:

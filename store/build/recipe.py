@@ -180,7 +180,7 @@ def parse(data: dict[str, Any], file: str | Path) -> Recipe:
         if "version" in b and not VERSION_RE.fullmatch(b["version"]):
             raise RecipeError(file, f"{where}.version", f"{b['version']!r} is not a version")
         if "as_of" in b:
-            b["as_of"] = format_time(parse_time(b["as_of"], lambda msg: RecipeError(file, f"{where}.as_of", msg)))
+            b["as_of"] = format_time(past_time(b["as_of"], lambda msg: RecipeError(file, f"{where}.as_of", msg)))
         if ("extra_index" in b) != ("index_packages" in b) or ("index_packages" in b and not b["index_packages"]):
             raise RecipeError(file, f"{where}.extra_index", "extra_index and a non-empty index_packages go together: "
                               "the second index serves only the packages named for it")
@@ -365,6 +365,17 @@ def parse_time(value: str | datetime, error=UsageError) -> datetime:
     if dt.tzinfo is None:
         dt = dt.replace(tzinfo=timezone.utc)
     return dt.astimezone(timezone.utc)
+
+
+def past_time(value: str | datetime, error=UsageError) -> datetime:
+    """`parse_time`, refusing a time still to come: a resolution date (asOf) fixes what the index
+    held, and one in the future fixes nothing (what is uploaded before it would change a build of
+    the same key)."""
+    dt = parse_time(value, error)
+    if dt > datetime.now(timezone.utc):
+        raise error(f"{format_time(dt)} is in the future: a resolution date must have passed "
+                    "(leave it out to resolve as the index stood a day after the release)")
+    return dt
 
 
 def format_time(dt: datetime) -> str:
