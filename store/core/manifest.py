@@ -66,9 +66,14 @@ def _unesc(s: str) -> str:
     return "".join(out)
 
 
-def file_digest(path: str) -> str:
-    h = blake3()
-    with open(path, "rb") as f:
+def file_digest(path: str | Path) -> str:
+    """blake3 of the regular file at `path`, never through a symlink (OSError for a link, a FIFO,
+    a device: what was listed as a file may have been swapped since)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{path} is not a regular file")
+        h = blake3()
         while chunk := f.read(CHUNK):
             h.update(chunk)
     return h.hexdigest()

@@ -29,8 +29,6 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from blake3 import blake3
-
 from llmgw_store.core import manifest
 from llmgw_store.core.fsutil import WRITE_BITS
 from llmgw_store.core.local_store import Store
@@ -149,15 +147,6 @@ def _plain_ours(st: os.stat_result) -> bool:
 def _digest_of(path: Path) -> str | None:
     """blake3 of a regular file, never through a symlink; None if it is not one."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        return manifest.file_digest(path)
     except OSError:
         return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        h = blake3()
-        while chunk := os.read(fd, manifest.CHUNK):
-            h.update(chunk)
-        return h.hexdigest()
-    finally:
-        os.close(fd)
