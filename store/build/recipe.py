@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from llmgw_store.core.errors import RecipeError, UsageError
-from llmgw_store.core.names import check_engine, check_variant
+from llmgw_store.core.names import check_engine, check_variant, shown
 
 VERSION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9+._!-]{0,63}")  # always re.fullmatch: `$` lets "1.0\n" through
 
@@ -173,7 +173,7 @@ def parse(data: dict[str, Any], file: str | Path) -> Recipe:
             raise RecipeError(file, f"{where}.variant", f"variant {b['variant']!r} appears twice")
         seen.add(b["variant"])
         if len(b["python"]) > MAX_PYTHON_CHARS or not PYTHON_RE.fullmatch(b["python"]):
-            raise RecipeError(file, f"{where}.python", f"{_cut(b['python'])} is not a Python version request such as "
+            raise RecipeError(file, f"{where}.python", f"{shown(b['python'])} is not a Python version request such as "
                               "3.11, 3.11.7, cpython3.11 or pypy3.10, nor an absolute path to an interpreter")
         if not b["requirements"] and "source" not in b and "wheel" not in b:
             raise RecipeError(file, f"{where}.requirements", "must name at least one requirement")
@@ -215,7 +215,7 @@ def parse(data: dict[str, Any], file: str | Path) -> Recipe:
 def _check_engine_values(engine: dict[str, Any], file) -> None:
     """engine.binary is one file name in bin/, engine.pypi a project name, engine.repo owner/name."""
     if not COMPONENT_RE.fullmatch(engine["binary"]):
-        raise RecipeError(file, "engine.binary", f"{_cut(engine['binary'])} is not a plain file name ({PLAIN})")
+        raise RecipeError(file, "engine.binary", f"{shown(engine['binary'])} is not a plain file name ({PLAIN})")
     if "pypi" in engine:
         _project(engine["pypi"], file, "engine.pypi")
     if "repo" in engine:
@@ -232,35 +232,30 @@ def check_values(b: dict[str, Any], file, where: str) -> None:
         _repo(w["repo"], file, f"{where}.wheel.repo")
     for name, value in (("asset_tag", b.get("asset_tag")), ("wheel.tag", w.get("tag"))):
         if value is not None and not TAG_RE.fullmatch(value):
-            raise RecipeError(file, f"{where}.{name}", f"{_cut(value)} is not a release tag ([A-Za-z0-9._+!-], "
+            raise RecipeError(file, f"{where}.{name}", f"{shown(value)} is not a release tag ([A-Za-z0-9._+!-], "
                               "at most 128 characters)")
     for key in ("prefix", "suffix"):
         if key in w and not AFFIX_RE.fullmatch(w[key]):
-            raise RecipeError(file, f"{where}.wheel.{key}", f"{_cut(w[key])} must be at most 128 characters "
+            raise RecipeError(file, f"{where}.wheel.{key}", f"{shown(w[key])} must be at most 128 characters "
                               "with no '/', '\\' or control character")
     for name in b.get("index_packages", []):
         _project(name, file, f"{where}.index_packages")
     if "extra_index" in b and not INDEX_URL_RE.fullmatch(b["extra_index"]):
-        raise RecipeError(file, f"{where}.extra_index", f"{_cut(b['extra_index'])} is not an http(s) URL "
+        raise RecipeError(file, f"{where}.extra_index", f"{shown(b['extra_index'])} is not an http(s) URL "
                           "(no spaces, quotes or control characters, at most 2048 characters)")
 
 
 def _project(value: str, file, field: str) -> None:
     if not PROJECT_RE.fullmatch(value):
-        raise RecipeError(file, field, f"{_cut(value)} is not a project name ([A-Za-z0-9._-], starting and "
+        raise RecipeError(file, field, f"{shown(value)} is not a project name ([A-Za-z0-9._-], starting and "
                           "ending with a letter or digit, at most 100 characters)")
 
 
 def _repo(value: str, file, field: str) -> None:
     parts = value.split("/")
     if len(parts) != 2 or any(not REPO_PART_RE.fullmatch(p) or p in (".", "..") for p in parts):
-        raise RecipeError(file, field, f"{_cut(value)} is not a repository owner/name (each [A-Za-z0-9._-], "
+        raise RecipeError(file, field, f"{shown(value)} is not a repository owner/name (each [A-Za-z0-9._-], "
                           "at most 100 characters, not '.' or '..')")
-
-
-def _cut(value: str, limit: int = 100) -> str:
-    """`value` quoted for an error message, cut short: a hostile recipe's value can be huge."""
-    return repr(value) if len(value) <= limit else repr(value[:limit]) + "..."
 
 
 def check_paths(b: dict[str, Any], file, where: str) -> None:

@@ -22,25 +22,26 @@ SIGNING_KEY_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _GENERATION_LINK_RE = re.compile(r".*-\d+-link")
 
 
-def _shown(text: object) -> str:
-    s = repr(text)
-    return s if len(s) <= 60 else s[:40] + f"...' ({len(str(text))} characters)"
+def shown(value: object, limit: int = 60) -> str:
+    """`value` quoted for a one-line error, cut short: a hostile value can be megabytes long."""
+    s = repr(value)
+    return s if len(s) <= limit else s[: limit - 20] + f"...' ({len(str(value))} characters)"
 
 
 def check(kind: str, text: object, pattern: re.Pattern[str] = NAME_RE, max_len: int = USER_NAME_MAX,
           rule: str = "use [a-z0-9._-], starting with a letter or digit") -> str:
     """`text` if it is a valid `kind` name, else UsageError naming the rule it breaks."""
     if not isinstance(text, str) or not pattern.fullmatch(text):
-        raise UsageError(f"{_shown(text)} is not a {kind} name: {rule}")
+        raise UsageError(f"{shown(text)} is not a {kind} name: {rule}")
     if len(text) > max_len:
-        raise UsageError(f"{_shown(text)} is not a {kind} name: at most {max_len} characters")
+        raise UsageError(f"{shown(text)} is not a {kind} name: at most {max_len} characters")
     return text
 
 
 def check_engine(text: str) -> str:
     check("store", text)
     if ".." in text:
-        raise UsageError(f"{_shown(text)} is not a store name: no '..'")
+        raise UsageError(f"{shown(text)} is not a store name: no '..'")
     return text
 
 
@@ -54,7 +55,7 @@ def check_variant(text: str) -> str:
 def check_profile(text: str) -> str:
     check("profile", text)
     if _GENERATION_LINK_RE.fullmatch(text):
-        raise UsageError(f"{_shown(text)} is not a profile name: it would look like one of its generations (-N-link)")
+        raise UsageError(f"{shown(text)} is not a profile name: it would look like one of its generations (-N-link)")
     return text
 
 
@@ -64,7 +65,7 @@ def check_pin(text: str) -> str:
 
 def check_generation(number: object) -> int:
     if isinstance(number, bool) or not isinstance(number, int) or not 1 <= number <= GENERATION_MAX:
-        raise UsageError(f"{_shown(number)} is not a generation number: a whole number from 1 to {GENERATION_MAX}")
+        raise UsageError(f"{shown(number)} is not a generation number: a whole number from 1 to {GENERATION_MAX}")
     return number
 
 
