@@ -15,20 +15,19 @@ import click
 
 from llmgw_store.core import defaults, locks
 from llmgw_store.core.errors import CommandError, StoreError
-from llmgw_store.core.report import reporting_to
+from llmgw_store.core import report
 
 PROG = "llmgw-store"
 
 
 class Context:
-    def __init__(self, root: str | None, as_json: bool, verbose: int):
+    def __init__(self, root: str | None, as_json: bool, verbose: int, progress: str = "auto"):
         self.root, self.as_json, self.verbose = root, as_json, verbose
         self.started = time.monotonic()
+        self.reporter = report.renderer(progress, verbose=verbose, started=self.started)
 
     def progress(self, message: str) -> None:
-        if message.startswith("$ ") and self.verbose < 1:
-            return
-        click.echo(f"[{time.monotonic() - self.started:6.1f}s] {message}", err=True)
+        report.say(message)
 
     def exit(self, code: int) -> None:
         click.get_current_context().exit(code)
@@ -40,6 +39,13 @@ class Context:
             click.echo(text)
 
 
+def _end_progress(ctx: click.Context) -> None:
+    """Clear a live progress line before an error is printed below it."""
+    obj = ctx.find_object(Context)
+    if obj is not None:
+        obj.reporter.close()
+
+
 class StoreGroup(click.Group):
     """Turns every StoreError into one line on stderr and its exit code, never a traceback."""
 
@@ -47,17 +53,20 @@ class StoreGroup(click.Group):
         try:
             return super().invoke(ctx)
         except StoreError as err:
+            _end_progress(ctx)
             click.echo(f"{PROG}: error: {err}", err=True)
             obj = ctx.find_object(Context)
             if isinstance(err, CommandError) and err.output_tail and obj is not None and obj.verbose:
                 click.echo(err.output_tail, err=True)
             ctx.exit(err.exit_code)
         except KeyboardInterrupt:
+            _end_progress(ctx)
             click.echo(f"{PROG}: interrupted", err=True)
             ctx.exit(130)
         except (click.exceptions.Exit, click.exceptions.ClickException, click.exceptions.Abort):
             raise
         except Exception as exc:  # a bug: still one line, the traceback with -v
+            _end_progress(ctx)
             obj = ctx.find_object(Context)
             if obj is not None and obj.verbose:
                 import traceback
@@ -72,19 +81,24 @@ class StoreGroup(click.Group):
               help="Store root. Default: $LLMGW_STORE_ROOT, else /var/lib/llmgw-store (root) or $XDG_DATA_HOME/llmgw-store.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout; human text goes to stderr.")
 @click.option("-v", "--verbose", count=True, help="Show the commands run, and a failed command's output.")
+@click.option("--progress", "progress", type=click.Choice(report.MODES), default="auto", show_default=True,
+              envvar="LLMGW_STORE_PROGRESS",
+              help="Progress on stderr: auto (a live line on a terminal, else plain), tty, plain (timestamped "
+                   "lines), json (one JSON object per line: t, step, done, total, unit), none. "
+                   "Env: LLMGW_STORE_PROGRESS.")
 @click.version_option(package_name="llmgw-store", prog_name=PROG)
 @click.pass_context
-def cli(ctx: click.Context, root: str | None, as_json: bool, verbose: int) -> None:
+def cli(ctx: click.Context, root: str | None, as_json: bool, verbose: int, progress: str) -> None:
     """A content-addressed store for the uv-built Python environments of LLM inference engines.
 
     \b
     Example:
       llmgw-store --root ./.llmgw-store build examples/black.toml
     """
-    ctx.obj = Context(root, as_json, verbose)
+    ctx.obj = Context(root, as_json, verbose, progress)
     # The library reports progress through one reporter (core/report.py): it goes to stderr here,
-    # for the whole command.
-    ctx.with_resource(reporting_to(ctx.obj.progress))
+    # for the whole command, rendered as --progress says.
+    ctx.with_resource(report.reporting_to(ctx.obj.reporter))
 
 
 def lock_timeout_option(default: float, waits_for: str):

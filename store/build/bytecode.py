@@ -76,6 +76,7 @@ def tag(key, data):
 MAX_PYC = 64 << 20          # no pyc of a real module comes near this; larger entries are ignored
 MAX_SHARD_NAMES = 1 << 20   # names read from one cache directory
 MAX_ENTRIES_PER_KEY = 4     # entries of one key tried before compiling
+PROGRESS_EVERY = 256        # modules between two progress lines of a worker
 DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
 
 def opendir(name, parent_fd, create):
@@ -217,7 +218,9 @@ def work(args):
         time.sleep(float(pause))
     cache = Cache(cache_dir)
     failed = reused = 0
-    for src in chunk:
+    for n, src in enumerate(chunk, 1):
+        if n %% PROGRESS_EVERY == 0:  # progress, read by the store (procs.Heartbeat)
+            os.write(1, b"llmgw-progress: +%%d\n" %% PROGRESS_EVERY)
         rel = os.path.relpath(src, root)
         try:
             with open(src, "rb") as f:
@@ -240,12 +243,14 @@ def work(args):
             continue
         with open(target, "rb") as f:
             cache.put(key, f.read())
+    os.write(1, b"llmgw-progress: +%%d\n" %% (len(chunk) %% PROGRESS_EVERY))
     return failed, reused
 
 if __name__ == "__main__":
     root, lib, cache = sys.argv[1], sys.argv[2], sys.argv[3]
     files = sorted(os.path.join(d, f) for d, _, fs in os.walk(lib) for f in fs if f.endswith(".py"))
     n = max(1, min(os.cpu_count() or 1, len(files) // 50 or 1))
+    print("llmgw-progress: total %%d modules" %% len(files), flush=True)
     # fork, whatever the interpreter's default: the pool then forks every worker up front, from
     # this main thread, before it starts a thread of its own; the main thread lives as long as
     # the script, so the workers' PDEATHSIG fires when the script dies, not before.

@@ -33,6 +33,7 @@ from llmgw_store.core.errors import IntegrityError
 from llmgw_store.core.fsutil import force_rmtree, freeze
 from llmgw_store.core.index import now_iso, row_from_manifest
 from llmgw_store.core.report import say
+from llmgw_store.core.units import human_size
 
 if TYPE_CHECKING:
     from llmgw_store.core.local_store import Store
@@ -118,7 +119,7 @@ def realise(
             # Renamed but not registered: garbage that the next build of this key (or gc) removes.
             index.fail_build(build_id, doc["build_seconds"], f"registration failed: {exc}")
             raise
-        say(f"built {name} in {doc['build_seconds']:.1f}s ({doc['size'] / 1e6:.1f} MB, {doc['files']} files)")
+        say(f"built {name} in {doc['build_seconds']:.1f}s ({human_size(doc['size'])}, {doc['files']} entries)")
         return final, "built"
 
 

@@ -70,7 +70,7 @@ def run(
     if show is not None:
         show("$ " + " ".join(argv))
     try:
-        done = procs.run(argv, env=env, cwd=cwd, timeout=timeout)
+        done = procs.run(argv, env=env, cwd=cwd, timeout=timeout, label=what)
     except FileNotFoundError:
         raise CommandError(f"{what}: {argv[0]} not found") from None
     if done.timed_out:

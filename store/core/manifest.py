@@ -25,6 +25,8 @@ from typing import Any
 
 from blake3 import blake3
 
+from llmgw_store.core.report import progress
+
 MANIFEST_DIR = ".llmgw"
 MANIFEST = f"{MANIFEST_DIR}/manifest.json"
 CONTENTS = f"{MANIFEST_DIR}/contents"
@@ -91,6 +93,7 @@ def scan(root: Path, writable: list[str] | None = None) -> list[Entry]:
     entries: list[Entry] = []
     pending: list[tuple[int, Any]] = []
     check_w = writable is not None
+    step, hashed = f"hashing {root.name}", [0]
     if check_w and os.lstat(root).st_mode & _WRITE:
         writable.append(".")
     with ThreadPoolExecutor(THREADS) as pool:
@@ -109,6 +112,9 @@ def scan(root: Path, writable: list[str] | None = None) -> list[Entry]:
                 if stat.S_ISREG(mode):
                     kind = "x" if mode & stat.S_IXUSR else "f"
                     size = st.st_size
+                    hashed[0] += size
+                    if len(entries) % 64 == 0 or size >= BIG:
+                        progress(step, hashed[0], None, "B")
                     if size >= BIG:
                         pending.append((len(entries), pool.submit(file_digest, e.path)))
                         entries.append(Entry(rel, kind, size, ""))
@@ -131,6 +137,7 @@ def scan(root: Path, writable: list[str] | None = None) -> list[Entry]:
         for i, fut in pending:
             e = entries[i]
             entries[i] = Entry(e.path, e.kind, e.size, fut.result())
+    progress(step, hashed[0], hashed[0], "B")
     return entries
 
 

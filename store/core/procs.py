@@ -64,6 +64,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import signal
 import threading
@@ -72,6 +73,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
+
+from llmgw_store.core import report
 
 TOKEN_VAR = "LLMGW_STORE_BUILD"
 KILL_WAIT_S = 5.0
@@ -134,13 +137,14 @@ class Finished:
 
 
 def run(argv: Sequence[str | os.PathLike], *, env: dict[str, str], cwd: str | os.PathLike | None = None,
-        timeout: float | None = None) -> Finished:
+        timeout: float | None = None, label: str | None = None) -> Finished:
     """Run `argv` under a keeper (see the module docstring) with `env` (plus the build token while
     a `recording` is active), stdin from /dev/null, stdout and stderr into one temporary file.
     Returns once the command has ended or timed out and its whole process group is dead, whatever
     happens meanwhile (an exception, KeyboardInterrupt: the group is killed, then it propagates).
     Raises FileNotFoundError or PermissionError, as subprocess does, when argv[0] cannot be found
-    or executed."""
+    or executed. While the command runs longer than a second, progress reports `label` (default:
+    the command's name) every second with the last line it printed (`Heartbeat`)."""
     import socket
     import subprocess
     import sys
@@ -165,7 +169,9 @@ def run(argv: Sequence[str | os.PathLike], *, env: dict[str, str], cwd: str | os
         try:
             if record is not None:
                 record.note("child", keeper.pid)
-            code, timed_out = _status(ours, timeout)
+            step = label or os.path.basename(exe)
+            with report.heartbeat(step, tail=Heartbeat(out.fileno(), step)):
+                code, timed_out = _status(ours, timeout)
         finally:
             ours.close()  # EOF: the keeper kills its group, itself included
             _bury(keeper)
@@ -176,6 +182,50 @@ def run(argv: Sequence[str | os.PathLike], *, env: dict[str, str], cwd: str | os
     if code is None:
         code = keeper.returncode  # killed for the timeout, or the keeper died before the command
     return Finished(code, output, timed_out)
+
+
+class Heartbeat:
+    """What a running child has printed since the last beat, read from its output file (by pread,
+    which leaves the child's file offset alone). A line `llmgw-progress: total N UNIT` or
+    `llmgw-progress: +N` (a child that counts its work: the bytecode compiler) becomes a progress
+    update of `step`; otherwise the last line printed is the heartbeat's detail. The child's output
+    is not trusted: at most READ_MAX new bytes are read per beat, lines are matched in full against
+    bounded patterns, and the detail is cut short (the renderer escapes control characters)."""
+
+    READ_MAX = 1 << 20
+    DETAIL_MAX = 120
+    _LINE = re.compile(rb"llmgw-progress: (?:\+([0-9]{1,9})|total ([0-9]{1,12}) ([a-z]{1,16}))")
+
+    def __init__(self, fd: int, step: str) -> None:
+        self.fd, self.step, self.offset = fd, step, 0
+        self.done, self.total, self.unit, self.counted = 0, None, "", False
+        self.last = b""
+
+    def __call__(self) -> str | None:
+        size = os.fstat(self.fd).st_size
+        if size - self.offset > self.READ_MAX:
+            self.offset = size - self.READ_MAX  # a flood: counts in what is skipped are lost
+        data = self.last + os.pread(self.fd, max(0, size - self.offset), self.offset)
+        self.offset = max(self.offset, size)
+        lines = data.replace(b"\r", b"\n").split(b"\n")
+        self.last = lines.pop()[-4096:]  # an unfinished line, completed at the next beat
+        shown = b""
+        for line in lines:
+            m = self._LINE.fullmatch(line.strip())
+            if m is None:
+                if line.strip():
+                    shown = line.strip()
+                continue
+            self.counted = True
+            if m.group(1) is not None:
+                self.done += int(m.group(1))
+            else:
+                self.total, self.unit = int(m.group(2)), m.group(3).decode()
+        if self.counted:
+            report.progress(self.step, self.done, self.total, self.unit)
+            return None
+        text = (shown or self.last.strip()).decode("utf-8", "replace")
+        return text[: self.DETAIL_MAX] if text else ""
 
 
 def _executable(name: str, env: dict[str, str], cwd) -> str:
