@@ -13,9 +13,8 @@ from typing import Any
 
 import click
 
-from llmgw_store.core import defaults, locks
+from llmgw_store.core import defaults, locks, report
 from llmgw_store.core.errors import CommandError, StoreError
-from llmgw_store.core import report
 
 PROG = "llmgw-store"
 

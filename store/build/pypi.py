@@ -15,7 +15,7 @@ from pathlib import Path
 
 from llmgw_store.build.recipe import parse_time
 from llmgw_store.core.errors import IntegrityError, NetworkError, UsageError
-from llmgw_store.core.report import say
+from llmgw_store.core.report import progress
 
 JSON_ACCEPT = "application/vnd.pypi.simple.v1+json"
 TIMEOUT_S = 60.0
@@ -141,17 +141,14 @@ def download(url: str, dest: Path, sha256: str) -> Path:
         with _client() as client, client.stream("GET", url) as resp:
             if resp.status_code != 200:
                 raise NetworkError(f"download of {url} failed: HTTP {resp.status_code}")
-            total = int(resp.headers.get("content-length") or 0)
-            done, next_report = 0, 0.25
+            total = int(resp.headers.get("content-length") or 0) or None
+            done = 0
             with open(tmp, "wb") as out:
                 for chunk in resp.iter_bytes(1 << 20):
                     digest.update(chunk)
                     out.write(chunk)
                     done += len(chunk)
-                    # One line per quarter of a large download: readable on a terminal and in a log.
-                    if total > 8 << 20 and done / total >= next_report:
-                        say(f"  {dest.name}: {done / 1e6:.0f} of {total / 1e6:.0f} MB")
-                        next_report += 0.25
+                    progress(f"downloading {dest.name}", done, total, "B")
     except httpx.HTTPError as exc:
         tmp.unlink(missing_ok=True)
         raise NetworkError(f"download of {url} failed: {exc}") from exc

@@ -28,7 +28,7 @@ from llmgw_store.core import locks, manifest
 from llmgw_store.core.errors import NotFoundError, UsageError
 from llmgw_store.core.fsutil import force_rmtree
 from llmgw_store.core.local_store import Store
-from llmgw_store.core.report import say
+from llmgw_store.core.report import progress, say
 from llmgw_store.core.results import Result
 from llmgw_store.roots.resolve import registered
 
@@ -92,7 +92,8 @@ def verify(
     with Store.open(root, lock_timeout, readonly=not repair) as store:
         rows = [registered(store, t) for t in targets] if targets else store.index.paths()
         results = []
-        for row in rows:
+        for n, row in enumerate(rows):
+            progress("verifying", n, len(rows), "paths")
             r = check_path(store, row)
             say(f"{row['name']}: {'ok' if r['ok'] else 'DAMAGED'}")
             if not r["ok"] and repair:
