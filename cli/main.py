@@ -117,7 +117,9 @@ def build_options(f):
                      help="Use this uv binary instead of the store's pinned one (its --version enters the key). Env: LLMGW_STORE_UV."),
         click.option("--python-preference", envvar="LLMGW_STORE_PYTHON_PREFERENCE", default=defaults.PYTHON_PREFERENCE,
                      show_default=True, type=click.Choice(defaults.PYTHON_PREFERENCES),
-                     help="Where the interpreter may come from; only-managed falls back to system when downloads fail."),
+                     help="Where the interpreter may come from: managed uses a store-managed one, else the host's, and "
+                          "downloads one only if neither exists; only-managed always wants a managed one (the "
+                          "host's if the download fails); only-system never downloads."),
         lock_timeout_option(locks.BUILD_LOCK_TIMEOUT_S, "each lock (another process building the same key, a gc, the profile)"),
         click.option("--substituter", "substituters", multiple=True, envvar="LLMGW_STORE_SUBSTITUTERS",
                      help="Binary cache to ask before building (file:///dir, http(s)://...); repeatable. "

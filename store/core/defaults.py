@@ -7,5 +7,5 @@ PYPI_SIMPLE = "https://pypi.org/simple"
 
 # Where a build's interpreter may come from (uv's --python-preference values).
 PYTHON_PREFERENCES = ("only-managed", "managed", "system", "only-system")
-PYTHON_PREFERENCE = "only-managed"
+PYTHON_PREFERENCE = "managed"  # the host's interpreter before a download (issue 16)
 

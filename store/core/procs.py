@@ -190,7 +190,8 @@ class Heartbeat:
     `llmgw-progress: +N` (a child that counts its work: the bytecode compiler) becomes a progress
     update of `step`; otherwise the last line printed is the heartbeat's detail. The child's output
     is not trusted: at most READ_MAX new bytes are read per beat, lines are matched in full against
-    bounded patterns, and the detail is cut short (the renderer escapes control characters)."""
+    bounded patterns, and the detail (the unfinished last line, else the last line) is cut short
+    (the renderer escapes control characters)."""
 
     READ_MAX = 1 << 20
     DETAIL_MAX = 120
@@ -199,7 +200,7 @@ class Heartbeat:
     def __init__(self, fd: int, step: str) -> None:
         self.fd, self.step, self.offset = fd, step, 0
         self.done, self.total, self.unit, self.counted = 0, None, "", False
-        self.last = b""
+        self.last = self.shown = b""
 
     def __call__(self) -> str | None:
         size = os.fstat(self.fd).st_size
@@ -209,12 +210,11 @@ class Heartbeat:
         self.offset = max(self.offset, size)
         lines = data.replace(b"\r", b"\n").split(b"\n")
         self.last = lines.pop()[-4096:]  # an unfinished line, completed at the next beat
-        shown = b""
         for line in lines:
             m = self._LINE.fullmatch(line.strip())
             if m is None:
                 if line.strip():
-                    shown = line.strip()
+                    self.shown = line.strip()[-4096:]
                 continue
             self.counted = True
             if m.group(1) is not None:
@@ -224,7 +224,7 @@ class Heartbeat:
         if self.counted:
             report.progress(self.step, self.done, self.total, self.unit)
             return None
-        text = (shown or self.last.strip()).decode("utf-8", "replace")
+        text = (self.last.strip() or self.shown).decode("utf-8", "replace")
         return text[: self.DETAIL_MAX] if text else ""
 
 
