@@ -214,7 +214,7 @@ class Heartbeat:
             m = self._LINE.fullmatch(line.strip())
             if m is None:
                 if line.strip():
-                    self.shown = line.strip()[-4096:]
+                    self.shown = line.strip()[:4096]
                 continue
             self.counted = True
             if m.group(1) is not None:
