@@ -445,6 +445,11 @@ class Index:
             return row[0]
         return None
 
+    def latest_fetched(self, index_url: str, project: str) -> float | None:
+        """When the remembered latest version of `project` was asked (seconds since the epoch)."""
+        row = self._sql("SELECT fetched FROM latest WHERE index_url = ? AND project = ?", (index_url, project)).fetchone()
+        return float(row[0]) if row else None
+
     def remember_latest(self, index_url: str, project: str, version: str) -> None:
         self._sql("INSERT OR REPLACE INTO latest VALUES (?, ?, ?, ?)", (index_url, project, version, time.time()))
 
