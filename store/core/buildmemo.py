@@ -82,7 +82,7 @@ def is_store_name(name: str) -> bool:
             and all(c in NAME_CHARS for c in name[33:]))
 
 
-def _private_dir(name: str, parent_fd: int, create: bool) -> int | None:
+def private_dir(name: str, parent_fd: int, create: bool) -> int | None:
     """A directory of the running user's that no other user may write, opened without following a link."""
     if create:
         try:
@@ -110,7 +110,7 @@ def open_var(root: str, create: bool = False) -> int | None:
         st = os.fstat(root_fd)
         if st.st_uid not in (0, os.geteuid()) or st.st_mode & 0o022:
             return None
-        return _private_dir("var", root_fd, create)
+        return private_dir("var", root_fd, create)
     finally:
         os.close(root_fd)
 
@@ -122,7 +122,7 @@ def read(root: str, digest: str) -> dict[str, str] | None:
     if var_fd is None:
         return None
     try:
-        memo_fd = _private_dir("memo", var_fd, False)
+        memo_fd = private_dir("memo", var_fd, False)
     finally:
         os.close(var_fd)
     if memo_fd is None:
@@ -241,7 +241,7 @@ def write(root: str, digest: str, fields: dict[str, str], deps: list[str], expir
     if var_fd is None:
         return False
     try:
-        memo_fd = _private_dir("memo", var_fd, True)
+        memo_fd = private_dir("memo", var_fd, True)
     finally:
         os.close(var_fd)
     if memo_fd is None:
@@ -275,7 +275,7 @@ def forget(root: str, digest: str) -> None:
     if var_fd is None:
         return
     try:
-        memo_fd = _private_dir("memo", var_fd, False)
+        memo_fd = private_dir("memo", var_fd, False)
         if memo_fd is not None:
             try:
                 os.unlink(digest, dir_fd=memo_fd)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import stat
 
-from llmgw_store.core.buildmemo import _private_dir, is_store_name, open_var
+from llmgw_store.core.buildmemo import private_dir, is_store_name, open_var
 
 USED_DIR = "used"
 FOLDING = ".fold-"
@@ -29,7 +29,7 @@ MAX_STAMPS = 100_000
 
 def touch(var_fd: int, name: str) -> bool:
     """Record a use of store path `name` now. Best effort: False when it could not be recorded."""
-    used_fd = _private_dir(USED_DIR, var_fd, True)
+    used_fd = private_dir(USED_DIR, var_fd, True)
     if used_fd is None:
         return False
     try:
@@ -65,7 +65,7 @@ def collect(root: str) -> dict[str, float]:
     if var_fd is None:
         return {}
     try:
-        used_fd = _private_dir(USED_DIR, var_fd, False)
+        used_fd = private_dir(USED_DIR, var_fd, False)
     finally:
         os.close(var_fd)
     if used_fd is None:
