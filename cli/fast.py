@@ -1,4 +1,5 @@
-"""The console script's first step: answer a cache-hit `build` before click and the library load.
+"""The console script's first step: answer a cache-hit `build` before click and the library load,
+and run `activate` of a store path and `rollback` without click.
 
 `llmgw-store [--root R] [--json] [-v] build RECIPE [build options]` whose build memo entry
 (core/buildmemo.py) is still true prints the store path (or, with --json, the document the full
@@ -12,6 +13,10 @@ Options are read as click reads them (group options before the command; `--opt v
 LLMGW_STORE_PYTHON_PREFERENCE); --lock-timeout, --substituter and --trusted-key do not change a hit
 (a hit asks no cache and takes no lock) and are only checked for shape.
 Imports: os, sys, stat, _blake2 (and json with --json): nothing else is loaded on a hit.
+
+`activate PROFILE STORE-PATH` and `rollback PROFILE [--to N]` (with --lock-timeout, --root, --json,
+-v, and nothing else) call the same library function the click commands call and print the same
+lines and exit codes (click's load is a third of their time); anything else goes to click.
 """
 
 from __future__ import annotations
@@ -163,18 +168,137 @@ def try_hit(argv: list[str], started: float) -> bool:
     return True
 
 
+def parse_switch(argv: list[str]) -> dict | None:
+    """`activate PROFILE STORE-PATH` or `rollback PROFILE [--to N]`, each with [--lock-timeout S]:
+    the options, or None (left to click). A recipe target, any build option, --help: click's."""
+    opts: dict = {"root": None, "json": False, "verbose": 0}
+    i = 0
+    while i < len(argv) and argv[i].startswith("-"):
+        a = argv[i]
+        if a == "--json" and not opts["json"]:
+            opts["json"] = True
+        elif a in ("-v", "--verbose"):
+            opts["verbose"] += 1
+        elif a == "--root" and i + 1 < len(argv) and opts["root"] is None:
+            i += 1
+            opts["root"] = argv[i]
+        elif a.startswith("--root=") and opts["root"] is None:
+            opts["root"] = a[len("--root="):]
+        else:
+            return None
+        i += 1
+    if i >= len(argv) or argv[i] not in ("activate", "rollback"):
+        return None
+    opts["command"] = argv[i]
+    allowed = ("--lock-timeout",) if argv[i] == "activate" else ("--lock-timeout", "--to")
+    args: list[str] = []
+    i += 1
+    while i < len(argv):
+        a = argv[i]
+        if a.startswith("-") and a != "-":
+            name, eq, value = a.partition("=")
+            if name not in allowed or name in opts:
+                return None
+            if not eq:
+                if i + 1 >= len(argv):
+                    return None
+                i += 1
+                value = argv[i]
+            opts[name] = value
+        else:
+            args.append(a)
+        i += 1
+    if len(args) != (2 if opts["command"] == "activate" else 1):
+        return None
+    if opts["command"] == "activate" and args[1].endswith(".toml"):
+        return None
+    try:
+        if "--lock-timeout" in opts and not float(opts["--lock-timeout"]) >= 0:
+            return None
+        if "--to" in opts:
+            opts["--to"] = int(opts["--to"])
+    except ValueError:
+        return None
+    opts["args"] = args
+    if opts["root"] is None:
+        opts["root"] = os.environ.get("LLMGW_STORE_ROOT") or None
+    return opts
+
+
+def switch(argv: list[str], started: float) -> int | None:
+    """Run `activate` of a store path or `rollback` as the click commands do, without click: the same
+    library call, output, progress lines, error line and exit code. None when argv is not one."""
+    import time
+
+    opts = parse_switch(argv)
+    if opts is None:
+        return None
+    from llmgw_store.core import locks
+    from llmgw_store.core.errors import CommandError, StoreError
+    from llmgw_store.core.report import reporting_to
+
+    def progress(message: str) -> None:
+        if message.startswith("$ ") and opts["verbose"] < 1:
+            return
+        sys.stderr.write(f"[{time.monotonic() - started:6.1f}s] {message}\n")
+
+    profile = opts["args"][0]
+    try:
+        with reporting_to(progress):
+            if opts["command"] == "activate":
+                from llmgw_store.api import activate
+
+                timeout = float(opts.get("--lock-timeout", locks.BUILD_LOCK_TIMEOUT_S))
+                r = activate(profile, opts["args"][1], None, root=opts["root"], lock_timeout=timeout)
+                text = (f"{profile}: generation {r.generation} -> {r.path}" if r.changed
+                        else f"{profile}: already at generation {r.generation} -> {r.path}")
+            else:
+                from llmgw_store.roots.profiles import rollback
+
+                timeout = float(opts.get("--lock-timeout", locks.LOCK_TIMEOUT_S))
+                r = rollback(profile, to=opts.get("--to"), root=opts["root"], lock_timeout=timeout)
+                text = f"{profile}: generation {r.previous} -> {r.generation} ({r.path})"
+    except StoreError as err:
+        sys.stderr.write(f"{PROG}: error: {err}\n")
+        if isinstance(err, CommandError) and err.output_tail and opts["verbose"]:
+            sys.stderr.write(err.output_tail + "\n")
+        return err.exit_code
+    except KeyboardInterrupt:
+        sys.stderr.write(f"{PROG}: interrupted\n")
+        return 130
+    except Exception as exc:  # a bug: one line, as the click app says it
+        if opts["verbose"]:
+            import traceback
+
+            traceback.print_exc()
+        sys.stderr.write(f"{PROG}: internal error: {type(exc).__name__}: {exc} (run with -v for the traceback)\n")
+        return 1
+    if opts["json"]:
+        import json
+
+        sys.stdout.write(json.dumps(r.to_json(), indent=2, sort_keys=True, default=str) + "\n")
+    else:
+        sys.stdout.write(text + "\n")
+    sys.stdout.flush()
+    return 0
+
+
 def main() -> None:
-    """The console script: the fast path, else the click app."""
+    """The console script: the fast paths, else the click app."""
     import time
 
     started = time.monotonic()
+    argv = sys.argv[1:]
     try:
-        if try_hit(sys.argv[1:], started):
+        if try_hit(argv, started):
             return
     except BrokenPipeError:
         raise
     except Exception:  # anything unexpected: the full command does it properly
         pass
+    code = switch(argv, started)
+    if code is not None:
+        sys.exit(code)
     from llmgw_store.cli.main import main as full
 
     full()

@@ -503,14 +503,16 @@ class Index:
 
 
 def _whoami() -> str:
-    import getpass
-    import socket
+    # getpass.getuser and socket.gethostname, without importing socket (an activation's hot path).
+    user = next((os.environ[v] for v in ("LOGNAME", "USER", "LNAME", "USERNAME") if os.environ.get(v)), None)
+    if user is None:
+        try:
+            import pwd
 
-    try:
-        user = getpass.getuser()
-    except (KeyError, OSError):
-        user = str(os.getuid())
-    return f"{user}@{socket.gethostname()} pid {os.getpid()}"
+            user = pwd.getpwuid(os.getuid()).pw_name
+        except (KeyError, OSError):
+            user = str(os.getuid())
+    return f"{user}@{os.uname().nodename} pid {os.getpid()}"
 
 
 def file_stamp(path: Path) -> str | None:
