@@ -219,3 +219,42 @@ def test_fast_parse_leaves_what_it_does_not_know_to_click():
         assert parse(argv) is None, argv
     assert absolute("/a/./b//c/") == str(Path("/a/./b//c/").absolute())
     assert absolute("x/../y") == str(Path("x/../y").absolute())
+
+
+def _run_traced(root: Path, *args: str) -> tuple[subprocess.CompletedProcess, bool]:
+    proc = subprocess.run([sys.executable, "-X", "importtime", *cli_cmd(root, *args)], capture_output=True, text=True,
+                          timeout=120)
+    loaded = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
+    proc.stderr = "\n".join(line for line in proc.stderr.splitlines() if not line.startswith("import time:"))
+    return proc, "click" in loaded
+
+
+def test_activate_and_rollback_run_without_click_and_say_what_click_says(root, recipe, index, uv_bin):
+    from click.testing import CliRunner
+
+    from llmgw_store.cli.main import cli
+
+    a, _ = hit(root, recipe, index, uv_bin)
+    b, _ = hit(root, recipe, index, uv_bin, "--as-of", "2024-06-02")
+    proc, clicked = _run_traced(root, "--json", "activate", "p", a["path"])
+    assert proc.returncode == 0 and not clicked
+    doc = json.loads(proc.stdout)
+    assert (doc["changed"], doc["generation"], doc["path"], doc["profile"]) == (True, 1, a["path"], "p")
+    proc, clicked = _run_traced(root, "activate", "p", b["path"], "--lock-timeout", "5")
+    assert proc.returncode == 0 and not clicked and proc.stdout == f"p: generation 2 -> {b['path']}\n"
+    proc, clicked = _run_traced(root, "rollback", "p")
+    assert proc.returncode == 0 and not clicked and proc.stdout == f"p: generation 2 -> 1 ({a['path']})\n"
+    assert os.path.realpath(root / "profiles" / "p") == a["path"]
+    # The same command through click prints the same.
+    same = CliRunner().invoke(cli, ["--root", str(root), "activate", "p", a["path"]])
+    proc, clicked = _run_traced(root, "activate", "p", a["path"])
+    assert not clicked and proc.stdout == same.stdout == f"p: already at generation 1 -> {a['path']}\n"
+    # Errors: one line and click's exit codes, still without click.
+    proc, clicked = _run_traced(root, "rollback", "p", "--to", "9")
+    assert proc.returncode == 2 and not clicked and proc.stderr.startswith("llmgw-store: error: ")
+    assert len(proc.stderr.strip().splitlines()) == 1
+    proc, clicked = _run_traced(root, "activate", "../p", a["path"])
+    assert proc.returncode == 2 and not clicked
+    # What the fast path does not take is click's: a bad --to is a usage error with click's text.
+    proc, clicked = _run_traced(root, "rollback", "p", "--to", "x")
+    assert proc.returncode == 2 and clicked and "is not a valid integer" in proc.stderr

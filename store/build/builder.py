@@ -211,7 +211,13 @@ def _plan(store: Store, recipe: Recipe, chosen: Build, options: BuildOptions) ->
     """Everything that decides the result, and the key and name that follow from it."""
     index_url = options.index_url.rstrip("/")
     uv = uvmod.resolve(store, options.uv, index_url)
-    version = options.version or chosen.fields.get("version") or _latest(store, recipe, index_url, options)
+    # A fresh store asks the index (the latest version, a publication time) and finds an
+    # interpreter: independent waits, so the index is asked in a thread meanwhile.
+    files = _prefetch(store, recipe, chosen, options, index_url)
+    interp = None
+    if files is not None and "{" not in chosen.fields["python"]:
+        interp = interpreters.find(store, uv, chosen.fields["python"], options.python_preference)
+    version = options.version or chosen.fields.get("version") or _latest(store, recipe, index_url, options, files)
     if not recipes.VERSION_RE.fullmatch(version):
         raise UsageError(f"{version!r} is not a version")
     fields = chosen.resolved(version)
@@ -220,8 +226,9 @@ def _plan(store: Store, recipe: Recipe, chosen: Build, options: BuildOptions) ->
     elif "as_of" in fields:
         as_of = fields["as_of"]
     else:
-        as_of = _published_plus_a_day(store, recipe, version, index_url)
-    interp = interpreters.find(store, uv, fields["python"], options.python_preference)
+        as_of = _published_plus_a_day(store, recipe, version, index_url, files)
+    if interp is None or fields["python"] != chosen.fields["python"]:
+        interp = interpreters.find(store, uv, fields["python"], options.python_preference)
     inputs = {
         "schema": SCHEMA_VERSION,
         "engine": recipe.name,
@@ -246,26 +253,54 @@ def _plan(store: Store, recipe: Recipe, chosen: Build, options: BuildOptions) ->
     )
 
 
-def _latest(store: Store, recipe: Recipe, index_url: str, options: BuildOptions) -> str:
+def _prefetch(store: Store, recipe: Recipe, chosen: Build, options: BuildOptions, index_url: str):
+    """The project's file list, asked in a thread (a Future), when planning will need it: the latest
+    version is not remembered, or the publication time of a known version is not. Else None.
+    The thread only reads the network; the index (one SQLite connection, this thread's) is written
+    by the caller once the answer is in."""
+    fixed = options.version or chosen.fields.get("version")
+    if fixed:
+        if (options.as_of is not None or "as_of" in chosen.fields or not recipes.VERSION_RE.fullmatch(fixed)
+                or store.index.published(index_url, recipe.pypi, fixed) is not None):
+            return None
+        say(f"asking {index_url} when {recipe.pypi} {fixed} was published")
+    else:
+        if store.index.latest(index_url, recipe.pypi, options.latest_ttl) is not None:
+            return None
+        say(f"asking {index_url} for the latest release of {recipe.pypi}")
+    from concurrent.futures import ThreadPoolExecutor
+
+    from llmgw_store.build import pypi
+
+    pool = ThreadPoolExecutor(max_workers=1)
+    try:
+        return pool.submit(pypi.project_files, index_url, recipe.pypi)
+    finally:
+        pool.shutdown(wait=False)
+
+
+def _latest(store: Store, recipe: Recipe, index_url: str, options: BuildOptions, prefetched=None) -> str:
     version = store.index.latest(index_url, recipe.pypi, options.latest_ttl)
     if version is None:
         from llmgw_store.build import pypi
 
-        say(f"asking {index_url} for the latest release of {recipe.pypi}")
-        files = pypi.project_files(index_url, recipe.pypi)
+        if prefetched is None:
+            say(f"asking {index_url} for the latest release of {recipe.pypi}")
+        files = prefetched.result() if prefetched is not None else pypi.project_files(index_url, recipe.pypi)
         version = pypi.latest_version(files, recipe.pypi)
         store.index.remember_latest(index_url, recipe.pypi, version)
         _remember_published(store, files, recipe.pypi, version, index_url)
     return version
 
 
-def _published_plus_a_day(store: Store, recipe: Recipe, version: str, index_url: str) -> str:
+def _published_plus_a_day(store: Store, recipe: Recipe, version: str, index_url: str, prefetched=None) -> str:
     published = store.index.published(index_url, recipe.pypi, version)
     if published is None:
         from llmgw_store.build import pypi
 
-        say(f"asking {index_url} when {recipe.pypi} {version} was published")
-        files = pypi.project_files(index_url, recipe.pypi)
+        if prefetched is None:
+            say(f"asking {index_url} when {recipe.pypi} {version} was published")
+        files = prefetched.result() if prefetched is not None else pypi.project_files(index_url, recipe.pypi)
         published = _remember_published(store, files, recipe.pypi, version, index_url)
     return format_time(parse_time(published) + ONE_DAY)
 

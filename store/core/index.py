@@ -270,6 +270,26 @@ class Index:
     def touch(self, name: str) -> None:
         self._sql("UPDATE paths SET last_used = ? WHERE name = ?", (now_iso(), name))
 
+    def note_uses(self, used: dict[str, float]) -> int:
+        """Move use times (name -> seconds since the epoch, from core/uses.py's stamps) into
+        last_used, keeping the later of the two, in one transaction. Returns the rows changed."""
+        changed = 0
+        try:
+            self.conn.execute("BEGIN IMMEDIATE")
+            try:
+                for name, when in used.items():
+                    iso = datetime.fromtimestamp(when, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+                    changed += self.conn.execute(
+                        "UPDATE paths SET last_used = ? WHERE name = ? AND (last_used IS NULL OR last_used < ?)",
+                        (iso, name, iso)).rowcount
+                self.conn.execute("COMMIT")
+            except BaseException:
+                self.conn.execute("ROLLBACK")
+                raise
+        except sqlite3.Error as exc:
+            raise self._error(exc, f"index {self.path}") from exc
+        return changed
+
     def register(self, row: dict[str, Any], build_id: int, seconds: float, references: list[str] = (),
                  outcome: str = "built") -> None:
         """Record a finished build: its path row, its references and its log entry, in one transaction."""

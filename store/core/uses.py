@@ -106,27 +106,14 @@ def collect(root: str) -> dict[str, float]:
 def fold(root: str, index) -> int:
     """Write the stamps under ROOT into `index` (a read-write core.index.Index): each path's
     last_used becomes the later of the index's and the stamp's. Returns how many rows changed."""
-    import sqlite3
-    from datetime import datetime, timezone
+    from llmgw_store.core.errors import StoreError
 
     found = collect(root)
     if not found:
         return 0
-    changed = 0
     try:
-        index.conn.execute("BEGIN IMMEDIATE")
-        try:
-            for name, when in found.items():
-                iso = datetime.fromtimestamp(when, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-                cur = index.conn.execute("UPDATE paths SET last_used = ? WHERE name = ? AND (last_used IS NULL "
-                                         "OR last_used < ?)", (iso, name, iso))
-                changed += cur.rowcount
-            index.conn.execute("COMMIT")
-        except BaseException:
-            index.conn.execute("ROLLBACK")
-            raise
-    except sqlite3.Error:
+        return index.note_uses(found)
+    except StoreError:
         # The index busy past its timeout: these uses are lost (a path may look older to gc than
         # it is), which is better than failing the command that opened the store.
         return 0
-    return changed
