@@ -3,13 +3,16 @@
 (a) cache hit: `llmgw-store build RECIPE` of a key already in the store, against a bare interpreter
     start (`python -c pass` with the same python), interleaved, N runs each; medians and ratio.
 (b) cold build: a fresh store building RECIPE, against the same uv commands run by hand (uv venv,
-    uv pip compile --generate-hashes --exclude-newer, uv pip install --require-hashes --no-deps) on
-    the same requirements. Both start from a copy of one warm uv cache and use the same uv binary, so
-    the ratio is llmgw-store's own cost, not the network's. Interleaved, R runs each; medians, ratio.
+    uv pip compile --generate-hashes --exclude-newer, uv pip install --require-hashes --no-deps
+    --link-mode copy --compile-bytecode) on the same requirements. Both start from a copy of one warm
+    uv cache, use the same uv binary and uv's default thread counts (bytecode is compiled on every
+    core on both sides), so the ratio is llmgw-store's own cost, not the network's. Interleaved, R
+    runs each; medians, ratio, and the median build's steps (the JSON's `steps`).
+Peak RSS: of each command and every descendant it waited for (wait4), the largest of the runs.
 
-    .venv/bin/python bench/bench_build.py [--recipe examples/black.toml] [--hits 30] [--colds 3]
+    .venv/bin/python bench/bench_build.py --out /tmp/bench [--recipe examples/black.toml] [--hits 30] [--colds 3]
 
-Needs PyPI (the recipe resolves there). Prints a table and writes bench/results/build.json.
+Needs PyPI (the recipe resolves there). Prints a table and writes OUT/build.json (never into the checkout).
 """
 
 from __future__ import annotations
@@ -27,8 +30,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
-from common import CLI, PY, timed  # noqa: E402
-
+from common import CLI, PY, measured  # noqa: E402
 
 
 def build(root: Path, recipe: Path, uv: Path, *extra: str) -> dict:
@@ -43,6 +45,7 @@ def main() -> None:
     ap.add_argument("--hits", type=int, default=30)
     ap.add_argument("--colds", type=int, default=3)
     ap.add_argument("--python-preference", default="only-system")
+    ap.add_argument("--out", type=Path, required=True, help="directory for build.json (outside the checkout)")
     args = ap.parse_args()
 
     from uv import find_uv_bin
@@ -61,10 +64,14 @@ def main() -> None:
         manifest = json.loads((Path(first["path"]) / ".llmgw" / "manifest.json").read_text())
 
         # (a) cache hit vs bare interpreter start, interleaved.
-        hit_t, bare_t = [], []
+        hit_t, bare_t, hit_rss, bare_rss = [], [], [], []
         for _ in range(args.hits):
-            bare_t.append(timed([str(PY), "-c", "pass"]))
-            hit_t.append(timed([str(CLI), "--root", str(warm), "build", str(args.recipe), "--uv", str(uv)]))
+            t, rss = measured([str(PY), "-c", "pass"])
+            bare_t.append(t)
+            bare_rss.append(rss)
+            t, rss = measured([str(CLI), "--root", str(warm), "build", str(args.recipe), "--uv", str(uv)])
+            hit_t.append(t)
+            hit_rss.append(rss)
         # The same hit as a library call in one process (no interpreter start, no click).
         sys.path.insert(0, str(REPO))
         from llmgw_store.build.builder import BuildOptions, build as lib_build
@@ -83,30 +90,38 @@ def main() -> None:
         index_url = manifest["index_url"]
         reqs = work / "requirements.in"
         reqs.write_text("".join(r + "\n" for r in manifest["requirements"]))
-        cold_t, raw_t = [], []
+        cold_t, raw_t, cold_rss, raw_rss, cold_steps = [], [], [], [], []
         for i in range(args.colds):
             root = work / f"cold{i}"
             (root / "cache").mkdir(parents=True)
             subprocess.run(["cp", "-al", str(warm / "cache" / "uv"), str(root / "cache" / "uv")], check=True)
+            out_file = work / f"cold{i}.json"
             t = time.perf_counter()
-            doc = build(root, args.recipe, uv)
+            with open(out_file, "w") as out:
+                proc = subprocess.Popen([str(CLI), "--root", str(root), "--json", "build", str(args.recipe), "--uv",
+                                         str(uv)], stdout=out, stderr=subprocess.DEVNULL)
+                _, status, usage = os.wait4(proc.pid, 0)
             cold_t.append(time.perf_counter() - t)
+            assert os.waitstatus_to_exitcode(status) == 0
+            cold_rss.append(usage.ru_maxrss)
+            doc = json.loads(out_file.read_text())
             assert doc["how"] == "built", doc
+            cold_steps.append((cold_t[-1], doc.get("steps", {})))
 
             raw = work / f"raw{i}"
             raw.mkdir()
             subprocess.run(["cp", "-al", str(warm / "cache" / "uv"), str(raw / "cache")], check=True)
             uv_env = clean_env(UV_NO_CONFIG="1", UV_CACHE_DIR=str(raw / "cache"), UV_PYTHON_DOWNLOADS="never")
             venv = raw / "env"
-            t = time.perf_counter()
-            subprocess.run([str(uv), "venv", "--relocatable", "--python", python, str(venv), "-q"], check=True, env=uv_env)
-            subprocess.run([str(uv), "pip", "compile", str(reqs), "-o", str(raw / "lock"), "--generate-hashes",
-                            "--exclude-newer", as_of, "--index-url", index_url, "--python", str(venv / "bin" / "python"),
-                            "--no-header", "-q"], check=True, env=uv_env)
-            subprocess.run([str(uv), "pip", "install", "--require-hashes", "--no-deps", "-r", str(raw / "lock"),
-                            "--index-url", index_url, "--python", str(venv / "bin" / "python"), "--link-mode",
-                            "hardlink", "--compile-bytecode", "-q"], check=True, env=uv_env)
-            raw_t.append(time.perf_counter() - t)
+            t0, r0 = measured([str(uv), "venv", "--relocatable", "--python", python, str(venv), "-q"], env=uv_env)
+            t1, r1 = measured([str(uv), "pip", "compile", str(reqs), "-o", str(raw / "lock"), "--generate-hashes",
+                               "--exclude-newer", as_of, "--index-url", index_url, "--python",
+                               str(venv / "bin" / "python"), "--no-header", "-q"], env=uv_env)
+            t2, r2 = measured([str(uv), "pip", "install", "--require-hashes", "--no-deps", "-r", str(raw / "lock"),
+                               "--index-url", index_url, "--python", str(venv / "bin" / "python"), "--link-mode",
+                               "copy", "--compile-bytecode", "-q"], env=uv_env)
+            raw_t.append(t0 + t1 + t2)
+            raw_rss.append(max(r0, r1, r2))
 
         med = statistics.median
         result = {
@@ -120,6 +135,9 @@ def main() -> None:
             "cold_build_s": round(med(cold_t), 3),
             "raw_uv_s": round(med(raw_t), 3),
             "cold_ratio": round(med(cold_t) / med(raw_t), 3),
+            "cold_steps_s": sorted(cold_steps, key=lambda x: x[0])[len(cold_steps) // 2][1],
+            "peak_rss_mb": {"hit": round(max(hit_rss) / 1024, 1), "bare_python": round(max(bare_rss) / 1024, 1),
+                            "cold_build": round(max(cold_rss) / 1024, 1), "raw_uv": round(max(raw_rss) / 1024, 1)},
             "runs": {"hits": args.hits, "colds": args.colds},
         }
         print(f"recipe {args.recipe.name}: environment {result['env_size_mb']} MB, {result['env_files']} files")
@@ -128,9 +146,13 @@ def main() -> None:
         print(f"    cache-hit build (library call, in process) {result['hit_library_ms']:.2f} ms")
         print(f"(b) cold build              {result['cold_build_s']:8.3f} s    raw uv by hand {result['raw_uv_s']:6.3f} s"
               f"    ratio {result['cold_ratio']:.3f} (goal <= 1.10)")
-        out = REPO / "bench" / "results"
-        out.mkdir(exist_ok=True)
-        (out / "build.json").write_text(json.dumps(result, indent=2) + "\n")
+        print(f"    cold build steps (median run): "
+              + ", ".join(f"{k} {v:.2f}s" for k, v in result["cold_steps_s"].items()))
+        rss = result["peak_rss_mb"]
+        print(f"peak RSS: hit {rss['hit']} MB (python -c pass {rss['bare_python']} MB), cold build {rss['cold_build']} MB "
+              f"(raw uv {rss['raw_uv']} MB)")
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "build.json").write_text(json.dumps(result, indent=2) + "\n")
     finally:
         subprocess.run(["chmod", "-R", "u+w", str(work)], check=False)
         shutil.rmtree(work, ignore_errors=True)

@@ -11,13 +11,24 @@ PY = Path(sys.executable)
 CLI = PY.with_name("llmgw-store")
 
 
-def timed(argv: list[str]) -> float:
+def timed(argv: list[str], **kw) -> float:
     """Wall seconds of one command, its output discarded."""
+    return measured(argv, **kw)[0]
+
+
+def measured(argv: list[str], env: dict | None = None) -> tuple[float, int]:
+    """(wall seconds, peak RSS in KiB of the command and every descendant it waited for)."""
+    import os
     import time
 
     t = time.perf_counter()
-    subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return time.perf_counter() - t
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - t
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        raise subprocess.CalledProcessError(proc.returncode, argv)
+    return wall, usage.ru_maxrss
 
 
 def clone_registered(root: Path, src_name: str, n: int) -> list[str]:

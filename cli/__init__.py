@@ -1,5 +1,24 @@
-"""The `llmgw-store` command: parses arguments, calls one library function, formats its result."""
+"""The `llmgw-store` command: parses arguments, calls one library function, formats its result.
 
-from .main import cli, main
+`main` is the console script: it tries the cache-hit fast path (fast.py, no click) and otherwise
+runs the click app. `cli` (the click group) is loaded on first use, so importing this package
+loads neither click nor the library.
+"""
+
+from __future__ import annotations
 
 __all__ = ["cli", "main"]
+
+
+def main() -> None:
+    from llmgw_store.cli.fast import main as run
+
+    run()
+
+
+def __getattr__(name: str) -> object:
+    if name == "cli":
+        from llmgw_store.cli.main import cli
+
+        return cli
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

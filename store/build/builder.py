@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -30,6 +30,7 @@ from llmgw_store.core.report import say
 PYPI_SIMPLE = defaults.PYPI_SIMPLE
 DEFAULT_TIMEOUT_S = 3600.0
 LATEST_TTL_S = 3600.0  # like Nix's tarball-ttl: "latest" is asked again at most once an hour
+MAX_RECIPE_BYTES = 1 << 20  # a larger recipe file is built, never memoised
 
 
 class Substituter(Protocol):
@@ -99,7 +100,8 @@ class BuildResult:
     uv: str
     python: str
     how: str  # "hit", "waited" (another process built it), "recovered" (re-registered), "substituted" or "built"
-    seconds: float
+    seconds: float  # the whole build, planning included: the same figure as the summary line
+    steps: dict[str, float] = field(default_factory=dict)  # seconds per step of a build that ran
 
     @property
     def cache_hit(self) -> bool:
@@ -119,40 +121,103 @@ def build(
     """Build the recipe into the store, or find it there. `substituter` (a binary cache, from the
     cache layer) is asked for the key under its lock before anything is built."""
     started = time.monotonic()
+    memo = _memo_key(recipe_file, options)
     recipe = recipes.load(recipe_file)
     if options.variant is None and len(recipe.builds) > 1:
         from llmgw_store.build import gpu
 
         chosen, why = gpu.choose(recipe, None, gpu.probe_host())
         say(f"chose build {chosen.variant!r}: {why}")
+        memo = None  # the choice follows the host's GPUs, which the memo key does not hold
     else:
         chosen = recipe.build_for(options.variant)
     if options.as_of is not None:
         past_time(options.as_of)  # a bad --as-of is a usage error before the store is touched
+    steps: dict[str, float] = {}
     with Store.open(root, options.lock_timeout) as store:
         plan = _plan(store, recipe, chosen, options)
+        steps["plan"] = round(time.monotonic() - started, 3)
         deadline = Deadline(plan)
         path, how = realise(
             store, plan.key, plan.name, plan.inputs, plan.meta,
-            lambda partial: make_env(store, plan, partial, deadline),
+            lambda partial: make_env(store, plan, partial, deadline, steps),
             verify=lambda tree: verify_env(store, plan, tree, deadline),
             lock_timeout=options.lock_timeout,
             check=lambda: check_requirements(plan),
             substitute=(lambda: substituter.substitute(store, plan.key, plan.name)) if substituter else None,
         )
         inputs = plan.inputs
-        return BuildResult(
+        seconds = round(time.monotonic() - started, 3)
+        if how == "built":
+            # One figure for the whole build, the same as the result's `seconds`; what make_env
+            # did not time is freezing, hashing, verifying and registering.
+            steps["hash, verify, register"] = round(max(0.0, seconds - sum(steps.values())), 3)
+            row = store.index.path_by_key(plan.key) or {}
+            say(f"built {plan.name} in {seconds:.1f}s ({row.get('size', 0) / 1e6:.1f} MB, {row.get('files', 0)} files; "
+                + ", ".join(f"{k} {v:.2f}s" for k, v in steps.items()) + ")")
+        result = BuildResult(
             path=path, name=plan.name, key=plan.key, engine=recipe.name, version=plan.version,
             variant=chosen.variant, as_of=inputs["as_of"], uv=inputs["uv"],
-            python=inputs["python"]["version"], how=how, seconds=round(time.monotonic() - started, 3),
+            python=inputs["python"]["version"], how=how, seconds=seconds, steps=steps,
         )
+        if memo is not None:
+            _remember(store, memo, result, plan, recipe, chosen, options)
+        return result
+
+
+def _memo_key(recipe_file: str | Path, options: BuildOptions) -> tuple[str, bytes] | None:
+    """(memo key, recipe bytes) for the build memo (core/buildmemo.py), or None when this build's
+    result cannot be told from the recipe and options alone (a non-default latest TTL)."""
+    from llmgw_store.core import buildmemo
+
+    if options.latest_ttl != LATEST_TTL_S:
+        return None
+    try:
+        with open(recipe_file, "rb") as f:
+            data = f.read(MAX_RECIPE_BYTES + 1)
+    except OSError:
+        return None  # recipes.load says why
+    if len(data) > MAX_RECIPE_BYTES:
+        return None
+    uv = None if options.uv is None else str(options.uv)
+    return buildmemo.memo_key(str(recipe_file), data, options.version, options.variant, options.as_of,
+                              options.index_url, uv, options.python_preference), data
+
+
+def _remember(store: Store, memo: tuple[str, bytes], result: BuildResult, plan: BuildPlan, recipe: Recipe,
+              chosen: Build, options: BuildOptions) -> None:
+    """Write the build memo entry that lets the next identical `build` answer before loading the CLI:
+    only if the recipe's bytes are still those the key was computed from."""
+    from llmgw_store.core import buildmemo
+
+    digest, data = memo
+    try:
+        with open(recipe.file, "rb") as f:
+            if f.read(MAX_RECIPE_BYTES + 1) != data:
+                return
+    except OSError:
+        return
+    expires = 0.0
+    if not options.version and not chosen.fields.get("version"):  # the version came from "latest"
+        fetched = store.index.latest_fetched(plan.index_url, recipe.pypi)
+        if fetched is None:
+            return
+        expires = fetched + options.latest_ttl
+    fields = {f: str(getattr(result, f)) for f in buildmemo.FIELDS}
+    buildmemo.write(str(store.layout.root), digest, fields, [str(plan.uv.path), plan.interpreter.path], expires)
 
 
 def _plan(store: Store, recipe: Recipe, chosen: Build, options: BuildOptions) -> BuildPlan:
     """Everything that decides the result, and the key and name that follow from it."""
     index_url = options.index_url.rstrip("/")
     uv = uvmod.resolve(store, options.uv, index_url)
-    version = options.version or chosen.fields.get("version") or _latest(store, recipe, index_url, options)
+    # A fresh store asks the index (the latest version, a publication time) and finds an
+    # interpreter: independent waits, so the index is asked in a thread meanwhile.
+    files = _prefetch(store, recipe, chosen, options, index_url)
+    interp = None
+    if files is not None and "{" not in chosen.fields["python"]:
+        interp = interpreters.find(store, uv, chosen.fields["python"], options.python_preference)
+    version = options.version or chosen.fields.get("version") or _latest(store, recipe, index_url, options, files)
     if not recipes.VERSION_RE.fullmatch(version):
         raise UsageError(f"{version!r} is not a version")
     fields = chosen.resolved(version)
@@ -161,8 +226,9 @@ def _plan(store: Store, recipe: Recipe, chosen: Build, options: BuildOptions) ->
     elif "as_of" in fields:
         as_of = fields["as_of"]
     else:
-        as_of = _published_plus_a_day(store, recipe, version, index_url)
-    interp = interpreters.find(store, uv, fields["python"], options.python_preference)
+        as_of = _published_plus_a_day(store, recipe, version, index_url, files)
+    if interp is None or fields["python"] != chosen.fields["python"]:
+        interp = interpreters.find(store, uv, fields["python"], options.python_preference)
     inputs = {
         "schema": SCHEMA_VERSION,
         "engine": recipe.name,
@@ -187,26 +253,54 @@ def _plan(store: Store, recipe: Recipe, chosen: Build, options: BuildOptions) ->
     )
 
 
-def _latest(store: Store, recipe: Recipe, index_url: str, options: BuildOptions) -> str:
+def _prefetch(store: Store, recipe: Recipe, chosen: Build, options: BuildOptions, index_url: str):
+    """The project's file list, asked in a thread (a Future), when planning will need it: the latest
+    version is not remembered, or the publication time of a known version is not. Else None.
+    The thread only reads the network; the index (one SQLite connection, this thread's) is written
+    by the caller once the answer is in."""
+    fixed = options.version or chosen.fields.get("version")
+    if fixed:
+        if (options.as_of is not None or "as_of" in chosen.fields or not recipes.VERSION_RE.fullmatch(fixed)
+                or store.index.published(index_url, recipe.pypi, fixed) is not None):
+            return None
+        say(f"asking {index_url} when {recipe.pypi} {fixed} was published")
+    else:
+        if store.index.latest(index_url, recipe.pypi, options.latest_ttl) is not None:
+            return None
+        say(f"asking {index_url} for the latest release of {recipe.pypi}")
+    from concurrent.futures import ThreadPoolExecutor
+
+    from llmgw_store.build import pypi
+
+    pool = ThreadPoolExecutor(max_workers=1)
+    try:
+        return pool.submit(pypi.project_files, index_url, recipe.pypi)
+    finally:
+        pool.shutdown(wait=False)
+
+
+def _latest(store: Store, recipe: Recipe, index_url: str, options: BuildOptions, prefetched=None) -> str:
     version = store.index.latest(index_url, recipe.pypi, options.latest_ttl)
     if version is None:
         from llmgw_store.build import pypi
 
-        say(f"asking {index_url} for the latest release of {recipe.pypi}")
-        files = pypi.project_files(index_url, recipe.pypi)
+        if prefetched is None:
+            say(f"asking {index_url} for the latest release of {recipe.pypi}")
+        files = prefetched.result() if prefetched is not None else pypi.project_files(index_url, recipe.pypi)
         version = pypi.latest_version(files, recipe.pypi)
         store.index.remember_latest(index_url, recipe.pypi, version)
         _remember_published(store, files, recipe.pypi, version, index_url)
     return version
 
 
-def _published_plus_a_day(store: Store, recipe: Recipe, version: str, index_url: str) -> str:
+def _published_plus_a_day(store: Store, recipe: Recipe, version: str, index_url: str, prefetched=None) -> str:
     published = store.index.published(index_url, recipe.pypi, version)
     if published is None:
         from llmgw_store.build import pypi
 
-        say(f"asking {index_url} when {recipe.pypi} {version} was published")
-        files = pypi.project_files(index_url, recipe.pypi)
+        if prefetched is None:
+            say(f"asking {index_url} when {recipe.pypi} {version} was published")
+        files = prefetched.result() if prefetched is not None else pypi.project_files(index_url, recipe.pypi)
         published = _remember_published(store, files, recipe.pypi, version, index_url)
     return format_time(parse_time(published) + ONE_DAY)
 
@@ -240,9 +334,18 @@ def check_requirements(plan: BuildPlan) -> list[str]:
     return out
 
 
-def make_env(store: Store, plan: BuildPlan, partial: Path, deadline: Deadline) -> dict[str, Any]:
-    """venv, resolve (or take `plan.lock_text` as it is, for a repair), install, check the binary."""
+def make_env(store: Store, plan: BuildPlan, partial: Path, deadline: Deadline,
+             steps: dict[str, float] | None = None) -> dict[str, Any]:
+    """venv, resolve (or take `plan.lock_text` as it is, for a repair), install, check the binary.
+    Each step's seconds go into `steps` (the build's result shows them)."""
     fields, uv, interp = plan.fields, plan.uv, plan.interpreter
+    steps = {} if steps is None else steps
+    mark = [time.monotonic()]
+
+    def step(name: str) -> None:
+        now = time.monotonic()
+        steps[name] = round(steps.get(name, 0.0) + now - mark[0], 3)
+        mark[0] = now
     requirements = check_requirements(plan)
     layout = store.layout
     remaining = deadline.remaining
@@ -271,8 +374,11 @@ def make_env(store: Store, plan: BuildPlan, partial: Path, deadline: Deadline) -
 
     say(f"creating the environment ({interp.implementation} {interp.version}, {interp.path})")
     uv_run(["venv", "--relocatable", "--allow-existing", "--python", interp.path, partial], "uv venv")
+    step("venv")
     debug.pause("BUILD_PAUSE")  # a .partial with a venv exists: concurrent builders meet here
+    mark[0] = time.monotonic()
     requirements = requirements + _fetch_extras(store, plan, partial)
+    step("fetch")
     extra_index = fields.get("extra_index")
     lock = meta_dir / ("pylock.toml" if extra_index else "requirements.lock")
     if extra_index:
@@ -298,6 +404,7 @@ def make_env(store: Store, plan: BuildPlan, partial: Path, deadline: Deadline) -
              "--index-url", plan.index_url, "--python", python, "--no-header", "--quiet"],
             "uv pip compile",
         )
+    step("resolve")
     lock_text = lock.read_text()
     pins = len(lockfiles.pins(lock_text, lock.name))
     say(f"installing {pins} pinned package(s) with --require-hashes --no-deps")
@@ -309,6 +416,7 @@ def make_env(store: Store, plan: BuildPlan, partial: Path, deadline: Deadline) -
          "--python", python, "--link-mode", "copy", "--quiet"],
         "uv pip install",
     )
+    step("install")
     say("compiling bytecode")
     pyc_cache = plan.pyc_cache or layout.pyc_cache
     # A repair's private cache gets a secret of its own, kept nowhere: nothing outside it is used.
@@ -316,6 +424,7 @@ def make_env(store: Store, plan: BuildPlan, partial: Path, deadline: Deadline) -
     compile_env = {**env, **debug.passed_on("COMPILE_PAUSE"), bytecode.SECRET_ENV: secret.hex()}
     modules, failed, reused = bytecode.compile_tree(python, partial, pyc_cache, lambda argv, what: uvmod.run(
         argv, what=what, env=compile_env, log_dir=layout.logs, cwd=layout.tmp, timeout=remaining(), show=say))
+    step("bytecode")
     say(f"{modules} module(s): {modules - reused - failed} compiled, {reused} from the bytecode cache"
              + (f", {failed} left as source (they do not compile)" if failed else ""))
     name = plan.inputs["binary"]

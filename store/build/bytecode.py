@@ -50,8 +50,7 @@ SECRET_ENV = "LLMGW_STORE_PYC_SECRET"
 SECRET_BYTES = 32
 
 SCRIPT = r"""
-import hashlib, hmac, importlib.util, multiprocessing, os, re, signal, stat, sys, py_compile
-from concurrent.futures import ProcessPoolExecutor
+import hashlib, hmac, importlib.util, os, re, signal, stat, sys, py_compile
 
 def die_with(parent):
     # Pool initializer: a worker dies with this script (PR_SET_PDEATHSIG, SIGKILL), even if the
@@ -210,13 +209,18 @@ def place(target, data):
     finally:
         os.close(dfd)
 
+CACHE = None
+
 def work(args):
     root, cache_dir, chunk = args
     pause = os.environ.get("LLMGW_STORE_DEBUG_COMPILE_PAUSE")  # a test hook, see debug.py
     if pause:
         import time
         time.sleep(float(pause))
-    cache = Cache(cache_dir)
+    global CACHE
+    if CACHE is None:
+        CACHE = Cache(cache_dir)  # one per process: its shard listings serve every chunk
+    cache = CACHE
     failed = reused = 0
     for n, src in enumerate(chunk, 1):
         if n %% PROGRESS_EVERY == 0:  # progress, read by the store (procs.Heartbeat)
@@ -249,14 +253,24 @@ def work(args):
 if __name__ == "__main__":
     root, lib, cache = sys.argv[1], sys.argv[2], sys.argv[3]
     files = sorted(os.path.join(d, f) for d, _, fs in os.walk(lib) for f in fs if f.endswith(".py"))
-    n = max(1, min(os.cpu_count() or 1, len(files) // 50 or 1))
+    n = max(1, min(len(os.sched_getaffinity(0)) or 1, len(files) // 50 or 1))
     print("llmgw-progress: total %%d modules" %% len(files), flush=True)
-    # fork, whatever the interpreter's default: the pool then forks every worker up front, from
-    # this main thread, before it starts a thread of its own; the main thread lives as long as
-    # the script, so the workers' PDEATHSIG fires when the script dies, not before.
-    with ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("fork"),
-                             initializer=die_with, initargs=(os.getpid(),)) as pool:
-        results = list(pool.map(work, [(root, cache, files[i::n]) for i in range(n)]))
+    if n == 1 and not os.environ.get("LLMGW_STORE_DEBUG_COMPILE_PAUSE"):
+        # A small tree: compiled here; a pool (multiprocessing's import, a fork) would cost more.
+        # (The pause hook is for tests of the pool's workers dying with the script: it keeps one.)
+        results = [work((root, cache, files))]
+    else:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        # fork, whatever the interpreter's default: the pool then forks every worker up front, from
+        # this main thread, before it starts a thread of its own; the main thread lives as long as
+        # the script, so the workers' PDEATHSIG fires when the script dies, not before.
+        with ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("fork"),
+                                 initializer=die_with, initargs=(os.getpid(),)) as pool:
+            # Several chunks per worker, so one that drew the slow modules does not finish alone.
+            size = max(25, len(files) // (n * 8))
+            results = list(pool.map(work, [(root, cache, files[i:i + size]) for i in range(0, len(files), size)]))
     print(len(files), sum(r[0] for r in results), sum(r[1] for r in results))
 """ % {"entry": ENTRY_RE.pattern, "temp": TEMP_PREFIX, "secret_env": SECRET_ENV}
 

@@ -28,12 +28,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
-from llmgw_store.core import locks, manifest
+from llmgw_store.core import locks, manifest, uses
 from llmgw_store.core.errors import IntegrityError
 from llmgw_store.core.fsutil import force_rmtree, freeze
 from llmgw_store.core.index import now_iso, row_from_manifest
 from llmgw_store.core.report import say
-from llmgw_store.core.units import human_size
 
 if TYPE_CHECKING:
     from llmgw_store.core.local_store import Store
@@ -64,7 +63,8 @@ def realise(
     final = layout.path_of(name)
     row = index.path_by_key(key)
     if row is not None and final.is_dir():
-        index.touch(name)
+        # A stamp, not an index write: no transaction and no WAL checkpoint on a hit (core/uses.py).
+        uses.touch_root(str(layout.root), name)
         return final, "hit"
     if check is not None:
         check()
@@ -119,7 +119,6 @@ def realise(
             # Renamed but not registered: garbage that the next build of this key (or gc) removes.
             index.fail_build(build_id, doc["build_seconds"], f"registration failed: {exc}")
             raise
-        say(f"built {name} in {doc['build_seconds']:.1f}s ({human_size(doc['size'])}, {doc['files']} entries)")
         return final, "built"
 
 

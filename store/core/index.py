@@ -270,6 +270,26 @@ class Index:
     def touch(self, name: str) -> None:
         self._sql("UPDATE paths SET last_used = ? WHERE name = ?", (now_iso(), name))
 
+    def note_uses(self, used: dict[str, float]) -> int:
+        """Move use times (name -> seconds since the epoch, from core/uses.py's stamps) into
+        last_used, keeping the later of the two, in one transaction. Returns the rows changed."""
+        changed = 0
+        try:
+            self.conn.execute("BEGIN IMMEDIATE")
+            try:
+                for name, when in used.items():
+                    iso = datetime.fromtimestamp(when, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+                    changed += self.conn.execute(
+                        "UPDATE paths SET last_used = ? WHERE name = ? AND (last_used IS NULL OR last_used < ?)",
+                        (iso, name, iso)).rowcount
+                self.conn.execute("COMMIT")
+            except BaseException:
+                self.conn.execute("ROLLBACK")
+                raise
+        except sqlite3.Error as exc:
+            raise self._error(exc, f"index {self.path}") from exc
+        return changed
+
     def register(self, row: dict[str, Any], build_id: int, seconds: float, references: list[str] = (),
                  outcome: str = "built") -> None:
         """Record a finished build: its path row, its references and its log entry, in one transaction."""
@@ -445,6 +465,11 @@ class Index:
             return row[0]
         return None
 
+    def latest_fetched(self, index_url: str, project: str) -> float | None:
+        """When the remembered latest version of `project` was asked (seconds since the epoch)."""
+        row = self._sql("SELECT fetched FROM latest WHERE index_url = ? AND project = ?", (index_url, project)).fetchone()
+        return float(row[0]) if row else None
+
     def remember_latest(self, index_url: str, project: str, version: str) -> None:
         self._sql("INSERT OR REPLACE INTO latest VALUES (?, ?, ?, ?)", (index_url, project, version, time.time()))
 
@@ -498,14 +523,16 @@ class Index:
 
 
 def _whoami() -> str:
-    import getpass
-    import socket
+    # getpass.getuser and socket.gethostname, without importing socket (an activation's hot path).
+    user = next((os.environ[v] for v in ("LOGNAME", "USER", "LNAME", "USERNAME") if os.environ.get(v)), None)
+    if user is None:
+        try:
+            import pwd
 
-    try:
-        user = getpass.getuser()
-    except (KeyError, OSError):
-        user = str(os.getuid())
-    return f"{user}@{socket.gethostname()} pid {os.getpid()}"
+            user = pwd.getpwuid(os.getuid()).pw_name
+        except (KeyError, OSError):
+            user = str(os.getuid())
+    return f"{user}@{os.uname().nodename} pid {os.getpid()}"
 
 
 def file_stamp(path: Path) -> str | None:

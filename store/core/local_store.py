@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from llmgw_store.core import manifest
+from llmgw_store.core import manifest, uses
 from llmgw_store.core.errors import NotFoundError
 from llmgw_store.core.index import BUSY_TIMEOUT_S, Index, row_from_manifest
 from llmgw_store.core.keys import is_store_name, key_of_name
@@ -39,7 +39,10 @@ class Store:
                                     "build something first, or pass the right --root")
             return cls(layout, Index(layout.db, layout.store, readonly=True))
         layout.ensure()
-        return cls(layout, Index(layout.db, layout.store, busy_timeout=lock_timeout))
+        index = Index(layout.db, layout.store, busy_timeout=lock_timeout)
+        # Uses recorded by cache hits as stamps (uses.py) enter last_used before anyone reads it.
+        uses.fold(str(layout.root), index)
+        return cls(layout, index)
 
     def close(self) -> None:
         self.index.close()

@@ -70,9 +70,7 @@ def _owner_text(path: Path, default: str) -> str:
 
 
 def _hostname() -> str:
-    import socket
-
-    return socket.gethostname()
+    return os.uname().nodename  # socket.gethostname()'s answer, without importing socket
 
 
 def _alive(pid: int) -> bool:

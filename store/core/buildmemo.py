@@ -1,0 +1,287 @@
+"""The build memo: what a cache-hit `build` needs, readable before the CLI framework loads.
+
+    ROOT/var/memo/<blake2b of the memo key>      one small text file per (recipe bytes, options)
+
+The memo key is everything a build's store key follows from that can be known without the index:
+the recipe's bytes and absolute path, every build option that enters the key (version, variant,
+as-of, index URL, --uv, python preference), this machine's platform facts and the key schema. The
+facts the key takes from the index (the uv version, the interpreter, the latest version, the
+publication time) are fixed by the files they were learnt from: the entry lists those files (the uv
+binary, the interpreter) with their inode, size and mtime, and is stale when one differs; a version
+that came from "latest" gives the entry an expiry (the latest memo's TTL). So an entry is a true
+statement "these inputs give this store path" until one of those changes, and the fast path
+(cli/fast.py) prints the path only if it is still in store/ with its manifest.
+
+The builder writes an entry after each successful build or hit (`write`); `read` is the fast path's.
+An entry is outside input to the reader: the file must be a regular file of the running user's,
+mode 0600, no larger than MAX_BYTES, in a var/ and memo/ that are the user's and closed to others,
+never reached through a link; every field is checked. Anything else is a miss, never an error.
+Writes are a new 0600 file renamed over the entry (atomic in one directory): a reader sees the old
+entry or the new one. Only os, stat and blake2b are imported: this module is on the hot path.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import sys
+
+try:  # hashlib would load OpenSSL first (5 ms here); blake2b is built in
+    from _blake2 import blake2b
+except ImportError:  # pragma: no cover - an interpreter built without it
+    from hashlib import blake2b
+
+# Must equal keys.SCHEMA_VERSION (tests/test_fastpath.py checks): a new key schema gives new memo
+# keys, so no entry written for the old one is ever read. Imported keys would load blake3 and json.
+KEY_SCHEMA = 1
+FORMAT = "llmgw-store build memo 1"
+MAX_BYTES = 16384
+MAX_DEPS = 8
+DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+# What the result document holds besides path, how, seconds and cache_hit (builder.BuildResult).
+FIELDS = ("name", "key", "engine", "version", "variant", "as_of", "uv", "python")
+NIX_BASE32 = frozenset("0123456789abcdfghijklmnpqrsvwxyz")
+NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._+!-")
+VALUE_MAX = 512
+
+
+def host_facts() -> str:
+    """The platform facts the key holds (host.platform_facts), from os alone."""
+    try:
+        libc = os.confstr("CS_GNU_LIBC_VERSION") or ""
+    except (ValueError, OSError):
+        libc = ""
+    return f"{sys.platform}|{os.uname().machine}|{libc}"
+
+
+def memo_key(recipe_path: str, recipe_bytes: bytes, version: str | None, variant: str | None, as_of: str | None,
+             index_url: str, uv: str | None, python_preference: str) -> str:
+    """The entry's file name: blake2b-256 over every input, each length-prefixed (no two collide)."""
+    h = blake2b(FORMAT.encode(), digest_size=32)
+    for part in (str(KEY_SCHEMA), host_facts(), os.path.abspath(recipe_path), blake2b(recipe_bytes).hexdigest(),
+                 version, variant, as_of, index_url.rstrip("/"), None if uv is None else os.path.abspath(uv),
+                 python_preference):
+        b = b"\xff" if part is None else part.encode("utf-8", "surrogateescape")
+        h.update(len(b).to_bytes(4, "big") + b)
+    return h.hexdigest()
+
+
+def file_stamp(path: str) -> str | None:
+    """index.file_stamp, repeated here without pathlib: inode, size and mtime."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return f"{st.st_ino}:{st.st_size}:{st.st_mtime_ns}"
+
+
+def is_store_name(name: str) -> bool:
+    """keys.is_store_name without `re`: `<32 base-32 characters>-<name characters>`, at most 200."""
+    return (34 <= len(name) <= 200 and name[32] == "-" and all(c in NIX_BASE32 for c in name[:32])
+            and all(c in NAME_CHARS for c in name[33:]))
+
+
+def private_dir(name: str, parent_fd: int, create: bool) -> int | None:
+    """A directory of the running user's that no other user may write, opened without following a link."""
+    if create:
+        try:
+            os.mkdir(name, 0o700, dir_fd=parent_fd)
+        except FileExistsError:
+            pass
+    try:
+        fd = os.open(name, DIR_FLAGS, dir_fd=parent_fd)
+    except OSError:
+        return None
+    st = os.fstat(fd)
+    if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        os.close(fd)
+        return None
+    return fd
+
+
+def open_var(root: str, create: bool = False) -> int | None:
+    """ROOT/var as a descriptor, if ROOT and var are as layout.ensure leaves them; else None."""
+    try:
+        root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(root_fd)
+        if st.st_uid not in (0, os.geteuid()) or st.st_mode & 0o022:
+            return None
+        return private_dir("var", root_fd, create)
+    finally:
+        os.close(root_fd)
+
+
+def read(root: str, digest: str) -> dict[str, str] | None:
+    """The entry `digest` under ROOT, checked, if it is still true: the files it lists unchanged, not
+    expired, its store path in store/ with a manifest. None for anything else."""
+    var_fd = open_var(root)
+    if var_fd is None:
+        return None
+    try:
+        memo_fd = private_dir("memo", var_fd, False)
+    finally:
+        os.close(var_fd)
+    if memo_fd is None:
+        return None
+    try:
+        fd = os.open(digest, FILE_FLAGS, dir_fd=memo_fd)
+    except OSError:
+        return None
+    finally:
+        os.close(memo_fd)
+    try:
+        st = os.fstat(fd)
+        if (not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077
+                or st.st_size > MAX_BYTES):
+            return None
+        data = os.read(fd, MAX_BYTES + 1)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    entry = parse(data)
+    if entry is None or not _still_true(root, entry):
+        return None
+    return entry
+
+
+def parse(data: bytes) -> dict[str, str] | None:
+    """The fields of an entry's bytes, or None when they are not exactly an entry."""
+    if len(data) > MAX_BYTES:
+        return None
+    try:
+        lines = data.decode("utf-8").split("\n")
+    except UnicodeDecodeError:
+        return None
+    if len(lines) > len(FIELDS) + MAX_DEPS + 4 or lines[0] != FORMAT or lines[-1] != "":
+        return None
+    entry: dict[str, str] = {}
+    deps: list[str] = []
+    for line in lines[1:-1]:
+        field, sep, value = line.partition("=")
+        if not sep or not value or len(value) > VALUE_MAX or not value.isprintable():
+            return None
+        if field == "dep":
+            deps.append(value)
+        elif field in FIELDS or field == "expires":
+            if field in entry:
+                return None
+            entry[field] = value
+        else:
+            return None
+    if set(entry) != set(FIELDS) | {"expires"} or len(deps) > MAX_DEPS:
+        return None
+    if not is_store_name(entry["name"]) or entry["key"] != entry["name"][:32]:
+        return None
+    try:
+        float(entry["expires"])
+    except ValueError:
+        return None
+    for dep in deps:
+        stamp, space, path = dep.partition(" ")
+        if not space or not stamp or not path.startswith("/"):
+            return None
+    entry["deps"] = "\n".join(deps)
+    return entry
+
+
+def _still_true(root: str, entry: dict[str, str]) -> bool:
+    import time
+
+    expires = float(entry["expires"])
+    if expires and time.time() >= expires:
+        return False
+    for dep in filter(None, entry["deps"].split("\n")):
+        stamp, _, path = dep.partition(" ")
+        if file_stamp(path) != stamp:
+            return False
+    return store_path_present(root, entry["name"])
+
+
+def store_path_present(root: str, name: str) -> bool:
+    """ROOT/store/<name> is a directory (not a link) holding its manifest: it was renamed into place
+    complete, and gc has not moved it out (gc renames a dead path to var/trash before deleting it)."""
+    try:
+        store_fd = os.open(os.path.join(root, "store"), DIR_FLAGS)
+    except OSError:
+        return False
+    try:
+        st = os.fstat(store_fd)
+        if st.st_uid not in (0, os.geteuid()) or st.st_mode & 0o022:
+            return False
+        if not stat.S_ISDIR(os.stat(name, dir_fd=store_fd, follow_symlinks=False).st_mode):
+            return False
+        return stat.S_ISREG(os.stat(f"{name}/.llmgw/manifest.json", dir_fd=store_fd, follow_symlinks=False).st_mode)
+    except OSError:
+        return False
+    finally:
+        os.close(store_fd)
+
+
+def write(root: str, digest: str, fields: dict[str, str], deps: list[str], expires: float = 0.0) -> bool:
+    """Record that the memo key `digest` gives the build result `fields`, while the files `deps` keep
+    their stamps and until `expires` (0: no expiry). Best effort: False when it could not be written
+    (the next hit then takes the slow path, which is still correct)."""
+    lines = [FORMAT]
+    lines += [f"{f}={fields[f]}" for f in FIELDS]
+    lines.append(f"expires={expires!r}")
+    for path in deps[:MAX_DEPS]:
+        stamp = file_stamp(path)
+        if stamp is None:
+            return False
+        lines.append(f"dep={stamp} {os.path.abspath(path)}")
+    data = ("\n".join(lines) + "\n").encode()
+    if parse(data) is None or len(digest) != 64 or not all(c in "0123456789abcdef" for c in digest):
+        return False  # a value with a newline, an unprintable character or too long: no entry
+    var_fd = open_var(root, create=False)
+    if var_fd is None:
+        return False
+    try:
+        memo_fd = private_dir("memo", var_fd, True)
+    finally:
+        os.close(var_fd)
+    if memo_fd is None:
+        return False
+    tmp = f".tmp-{os.getpid()}-{digest[:16]}"
+    try:
+        try:
+            os.unlink(tmp, dir_fd=memo_fd)
+        except FileNotFoundError:
+            pass
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=memo_fd)
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+        os.rename(tmp, digest, src_dir_fd=memo_fd, dst_dir_fd=memo_fd)
+        return True
+    except OSError:
+        try:
+            os.unlink(tmp, dir_fd=memo_fd)
+        except OSError:
+            pass
+        return False
+    finally:
+        os.close(memo_fd)
+
+
+def forget(root: str, digest: str) -> None:
+    """Remove an entry that is no longer true (best effort)."""
+    var_fd = open_var(root)
+    if var_fd is None:
+        return
+    try:
+        memo_fd = private_dir("memo", var_fd, False)
+        if memo_fd is not None:
+            try:
+                os.unlink(digest, dir_fd=memo_fd)
+            except OSError:
+                pass
+            finally:
+                os.close(memo_fd)
+    finally:
+        os.close(var_fd)
