@@ -522,8 +522,10 @@ def keygen(obj: Context, name: str, out_dir: str) -> None:
 @click.argument("paths", nargs=-1, required=True)
 @click.option("--to", "to", required=True, help="Cache URL: file:///dir or http(s)://host/prefix (PUT).")
 @click.option("--secret-key", required=True, envvar="LLMGW_STORE_SECRET_KEY", help="Signing key file (from keygen).")
+@click.option("--format", "format_", type=click.IntRange(1, 2), default=2, show_default=True,
+              help="Object format: 2 = files as shared blobs (delta pulls), 1 = one archive (older nodes).")
 @click.pass_obj
-def push(obj: Context, paths: tuple[str, ...], to: str, secret_key: str) -> None:
+def push(obj: Context, paths: tuple[str, ...], to: str, secret_key: str, format_: int) -> None:
     """Upload store PATHS and what they reference to a binary cache, signed.
 
     \b
@@ -532,7 +534,7 @@ def push(obj: Context, paths: tuple[str, ...], to: str, secret_key: str) -> None
     """
     from llmgw_store.api import push as do_push
 
-    r = do_push(list(paths), to, secret_key, root=obj.root)
+    r = do_push(list(paths), to, secret_key, root=obj.root, format=format_)
     obj.emit(r.to_json(), f"pushed {len(r.pushed)}, already there {len(r.already_there)}")
 
 

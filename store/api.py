@@ -51,12 +51,14 @@ def activate(profile: str, target: str | Path, options: BuildOptions | None = No
     return profiles.activate(profile, target, root=root, lock_timeout=lock_timeout)
 
 
-def push(targets: list[str], to: str, secret_key: str, *, root: str | Path | None = None) -> PushResult:
-    """Push store paths given as PROFILE, PROFILE@N, a store name, a key or a path."""
+def push(targets: list[str], to: str, secret_key: str, *, root: str | Path | None = None,
+         format: int = 2) -> PushResult:
+    """Push store paths given as PROFILE, PROFILE@N, a store name, a key or a path (object `format`
+    2: shared blobs; 1: one archive)."""
     from llmgw_store.cache.push import push as push_names
     from llmgw_store.core.local_store import Store
     from llmgw_store.roots.resolve import reference
 
     with Store.open(root) as store:
         names = [reference(store, t)["name"] for t in targets]
-    return push_names(names, to, secret_key, root=root)
+    return push_names(names, to, secret_key, root=root, format=format)
