@@ -605,7 +605,7 @@ def cache_gc(obj: Context, url: str, keep_from: tuple[str, ...], grace: str, dry
 
     r = do_cache_gc(url, list(keep_from), grace=grace, dry_run=dry_run)
     verb = "would delete" if r.dry_run else "deleted"
-    obj.emit(r.to_json(), "\n".join([*r.deleted_objects,
-                                     f"{verb} {len(r.deleted_objects)} object file(s), {r.deleted_blobs} blob(s), "
-                                     f"{r.freed_bytes / 1e6:.1f} MB; kept {r.kept_objects} object(s), {r.kept_blobs} "
-                                     f"blob(s) for {len(r.roots)} node(s)"]))
+    summary = (f"{verb} {len(r.deleted_objects)} object file(s), {r.deleted_blobs} blob(s), "
+               f"{r.freed_bytes / 1e6:.1f} MB; kept {r.kept_objects} object(s), {r.kept_blobs} blob(s) for "
+               f"{len(r.roots)} node(s)")
+    obj.emit(r.to_json(), "\n".join([*r.deleted_objects, summary]))

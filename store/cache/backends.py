@@ -321,7 +321,7 @@ class HttpBackend(_Backend):
         with self._open_url(url) as stream:
             if stream is None:
                 return []
-            declared, read = stream
+            _, read = stream
             while chunk := read(CHUNK):
                 buf.extend(chunk)
                 if len(buf) > limit:

@@ -194,9 +194,8 @@ def parse_plan(data: bytes, entries: list[Entry], label: str) -> list[Blob]:
     bytes, a blob's size is its members' sizes added up."""
     sizes: dict[str, int] = {}
     for e in entries:
-        if e.kind in "fx" and e.size:
-            if sizes.setdefault(e.digest, e.size) != e.size:
-                raise _refuse(label, "its listing gives one digest two sizes")
+        if e.kind in "fx" and e.size and sizes.setdefault(e.digest, e.size) != e.size:
+            raise _refuse(label, "its listing gives one digest two sizes")
     try:
         doc = json.loads(data)
     except ValueError:

@@ -92,12 +92,12 @@ def _compress_file(path: Path, digest: str, size: int, tmp: Path) -> Path | byte
         return zstandard.ZstdCompressor(level=ZSTD_LEVEL).compress(_read_verified(path, digest, size))
     h, count = blake3(max_threads=blake3.AUTO), 0
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    with os.fdopen(fd, "rb") as f, open(tmp, "wb") as raw:
-        with zstandard.ZstdCompressor(level=ZSTD_LEVEL, threads=-1).stream_writer(raw, size=size, closefd=False) as zw:
-            while chunk := f.read(1 << 22):
-                h.update(chunk)
-                count += len(chunk)
-                zw.write(chunk)
+    cctx = zstandard.ZstdCompressor(level=ZSTD_LEVEL, threads=-1)
+    with os.fdopen(fd, "rb") as f, open(tmp, "wb") as raw, cctx.stream_writer(raw, size=size, closefd=False) as zw:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+            count += len(chunk)
+            zw.write(chunk)
     if count != size or h.hexdigest() != digest:
         raise IntegrityError(f"{path}: differs from its store path's contents listing; run `llmgw-store verify "
                              "--repair` before pushing it")
