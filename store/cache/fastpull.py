@@ -337,8 +337,14 @@ def build_tree(backend, meta: MetaV2, store, tree: Path) -> tuple[dict[str, Any]
 
     with ThreadPoolExecutor(THREADS) as pool:
         # Largest first: a big file's stream starts at once and the small ones fill the other workers.
-        for f in [pool.submit(fetch, b) for b in sorted(needed, key=lambda b: -b.size)]:
-            f.result()
+        futures = [pool.submit(fetch, b) for b in sorted(needed, key=lambda b: -b.size)]
+        try:
+            for f in futures:
+                f.result()
+        except BaseException:
+            for f in futures:  # the first refusal ends the pull: nothing more is fetched
+                f.cancel()
+            raise
     stats.phases["fetch+inflate+write"] = time.monotonic() - t0
 
     # 5. links, modes, the structural check
