@@ -537,8 +537,10 @@ def keygen(obj: Context, name: str, out_dir: str) -> None:
 @click.argument("paths", nargs=-1, required=True)
 @click.option("--to", "to", required=True, help="Cache URL: file:///dir or http(s)://host/prefix (PUT).")
 @click.option("--secret-key", required=True, envvar="LLMGW_STORE_SECRET_KEY", help="Signing key file (from keygen).")
+@click.option("--format", "format_", type=click.IntRange(1, 2), default=2, show_default=True,
+              help="Object format: 2 = files as shared blobs (delta pulls), 1 = one archive (older nodes).")
 @click.pass_obj
-def push(obj: Context, paths: tuple[str, ...], to: str, secret_key: str) -> None:
+def push(obj: Context, paths: tuple[str, ...], to: str, secret_key: str, format_: int) -> None:
     """Upload store PATHS and what they reference to a binary cache, signed.
 
     \b
@@ -547,7 +549,7 @@ def push(obj: Context, paths: tuple[str, ...], to: str, secret_key: str) -> None
     """
     from llmgw_store.api import push as do_push
 
-    r = do_push(list(paths), to, secret_key, root=obj.root)
+    r = do_push(list(paths), to, secret_key, root=obj.root, format=format_)
     obj.emit(r.to_json(), f"pushed {len(r.pushed)}, already there {len(r.already_there)}")
 
 
@@ -572,3 +574,53 @@ def pull(obj: Context, target: str, from_: tuple[str, ...], trusted_keys: tuple[
 
 def main() -> None:
     cli(prog_name=PROG)
+
+
+@cli.command("push-roots")
+@click.option("--to", "to", required=True, help="Cache URL: file:///dir, http(s)://host/prefix or s3://bucket/prefix.")
+@click.option("--secret-key", required=True, envvar="LLMGW_STORE_NODE_SECRET_KEY",
+              help="This node's signing key file (from keygen); the cache gc trusts its .public with --keep-from.")
+@click.option("--node", help="The node's name in the cache (default: this host's short name).")
+@click.pass_obj
+def push_roots(obj: Context, to: str, secret_key: str, node: str | None) -> None:
+    """Publish the keys this node's roots hold (profiles, pins, paths in use) as a signed roots
+    document, which `cache gc` keeps.
+
+    \b
+    Example:
+      llmgw-store push-roots --to s3://llmgw-cache/prod --secret-key /etc/llmgw-store/node-7.secret
+    """
+    from llmgw_store.api import push_roots as do_push_roots
+
+    r = do_push_roots(to, secret_key, node=node, root=obj.root)
+    obj.emit(r.to_json(), f"{r.object}: {len(r.keys)} store path(s)")
+
+
+@cli.group()
+def cache() -> None:
+    """Binary-cache maintenance."""
+
+
+@cache.command("gc")
+@click.argument("url")
+@click.option("--keep-from", "keep_from", multiple=True, required=True,
+              help="Public key (name:base64 or a .public file) of a node whose roots document is honoured; repeatable.")
+@click.option("--grace", default="1d", show_default=True,
+              help="Keep whatever was written more recently than this (pushes not yet in a roots document).")
+@click.option("--dry-run", is_flag=True, help="List what would be deleted; delete nothing.")
+@click.pass_obj
+def cache_gc(obj: Context, url: str, keep_from: tuple[str, ...], grace: str, dry_run: bool) -> None:
+    """Delete the objects and blobs of the cache URL that no published roots document holds.
+
+    \b
+    Example:
+      llmgw-store cache gc s3://llmgw-cache/prod --keep-from /etc/llmgw-store/nodes/ --grace 7d --dry-run
+    """
+    from llmgw_store.api import cache_gc as do_cache_gc
+
+    r = do_cache_gc(url, list(keep_from), grace=grace, dry_run=dry_run)
+    verb = "would delete" if r.dry_run else "deleted"
+    summary = (f"{verb} {len(r.deleted_objects)} object file(s), {r.deleted_blobs} blob(s), "
+               f"{r.freed_bytes / 1e6:.1f} MB; kept {r.kept_objects} object(s), {r.kept_blobs} blob(s) for "
+               f"{len(r.roots)} node(s)")
+    obj.emit(r.to_json(), "\n".join([*r.deleted_objects, summary]))

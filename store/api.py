@@ -51,12 +51,37 @@ def activate(profile: str, target: str | Path, options: BuildOptions | None = No
     return profiles.activate(profile, target, root=root, lock_timeout=lock_timeout)
 
 
-def push(targets: list[str], to: str, secret_key: str, *, root: str | Path | None = None) -> PushResult:
-    """Push store paths given as PROFILE, PROFILE@N, a store name, a key or a path."""
+def push(targets: list[str], to: str, secret_key: str, *, root: str | Path | None = None,
+         format: int = 2) -> PushResult:
+    """Push store paths given as PROFILE, PROFILE@N, a store name, a key or a path (object `format`
+    2: shared blobs; 1: one archive)."""
     from llmgw_store.cache.push import push as push_names
     from llmgw_store.core.local_store import Store
     from llmgw_store.roots.resolve import reference
 
     with Store.open(root) as store:
         names = [reference(store, t)["name"] for t in targets]
-    return push_names(names, to, secret_key, root=root)
+    return push_names(names, to, secret_key, root=root, format=format)
+
+
+def push_roots(to: str, secret_key: str, *, node: str | None = None, root: str | Path | None = None):
+    """Publish this node's roots to the binary cache `to` (cache/cache_gc.py): the keys of every
+    store path its roots hold — profiles' generations, pins, paths in use or in flight, as the local
+    gc sees them (roots/gc.py) — and what those reference, signed with `secret_key`."""
+    from llmgw_store.cache.cache_gc import push_roots as publish
+    from llmgw_store.core.keys import key_of_name
+    from llmgw_store.core.local_store import Store
+    from llmgw_store.roots.gc import roots
+
+    with Store.open(root) as store:
+        held = {name for names in roots(store).values() for name in names}
+        names = store.index.closure(held)
+    return publish([k for k in (key_of_name(n) for n in names) if k], to, secret_key, node)
+
+
+def cache_gc(url: str, keep_from: list[str], *, grace: str = "1d", dry_run: bool = False):
+    """Delete what no published root holds from the binary cache `url` (cache/cache_gc.py)."""
+    from llmgw_store.cache.cache_gc import gc
+    from llmgw_store.core.units import parse_duration
+
+    return gc(url, keep_from, grace=parse_duration(grace), dry_run=dry_run)

@@ -1,7 +1,13 @@
-"""Where binary caches live: `file:///dir`, `http(s)://host/prefix` (GET to read, PUT to write) and
+"""Where binary caches live: `file:///dir`, `http(s)://host/prefix` (GET to read, PUT to write,
+DELETE and nginx-style `autoindex_format json` listings of `prefix/dir/` for cache gc) and
 `s3://bucket/prefix` (boto3, optional). Every backend has `get(name, max_bytes=)` (the object in
 memory), `download(name, dest, max_bytes=)` (into a new file; its sha256), both None when the
-object does not exist, and `put(name, src)`; a write is whole or absent for readers.
+object does not exist, `stream(name, write, max_bytes=)`, `size(name)` (None when absent),
+`put(name, src)`, `delete(name)` and `list(folder)` (Listed entries: name, size, mtime); a write is
+whole or absent for readers. Every backend may be used from several threads at once.
+
+Object names are flat (`<key>.json`) or one folder deep in the folders of FOLDERS
+(`blobs/<digest>`, `roots/<node>.json`, ...); anything else is refused before it reaches a path or URL.
 
 What a cache serves is hostile until checked: reads stream and stop as soon as an object passes
 `max_bytes` (a declared length past it is refused before the body is read), object names are
@@ -16,14 +22,25 @@ import hashlib
 import os
 import re
 import stat
+import threading
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Optional, Tuple
 
 from llmgw_store.core.errors import IntegrityError, NetworkError, UsageError
 
 CHUNK = 1 << 20
-OBJECT_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,254}")
+FOLDERS = ("blobs", "roots", "pending", "gc")
+OBJECT_NAME_RE = re.compile(r"(?:(?:blobs|roots|pending|gc)/)?[A-Za-z0-9][A-Za-z0-9._+-]{0,254}")
+MAX_LISTED = 10_000_000  # entries one listing may return: past it the cache is refused
+
+
+@dataclass(frozen=True)
+class Listed:
+    name: str  # the object's name, folder included
+    size: int
+    mtime: float  # seconds since the epoch, when it was last written
 
 # (declared length or None, read(n) -> at most n bytes, b"" at the end), or None when absent.
 Stream = Optional[Tuple[Optional[int], Callable[[int], bytes]]]
@@ -33,6 +50,22 @@ def _object_name(name: str) -> str:
     if not OBJECT_NAME_RE.fullmatch(name):
         raise UsageError(f"{name!r} is not a cache object name")
     return name
+
+
+def _folder(folder: str) -> str:
+    if folder not in ("",) + FOLDERS:
+        raise UsageError(f"{folder!r} is not a cache folder")
+    return folder
+
+
+def _listed(folder: str, name: object, size: object, mtime: object) -> Listed | None:
+    """A listing entry whose name is an object name of `folder` (others are left out)."""
+    if not isinstance(name, str) or not isinstance(size, int) or not isinstance(mtime, (int, float)):
+        return None
+    full = f"{folder}/{name}" if folder else name
+    if "/" in name or not OBJECT_NAME_RE.fullmatch(full):
+        return None
+    return Listed(full, size, float(mtime))
 
 
 def _too_big(where: str, max_bytes: int) -> IntegrityError:
@@ -65,6 +98,11 @@ class _Backend:
                 if max_bytes is not None and total > max_bytes:
                     raise _too_big(self.where(name), max_bytes)
                 write(chunk)
+
+    def stream(self, name: str, write: Callable[[bytes], object], *, max_bytes: int | None) -> int | None:
+        """The object's bytes handed to `write` as they arrive (at most max_bytes of them: past
+        that it is refused); its length, or None when absent."""
+        return self._copy(name, write, max_bytes)
 
     def get(self, name: str, *, max_bytes: int | None = None) -> bytes | None:
         buf = bytearray()
@@ -139,8 +177,11 @@ class FileBackend(_Backend):
             os.close(fd)
 
     def put(self, name: str, src: Path | bytes) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
-        tmp = self.root / f".{_object_name(name)}.{os.getpid()}.tmp"
+        _object_name(name)
+        folder, _, base = name.rpartition("/")
+        where = self.root / folder if folder else self.root
+        where.mkdir(parents=True, exist_ok=True)
+        tmp = where / f".{base}.{os.getpid()}.{threading.get_ident()}.tmp"
         if isinstance(src, bytes):
             tmp.write_bytes(src)
         else:
@@ -149,22 +190,63 @@ class FileBackend(_Backend):
             shutil.copyfile(src, tmp)
         os.replace(tmp, self.root / name)  # readers see the whole object or none
 
+    def size(self, name: str) -> int | None:
+        try:
+            st = os.lstat(self.root / _object_name(name))
+        except FileNotFoundError:
+            return None
+        return st.st_size if stat.S_ISREG(st.st_mode) else None
+
+    def delete(self, name: str) -> None:
+        try:
+            os.unlink(self.root / _object_name(name))  # unlink never follows a link
+        except FileNotFoundError:
+            pass
+
+    def list(self, folder: str = "") -> list[Listed]:
+        where = self.root / _folder(folder) if folder else self.root
+        out: list[Listed] = []
+        try:
+            with os.scandir(where) as it:
+                for e in it:
+                    st = e.stat(follow_symlinks=False)
+                    if stat.S_ISREG(st.st_mode) and not e.name.startswith("."):
+                        item = _listed(folder, e.name, st.st_size, st.st_mtime)
+                        if item is not None:
+                            out.append(item)
+                    if len(out) > MAX_LISTED:
+                        raise IntegrityError(f"{where}: lists more than {MAX_LISTED} objects; refusing it")
+        except FileNotFoundError:
+            pass
+        return out
+
 
 class HttpBackend(_Backend):
     def __init__(self, base: str):
         self.base = base.rstrip("/")
+        self._shared = None
+        self._lock = threading.Lock()
 
     def where(self, name: str) -> str:
         return f"{self.base}/{name}"
 
+    @contextmanager
     def _client(self):
+        """One connection pool for the backend's life (httpx clients are thread-safe): parallel
+        blob downloads reuse connections instead of opening one per object."""
         import httpx
 
-        # Bodies are taken raw (iter_raw), never inflated: httpx would inflate a gzip body a whole
-        # network chunk at a time, before the cap sees it (a gzip bomb). Archives are zstd already
-        # and metadata is small; a server that compresses anyway fails the digest or the parse.
-        return httpx.Client(timeout=300, follow_redirects=True,
-                            headers={"User-Agent": "llmgw-store", "Accept-Encoding": "identity"})
+        with self._lock:
+            if self._shared is None:
+                # Bodies are taken raw (iter_raw), never inflated: httpx would inflate a gzip body a
+                # whole network chunk at a time, before the cap sees it (a gzip bomb). Objects are
+                # zstd already and metadata is small; a server that compresses anyway fails the
+                # digest or the parse.
+                self._shared = httpx.Client(
+                    timeout=300, follow_redirects=True,
+                    limits=httpx.Limits(max_connections=32, max_keepalive_connections=32),
+                    headers={"User-Agent": "llmgw-store", "Accept-Encoding": "identity"})
+        yield self._shared
 
     @contextmanager
     def _open(self, name: str):
@@ -198,6 +280,85 @@ class HttpBackend(_Backend):
             raise NetworkError(f"PUT {url}: {exc}") from exc
         if r.status_code not in (200, 201, 204):
             raise NetworkError(f"PUT {url}: HTTP {r.status_code} (does the server accept writes?)")
+
+    def size(self, name: str) -> int | None:
+        import httpx
+
+        url = self.where(_object_name(name))
+        try:
+            with self._client() as c:
+                r = c.head(url)
+        except httpx.HTTPError as exc:
+            raise NetworkError(f"HEAD {url}: {exc}") from exc
+        if r.status_code == 404:
+            return None
+        if r.status_code != 200:
+            raise NetworkError(f"HEAD {url}: HTTP {r.status_code}")
+        length = r.headers.get("content-length", "")
+        return int(length) if length.isdigit() else 0
+
+    def delete(self, name: str) -> None:
+        import httpx
+
+        url = self.where(_object_name(name))
+        try:
+            with self._client() as c:
+                r = c.delete(url)
+        except httpx.HTTPError as exc:
+            raise NetworkError(f"DELETE {url}: {exc}") from exc
+        if r.status_code not in (200, 202, 204, 404):
+            raise NetworkError(f"DELETE {url}: HTTP {r.status_code} (does the server accept deletes?)")
+
+    def list(self, folder: str = "") -> list[Listed]:
+        """`GET <base>/<folder>/`, answered as nginx's `autoindex_format json` does: a JSON list of
+        {name, type, mtime (RFC 1123), size}. At most 64 MiB of it is read."""
+        import email.utils
+        import json
+
+        url = f"{self.base}/{_folder(folder)}/" if folder else f"{self.base}/"
+        limit = 64 << 20
+        buf = bytearray()
+        with self._open_url(url) as stream:
+            if stream is None:
+                return []
+            _, read = stream
+            while chunk := read(CHUNK):
+                buf.extend(chunk)
+                if len(buf) > limit:
+                    raise _too_big(url, limit)
+        try:
+            doc = json.loads(buf)
+        except ValueError:
+            raise IntegrityError(f"GET {url}: the listing is not JSON (autoindex_format json); refusing it") from None
+        if not isinstance(doc, list) or len(doc) > MAX_LISTED:
+            raise IntegrityError(f"GET {url}: the listing is not a JSON list; refusing it")
+        out = []
+        for e in doc:
+            if not isinstance(e, dict) or e.get("type") != "file" or not isinstance(e.get("mtime"), str):
+                continue
+            try:
+                mtime = email.utils.parsedate_to_datetime(e["mtime"]).timestamp()
+            except (TypeError, ValueError):
+                continue
+            item = _listed(folder, e.get("name"), e.get("size"), mtime)
+            if item is not None:
+                out.append(item)
+        return out
+
+    @contextmanager
+    def _open_url(self, url: str):
+        import httpx
+
+        try:
+            with self._client() as c, c.stream("GET", url) as r:
+                if r.status_code == 404:
+                    yield None
+                    return
+                if r.status_code != 200:
+                    raise NetworkError(f"GET {url}: HTTP {r.status_code}")
+                yield None, _reader(r.iter_raw())
+        except httpx.HTTPError as exc:
+            raise NetworkError(f"GET {url}: {exc}") from exc
 
 
 class S3Backend(_Backend):
@@ -255,6 +416,47 @@ class S3Backend(_Backend):
                 self.client.upload_file(str(src), self.bucket, self._key(_object_name(name)))
         except (ClientError, BotoCoreError) as exc:
             raise NetworkError(f"{self.where(name)}: {exc}") from exc
+
+    def size(self, name: str) -> int | None:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            resp = self.client.head_object(Bucket=self.bucket, Key=self._key(_object_name(name)))
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
+                return None
+            raise NetworkError(f"{self.where(name)}: {exc}") from exc
+        except BotoCoreError as exc:
+            raise NetworkError(f"{self.where(name)}: {exc}") from exc
+        length = resp.get("ContentLength")
+        return length if isinstance(length, int) else 0
+
+    def delete(self, name: str) -> None:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            self.client.delete_object(Bucket=self.bucket, Key=self._key(_object_name(name)))
+        except (ClientError, BotoCoreError) as exc:
+            raise NetworkError(f"{self.where(name)}: {exc}") from exc
+
+    def list(self, folder: str = "") -> list[Listed]:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        prefix = self._key(f"{_folder(folder)}/" if folder else "")
+        out: list[Listed] = []
+        try:
+            pages = self.client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.bucket, Prefix=prefix, Delimiter="/")
+            for page in pages:
+                for o in page.get("Contents", []):
+                    item = _listed(folder, o["Key"][len(prefix):], o.get("Size"), o["LastModified"].timestamp())
+                    if item is not None:
+                        out.append(item)
+                if len(out) > MAX_LISTED:
+                    raise IntegrityError(f"{self.where(prefix)}: lists more than {MAX_LISTED} objects; refusing it")
+        except (ClientError, BotoCoreError) as exc:
+            raise NetworkError(f"{self.where(prefix)}: {exc}") from exc
+        return out
 
 
 def backend_for(url: str):

@@ -32,6 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from llmgw_store.cache.backends import backend_for
+from llmgw_store.cache.fastpull import BlobRef, MetaV2, Stats, build_tree
+from llmgw_store.cache.objects import FORMAT, shape_v2
 from llmgw_store.cache.signing import METADATA_MAX_BYTES, check_signature, trusted_keys
 from llmgw_store.core import locks, manifest
 from llmgw_store.core.errors import IntegrityError, NotFoundError, StoreError, UsageError
@@ -127,14 +129,53 @@ def _bound(doc: dict[str, Any], key: str, name: str | None, signer: str, label: 
                 files=doc["files"], references=tuple(refs), signer=signer)
 
 
-def fetch_meta(backend, key: str, trusted: dict[str, bytes], name: str | None = None) -> Meta | None:
+def _bound_v2(doc: dict[str, Any], key: str, name: str | None, signer: str, label: str) -> MetaV2:
+    """`_bound` for a content-addressed (format 2) object: the same bindings, its blobs' digests."""
+    def refuse(problem: str) -> IntegrityError:
+        return IntegrityError(f"{label}: {problem}; refusing it")
+
+    if doc["key"] != key:
+        raise refuse("it is signed for another key")
+    if not is_store_name(doc["name"]) or key_of_name(doc["name"]) != key:
+        raise refuse("its signed name is not a store path name of that key")
+    if name is not None and doc["name"] != name:
+        raise refuse(f"it is signed for {doc['name']}, not {name}")
+    refs = doc["references"]
+    if len(refs) > MAX_REFERENCES or not all(is_store_name(r) for r in refs):
+        raise refuse(f"its references are not a list of at most {MAX_REFERENCES} store path names")
+    if not _HEX64.fullmatch(doc["content_hash"]):
+        raise refuse("its content hash is not 64 hex digits")
+    if not all(0 <= doc[f] <= MAX_BYTES for f in ("size", "files")):
+        raise refuse(f"its sizes are not between 0 and {MAX_BYTES}")
+    if doc["listing"]["size"] > manifest.CONTENTS_MAX or doc["manifest"]["size"] > manifest.MANIFEST_MAX \
+            or doc["plan"]["size"] > manifest.CONTENTS_MAX:
+        raise refuse("its listing, plan or manifest is larger than a store path's can be")
+
+    def ref(part: str, digest: str) -> BlobRef:
+        return BlobRef(digest, doc[part]["size"], doc[part]["csize"])
+
+    return MetaV2(key=key, name=doc["name"], content_hash=doc["content_hash"], size=doc["size"], files=doc["files"],
+                  references=tuple(refs), listing=ref("listing", doc["content_hash"]),
+                  plan=ref("plan", doc["plan"]["digest"]), manifest=ref("manifest", doc["manifest"]["digest"]),
+                  signer=signer)
+
+
+def fetch_meta(backend, key: str, trusted: dict[str, bytes], name: str | None = None) -> Meta | MetaV2 | None:
     """The checked metadata of `key` (and `name`, when asked by name) in `backend`; None when the
-    cache does not have it; IntegrityError when it has something that fails a check."""
+    cache does not have it; IntegrityError when it has something that fails a check. A `format`
+    field says a content-addressed object (2); without one it is a monolithic archive (v1)."""
     label = f"{key}.json"
     data = backend.get(label, max_bytes=METADATA_MAX_BYTES)
     if data is None:
         return None
-    doc = _shape(_parse(data, label), label)
+    doc = _parse(data, label)
+    if isinstance(doc, dict) and "format" in doc:
+        if doc["format"] != FORMAT or isinstance(doc["format"], bool):
+            raise IntegrityError(f"{label}: its object format {str(doc['format'])[:20]!r} is not one this "
+                                 f"llmgw-store reads (1 or {FORMAT}): upgrade llmgw-store on this node; refusing it")
+        shape_v2(doc, label)
+        return _bound_v2(doc, key, name, check_signature(doc, trusted, label), label)
+    doc = _shape(doc, label)
     return _bound(doc, key, name, check_signature(doc, trusted, label), label)
 
 
@@ -252,8 +293,10 @@ def _unpack(archive: Path, dest: Path, meta: Meta) -> None:
                     max_members=meta.files + UNPACK_EXTRA_MEMBERS, label=meta.archive)
 
 
-def fetch_into_store(store: Store, backend, meta: Meta) -> Path:
+def fetch_into_store(store: Store, backend, meta: Meta | MetaV2) -> Path:
     """Download, check and register one checked object. Caller holds the key's lock."""
+    if isinstance(meta, MetaV2):
+        return fetch_v2_into_store(store, backend, meta)[0]
     layout = store.layout
     final = layout.path_of(meta.name)
     scratch = layout.tmp / f"pull-{os.getpid()}-{meta.key}"
@@ -293,11 +336,48 @@ def fetch_into_store(store: Store, backend, meta: Meta) -> Path:
     return final
 
 
+def fetch_v2_into_store(store: Store, backend, meta: MetaV2) -> tuple[Path, Stats]:
+    """`fetch_into_store` of a content-addressed object (cache/fastpull.py). Caller holds the key's lock."""
+    layout = store.layout
+    final = layout.path_of(meta.name)
+    scratch = layout.tmp / f"pull-{os.getpid()}-{meta.key}"
+    build_id = store.index.start_build(meta.key, meta.name)
+    started = time.monotonic()
+    try:
+        force_rmtree(scratch)  # a dead process of the same pid left it; we hold the key's lock
+        scratch.mkdir(mode=0o700, parents=True)
+        tree = scratch / meta.name
+        tree.mkdir(mode=0o755)
+        doc, stats = build_tree(backend, meta, store, tree)
+        _check_relocatable(tree, meta.name)
+        os.rename(tree, final)  # atomic, same filesystem: complete or absent
+    except BaseException as exc:
+        store.index.fail_build(build_id, time.monotonic() - started, f"{type(exc).__name__}: {exc}")
+        raise
+    finally:
+        force_rmtree(scratch)
+    t0 = time.monotonic()
+    store.index.register(row_from_manifest(doc), build_id, round(time.monotonic() - started, 3),
+                         list(meta.references), outcome="substituted")
+    stats.phases["register"] = time.monotonic() - t0
+    seconds = time.monotonic() - started
+    say(f"substituted {meta.name} from the cache (signed by {meta.signer}) in {seconds:.1f}s: fetched "
+        f"{stats.bytes_fetched / 1e6:.1f} MB in {stats.blobs_fetched} blobs, reused {stats.bytes_reused / 1e6:.1f} MB "
+        "from store paths here")
+    say("time: " + ", ".join(f"{k} {v:.2f}s" for k, v in stats.phases.items()))
+    return final, stats
+
+
 @dataclass(frozen=True)
 class PullResult(Result):
     pulled: tuple[str, ...]
     already_present: tuple[str, ...]
     path: str  # the local store path of what was asked for
+    bytes_fetched: int = 0  # compressed bytes downloaded (v2 objects; a v1 object counts its archive)
+    bytes_reused: int = 0  # file bytes copied from store paths already on this node
+    files: int = 0
+    seconds: float = 0.0
+    phases: dict[str, float] | None = None
 
 
 def _local_path(store: Store, key: str) -> Path | None:
@@ -309,12 +389,14 @@ def _local_path(store: Store, key: str) -> Path | None:
 
 def pull(target: str, from_: list[str], trusted: list[str], *, root: str | Path | None = None,
          lock_timeout: float = locks.BUILD_LOCK_TIMEOUT_S) -> PullResult:
+    started = time.monotonic()
     backends = [backend_for(u) for u in from_]
     keys = trusted_keys(trusted)
     key, name = _target(target)
     # Every object of the closure is checked before the store is touched.
     objects = _closure(backends, key, name, keys)
     pulled, present = [], []
+    total = Stats()
     with Store.open(root, lock_timeout) as store:
         for backend, meta in objects:
             local = _local_path(store, meta.key)
@@ -324,11 +406,22 @@ def pull(target: str, from_: list[str], trusted: list[str], *, root: str | Path 
                 with locks.hold(store.layout.locks, meta.key, f"pulling {meta.name}", lock_timeout):
                     local = _local_path(store, meta.key)
                     if local is None:
-                        fetch_into_store(store, backend, meta)
+                        if isinstance(meta, MetaV2):
+                            _, stats = fetch_v2_into_store(store, backend, meta)
+                            total.bytes_fetched += stats.bytes_fetched
+                            total.bytes_reused += stats.bytes_reused
+                            total.files += stats.files
+                            for k, v in stats.phases.items():
+                                total.phases[k] = total.phases.get(k, 0.0) + round(v, 3)
+                        else:
+                            fetch_into_store(store, backend, meta)
+                            total.bytes_fetched += meta.archive_size
+                            total.files += meta.files
                         pulled.append(meta.name)
                         continue
             present.append(local.name)
-        return PullResult(tuple(pulled), tuple(present), str(_local_path(store, key)))
+        return PullResult(tuple(pulled), tuple(present), str(_local_path(store, key)), total.bytes_fetched,
+                          total.bytes_reused, total.files, round(time.monotonic() - started, 3), total.phases)
 
 
 class CacheSubstituter:

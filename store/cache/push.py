@@ -1,10 +1,24 @@
 """Push: store paths (and what they reference) into a binary cache, signed.
 
+Format 2 (the default; cache/objects.py): `<key>.json` signed metadata and `blobs/<digest>`, one
+zstd frame per large file or per pack of a package's small files, shared with every other object
+holding the same bytes: a blob the cache has already is not uploaded again. Format 1 (`format=1`):
+
     <key>.json       metadata: name, key inputs, content hash, sizes, compression, references,
                      the archive's sha256, and ed25519 signatures over all of that
     <key>.tar.zst    the store path as a tar stream, zstd-compressed
 
 The metadata is written last: an object without it does not exist for pullers.
+
+Racing a cache gc (cache/cache_gc.py) loses nothing. Push (1) writes `pending/<key>-<nonce>.json`
+naming every blob it will reference, (2) waits while any unexpired `gc/<nonce>.json` marker
+exists, (3) uploads the blobs the cache lacks, (4) writes the metadata, (5) removes its marker. A
+gc writes its marker before it reads anything and removes it after its last delete. So either
+push's step 2 ran before the gc's marker existed — then its pending marker existed before the gc
+read the pending markers, and the gc keeps its blobs — or it waits until that gc has deleted all it
+will, and then sees what is really there. Small blobs it writes again unconditionally (their new
+mtime is inside any grace period), and once the metadata is written the object is younger than
+the grace, which gc keeps with its blobs.
 """
 
 from __future__ import annotations
@@ -12,14 +26,16 @@ from __future__ import annotations
 import json
 import os
 import tarfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from llmgw_store.cache.backends import backend_for
 from llmgw_store.cache.signing import METADATA_MAX_BYTES, sign
 from llmgw_store.core import debug, locks
-from llmgw_store.core.errors import NotFoundError
+from llmgw_store.core.errors import IntegrityError, LockTimeout, NotFoundError, UsageError
 from llmgw_store.core.fsutil import sha256_of
 from llmgw_store.core.keys import canonical_json
 from llmgw_store.core.local_store import Store
@@ -28,6 +44,9 @@ from llmgw_store.core.results import Result
 from llmgw_store.core.temproots import TempRoots
 
 ZSTD_LEVEL = 3
+THREADS = 8
+BIG_IN_MEMORY = 16 << 20  # files up to this size are compressed in memory, larger ones into a temp file
+GC_WAIT_POLL = 0.5
 
 
 def _archive(tree: Path, name: str, out: Path) -> None:
@@ -44,14 +63,162 @@ class PushResult(Result):
     pushed: tuple[str, ...]
     already_there: tuple[str, ...]
     to: str
+    bytes_uploaded: int = 0  # compressed bytes written to the cache
+    bytes_shared: int = 0  # compressed bytes of blobs the cache had already
+    blobs_uploaded: int = 0
+    seconds: float = 0.0
+
+
+def _read_verified(path: Path, digest: str, size: int) -> bytes:
+    """The bytes of a store file (never through a link), checked against its listing's digest."""
+    from blake3 import blake3
+
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as f:
+        data = f.read(size + 1)
+    if len(data) != size or blake3(data).hexdigest() != digest:
+        raise IntegrityError(f"{path}: differs from its store path's contents listing; run `llmgw-store verify "
+                             "--repair` before pushing it")
+    return data
+
+
+def _compress_file(path: Path, digest: str, size: int, tmp: Path) -> Path | bytes:
+    """A large file as a zstd frame: in memory up to BIG_IN_MEMORY, else streamed into `tmp`
+    (multithreaded zstd), hashed on the way and checked against its digest."""
+    import zstandard
+    from blake3 import blake3
+
+    if size <= BIG_IN_MEMORY:
+        return zstandard.ZstdCompressor(level=ZSTD_LEVEL).compress(_read_verified(path, digest, size))
+    h, count = blake3(max_threads=blake3.AUTO), 0
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    cctx = zstandard.ZstdCompressor(level=ZSTD_LEVEL, threads=-1)
+    with os.fdopen(fd, "rb") as f, open(tmp, "wb") as raw, cctx.stream_writer(raw, size=size, closefd=False) as zw:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+            count += len(chunk)
+            zw.write(chunk)
+    if count != size or h.hexdigest() != digest:
+        raise IntegrityError(f"{path}: differs from its store path's contents listing; run `llmgw-store verify "
+                             "--repair` before pushing it")
+    return tmp
+
+
+def _wait_for_gc(backend, lock_timeout: float) -> None:
+    """Step 2 of the protocol above: until no unexpired gc marker is in the cache."""
+    deadline = time.monotonic() + lock_timeout
+    while True:
+        running = []
+        for item in backend.list("gc"):
+            data = backend.get(item.name, max_bytes=4096)
+            try:
+                expires = float(json.loads(data)["expires"]) if data else 0.0
+            except (ValueError, KeyError, TypeError):
+                expires = item.mtime + 3600
+            if expires > time.time():
+                running.append(item.name)
+        if not running:
+            return
+        if time.monotonic() > deadline:
+            raise LockTimeout(f"a cache gc is running on {backend.where(running[0])}; push again once it is done")
+        say(f"waiting for the cache gc ({running[0]}) to finish")
+        time.sleep(GC_WAIT_POLL)
+
+
+def _push_v2(store: Store, backend, row: dict, secret_key: str, lock_timeout: float) -> dict[str, int]:
+    """Upload one registered store path as a format-2 object; what it cost."""
+    import secrets
+    from concurrent.futures import ThreadPoolExecutor
+
+    import zstandard
+
+    from llmgw_store.cache.objects import FORMAT, Blob, blob_name, digest_of, make_plan, plan_bytes
+    from llmgw_store.core import manifest
+
+    name, key = row["name"], row["key"]
+    tree = store.layout.path_of(name)
+    listing = (tree / manifest.CONTENTS).read_bytes()
+    if digest_of(listing) != row["content_hash"]:
+        raise IntegrityError(f"{name}: its contents listing does not hash to its content hash; run "
+                             "`llmgw-store verify --repair` before pushing it")
+    entries = manifest.read_contents(tree)
+    manifest_bytes = (tree / manifest.MANIFEST).read_bytes()
+    blobs = make_plan(entries)
+    by_digest = {}
+    for e in entries:
+        if e.kind in "fx":
+            by_digest.setdefault(e.digest, e)
+    marker = f"pending/{key}-{os.getpid()}-{secrets.token_hex(4)}.json"
+    backend.put(marker, canonical_json({"key": key, "name": name, "time": time.time(),
+                                        "blobs": [b.digest for b in blobs]}))
+    cost = {"uploaded": 0, "shared": 0, "blobs": 0}
+    lock = threading.Lock()
+    try:
+        _wait_for_gc(backend, lock_timeout)
+        debug.pause("PUSH_BLOBS_PAUSE")
+        zc = zstandard.ZstdCompressor(level=ZSTD_LEVEL)
+
+        def upload(blob: Blob) -> Blob:
+            there = backend.size(blob_name(blob.digest))
+            if there is not None:
+                with lock:
+                    cost["shared"] += there
+                return Blob(blob.digest, blob.members, blob.size, there)
+            tmp = store.layout.tmp / f"push-{os.getpid()}-{threading.get_ident()}-{blob.digest[:16]}.zst"
+            try:
+                if blob.is_pack:
+                    parts = [_read_verified(tree / by_digest[m].path, m, by_digest[m].size) for m in blob.members]
+                    data = zstandard.ZstdCompressor(level=ZSTD_LEVEL).compress(b"".join(parts))
+                else:
+                    e = by_digest[blob.digest]
+                    data = _compress_file(tree / e.path, e.digest, e.size, tmp)
+                backend.put(blob_name(blob.digest), data)
+                csize = len(data) if isinstance(data, bytes) else data.stat().st_size
+            finally:
+                tmp.unlink(missing_ok=True)
+            with lock:
+                cost["uploaded"] += csize
+                cost["blobs"] += 1
+            return Blob(blob.digest, blob.members, blob.size, csize)
+
+        with ThreadPoolExecutor(THREADS) as pool:
+            done = list(pool.map(upload, sorted(blobs, key=lambda b: -b.size)))
+        done.sort(key=lambda b: b.digest)
+        plan = plan_bytes(done)
+
+        def small(data: bytes) -> dict[str, Any]:
+            packed = zc.compress(data)
+            d = digest_of(data)
+            backend.put(blob_name(d), packed)  # always written again: see the module docstring
+            cost["uploaded"] += len(packed)
+            return {"digest": d, "size": len(data), "csize": len(packed)}
+
+        listing_ref, plan_ref, manifest_ref = small(listing), small(plan), small(manifest_bytes)
+        meta = {
+            "format": FORMAT, "name": name, "key": key, "inputs": json.loads(row["inputs"]),
+            "content_hash": row["content_hash"], "size": row["size"], "files": row["files"],
+            "references": store.index.references(name),
+            "listing": {"size": listing_ref["size"], "csize": listing_ref["csize"]},
+            "plan": plan_ref, "manifest": manifest_ref,
+            "blobs_csize": sum(b.csize for b in done) + listing_ref["csize"] + plan_ref["csize"] + manifest_ref["csize"],
+        }
+        sign(meta, secret_key)
+        backend.put(f"{key}.json", canonical_json(meta))  # last: the object now exists
+    finally:
+        backend.delete(marker)
+    return cost
 
 
 def push(names: list[str], to: str, secret_key: str, *, root: str | Path | None = None,
-         lock_timeout: float = locks.LOCK_TIMEOUT_S) -> PushResult:
+         lock_timeout: float = locks.LOCK_TIMEOUT_S, format: int = 2) -> PushResult:
     """Push the registered store paths `names` and their references (recorded at registration),
     references first. (`llmgw_store.api.push` turns PROFILE, PROFILE@N, keys and paths into names.)"""
+    if format not in (1, 2):
+        raise UsageError(f"object format {format}: this llmgw-store writes 1 (one archive) or 2 (shared blobs)")
     backend = backend_for(to)
     pushed, skipped = [], []
+    total = {"uploaded": 0, "shared": 0, "blobs": 0}
+    t_start = time.monotonic()
     with Store.open(root, lock_timeout) as store:
         for name in store.index.closure(names):
             # A temp root of this process from here on: a gc running meanwhile cannot take the path
@@ -64,6 +231,15 @@ def push(names: list[str], to: str, secret_key: str, *, root: str | Path | None 
             key = row["key"]
             if backend.get(f"{key}.json", max_bytes=METADATA_MAX_BYTES) is not None:
                 skipped.append(name)
+                continue
+            if format == 2:
+                started = time.monotonic()
+                cost = _push_v2(store, backend, row, secret_key, lock_timeout)
+                for k in total:
+                    total[k] += cost[k]
+                say(f"pushed {name}: {cost['uploaded'] / 1e6:.1f} MB uploaded in {cost['blobs']} blobs, "
+                    f"{cost['shared'] / 1e6:.1f} MB the cache had already, in {time.monotonic() - started:.1f}s")
+                pushed.append(name)
                 continue
             tree = store.layout.path_of(name)
             tmp = store.layout.tmp / f"push-{os.getpid()}-{key}.tar.zst"
@@ -84,5 +260,7 @@ def push(names: list[str], to: str, secret_key: str, *, root: str | Path | None 
                 tmp.unlink(missing_ok=True)
             say(f"pushed {name} ({meta['archive_size'] / 1e6:.1f} MB compressed from {row['size'] / 1e6:.1f} MB "
                      f"in {time.monotonic() - started:.1f}s)")
+            total["uploaded"] += meta["archive_size"]
             pushed.append(name)
-    return PushResult(tuple(pushed), tuple(skipped), to)
+    return PushResult(tuple(pushed), tuple(skipped), to, total["uploaded"], total["shared"], total["blobs"],
+                      round(time.monotonic() - t_start, 3))

@@ -1,0 +1,233 @@
+"""Garbage collection of a binary cache by the roots its nodes publish.
+
+Each node publishes `roots/<node>.json` (`push_roots`): its name, the time, and the keys of every
+store path its roots hold (profiles' generations, pins, paths in use, closures included), signed
+with the node's key. `gc` keeps every object a trusted roots document names (and what those
+reference, by their metadata), every object younger than the grace period, and every blob such an
+object's plan holds; it deletes the other objects, then the blobs no kept object holds that are
+older than the grace period. Deleting an object's metadata comes before deleting its blobs, so a
+pull never finds metadata whose blobs were deleted by design.
+
+A roots document that is not signed by a key of `--keep-from`, is malformed, or is bound to another
+node name than its object name, stops the gc before anything is deleted: a gc that ignored a node's
+roots would delete what that node runs. A live object whose plan cannot be read stops it too.
+
+Racing a push loses nothing (the protocol is in cache/push.py): gc writes `gc/<nonce>.json` (with
+an expiry) before it lists anything and removes it after its last delete; a push's
+`pending/<key>-<nonce>.json` names the blobs it will reference and is honoured for PENDING_STALE.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import socket
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from llmgw_store.cache.backends import backend_for
+from llmgw_store.cache.fastpull import BlobRef, fetch_small
+from llmgw_store.cache.objects import HEX64
+from llmgw_store.cache.signing import METADATA_MAX_BYTES, check_signature, sign, trusted_keys
+from llmgw_store.core import debug
+from llmgw_store.core.errors import IntegrityError, UsageError
+from llmgw_store.core.keys import KEY_RE, canonical_json, key_of_name
+from llmgw_store.core.report import say
+from llmgw_store.core.results import Result
+
+NODE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
+ROOTS_FORMAT = "llmgw-roots-1"
+MAX_ROOT_KEYS = 100_000
+GC_MAX_SECONDS = 3600  # a gc marker expires after this: a killed gc does not block pushes forever
+PENDING_STALE = 24 * 3600  # a pending marker older than this is a push that died
+PENDING_MAX_BYTES = 64 << 20
+_OBJECT = re.compile(r"([0-9a-z]{32})\.(json|tar\.zst)")
+
+
+def check_node(name: str) -> str:
+    if not isinstance(name, str) or not NODE_RE.fullmatch(name):
+        raise UsageError(f"{str(name)[:80]!r} is not a node name: letters, digits, '.', '_', '-', at most 63")
+    return name
+
+
+@dataclass(frozen=True)
+class PushRootsResult(Result):
+    node: str
+    keys: tuple[str, ...]
+    to: str
+    object: str
+
+
+def push_roots(keys: list[str], to: str, secret_key: str, node: str | None = None) -> PushRootsResult:
+    """Publish the signed roots document of `node` (default: this host's name) holding `keys`."""
+    node = check_node(node or socket.gethostname().split(".")[0])
+    keys = sorted(set(keys))
+    if not all(KEY_RE.match(k) for k in keys):
+        raise UsageError("a roots document holds store keys only")
+    doc: dict[str, Any] = {"format": ROOTS_FORMAT, "node": node, "time": time.time(), "keys": keys}
+    sign(doc, secret_key)
+    name = f"roots/{node}.json"
+    backend_for(to).put(name, canonical_json(doc))
+    say(f"published the roots of {node}: {len(keys)} store path(s)")
+    return PushRootsResult(node, tuple(keys), to, name)
+
+
+def _read_roots(backend, item, trusted: dict[str, bytes]) -> tuple[str, list[str]]:
+    label = item.name
+    data = backend.get(item.name, max_bytes=METADATA_MAX_BYTES)
+    if data is None:
+        return "", []
+    try:
+        doc = json.loads(data)
+    except ValueError:
+        raise IntegrityError(f"{label}: not valid JSON; refusing it (gc stopped, nothing deleted)") from None
+    if not isinstance(doc, dict) or doc.get("format") != ROOTS_FORMAT or not isinstance(doc.get("keys"), list) \
+            or not isinstance(doc.get("node"), str):
+        raise IntegrityError(f"{label}: not a roots document; refusing it (gc stopped, nothing deleted)")
+    try:
+        check_signature(doc, trusted, label)
+    except IntegrityError as exc:
+        raise IntegrityError(f"{exc} (gc stopped, nothing deleted: trust the node's key with --keep-from, or "
+                             "remove the document of a retired node)") from None
+    if f"roots/{doc['node']}.json" != item.name:
+        raise IntegrityError(f"{label}: signed for node {doc['node'][:64]!r}; refusing it (gc stopped, nothing deleted)")
+    keys = doc["keys"]
+    if len(keys) > MAX_ROOT_KEYS or not all(isinstance(k, str) and KEY_RE.match(k) for k in keys):
+        raise IntegrityError(f"{label}: its keys are not store keys; refusing it (gc stopped, nothing deleted)")
+    return doc["node"], keys
+
+
+def _blobs_of(backend, key: str, doc: dict[str, Any]) -> set[str]:
+    """The blobs a format-2 object holds: its listing, plan and manifest, and every blob of its plan."""
+    label = f"{key}.json"
+    try:
+        listing = doc["content_hash"]
+        plan = doc["plan"]
+        held = {listing, plan["digest"], doc["manifest"]["digest"]}
+        data = fetch_small(backend, BlobRef(plan["digest"], plan["size"], plan["csize"]), label)
+        for b in json.loads(data)["blobs"]:
+            held.add(b["d"])
+    except (KeyError, TypeError, ValueError, IntegrityError) as exc:
+        raise IntegrityError(f"{label}: a kept object whose plan cannot be read ({exc}); gc stopped, nothing "
+                             "deleted: push it again, or delete its metadata") from None
+    if not all(isinstance(d, str) and HEX64.fullmatch(d) for d in held):
+        raise IntegrityError(f"{label}: a kept object whose plan names something other than blobs; gc stopped")
+    return held
+
+
+@dataclass(frozen=True)
+class CacheGcResult(Result):
+    dry_run: bool
+    deleted_objects: tuple[str, ...]  # <key>.json and <key>.tar.zst
+    deleted_blobs: int
+    freed_bytes: int
+    kept_objects: int
+    kept_blobs: int
+    roots: dict[str, int] = field(default_factory=dict)  # node -> keys its document holds
+    seconds: float = 0.0
+
+
+def gc(url: str, keep_from: list[str], *, grace: float, dry_run: bool = False) -> CacheGcResult:
+    started = time.monotonic()
+    now = time.time()
+    cutoff = now - grace
+    backend = backend_for(url)
+    values: list[str] = []
+    for v in keep_from:  # a directory stands for the .public files in it
+        values += sorted(str(p) for p in Path(v).glob("*.public")) if os.path.isdir(v) else [v]
+    trusted = trusted_keys(values)
+    if not trusted:
+        raise UsageError("cache gc needs the public keys of the nodes whose roots it keeps: --keep-from KEY")
+    marker = f"gc/{secrets.token_hex(8)}.json"
+    if not dry_run:
+        # From here until the marker is removed, a push waits before it trusts what the cache holds.
+        backend.put(marker, canonical_json({"time": now, "expires": now + GC_MAX_SECONDS}))
+    try:
+        top = backend.list("")
+        pending = backend.list("pending")
+        root_docs = backend.list("roots")
+        blobs = backend.list("blobs")
+        gc_markers = backend.list("gc")
+
+        roots: dict[str, int] = {}
+        live: set[str] = set()
+        for item in root_docs:
+            node, keys = _read_roots(backend, item, trusted)
+            if node:
+                roots[node] = len(keys)
+                live.update(keys)
+        objects: dict[str, list[Any]] = {}
+        for item in top:
+            m = _OBJECT.fullmatch(item.name)
+            if m:
+                objects.setdefault(m.group(1), []).append(item)
+        for key, items in objects.items():
+            if any(i.name.endswith(".json") and i.mtime > cutoff for i in items):
+                live.add(key)  # young: a push may not have published its roots yet
+        held: set[str] = set()
+        stale_markers = []
+        for item in pending:
+            if item.mtime < now - PENDING_STALE:
+                stale_markers.append(item)
+                continue
+            data = backend.get(item.name, max_bytes=PENDING_MAX_BYTES)
+            try:
+                doc = json.loads(data) if data else {}
+                held.update(d for d in doc.get("blobs", []) if isinstance(d, str) and HEX64.fullmatch(d))
+                if isinstance(doc.get("key"), str) and KEY_RE.match(doc["key"]):
+                    live.add(doc["key"])
+            except (ValueError, AttributeError):
+                continue
+        for item in gc_markers:
+            if item.name != marker and item.mtime < now - 2 * GC_MAX_SECONDS:
+                stale_markers.append(item)
+
+        # The closure of what is live, over the references the metadata declare.
+        todo, seen = list(live), set()
+        while todo:
+            key = todo.pop()
+            if key in seen:
+                continue
+            seen.add(key)
+            data = backend.get(f"{key}.json", max_bytes=METADATA_MAX_BYTES)
+            if data is None:
+                continue  # a root naming a key never pushed here holds nothing
+            try:
+                doc = json.loads(data)
+            except ValueError:
+                raise IntegrityError(f"{key}.json: a kept object that is not JSON; gc stopped, nothing deleted") \
+                    from None
+            refs = doc.get("references") if isinstance(doc, dict) else None
+            for r in refs if isinstance(refs, list) else []:
+                k = key_of_name(r) if isinstance(r, str) else None
+                if k:
+                    todo.append(k)
+            if isinstance(doc, dict) and doc.get("format") == 2:
+                held |= _blobs_of(backend, key, doc)
+        live = seen
+
+        doomed_objects = [i for key, items in objects.items() if key not in live for i in items if i.mtime <= cutoff]
+        doomed_blobs = [b for b in blobs if b.name[len("blobs/"):] not in held and b.mtime <= cutoff]
+        debug.pause("CACHE_GC_PAUSE")
+        freed = sum(i.size for i in doomed_objects) + sum(b.size for b in doomed_blobs)
+        verb = "would delete" if dry_run else "deleting"
+        say(f"{verb} {len(doomed_objects)} object file(s) and {len(doomed_blobs)} blob(s), {freed / 1e6:.1f} MB; "
+            f"keeping {len(live & objects.keys())} object(s) held by {len(roots)} node(s) or younger than the grace")
+        if not dry_run:
+            # Metadata before archives and blobs: an object is gone before any of its bytes are.
+            for item in sorted(doomed_objects, key=lambda i: not i.name.endswith(".json")):
+                backend.delete(item.name)
+            for b in doomed_blobs:
+                backend.delete(b.name)
+            for item in stale_markers:
+                backend.delete(item.name)
+        return CacheGcResult(dry_run, tuple(sorted(i.name for i in doomed_objects)), len(doomed_blobs), freed,
+                             len(live & objects.keys()), len(blobs) - len(doomed_blobs), roots,
+                             round(time.monotonic() - started, 3))
+    finally:
+        if not dry_run:
+            backend.delete(marker)

@@ -1,0 +1,383 @@
+"""Pull of a content-addressed (v2) object: only the blobs this node lacks, as one streaming pipeline.
+
+Order, for one checked object (cache/pull.py has checked its metadata: shape, signature, key):
+1. the listing blob (`blobs/<content_hash>`), read at most to its signed compressed size and
+   inflated at most to its signed size, must hash to the signed content hash; then every entry is
+   checked (cache/objects.py: paths inside the tree, nothing below a link, totals as signed);
+2. the plan and manifest blobs, each checked against its signed digest; the plan against the
+   listing (every file held once, packs bounded);
+3. the files this node already holds — any registered store path whose contents listing has the
+   digest — are copied (never linked: a store file stays the only name of its inode in another
+   path) and hashed while copied; a local copy that does not hash to its digest is dropped and
+   fetched instead;
+4. the blobs still needed are fetched in a thread pool: each is streamed (capped at its signed
+   compressed size), inflated by a zstd stream writer that hands out at most 1 MiB at a time
+   (so a bomb stops at the signed size with bounded memory), and written into the `.partial`
+   tree while blake3 hashes the same bytes; a file whose digest or size differs stops the pull
+   before anything is renamed (the partial tree is removed), and a pack is checked member by
+   member before any member is written;
+5. links are made last (so no file is ever written below a link the object makes), modes set
+   (files 0444 or 0555, directories 0555), and the finished tree is walked once without reading
+   file bytes: its entries, kinds, sizes and link targets must be exactly the listing's. Each
+   file's bytes were hashed as they were written, so the tree's content hash is the signed one.
+
+Memory: a pack (at most objects.PACK_MAX, in practice 4 MiB) per worker, and 1 MiB buffers.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from blake3 import blake3
+
+from llmgw_store.cache.objects import EMPTY, Blob, blob_name, digest_of, parse_listing, parse_plan
+from llmgw_store.core import manifest
+from llmgw_store.core.errors import IntegrityError
+from llmgw_store.core.manifest import MANIFEST_DIR, Entry
+from llmgw_store.core.report import say
+
+THREADS = 16  # downloads in flight; decoding and writing run in the same workers (zstd and blake3 drop the GIL)
+CHUNK = 1 << 20
+PROGRESS_EVERY = 1.0
+
+
+@dataclass(frozen=True)
+class BlobRef:
+    digest: str
+    size: int
+    csize: int
+
+
+@dataclass(frozen=True)
+class MetaV2:
+    """A v2 object's metadata after every check of cache/pull.py: signed by `signer`, for `key`."""
+
+    key: str
+    name: str
+    content_hash: str
+    size: int
+    files: int
+    references: tuple[str, ...]
+    listing: BlobRef
+    plan: BlobRef
+    manifest: BlobRef
+    signer: str
+
+
+@dataclass
+class Stats:
+    bytes_fetched: int = 0  # compressed bytes downloaded
+    bytes_reused: int = 0  # file bytes copied from store paths already here
+    bytes_written: int = 0  # file bytes written from downloaded blobs
+    blobs_fetched: int = 0
+    files: int = 0
+    phases: dict[str, float] = field(default_factory=dict)
+
+
+class _Progress:
+    """At most one line a second: bytes and files done, rate, ETA."""
+
+    def __init__(self, name: str, total_bytes: int, total_files: int):
+        self.name, self.total, self.total_files = name, total_bytes, total_files
+        self.done = self.files = 0
+        self.started = self.last = time.monotonic()
+        self.lock = threading.Lock()
+
+    def add(self, nbytes: int, nfiles: int = 0) -> None:
+        with self.lock:
+            self.done += nbytes
+            self.files += nfiles
+            now = time.monotonic()
+            if now - self.last < PROGRESS_EVERY:
+                return
+            self.last = now
+            rate = self.done / max(now - self.started, 1e-6)
+            eta = (self.total - self.done) / rate if rate > 0 else 0
+            say(f"pulling {self.name}: {self.done / 1e6:.1f}/{self.total / 1e6:.1f} MB, {self.files}/{self.total_files} "
+                f"files, {rate / 1e6:.1f} MB/s, ETA {eta:.0f}s")
+
+
+def _inflate(backend, ref: BlobRef, out: Callable[[bytes], None], label: str) -> int:
+    """Stream blobs/<digest> through zstd into `out`, at most ref.csize bytes in and ref.size out;
+    the number of compressed bytes read. IntegrityError when absent, oversized or not zstd."""
+    import zstandard
+
+    produced = 0
+
+    class _Sink:
+        def write(self, data: bytes) -> int:
+            nonlocal produced
+            produced += len(data)
+            if produced > ref.size:
+                raise IntegrityError(f"{label}: blob {ref.digest[:16]}… inflates past its signed size "
+                                     f"({ref.size} bytes); refusing it")
+            out(data)
+            return len(data)
+
+    try:
+        with zstandard.ZstdDecompressor().stream_writer(_Sink(), write_size=CHUNK, closefd=False) as w:
+            n = backend.stream(blob_name(ref.digest), w.write, max_bytes=ref.csize)
+    except zstandard.ZstdError as exc:
+        raise IntegrityError(f"{label}: blob {ref.digest[:16]}… is not a zstd stream ({exc}); refusing it") from None
+    if n is None:
+        raise IntegrityError(f"{label}: the cache lacks blob {ref.digest}; refusing the object (push it again)")
+    if produced != ref.size:
+        raise IntegrityError(f"{label}: blob {ref.digest[:16]}… holds {produced} bytes, not the {ref.size} signed; "
+                             "refusing it")
+    return n
+
+
+def fetch_small(backend, ref: BlobRef, label: str) -> bytes:
+    """A small blob (listing, plan, manifest) in memory, checked against its signed digest."""
+    buf = bytearray()
+    _inflate(backend, ref, buf.extend, label)
+    if digest_of(bytes(buf)) != ref.digest:
+        raise IntegrityError(f"{label}: blob {ref.digest[:16]}… does not hash to its signed digest; refusing it")
+    return bytes(buf)
+
+
+class _Writer:
+    """Creates the files of one digest in the partial tree (all its paths at once), hashing the
+    bytes as they are written; `close` checks digest and size and sets the final mode."""
+
+    def __init__(self, tree: Path, targets: list[Entry], digest: str, size: int, label: str):
+        self.digest, self.size, self.label = digest, size, label
+        self.h = blake3()
+        self.count = 0
+        self.fds: list[tuple[int, Entry]] = []
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        for e in targets:
+            self.fds.append((os.open(tree / e.path, flags, 0o600), e))
+
+    def write(self, data: bytes | memoryview) -> None:
+        self.count += len(data)
+        if self.count > self.size:
+            raise IntegrityError(f"{self.label}: a blob holds more bytes than its file's signed size; refusing it")
+        self.h.update(data)
+        for fd, _ in self.fds:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+
+    def close(self, check: bool = True) -> None:
+        try:
+            if check and (self.count != self.size or self.h.hexdigest() != self.digest):
+                raise IntegrityError(f"{self.label}: a blob's bytes do not hash to the signed digest "
+                                     f"{self.digest[:16]}…; refusing it")
+            for fd, e in self.fds:
+                os.fchmod(fd, 0o555 if e.kind == "x" else 0o444)
+        finally:
+            for fd, _ in self.fds:
+                os.close(fd)
+            self.fds = []
+
+    def discard(self, tree: Path) -> None:
+        targets = [e for _, e in self.fds]
+        self.close(check=False)
+        for e in targets:
+            os.unlink(tree / e.path)
+
+
+def local_sources(store, wanted: set[str]) -> dict[str, Path]:
+    """digest -> a file of a registered store path here with that digest (by its contents listing;
+    the bytes are checked when copied)."""
+    found: dict[str, Path] = {}
+    for row in store.index.paths():
+        if len(found) == len(wanted):
+            break
+        env = store.layout.path_of(row["name"])
+        try:
+            entries = manifest.read_contents(env)
+        except (OSError, ValueError):
+            continue
+        for e in entries:
+            if e.kind in "fx" and e.digest in wanted and e.digest not in found:
+                found[e.digest] = env / e.path
+    return found
+
+
+def _copy_local(src: Path, w: _Writer) -> bool:
+    """Copy `src` into the writer; False (nothing kept) when it is not a regular file or its bytes
+    are not the digest's."""
+    try:
+        fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
+        while chunk := os.read(fd, CHUNK):
+            if w.count + len(chunk) > w.size:
+                return False
+            w.write(chunk)
+        return w.count == w.size and w.h.hexdigest() == w.digest
+    finally:
+        os.close(fd)
+
+
+def _structure(tree: Path) -> list[tuple[str, str, int, str]]:
+    """(path, kind, size, link target) of every entry below `tree`, .llmgw's files left out, sorted."""
+    out = []
+    for dirpath, dirnames, filenames in os.walk(tree):
+        rel_dir = os.path.relpath(dirpath, tree)
+        for n in dirnames + filenames:
+            rel = n if rel_dir == "." else f"{rel_dir}/{n}"
+            if rel in (manifest.MANIFEST, manifest.CONTENTS):
+                continue
+            st = os.lstat(os.path.join(dirpath, n))
+            if stat.S_ISLNK(st.st_mode):
+                out.append((rel, "l", 0, os.readlink(os.path.join(dirpath, n))))
+            elif stat.S_ISDIR(st.st_mode):
+                out.append((rel, "d", 0, ""))
+            elif stat.S_ISREG(st.st_mode):
+                out.append((rel, "x" if st.st_mode & stat.S_IXUSR else "f", st.st_size, ""))
+            else:
+                out.append((rel, "o", 0, ""))
+        dirnames[:] = [d for d in dirnames if not os.path.islink(os.path.join(dirpath, d))]
+    return sorted(out)
+
+
+def build_tree(backend, meta: MetaV2, store, tree: Path) -> tuple[dict[str, Any], Stats]:
+    """Fill the new directory `tree` with the object's files (steps 1-5 above); its manifest."""
+    label = f"{meta.key}.json"
+    stats = Stats()
+    t0 = time.monotonic()
+    listing = fetch_small(backend, meta.listing, label)
+    if listing and digest_of(listing) != meta.content_hash:
+        raise IntegrityError(f"{label}: its listing does not hash to the signed content hash; refusing it")
+    entries = parse_listing(listing, meta.size, meta.files, label)
+    blobs = parse_plan(fetch_small(backend, meta.plan, label), entries, label)
+    manifest_bytes = fetch_small(backend, meta.manifest, label)
+    stats.bytes_fetched += meta.listing.csize + meta.plan.csize + meta.manifest.csize
+    stats.phases["metadata"] = time.monotonic() - t0
+
+    t0 = time.monotonic()
+    targets: dict[str, list[Entry]] = {}
+    for e in entries:
+        if e.kind == "d":
+            os.mkdir(tree / e.path, 0o755)
+        elif e.kind in "fx":
+            targets.setdefault(e.digest, []).append(e)
+    for e in targets.pop(EMPTY, []):  # an empty file needs no blob
+        _Writer(tree, [e], EMPTY, 0, label).close()
+    sizes = {d: es[0].size for d, es in targets.items()}
+    progress = _Progress(meta.name, meta.size, len(entries))
+    stats.phases["mkdir"] = time.monotonic() - t0
+
+    # 3. what this node holds already
+    t0 = time.monotonic()
+    sources = local_sources(store, set(targets))
+    stats.phases["local-scan"] = time.monotonic() - t0
+    t0 = time.monotonic()
+    have: set[str] = set()
+    lock = threading.Lock()
+
+    def copy(digest: str) -> None:
+        w = _Writer(tree, targets[digest], digest, sizes[digest], label)
+        if _copy_local(sources[digest], w):
+            w.close()
+            with lock:
+                have.add(digest)
+                stats.bytes_reused += w.size * len(targets[digest])
+            progress.add(w.size, len(targets[digest]))
+        else:
+            w.discard(tree)
+
+    with ThreadPoolExecutor(THREADS) as pool:
+        list(pool.map(copy, sources))
+    stats.phases["local-copy"] = time.monotonic() - t0
+
+    # 4. the blobs still needed
+    t0 = time.monotonic()
+    needed = [b for b in blobs if not all(m in have for m in b.members)]
+
+    def fetch(blob: Blob) -> None:
+        ref = BlobRef(blob.digest, blob.size, blob.csize)
+        if not blob.is_pack:
+            w = _Writer(tree, targets[blob.digest], blob.digest, blob.size, label)
+            try:
+                n = _inflate(backend, ref, lambda data: (w.write(data), progress.add(len(data))), label)
+                w.close()
+            except BaseException:
+                w.close(check=False)
+                raise
+            written = blob.size * len(targets[blob.digest])
+            nfiles = len(targets[blob.digest])
+        else:
+            buf = bytearray()
+            n = _inflate(backend, ref, buf.extend, label)
+            view, at, written, nfiles = memoryview(buf), 0, 0, 0
+            for m in blob.members:
+                part = view[at:at + sizes[m]]
+                at += sizes[m]
+                if m in have:
+                    continue
+                if blake3(part).hexdigest() != m:
+                    raise IntegrityError(f"{label}: pack {blob.digest[:16]}… holds a member that does not hash to "
+                                         f"its signed digest {m[:16]}…; refusing it")
+                w = _Writer(tree, targets[m], m, sizes[m], label)
+                w.write(part)
+                w.close()
+                written += sizes[m] * len(targets[m])
+                nfiles += len(targets[m])
+            progress.add(written)
+        progress.add(0, nfiles)
+        with lock:
+            stats.bytes_fetched += n
+            stats.bytes_written += written
+            stats.blobs_fetched += 1
+
+    with ThreadPoolExecutor(THREADS) as pool:
+        # Largest first: a big file's stream starts at once and the small ones fill the other workers.
+        futures = [pool.submit(fetch, b) for b in sorted(needed, key=lambda b: -b.size)]
+        try:
+            for f in futures:
+                f.result()
+        except BaseException:
+            for f in futures:  # the first refusal ends the pull: nothing more is fetched
+                f.cancel()
+            raise
+    stats.phases["fetch+inflate+write"] = time.monotonic() - t0
+
+    # 5. links, modes, the structural check
+    t0 = time.monotonic()
+    for e in entries:
+        if e.kind == "l":
+            os.symlink(e.digest, tree / e.path)
+    meta_dir = tree / MANIFEST_DIR
+    meta_dir.mkdir(mode=0o755, exist_ok=True)
+    for name, data in ((manifest.MANIFEST, manifest_bytes), (manifest.CONTENTS, listing)):
+        fd = os.open(tree / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o444)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+    want = sorted((e.path, e.kind, e.size, e.digest if e.kind == "l" else "") for e in entries)
+    if not any(e.path == MANIFEST_DIR for e in entries):
+        want = sorted(want + [(MANIFEST_DIR, "d", 0, "")])
+    if _structure(tree) != want:
+        raise IntegrityError(f"{meta.name}: the pulled tree differs from its signed listing; refusing it")
+    for e in reversed(entries):
+        if e.kind == "d":
+            os.chmod(tree / e.path, 0o555)
+    os.chmod(meta_dir, 0o555)
+    os.chmod(tree, 0o555)
+    stats.phases["links+check"] = time.monotonic() - t0
+    stats.files = len(entries)
+
+    import json
+
+    try:
+        doc = json.loads(manifest_bytes)
+    except ValueError:
+        raise IntegrityError(f"{meta.name}: its manifest is not JSON; refusing it") from None
+    if not isinstance(doc, dict) or doc.get("content_hash") != meta.content_hash or doc.get("key") != meta.key \
+            or doc.get("name") != meta.name:
+        raise IntegrityError(f"{meta.name}: its manifest does not match the signed metadata; refusing it")
+    return doc, stats

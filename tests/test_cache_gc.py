@@ -1,0 +1,184 @@
+"""Binary-cache gc by published roots, on real backends: it deletes exactly what no trusted roots
+document holds, refuses documents it cannot trust, and loses nothing to a push racing it (real
+processes, widened windows)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+
+import pytest
+
+from llmgw_store.cache.backends import backend_for
+from tests.conftest import cli_cmd, run_cli, run_in_env
+from tests.test_fleet import cache, s3_server  # noqa: F401  (fixtures: the three real backends)
+from tests.test_fleet_delta import _plan, delta_wheels, push2, template, world  # noqa: F401  (fixtures)
+
+
+def names_in(url: str) -> set[str]:
+    b = backend_for(url)
+    return {i.name for folder in ("", "blobs", "roots") for i in b.list(folder)}
+
+
+def blobs_of(url: str, key: str) -> set[str]:
+    """Every blob object the format-2 object `key` needs."""
+    import zstandard
+
+    b = backend_for(url)
+    meta = json.loads(b.get(f"{key}.json"))
+    plan = json.loads(zstandard.ZstdDecompressor().decompress(b.get(f"blobs/{meta['plan']['digest']}")))
+    return {f"blobs/{d}" for d in [meta["content_hash"], meta["plan"]["digest"], meta["manifest"]["digest"],
+                                   *(x["d"] for x in plan["blobs"])]}
+
+
+@pytest.fixture
+def fleet(world):
+    """The builder has pushed nothing yet; node-1 has a key of its own."""
+    run_cli(world["root"], "keygen", "node-1", "--out", str(world["keys"]), check=True)
+    return world
+
+
+def publish_roots(w, url, *targets, signer="node-1", node="node-1"):
+    """node-1 holds `targets` in a profile and publishes its roots."""
+    for t in targets:
+        run_cli(w["root"], "activate", "app", t, check=True)
+    return json.loads(run_cli(w["root"], "--json", "push-roots", "--to", url, "--secret-key",
+                              str(w["keys"] / f"{signer}.secret"), "--node", node, check=True).stdout)
+
+
+def cache_gc(w, url, *extra, check=True):
+    proc = run_cli(w["root"], "--json", "cache", "gc", url, "--keep-from", str(w["keys"] / "node-1.public"), *extra,
+                   check=check)
+    return json.loads(proc.stdout) if check else proc
+
+
+def test_gc_deletes_exactly_what_no_root_holds(fleet, cache):
+    w, (a, b) = fleet, fleet["names"]
+    push2(w, a, cache)
+    push2(w, b, cache)
+    roots = publish_roots(w, cache, a)
+    assert roots["keys"] == [a[:32]]
+    before = names_in(cache)
+    keep = {f"{a[:32]}.json", "roots/node-1.json"} | blobs_of(cache, a[:32])
+    assert keep < before and blobs_of(cache, b[:32]) & blobs_of(cache, a[:32])  # some blobs are shared
+
+    young = cache_gc(w, cache)  # default grace (1d): everything is young, nothing goes
+    assert young["deleted_objects"] == [] and young["deleted_blobs"] == 0 and names_in(cache) == before
+    dry = cache_gc(w, cache, "--grace", "0s", "--dry-run")
+    assert dry["deleted_objects"] == [f"{b[:32]}.json"] and dry["deleted_blobs"] == len(before - keep) - 1
+    assert names_in(cache) == before
+    done = cache_gc(w, cache, "--grace", "0s")
+    assert done["deleted_objects"] == [f"{b[:32]}.json"] and done["roots"] == {"node-1": 1}
+    assert names_in(cache) == keep  # exactly: what A needs and the roots document
+    got = json.loads(run_cli(w["node"], "--json", "pull", a, "--from", cache, "--trusted-key",
+                             str(w["keys"] / "builder-1.public"), check=True).stdout)
+    assert got["pulled"] == [a] and run_cli(w["node"], "verify").returncode == 0
+    gone = run_cli(w["tmp"] / "node2", "pull", b, "--from", cache, "--trusted-key", str(w["keys"] / "builder-1.public"))
+    assert gone.returncode == 2 and "no cache has" in gone.stderr
+
+
+def test_gc_deletes_an_unrooted_monolithic_object_whole(fleet, tmp_path):
+    w, (a, b) = fleet, fleet["names"]
+    url = f"file://{tmp_path / 'cache'}"
+    push2(w, a, url)
+    run_cli(w["root"], "push", b, "--to", url, "--secret-key", str(w["keys"] / "builder-1.secret"), "--format", "1",
+            check=True)
+    publish_roots(w, url, a)
+    done = cache_gc(w, url, "--grace", "0s")
+    assert done["deleted_objects"] == [f"{b[:32]}.json", f"{b[:32]}.tar.zst"]
+    assert names_in(url) == {f"{a[:32]}.json", "roots/node-1.json"} | blobs_of(url, a[:32])
+
+
+@pytest.mark.parametrize("how", ["untrusted", "tampered", "other-node"])
+def test_a_roots_document_it_cannot_trust_stops_gc_before_anything_is_deleted(fleet, tmp_path, how):
+    w, (a, b) = fleet, fleet["names"]
+    url = f"file://{tmp_path / 'cache'}"
+    push2(w, a, url)
+    push2(w, b, url)
+    publish_roots(w, url, a, signer="intruder" if how == "untrusted" else "node-1",
+                  node="node-2" if how == "other-node" else "node-1")
+    doc_path = tmp_path / "cache" / "roots" / ("node-2.json" if how == "other-node" else "node-1.json")
+    if how == "tampered":
+        doc = json.loads(doc_path.read_text())
+        doc["keys"] = [b[:32]]
+        doc_path.write_text(json.dumps(doc))
+    if how == "other-node":  # a valid document of node-2, served as node-1's
+        doc_path.rename(doc_path.with_name("node-1.json"))
+    before = names_in(url)
+    proc = cache_gc(w, url, "--grace", "0s", check=False)
+    assert proc.returncode == 1 and "gc stopped, nothing deleted" in proc.stderr, proc.stderr
+    assert names_in(url) == before and not list((tmp_path / "cache" / "gc").iterdir())
+
+
+def _wait_for(predicate, proc, what, timeout=60):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert proc.poll() is None, f"{what}: the process ended first: {proc.communicate()}"
+        assert time.monotonic() < deadline, f"{what}: never happened"
+        time.sleep(0.05)
+
+
+def _race_setup(w, tmp_path):
+    """A is in the cache, old enough and unrooted (grace 0s): a gc deletes it, and with it the blobs
+    it shares with B — unless a push of B in flight is honoured."""
+    url = f"file://{tmp_path / 'cache'}"
+    a, b = w["names"]
+    push2(w, a, url)
+    shared = blobs_of(url, a[:32])
+    return url, a, b, shared
+
+
+def test_a_push_in_flight_keeps_the_blobs_it_will_reference(fleet, tmp_path):
+    """The push has written its pending marker and checked for a gc, and is about to skip the
+    blobs the cache has: a gc now keeps those blobs. B pulls whole afterwards."""
+    w = fleet
+    url, a, b, a_blobs = _race_setup(w, tmp_path)
+    pusher = subprocess.Popen(cli_cmd(w["root"], "push", b, "--to", url, "--secret-key",
+                                      str(w["keys"] / "builder-1.secret")),
+                              env={**os.environ, "LLMGW_STORE_DEBUG_PUSH_BLOBS_PAUSE": "15"},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for(lambda: any((tmp_path / "cache" / "pending").glob("*.json")), pusher, "the pending marker")
+        time.sleep(0.5)  # past the push's look for a gc marker: it is in its pause now
+        done = cache_gc(w, url, "--grace", "0s")
+        assert pusher.poll() is None, "the push finished before the gc: the race was not run"
+        assert done["deleted_objects"] == [f"{a[:32]}.json"]
+        assert pusher.wait(120) == 0, pusher.communicate()
+    finally:
+        pusher.kill()
+        pusher.wait()
+    got = json.loads(run_cli(w["node"], "--json", "pull", b, "--from", url, "--trusted-key",
+                             str(w["keys"] / "builder-1.public"), check=True).stdout)
+    assert got["pulled"] == [b] and run_in_env(w["node"] / "store" / b, "tinyengine") == "tinyengine 1.0 tinydep 2.0"
+    # The positive control: with no push in flight and no root, the same gc deletes B and every blob.
+    again = cache_gc(w, url, "--grace", "0s")
+    assert again["deleted_objects"] == [f"{b[:32]}.json"] and not list((tmp_path / "cache" / "blobs").iterdir())
+
+
+def test_a_push_during_a_gc_waits_for_it_then_uploads_what_it_deleted(fleet, tmp_path):
+    """The gc has decided to delete A's blobs (which B shares) and is about to: a push of B that
+    starts now waits for the gc's marker to go, then finds those blobs gone and uploads them."""
+    w = fleet
+    url, a, b, a_blobs = _race_setup(w, tmp_path)
+    gc_proc = subprocess.Popen(cli_cmd(w["root"], "--json", "cache", "gc", url, "--keep-from",
+                                       str(w["keys"] / "node-1.public"), "--grace", "0s"),
+                               env={**os.environ, "LLMGW_STORE_DEBUG_CACHE_GC_PAUSE": "8"},
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for(lambda: any((tmp_path / "cache" / "gc").glob("*.json")), gc_proc, "the gc marker")
+        time.sleep(1)  # past its listing: it is in its pause, with A's blobs doomed
+        push = run_cli(w["root"], "--json", "push", b, "--to", url, "--secret-key", str(w["keys"] / "builder-1.secret"),
+                       check=True)
+        assert "waiting for the cache gc" in push.stderr
+        out, err = gc_proc.communicate(timeout=120)
+        assert gc_proc.returncode == 0, err
+        assert json.loads(out)["deleted_objects"] == [f"{a[:32]}.json"]
+    finally:
+        gc_proc.kill()
+        gc_proc.wait()
+    assert blobs_of(url, b[:32]) <= names_in(url)
+    got = json.loads(run_cli(w["node"], "--json", "pull", b, "--from", url, "--trusted-key",
+                             str(w["keys"] / "builder-1.public"), check=True).stdout)
+    assert got["pulled"] == [b] and run_cli(w["node"], "verify").returncode == 0

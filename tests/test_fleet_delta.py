@@ -1,0 +1,282 @@
+"""Content-addressed cache objects (format 2) on real backends: push, pull, delta pulls between two
+neighbouring environments, and what a hostile cache or a compromised signer can serve instead."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+import zstandard
+from blake3 import blake3
+
+from llmgw_store.cache import signing
+from llmgw_store.cache.objects import pack_digest
+from llmgw_store.core.keys import canonical_json
+from tests.conftest import build_store, copy_store, run_cli, run_in_env
+from tests.test_fleet import cache, s3_server  # noqa: F401  (fixtures: the three real backends)
+
+
+@pytest.fixture(scope="module")
+def delta_wheels(tmp_path_factory):
+    """The test wheels, with a 1 MiB file in tinyengine (a blob of its own) and a few small ones in
+    tinydep (a pack)."""
+    import random
+
+    from tests.support.wheels import build_wheel
+
+    d = tmp_path_factory.mktemp("delta-wheels")
+    script = {"tinyengine": "tinyengine:main"}
+    weights = {"tinyengine/weights.bin": random.Random(1).randbytes(1 << 20)}
+
+    def small(v):
+        return {f"tinydep/data{i}.txt": f"tinydep {v} data {i}\n".encode() * 50 for i in range(5)}
+    return {
+        "tinydep-1.0": build_wheel(d, "tinydep", "1.0", extra_files=small("1.0")),
+        "tinydep-2.0": build_wheel(d, "tinydep", "2.0", extra_files=small("2.0")),
+        "tinyengine-1.0": build_wheel(d, "tinyengine", "1.0", requires=("tinydep",), scripts=script,
+                                      extra_files=weights),
+        "tinyengine-1.1": build_wheel(d, "tinyengine", "1.1", requires=("tinydep",), scripts=script,
+                                      extra_files=weights),
+    }
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory, delta_wheels):
+    """tinyengine 1.0 resolved as of two dates: with tinydep 1.0, then with tinydep 2.0 (one
+    package differs: neighbouring environments)."""
+    t = build_store(tmp_path_factory.mktemp("delta"), delta_wheels, "2024-02-02", "2024-06-02")
+    yield t
+    t["index"].stop()
+
+
+@pytest.fixture
+def world(template, tmp_path):
+    root = copy_store(template["root"], tmp_path / "builder")
+    keys = tmp_path / "keys"
+    run_cli(root, "keygen", "builder-1", "--out", str(keys), check=True)
+    run_cli(root, "keygen", "intruder", "--out", str(keys), check=True)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    return {"root": root, "keys": keys, "names": template["names"], "node": tmp_path / "node", "tmp": tmp_path,
+            "outside": outside}
+
+
+def push2(w, name, cache):
+    return json.loads(run_cli(w["root"], "--json", "push", name, "--to", cache, "--secret-key",
+                              str(w["keys"] / "builder-1.secret"), check=True).stdout)
+
+
+def pull2(w, target, cache, check=True):
+    proc = run_cli(w["node"], "--json", "pull", target, "--from", cache, "--trusted-key",
+                   str(w["keys"] / "builder-1.public"), check=check)
+    return json.loads(proc.stdout) if check else proc
+
+
+def test_push_and_pull_format_2(world, cache):
+    w, (a, _) = world, world["names"]
+    r = push2(w, a, cache)
+    assert r["pushed"] == [a] and r["bytes_uploaded"] > 0 and r["blobs_uploaded"] > 0
+    assert push2(w, a, cache)["already_there"] == [a]
+    got = pull2(w, a, cache)
+    assert got["pulled"] == [a] and got["path"] == str(w["node"] / "store" / a)
+    assert got["bytes_fetched"] > 0 and got["files"] > 10 and got["seconds"] > 0
+    assert run_in_env(w["node"] / "store" / a, "tinyengine") == "tinyengine 1.0 tinydep 1.0"
+    assert run_cli(w["node"], "verify").returncode == 0  # every byte, mode and link as built
+    con = sqlite3.connect(w["node"] / "var" / "db.sqlite")
+    assert con.execute("SELECT outcome FROM builds").fetchall() == [("substituted",)]
+
+
+def test_delta_pull_fetches_only_what_changed(world, tmp_path):
+    """A node holding the tinydep-1.0 environment pulls the tinydep-2.0 one: the files of
+    tinyengine, pip's leftovers and the like are copied from the path it has; only tinydep's pack,
+    the changed metadata files and the object's own listing, plan and manifest come over the wire."""
+    w, (a, b) = world, world["names"]
+    url = f"file://{tmp_path / 'cache'}"
+    push2(w, a, url)
+    push2(w, b, url)
+    first = pull2(w, a, url)
+    second = pull2(w, b, url)
+    meta_a, meta_b = _meta(w, a), _meta(w, b)
+    assert first["bytes_fetched"] == meta_a["blobs_csize"]  # the first pull: everything
+    # the second: its listing, plan and manifest, and exactly the blobs holding a file A lacks
+    plan_a, plan_b = _plan(w, meta_a), _plan(w, meta_b)
+    held_by_a = {m for blob in plan_a["blobs"] for m in (blob["m"] or [blob["d"]])}
+    lacking = [blob for blob in plan_b["blobs"] if not set(blob["m"] or [blob["d"]]) <= held_by_a]
+    assert lacking and len(lacking) < len(plan_b["blobs"])
+    expected = sum(blob["c"] for blob in lacking) + sum(meta_b[p]["csize"] for p in ("listing", "plan", "manifest"))
+    assert second["pulled"] == [b] and second["bytes_fetched"] == expected
+    assert second["bytes_reused"] >= 1 << 20  # the weights, at least
+    assert second["bytes_fetched"] < 0.25 * meta_b["blobs_csize"], (second, meta_b["blobs_csize"])
+    assert run_in_env(w["node"] / "store" / b, "tinyengine") == "tinyengine 1.0 tinydep 2.0"
+    assert run_cli(w["node"], "verify").returncode == 0
+    # never a hard link between the two (a local copy is a copy)
+    nlinks = [p.lstat().st_nlink for p in (w["node"] / "store" / b).rglob("*") if p.is_file() and not p.is_symlink()]
+    assert nlinks and set(nlinks) == {1}
+
+
+def test_a_local_file_that_was_tampered_with_is_fetched_not_copied(world, tmp_path):
+    w, (a, b) = world, world["names"]
+    url = f"file://{tmp_path / 'cache'}"
+    push2(w, a, url)
+    push2(w, b, url)
+    pull2(w, a, url)
+    victim = w["node"] / "store" / a / "bin" / "tinyengine"
+    victim.chmod(0o755)
+    victim.write_text("#!/bin/sh\necho owned\n")
+    got = pull2(w, b, url)
+    assert run_in_env(w["node"] / "store" / b, "tinyengine") == "tinyengine 1.0 tinydep 2.0"
+    assert got["pulled"] == [b]
+
+
+# --- what a hostile cache or a compromised signer serves --------------------------------------
+
+def _cache(w):
+    return w["tmp"] / "cache"
+
+
+def _meta(w, name):
+    return json.loads((_cache(w) / f"{name[:32]}.json").read_text())
+
+
+def _blob(w, digest):
+    return _cache(w) / "blobs" / digest
+
+
+def _plan(w, meta):
+    return json.loads(zstandard.ZstdDecompressor().decompress(_blob(w, meta["plan"]["digest"]).read_bytes()))
+
+
+def _single_file_blob(w, meta):
+    plan = _plan(w, meta)
+    return next(b for b in plan["blobs"] if b["m"] is None), plan
+
+
+def _resign(w, meta):
+    meta = {k: v for k, v in meta.items() if k != "signatures"}
+    signing.sign(meta, str(w["keys"] / "builder-1.secret"))
+    (_cache(w) / f"{meta['key']}.json").write_bytes(canonical_json(meta))
+
+
+def _put_blob(w, data: bytes) -> dict:
+    packed = zstandard.ZstdCompressor().compress(data)
+    d = blake3(data).hexdigest()
+    _blob(w, d).write_bytes(packed)
+    return {"digest": d, "size": len(data), "csize": len(packed)}
+
+
+def _forge_listing(w, meta, edit):
+    """A compromised signer's object: the listing changed by `edit`, and signed again."""
+    listing = zstandard.ZstdDecompressor().decompress(_blob(w, meta["content_hash"]).read_bytes()).decode()
+    new = edit(listing).encode()
+    ref = _put_blob(w, new)
+    meta["content_hash"] = ref["digest"]
+    meta["listing"] = {"size": ref["size"], "csize": ref["csize"]}
+    meta["files"] = new.count(b"\n")
+    _resign(w, meta)
+
+
+def _swap_blob_bytes(w, meta):
+    blob, _ = _single_file_blob(w, meta)
+    p = _blob(w, blob["d"])
+    raw = bytearray(zstandard.ZstdDecompressor().decompress(p.read_bytes()))
+    raw[len(raw) // 2] ^= 0xFF
+    p.write_bytes(zstandard.ZstdCompressor().compress(bytes(raw)))
+
+
+def _swap_pack_member(w, meta):
+    _, plan = _single_file_blob(w, meta)
+    pack = next(b for b in plan["blobs"] if b["m"])
+    assert pack["d"] == pack_digest(pack["m"])
+    p = _blob(w, pack["d"])
+    raw = bytearray(zstandard.ZstdDecompressor().decompress(p.read_bytes()))
+    raw[0] ^= 0xFF
+    forged = zstandard.ZstdCompressor(level=19).compress(bytes(raw))
+    assert len(forged) <= pack["c"]  # within the signed size: the member digests must catch it
+    p.write_bytes(forged)
+
+
+def _blob_longer_than_signed(w, meta):
+    blob, _ = _single_file_blob(w, meta)
+    p = _blob(w, blob["d"])
+    raw = zstandard.ZstdDecompressor().decompress(p.read_bytes())
+    longer = zstandard.ZstdCompressor(level=19).compress(raw + b"\0" * (64 << 20))
+    assert len(longer) <= blob["c"] + 8192
+    p.write_bytes(longer[: blob["c"]] if len(longer) > blob["c"] else longer)
+    if len(longer) <= blob["c"]:
+        return
+    # a bomb that fits the signed compressed size: a zstd frame of zeros, far larger inflated
+    p.write_bytes(zstandard.ZstdCompressor(level=19).compress(b"\0" * (256 << 20))[: blob["c"]])
+
+
+def _blob_compressed_larger_than_signed(w, meta):
+    blob, _ = _single_file_blob(w, meta)
+    p = _blob(w, blob["d"])
+    p.write_bytes(p.read_bytes() + b"\0" * 4096)
+
+
+def _blob_missing(w, meta):
+    blob, _ = _single_file_blob(w, meta)
+    _blob(w, blob["d"]).unlink()
+
+
+def _path_with_dotdot(w, meta):
+    _forge_listing(w, meta, lambda t: t + f"f\t2\t{blake3(b'hi').hexdigest()}\t../../../outside/pwned\n")
+
+
+def _absolute_path(w, meta):
+    _forge_listing(w, meta, lambda t: t + f"f\t2\t{blake3(b'hi').hexdigest()}\t/{w['outside']}/pwned\n")
+
+
+def _through_a_symlink(w, meta):
+    """`escape` -> outside, then `escape/pwned`: a file below a link of the object itself."""
+    def edit(t):
+        return t + f"l\t0\t{w['outside']}\tzzescape\nf\t2\t{blake3(b'hi').hexdigest()}\tzzescape/pwned\n"
+    _forge_listing(w, meta, edit)
+
+
+def _device(w, meta):
+    _forge_listing(w, meta, lambda t: t + "o\t0\t\tzzdevice\n")
+
+
+def _unknown_format(w, meta):
+    meta["format"] = 3
+    _resign(w, meta)
+
+
+@pytest.mark.parametrize("attack, words", [
+    (_swap_blob_bytes, "do not hash to the signed digest"),
+    (_swap_pack_member, "does not hash to its signed digest"),
+    (_blob_longer_than_signed, "inflates past its signed size"),
+    (_blob_compressed_larger_than_signed, "serves more than"),
+    (_blob_missing, "lacks blob"),
+    (_path_with_dotdot, "'..' component"),
+    (_absolute_path, "absolute"),
+    (_through_a_symlink, "below something that is not a directory"),
+    (_device, "only files, directories and links"),
+    (_unknown_format, "upgrade llmgw-store"),
+])
+def test_hostile_objects_are_refused_leaving_nothing(world, attack, words):
+    w, (a, _) = world, world["names"]
+    push2(w, a, f"file://{_cache(w)}")
+    attack(w, _meta(w, a))
+    proc = pull2(w, a[:32], f"file://{_cache(w)}", check=False)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 1 and words in lines[-1] and "internal error" not in proc.stderr, proc.stderr
+    assert list(w["outside"].iterdir()) == []
+    node = w["node"]
+    if (node / "store").exists():
+        assert list((node / "store").iterdir()) == [] and list((node / "var" / "tmp").iterdir()) == []
+        assert sqlite3.connect(node / "var" / "db.sqlite").execute("SELECT count(*) FROM paths").fetchone()[0] == 0
+
+
+def test_untrusted_signer_of_a_format_2_object_is_refused(world):
+    w, (a, _) = world, world["names"]
+    push2(w, a, f"file://{_cache(w)}")
+    meta = {k: v for k, v in _meta(w, a).items() if k != "signatures"}
+    signing.sign(meta, str(w["keys"] / "intruder.secret"))
+    (_cache(w) / f"{a[:32]}.json").write_bytes(canonical_json(meta))
+    proc = pull2(w, a, f"file://{_cache(w)}", check=False)
+    assert proc.returncode == 1 and "not signed by a trusted key" in proc.stderr
+    assert not Path(w["node"] / "store" / a).exists()
