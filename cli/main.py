@@ -215,12 +215,12 @@ def activate(obj: Context, profile: str, target: str, **kw) -> None:
     from llmgw_store.api import activate as do_activate
     from llmgw_store.roots.health import parse as parse_check
 
-    if kw["no_check"] and kw["check"]:
+    if kw["no_check"] and kw["check"] is not None:
         raise click.UsageError("--no-check and --check exclude each other")
     # Build options are made (and the builder loaded) only for a recipe.
     options = _options(kw) if target.endswith(".toml") else None
     r = do_activate(profile, target, options, **_caches(kw), root=obj.root, lock_timeout=kw["lock_timeout"],
-                    check=parse_check(kw["check"]) if kw["check"] else None, no_check=kw["no_check"],
+                    check=parse_check(kw["check"]) if kw["check"] is not None else None, no_check=kw["no_check"],
                     check_timeout=kw["check_timeout"], then_check=kw["then_check"], keep_records=kw["keep_records"])
     checked = f" (check {r.check['result']})" if r.check else ""
     text = (f"{profile}: generation {r.generation} -> {r.path}{checked}" if r.changed
