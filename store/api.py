@@ -54,6 +54,17 @@ def activate(profile: str, target: str | Path, options: BuildOptions | None = No
     return profiles.activate(profile, target, root=root, lock_timeout=lock_timeout, **guard)
 
 
+def push(targets: list[str], to: str, secret_key: str, *, root: str | Path | None = None) -> PushResult:
+    """Push store paths given as PROFILE, PROFILE@N, a store name, a key or a path."""
+    from llmgw_store.cache.push import push as push_names
+    from llmgw_store.core.local_store import Store
+    from llmgw_store.roots.resolve import reference
+
+    with Store.open(root) as store:
+        names = [reference(store, t)["name"] for t in targets]
+    return push_names(names, to, secret_key, root=root)
+
+
 def rollback(profile: str, *, to: int | None = None, substituters: tuple[str, ...] = (),
              trusted_keys: tuple[str, ...] = (), uv: str | Path | None = None, python_preference: str | None = None,
              root: str | Path | None = None, lock_timeout: float = locks.BUILD_LOCK_TIMEOUT_S) -> Switch:
@@ -123,6 +134,9 @@ def _realise_record(rec: Record, substituters: tuple[str, ...], trusted_keys: tu
             try:
                 engine = {k: inputs[k] for k in ("pypi", "binary", "repo") if inputs.get(k)}
                 recipes.parse({"engine": {"name": inputs["engine"], **engine}, "build": [inputs["build"]]}, origin)
+                if uv_path is None and inputs["uv"] != uvmod.UV_VERSION:
+                    raise UsageError(f"rebuilding {what} needs uv {inputs['uv']}, and the store's own is "
+                                     f"{uvmod.UV_VERSION}: pass --uv PATH to a uv {inputs['uv']}")
                 uv = uvmod.resolve(store, uv_path, inputs["index_url"])
                 if uv.version != inputs["uv"]:
                     raise UsageError(f"rebuilding {what} needs uv {inputs['uv']}, not {uv.version}: pass --uv PATH to "
