@@ -71,6 +71,7 @@ class BuildPlan:
     lock_text: str | None = None  # install exactly this lock (a repair) instead of resolving
     uv_cache: Path | None = None  # a private uv cache (a repair) instead of the store's
     pyc_cache: Path | None = None  # a private bytecode cache (a repair) instead of the store's
+    offline: bool = False  # uv reads only its cache (a cold generation rebuilt from its recorded lock)
 
 
 class Deadline:
@@ -363,6 +364,7 @@ def make_env(store: Store, plan: BuildPlan, partial: Path, deadline: Deadline,
         UV_PYTHON_INSTALL_DIR=str(layout.python_installs),
         UV_PYTHON_DOWNLOADS="never",
         TMPDIR=str(layout.tmp),
+        **({"UV_OFFLINE": "1"} if plan.offline else {}),
     )
     python = partial / "bin" / "python"
     meta_dir = partial / ".llmgw"

@@ -34,6 +34,7 @@ BUILD_FIELDS: dict[str, tuple[tuple[type, ...], bool]] = {
     "python": ((str,), True),
     "requirements": ((list,), True),
     "verify": ((list,), False),
+    "health": ((list,), False),  # argv `activate` runs as its check by default (not at build time)
     "as_of": ((str, datetime), False),
     "version": ((str,), False),
     "extra_index": ((str,), False),
@@ -49,7 +50,7 @@ BUILD_FIELDS: dict[str, tuple[tuple[type, ...], bool]] = {
     "asset_tag": ((str,), False),
     "asset_dir": ((str,), False),
 }
-LIST_OF_STR = ("requirements", "verify", "index_packages", "assets")
+LIST_OF_STR = ("requirements", "verify", "health", "index_packages", "assets")
 SOURCE_FIELDS: dict[str, tuple[tuple[type, ...], bool]] = {
     "url": ((str,), True), "sha256": ((str,), True), "top": ((str,), False), "dir": ((str,), False),
     "requirements": ((str,), False),
@@ -198,6 +199,8 @@ def parse(data: dict[str, Any], file: str | Path) -> Recipe:
             if "repo" not in engine:
                 raise RecipeError(file, "engine.repo", "assets need the repository they come from")
         check_paths(_fill(b, "0"), file, where)  # again with the real version by the builder
+        if "health" in b and not b["health"]:
+            raise RecipeError(file, f"{where}.health", "must name a command (a list of its arguments)")
         for name in ("free_gb", "timeout"):
             if name in b and b[name] < 0:
                 raise RecipeError(file, f"{where}.{name}", "must not be negative")

@@ -17,6 +17,16 @@ Invariants:
   history; `generations` compares the two and repairs the index where it differs.
 - The target store path is a temp root of this process before it is checked and linked, so gc
   cannot take it between the check and the link.
+- Every generation has a record beside its link (records.py): made before the profile switches to
+  it, kept when the generation is deleted (it is then "cold"), removed only by `--forget` or the
+  `keep_records` bound. A cold generation comes back through `llmgw_store.api.rollback`, which
+  rebuilds (or pulls) its store path from the record and then calls `rollback` here.
+- A check (`activate --check`, or the recipe's `health`) runs in the target before the profile's
+  lock is taken; the profile is changed only if it passes. With `then_check` the profile switches
+  first and the check runs with the lock held, so nothing else can switch the profile meanwhile;
+  if it fails, times out or is interrupted, the profile is switched back (one atomic rename) before
+  the lock is released. A SIGKILL in between leaves the profile at the old or the new generation,
+  both complete; the new one's record then says its check never finished.
 """
 
 from __future__ import annotations
@@ -30,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from llmgw_store.core import debug, locks
-from llmgw_store.core.errors import NotFoundError, UsageError
+from llmgw_store.core.errors import IntegrityError, NotFoundError, UsageError
 from llmgw_store.core.layout import Layout
 from llmgw_store.core.links import symlink_atomically
 from llmgw_store.core.local_store import Store
@@ -38,6 +48,7 @@ from llmgw_store.core.names import check_generation, check_profile
 from llmgw_store.core.report import say
 from llmgw_store.core.results import Result
 from llmgw_store.core.temproots import TempRoots
+from llmgw_store.roots import health, records
 from llmgw_store.roots.generations import current_generation, disk_generations, gen_link, generation_target
 from llmgw_store.roots.resolve import reference, registered
 
@@ -51,6 +62,8 @@ class Switch(Result):
     previous: int | None
     path: str
     changed: bool
+    check: dict[str, Any] | None = None  # the check that ran (argv, mode, result, exit, timed_out, seconds, tail)
+    rebuilt: str | None = None  # a cold generation brought back: "built" (from its record), "substituted", ...
 
 
 @dataclass(frozen=True)
@@ -63,7 +76,11 @@ class Generation(Result):
     engine: str | None
     version: str | None
     variant: str | None
-
+    state: str = "hot"  # "hot": its store path is on disk; "cold": gone (rollback --to rebuilds it)
+    record: bool = False  # a record is kept for it (so a cold generation can come back)
+    linked: bool = True  # its generation link exists (deleted generations keep only their record)
+    check: dict[str, Any] | None = None  # the check its activation ran, as recorded
+    rolled_back_to: int | None = None  # --then-check failed: the generation the profile went back to
 
 
 @dataclass(frozen=True)
@@ -72,6 +89,8 @@ class GenerationList(Result):
     current: int
     generations: tuple[Generation, ...]
     index_differs: tuple[str, ...]  # where the index's record differs from the links
+    records_refused: tuple[str, ...] = ()  # record files that failed their checks (never used)
+    history: tuple[dict[str, Any], ...] = ()  # the profile's last events (activations, checks, rollbacks)
 
 
 @dataclass(frozen=True)
@@ -80,6 +99,8 @@ class DeletedGenerations(Result):
     deleted: tuple[int, ...]
     dry_run: bool
     current: int
+    forgotten: tuple[int, ...] = ()  # generations whose records were removed too (no rollback to them)
+    records_dropped: tuple[int, ...] = ()  # records of cold generations removed by the keep_records bound
 
 
 @dataclass(frozen=True)
@@ -114,85 +135,241 @@ def activate(
     *,
     root: str | Path | None = None,
     lock_timeout: float = locks.LOCK_TIMEOUT_S,
+    check: list[str] | None = None,
+    no_check: bool = False,
+    check_timeout: float = health.DEFAULT_TIMEOUT_S,
+    then_check: bool = False,
+    keep_records: int = records.DEFAULT_KEEP_RECORDS,
 ) -> Switch:
     """Make `target` (a store path, its name or key, PROFILE or PROFILE@N) the profile's current
-    generation. Activating what is already current makes no new generation. (`llmgw_store.api.activate`
-    also takes a recipe: it builds first, then calls this.) Each lock is waited for at most
-    `lock_timeout` s."""
+    generation. Activating what is already current makes no new generation (and runs no check).
+    (`llmgw_store.api.activate` also takes a recipe: it builds first, then calls this.) Each lock
+    is waited for at most `lock_timeout` s.
+
+    `check` (an argv; default: the `health` command the target's recipe recorded, unless
+    `no_check`) runs in the target before the switch, which happens only if it exits 0 within
+    `check_timeout` s; else CommandError and the profile is untouched. With `then_check` the
+    profile switches first and goes back by itself if the check fails. Both are recorded in the
+    generation's record and the profile's history. At most `keep_records` records are kept."""
     check_profile(profile)
+    if check is not None:
+        check = health.checked_argv(check, "--check")
+    if check_timeout <= 0:
+        raise UsageError("--check-timeout must be more than 0 seconds")
+    if keep_records < 1:
+        raise UsageError("--keep-records must be at least 1")
     with Store.open(root, lock_timeout) as store:
+        layout = store.layout
         name = reference(store, str(target))["name"]
-        TempRoots(store.layout).add(name, lock_timeout)
+        TempRoots(layout).add(name, lock_timeout)
         # Checked again now that gc can no longer take it.
         row = registered(store, name)
-        if not store.layout.path_of(row["name"]).is_dir():
+        env_dir = layout.path_of(row["name"])
+        if not env_dir.is_dir():
             raise NotFoundError(f"{name} is registered but missing on disk; build it again")
+        argv = check if check is not None else (None if no_check else health.recipe_health(row))
+        if argv is not None and check is None:
+            say(f"check: the health command of {name}'s recipe")
+        if then_check and argv is None:
+            raise UsageError("--then-check needs a check: --check 'CMD ...', or a recipe with a `health` command")
+        described = records.describe(layout, row)
+        before = None
+        if argv is not None and not then_check and not _is_current(layout, profile, name):
+            # The profile's lock is not held while the check runs: the check concerns the target,
+            # and the profile is not touched unless it passes.
+            result = health.run(argv, env_dir, check_timeout)
+            before = result.record("before")
+            if not result.passed:
+                with profile_lock(store, profile, lock_timeout):
+                    current = _current_or_none(layout, profile)
+                    records.add_event(layout, profile, "check-failed", name=name, current=current, check=before)
+                where = f"left at generation {current}" if current is not None else "not created"
+                raise health.failure(result, f"profile {profile} {where}: nothing switched")
         with profile_lock(store, profile, lock_timeout):
-            layout = store.layout
             _clear_temporaries(layout, profile)
             gens = disk_generations(layout, profile)
             _sync_index(store, profile, gens, write=True)
-            try:
-                current = current_generation(layout, profile)
-            except NotFoundError:
-                current = None
+            current = _current_or_none(layout, profile)
             if current is not None and gens.get(current) == name:
-                return Switch(profile, current, current, str(layout.path_of(name)), False)
-            number = max([*gens, store.index.max_generation(profile), 0]) + 1
+                return Switch(profile, current, current, str(env_dir), False)
+            if then_check and current is None:
+                raise UsageError(f"--then-check needs a generation to go back to, and profile {profile!r} has none: "
+                                 "use --check (the check then runs before the first switch)")
+            number = max([*gens, *records.numbers(layout, profile), store.index.max_generation(profile), 0]) + 1
             symlink_atomically(f"../store/{name}", gen_link(layout, profile, number))
+            pending = {"argv": list(argv), "mode": "after", "result": "pending"} if then_check else None
+            activation = {"kind": "activate", "from": current, "check": before or pending}
+            # The record is on disk before the profile points at the generation.
+            rec = records.write(layout, records.make(profile, number, described, activation))
             debug.pause("BEFORE_SWITCH")  # the new generation exists, the profile not yet switched
             _switch(store, profile, number)
             store.index.record_generation(profile, number, name, _link_time(gen_link(layout, profile, number)))
             store.index.record_switch(profile, current, number, "activate")
+            records.add_event(layout, profile, "activate", **{"from": current}, to=number, name=name,
+                              check=activation["check"])
+            records.prune(layout, profile, keep_records, disk_generations(layout, profile))
             say(f"profile {profile}: generation {number} -> {name}")
-            return Switch(profile, number, current, str(layout.path_of(name)), True)
+            if not then_check:
+                return Switch(profile, number, current, str(env_dir), True, check=activation["check"])
+            return _then_check(store, profile, rec, current, argv, env_dir, check_timeout)
+
+
+def _then_check(store: Store, profile: str, rec: records.Record, previous: int, argv: list[str], env_dir: Path,
+                timeout: float) -> Switch:
+    """With the profile's lock held and the profile at `rec.generation`: run the check; if it does not
+    pass (or this process is interrupted), switch back to `previous` before the lock is let go."""
+    layout, number = store.layout, rec.generation
+    try:
+        result = health.run(argv, env_dir, timeout)
+    except BaseException:
+        _switch(store, profile, previous)
+        store.index.record_switch(profile, number, previous, "auto-rollback")
+        records.write(layout, records.with_activation(rec, {**rec.activation, "rolled_back_to": previous,
+                                                            "check": {**rec.activation["check"], "result": "interrupted"}}))
+        records.add_event(layout, profile, "auto-rollback", **{"from": number}, to=previous, why="interrupted")
+        raise
+    done = result.record("after")
+    if result.passed:
+        records.write(layout, records.with_activation(rec, {**rec.activation, "check": done}))
+        records.add_event(layout, profile, "check-passed", generation=number, check=done)
+        return Switch(profile, number, previous, str(env_dir), True, check=done)
+    _switch(store, profile, previous)
+    store.index.record_switch(profile, number, previous, "auto-rollback")
+    records.write(layout, records.with_activation(rec, {**rec.activation, "check": done, "rolled_back_to": previous}))
+    records.add_event(layout, profile, "auto-rollback", **{"from": number}, to=previous, check=done)
+    say(f"profile {profile}: check failed, back to generation {previous}")
+    raise health.failure(result, f"profile {profile} was switched to generation {number} and rolled back to "
+                                 f"generation {previous}")
+
+
+def _is_current(layout: Layout, profile: str, name: str) -> bool:
+    current = _current_or_none(layout, profile)
+    return current is not None and disk_generations(layout, profile).get(current) == name
+
+
+def _current_or_none(layout: Layout, profile: str) -> int | None:
+    try:
+        return current_generation(layout, profile)
+    except NotFoundError:
+        return None
+
+
+def cold_record(profile: str, number: int, *, root: str | Path | None = None,
+                lock_timeout: float = locks.LOCK_TIMEOUT_S) -> records.Record | None:
+    """Generation `number`'s record if the generation is cold (no link, or its store path is gone),
+    checked; None if it is hot. NotFoundError when it is neither (no link and no record)."""
+    check_profile(profile)
+    check_generation(number)
+    with Store.open(root, lock_timeout, readonly=True) as store:
+        layout = store.layout
+        current_generation(layout, profile)  # the profile exists
+        gens = disk_generations(layout, profile)
+        if number in gens and records.present(layout, gens[number]):
+            return None
+        rec = records.load(layout, profile, number)
+        if rec is None:
+            if number not in gens:
+                generation_target(layout, profile, number)  # raises: no such generation
+            raise NotFoundError(f"generation {number} of {profile!r} points at {gens[number]}, which is no longer in "
+                                "the store, and it has no record to rebuild it from")
+        return rec
 
 
 def rollback(profile: str, *, to: int | None = None, root: str | Path | None = None,
-             lock_timeout: float = locks.LOCK_TIMEOUT_S) -> Switch:
-    """Switch to generation `to`, or to the newest generation older than the current one."""
+             lock_timeout: float = locks.LOCK_TIMEOUT_S, record: records.Record | None = None) -> Switch:
+    """Switch to generation `to`, or to the newest generation older than the current one. A cold
+    generation `to` is switched to only when `record` is its record (unchanged since it was read)
+    and its store path is back in the store with the recorded content hash:
+    `llmgw_store.api.rollback` rebuilds or pulls it first."""
     check_profile(profile)
     if to is not None:
         check_generation(to)
     with Store.open(root, lock_timeout) as store:
         with profile_lock(store, profile, lock_timeout):
             layout = store.layout
+            _clear_temporaries(layout, profile)
             current = current_generation(layout, profile)
             gens = disk_generations(layout, profile)
             if to is None:
-                older = [n for n in gens if n < current]
+                older = [n for n in gens if n < current and records.present(layout, gens[n])]
                 if not older:
                     raise NotFoundError(f"profile {profile!r} has no generation before {current} to roll back to")
                 to = max(older)
-            name = generation_target(layout, profile, to)
-            if not layout.path_of(name).is_dir():
-                raise NotFoundError(f"generation {to} of {profile!r} points at {name}, which is no longer in the store")
+            cold = to not in gens or not records.present(layout, gens[to])
+            if cold:
+                name = _relink_cold(store, profile, to, gens, record, lock_timeout)
+            else:
+                name = gens[to]
             if to != current:
                 _switch(store, profile, to)
                 store.index.record_switch(profile, current, to, "rollback")
+                records.add_event(layout, profile, "rollback", **{"from": current}, to=to, name=name, cold=cold)
                 say(f"profile {profile}: generation {current} -> {to} ({name})")
             return Switch(profile, to, current, str(layout.path_of(name)), to != current)
 
 
+def _relink_cold(store: Store, profile: str, number: int, gens: dict[int, str], record: records.Record | None,
+                 lock_timeout: float) -> str:
+    """Make cold generation `number` hot again (under the profile's lock): its link, back at the
+    store path its record names, once that path is in the store with the recorded content hash."""
+    layout = store.layout
+    rec = records.load(layout, profile, number)
+    if rec is None:
+        if number not in gens:
+            generation_target(layout, profile, number)  # raises: no such generation
+        raise NotFoundError(f"generation {number} of {profile!r} points at {gens[number]}, which is no longer in "
+                            "the store, and it has no record to rebuild it from")
+    if record is None:
+        raise NotFoundError(f"generation {number} of {profile!r} is cold ({rec.name} is not in the store): "
+                            f"`llmgw-store rollback {profile} --to {number}` rebuilds it from its record")
+    if record.digest != rec.digest:
+        raise IntegrityError(f"the record of generation {number} of {profile!r} changed while its path was rebuilt; "
+                             "nothing switched: run the rollback again")
+    TempRoots(layout).add(rec.name, lock_timeout)
+    row = store.index.path_by_name(rec.name)
+    if row is None or not records.present(layout, rec.name):
+        raise NotFoundError(f"{rec.name} is not in the store: rebuild it first (`llmgw-store rollback {profile} "
+                            f"--to {number}`)")
+    if row["content_hash"] != rec.content_hash or row["key"] != rec.key:
+        raise IntegrityError(f"{rec.name} is in the store with content hash {row['content_hash']}, not the "
+                             f"{rec.content_hash} generation {number} recorded; nothing switched")
+    symlink_atomically(f"../store/{rec.name}", gen_link(layout, profile, number))
+    store.index.record_generation(profile, number, rec.name, _link_time(gen_link(layout, profile, number)))
+    return rec.name
+
+
 def generations(profile: str, *, root: str | Path | None = None,
                 lock_timeout: float = locks.LOCK_TIMEOUT_S) -> GenerationList:
-    """The profile's generations from disk (the truth), and where the index differs from them
-    (the next change of the profile, or `doctor --rebuild-index`, records it). Read-only."""
+    """The profile's generations from disk (the truth): its links (hot while their store path
+    exists) and its records (a record without a link is a deleted, cold generation), and where the
+    index differs from them (the next change of the profile, or `doctor --rebuild-index`, records
+    it). Read-only."""
     check_profile(profile)
     with Store.open(root, lock_timeout, readonly=True) as store:
         layout = store.layout
         current = current_generation(layout, profile)
         gens = disk_generations(layout, profile)
         differs = _sync_index(store, profile, gens, write=False)
+        recs, refused = records.load_all(layout, profile)
         out = []
-        for number, name in gens.items():
+        for number in sorted(set(gens) | set(recs)):
+            rec = recs.get(number)
+            linked = number in gens
+            name = gens[number] if linked else rec.name  # type: ignore[union-attr]
             row = store.index.path_by_name(name) or {}
+            act = rec.activation if rec is not None else {}
             out.append(Generation(
                 number=number, path=str(layout.path_of(name)), name=name,
-                created=_link_time(gen_link(layout, profile, number)), current=number == current,
-                engine=row.get("engine"), version=row.get("version"), variant=row.get("variant"),
+                created=_link_time(gen_link(layout, profile, number)) if linked else rec.created,  # type: ignore[union-attr]
+                current=number == current,
+                engine=row.get("engine") or (rec.engine if rec else None),
+                version=row.get("version") or (rec.version if rec else None),
+                variant=row.get("variant") or (rec.variant if rec else None),
+                state="hot" if records.present(layout, name) else "cold", record=rec is not None, linked=linked,
+                check=act.get("check"), rolled_back_to=act.get("rolled_back_to"),
             ))
-        return GenerationList(profile, current, tuple(out), tuple(differs))
+        return GenerationList(profile, current, tuple(out), tuple(differs), tuple(refused.values()),
+                              tuple(records.history(layout, profile)[-50:]))
 
 
 def delete_generations(
@@ -202,22 +379,32 @@ def delete_generations(
     older_than: float | None = None,
     keep: int | None = None,
     dry_run: bool = False,
+    forget: list[int] | None = None,
+    keep_records: int | None = None,
     root: str | Path | None = None,
     lock_timeout: float = locks.LOCK_TIMEOUT_S,
 ) -> DeletedGenerations:
-    """Delete generation links (never the current one). Store paths are freed by a later gc."""
+    """Delete generation links (never the current one): the generations become cold, their records
+    stay and their store paths are freed by a later gc. `forget` removes generations' records too
+    (and their links); `keep_records` drops the oldest records of cold generations beyond it."""
     check_profile(profile)
-    for n in numbers or []:
+    for n in [*(numbers or []), *(forget or [])]:
         check_generation(n)
+    if keep_records is not None and keep_records < 1:
+        raise UsageError("--keep-records must be at least 1")
     with Store.open(root, lock_timeout) as store:
         with profile_lock(store, profile, lock_timeout):
-            return delete_generations_locked(store, profile, numbers, older_than, keep, dry_run)
+            return delete_generations_locked(store, profile, numbers, older_than, keep, dry_run,
+                                             forget=forget, keep_records=keep_records)
 
 
-def delete_generations_locked(store: Store, profile: str, numbers, older_than, keep, dry_run) -> DeletedGenerations:
+def delete_generations_locked(store: Store, profile: str, numbers, older_than, keep, dry_run, *,
+                              forget: list[int] | None = None, keep_records: int | None = None) -> DeletedGenerations:
+    """Called with the profile's lock held (also by gc --delete-older-than)."""
     layout = store.layout
     current = current_generation(layout, profile)
     gens = disk_generations(layout, profile)
+    have_records = set(records.numbers(layout, profile))
     doomed: set[int] = set()
     for n in numbers or []:
         if n not in gens:
@@ -225,6 +412,15 @@ def delete_generations_locked(store: Store, profile: str, numbers, older_than, k
         if n == current:
             raise UsageError(f"refusing to delete generation {n} of {profile!r}: it is the current one (roll back first)")
         doomed.add(n)
+    forgotten: set[int] = set()
+    for n in forget or []:
+        if n not in gens and n not in have_records:
+            raise NotFoundError(f"profile {profile!r} has no generation {n} and no record of one")
+        if n == current:
+            raise UsageError(f"refusing to forget generation {n} of {profile!r}: it is the current one (roll back first)")
+        forgotten.add(n)
+        if n in gens:
+            doomed.add(n)
     if older_than is not None:
         cutoff = time.time() - older_than
         doomed |= {n for n in gens if n != current and os.lstat(gen_link(layout, profile, n)).st_mtime < cutoff}
@@ -233,12 +429,39 @@ def delete_generations_locked(store: Store, profile: str, numbers, older_than, k
             raise UsageError("--keep must be at least 1")
         newest = sorted(gens, reverse=True)[:keep]
         doomed |= {n for n in gens if n not in newest and n != current}
+    if not dry_run:
+        records.remove_temporaries(layout, profile)
     for n in sorted(doomed):
-        say(f"{'would remove' if dry_run else 'removing'} generation {n} of {profile} ({gens[n]})")
+        say(f"{'would remove' if dry_run else 'removing'} generation {n} of {profile} ({gens[n]})"
+            + ("" if n in forgotten else "; its record stays (cold)"))
         if not dry_run:
+            if n not in forgotten and n not in have_records:
+                _record_existing(store, profile, n, gens[n])
             os.unlink(gen_link(layout, profile, n))
             store.index.mark_generation_deleted(profile, n)
-    return DeletedGenerations(profile, tuple(sorted(doomed)), dry_run, current)
+    for n in sorted(forgotten):
+        say(f"{'would forget' if dry_run else 'forgetting'} generation {n} of {profile}: its record goes too")
+        if not dry_run:
+            records.remove(layout, profile, n)
+    dropped: list[int] = []
+    if keep_records is not None and not dry_run:
+        dropped = records.prune(layout, profile, keep_records, disk_generations(layout, profile))
+    if not dry_run and (doomed or forgotten or dropped):
+        records.add_event(layout, profile, "delete", deleted=sorted(doomed), forgotten=sorted(forgotten),
+                          records_dropped=dropped)
+    return DeletedGenerations(profile, tuple(sorted(doomed)), dry_run, current, tuple(sorted(forgotten)), tuple(dropped))
+
+
+def _record_existing(store: Store, profile: str, number: int, name: str) -> None:
+    """A record for a generation made before records were kept, from its store path while it is
+    still there (it is about to lose its link)."""
+    row = store.index.path_by_name(name)
+    if row is None or not records.present(store.layout, name):
+        say(f"generation {number} of {profile}: {name} is not in the store; no record can be made of it")
+        return
+    link = gen_link(store.layout, profile, number)
+    records.write(store.layout, records.make(profile, number, records.describe(store.layout, row),
+                                             {"kind": "recorded-on-delete"}, created=_link_time(link)))
 
 
 def list_profiles(*, root: str | Path | None = None) -> ProfileList:
@@ -273,11 +496,12 @@ def _sync_index(store: Store, profile: str, gens: dict[int, str], *, write: bool
 
 
 def _clear_temporaries(layout: Layout, profile: str) -> None:
-    """Temporary links left by an activation that was killed (we hold the profile's lock)."""
+    """Temporary links and records left by a change that was killed (we hold the profile's lock)."""
     pat = re.compile(rf"^\.{re.escape(profile)}(-\d+-link)?\.tmp-\d+$")
     for entry in os.scandir(layout.profiles):
         if pat.match(entry.name):
             os.unlink(entry.path)
+    records.remove_temporaries(layout, profile)
 
 
 def _link_time(link: Path) -> str:

@@ -1,0 +1,483 @@
+"""Generation records: what each generation of a profile was, kept on disk beside its links, so a
+generation whose store path is gone ("cold") can be rebuilt exactly, and the profile's history
+(who switched, when, which check ran and what it said) survives a lost index.
+
+    ROOT/profiles/<p>-<N>-link      -> ../store/<name>   generation N (hot while its path exists)
+    ROOT/profiles/.<p>-<N>.record   JSON, format 1: generation N's store path name, key, content
+                                    hash, the key's inputs (the recipe's build table, engine, asOf,
+                                    uv, interpreter, platform), requirements, and the full lock
+                                    text (hashes included) the path was installed from
+    ROOT/profiles/.<p>.history      JSON: the profile's last HISTORY_MAX events
+
+Names start with a dot, so no profile (names never do) and no generation link can be one of
+them; `.<p>-<N>.record` splits at its last `-` into one profile and one number.
+
+Invariants:
+- Written only under the profile's lock, atomically: a temporary file in the same directory,
+  fsync, rename(2) over the old one, fsync of the directory. A reader sees the old record or the
+  new one, never a torn one; a killed writer leaves `.<name>.tmp-<pid>`, which the next change of
+  the profile (holding the lock) removes.
+- Deleting a generation removes its link, never its record (the generation becomes cold);
+  `forget` and the `keep` bound remove records, and never the record of a generation whose link
+  exists.
+- A record is outside input when read back (it is a file; backups are restored, disks are
+  edited): it is opened without following links, its size bounded before it is read, its shape
+  checked field by field, every name checked (core/names), its key recomputed from its inputs, its
+  lock checked against the lock digest and the whole document against its digest. What fails is
+  refused (IntegrityError) and never used.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import os
+import re
+import stat
+from dataclasses import dataclass
+from typing import Any
+
+from blake3 import blake3
+
+from llmgw_store.core import manifest
+from llmgw_store.core.errors import IntegrityError
+from llmgw_store.core.index import now_iso
+from llmgw_store.core.keys import KEY_RE, canonical_json, is_store_name, path_name, store_key
+from llmgw_store.core.layout import Layout
+from llmgw_store.core.names import check_generation, check_profile
+from llmgw_store.core.report import say
+
+FORMAT = 1
+RECORD_MAX = 32 << 20  # a lock with every hash (vLLM's pylock is well under 2 MB) and the inputs
+HISTORY_MAX_BYTES = 8 << 20
+HISTORY_MAX = 1000  # events kept per profile; older ones are dropped when a new one is added
+DEFAULT_KEEP_RECORDS = 100  # records kept per profile, the newest, and always every hot one
+LOCK_FORMATS = ("requirements.lock", "pylock.toml")
+HEX64 = re.compile(r"[0-9a-f]{64}")
+_SHORT = 200  # bound on the free-text strings of a record (dates, user names, check results)
+_LIST_MAX = 10_000  # bound on lists (requirements, argv)
+
+_FIELDS = {
+    "format": int, "profile": str, "generation": int, "name": str, "key": str, "content_hash": str,
+    "engine": str, "version": str, "variant": str, "inputs": dict, "requirements": list,
+    "lock_format": (str, type(None)), "lock": (str, type(None)), "lock_blake3": (str, type(None)),
+    "created": str, "by": dict, "activation": dict, "digest": str,
+}
+
+
+@dataclass(frozen=True)
+class Record:
+    """One generation's record, checked (see `load`)."""
+
+    profile: str
+    generation: int
+    name: str
+    key: str
+    content_hash: str
+    engine: str
+    version: str
+    variant: str
+    inputs: dict[str, Any]
+    requirements: tuple[str, ...]
+    lock_format: str | None
+    lock: str | None
+    created: str
+    by: dict[str, Any]
+    activation: dict[str, Any]
+    digest: str
+
+    def body(self) -> dict[str, Any]:
+        """The fields the digest covers, as written."""
+        return {
+            "format": FORMAT, "profile": self.profile, "generation": self.generation, "name": self.name,
+            "key": self.key, "content_hash": self.content_hash, "engine": self.engine, "version": self.version,
+            "variant": self.variant, "inputs": self.inputs, "requirements": list(self.requirements),
+            "lock_format": self.lock_format, "lock": self.lock,
+            "lock_blake3": blake3(self.lock.encode()).hexdigest() if self.lock is not None else None,
+            "created": self.created, "by": self.by, "activation": self.activation,
+        }
+
+
+def who() -> dict[str, Any]:
+    """Who is changing the profile: uid and user name, and the operator behind sudo when there is one
+    (informative: SUDO_USER is what sudo says, not proof)."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = str(os.getuid())
+    out: dict[str, Any] = {"uid": os.getuid(), "user": user[:64]}
+    sudo = os.environ.get("SUDO_USER")
+    if sudo:
+        out["sudo_user"] = sudo[:64]
+    return out
+
+
+# --- file names ------------------------------------------------------------------------------
+
+def record_file(profile: str, number: int) -> str:
+    return f".{profile}-{number}.record"
+
+
+def history_file(profile: str) -> str:
+    return f".{profile}.history"
+
+
+def temporary_pattern(profile: str) -> re.Pattern[str]:
+    """Temporary files a killed writer of this profile's records left (removed under its lock)."""
+    p = re.escape(profile)
+    return re.compile(rf"\.\.{p}(-\d+\.record|\.history)\.tmp-\d+")
+
+
+def numbers(layout: Layout, profile: str) -> list[int]:
+    """Generation numbers that have a record file, ascending."""
+    pat = re.compile(rf"\.{re.escape(profile)}-(\d{{1,10}})\.record")
+    out = []
+    for entry in os.scandir(layout.profiles) if layout.profiles.is_dir() else []:
+        m = pat.fullmatch(entry.name)
+        if m and 1 <= int(m.group(1)) <= 10**9:
+            out.append(int(m.group(1)))
+    return sorted(out)
+
+
+# --- making a record -------------------------------------------------------------------------
+
+def describe(layout: Layout, row: dict[str, Any]) -> dict[str, Any]:
+    """What a record says of the registered store path `row` (an index row): its identity from the
+    index, its inputs, requirements and lock from its manifest. The lock is taken only when it is
+    proved to be the one installed: the contents listing hashes to the content hash the index
+    records, and the manifest's lock text hashes to the listed digest of the lock file (as verify
+    --repair proves it). Without that proof the record has no lock (the generation can then come
+    back only from a binary cache)."""
+    name = row["name"]
+    env = layout.path_of(name)
+    inputs = json.loads(row["inputs"]) if isinstance(row.get("inputs"), str) else {}
+    lock = lock_format = None
+    requirements: list[str] = []
+    try:
+        doc = manifest.read(env)
+        listing = manifest.read_contents(env)
+        requirements = [r for r in doc.get("requirements", []) if isinstance(r, str)][:_LIST_MAX]
+        if manifest.content_hash(listing) == doc.get("content_hash") == row["content_hash"] \
+                and doc.get("lock_format") in LOCK_FORMATS and isinstance(doc.get("lock"), str):
+            lock_path = f"{manifest.MANIFEST_DIR}/{doc['lock_format']}"
+            listed = [e for e in listing if e.path == lock_path and e.kind == "f"]
+            if listed and blake3(doc["lock"].encode()).hexdigest() == listed[0].digest:
+                lock, lock_format = doc["lock"], doc["lock_format"]
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    if lock is None:
+        say(f"{name}: no lock proved by its manifest; its record cannot rebuild it (a binary cache still can)")
+    return {
+        "name": name, "key": row["key"], "content_hash": row["content_hash"], "engine": row["engine"],
+        "version": row["version"], "variant": row["variant"], "inputs": inputs, "requirements": requirements,
+        "lock_format": lock_format, "lock": lock,
+    }
+
+
+def make(profile: str, number: int, described: dict[str, Any], activation: dict[str, Any],
+         created: str | None = None, by: dict[str, Any] | None = None) -> Record:
+    return Record(
+        profile=profile, generation=number, name=described["name"], key=described["key"],
+        content_hash=described["content_hash"], engine=described["engine"], version=described["version"],
+        variant=described["variant"], inputs=described["inputs"], requirements=tuple(described["requirements"]),
+        lock_format=described["lock_format"], lock=described["lock"], created=created or now_iso(),
+        by=by or who(), activation=activation, digest="",
+    )
+
+
+def with_activation(rec: Record, activation: dict[str, Any]) -> Record:
+    from dataclasses import replace
+
+    return replace(rec, activation=activation)
+
+
+# --- writing ---------------------------------------------------------------------------------
+
+def _dir_fd(layout: Layout) -> int:
+    """profiles/, which Store.open has checked (a real directory of ours), opened without following
+    a link: every record is read and written relative to this descriptor."""
+    return os.open(layout.profiles, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+
+
+def _write_atomically(layout: Layout, filename: str, data: bytes) -> None:
+    """tmp + fsync + rename + fsync(dir): the file is the old one or the new one, whole, even after
+    a crash or a power cut once this returns. Called under the profile's lock."""
+    dfd = _dir_fd(layout)
+    tmp = f".{filename}.tmp-{os.getpid()}"
+    try:
+        try:
+            os.unlink(tmp, dir_fd=dfd)
+        except FileNotFoundError:
+            pass
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=dfd)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.rename(tmp, filename, src_dir_fd=dfd, dst_dir_fd=dfd)
+        os.fsync(dfd)
+    except BaseException:
+        try:
+            os.unlink(tmp, dir_fd=dfd)
+        except OSError:
+            pass
+        raise
+    finally:
+        os.close(dfd)
+
+
+def write(layout: Layout, rec: Record) -> Record:
+    """Write (or replace) generation `rec.generation`'s record; returns it with its digest."""
+    body = rec.body()
+    digest = blake3(canonical_json(body)).hexdigest()
+    doc = {**body, "digest": digest}
+    _write_atomically(layout, record_file(rec.profile, rec.generation),
+                      json.dumps(doc, indent=1, sort_keys=True).encode() + b"\n")
+    from dataclasses import replace
+
+    return replace(rec, digest=digest)
+
+
+def remove(layout: Layout, profile: str, number: int) -> bool:
+    """Remove generation `number`'s record (under the profile's lock); whether there was one."""
+    dfd = _dir_fd(layout)
+    try:
+        os.unlink(record_file(profile, number), dir_fd=dfd)
+        os.fsync(dfd)
+        return True
+    except FileNotFoundError:
+        return False
+    finally:
+        os.close(dfd)
+
+
+def prune(layout: Layout, profile: str, keep: int, hot: set[int] | list[int] | dict[int, Any]) -> list[int]:
+    """Remove the oldest records of cold generations (no link in `hot`) until at most `keep` remain,
+    counting hot ones, which are never removed. Returns the numbers removed."""
+    have = numbers(layout, profile)
+    excess = len(have) - max(keep, 0)
+    removed = []
+    for n in have:
+        if excess <= 0:
+            break
+        if n in hot:
+            continue
+        if remove(layout, profile, n):
+            removed.append(n)
+            excess -= 1
+    if removed:
+        say(f"profile {profile}: dropped the records of cold generation(s) {', '.join(map(str, removed))} "
+            f"(keeping {keep})")
+    return removed
+
+
+# --- reading (outside input: every byte checked before use) ----------------------------------
+
+def _read_bounded(layout: Layout, filename: str, limit: int) -> bytes | None:
+    """The file's bytes, or None when it does not exist. Never through a link, never a FIFO or a
+    device, never another user's file, never more than `limit` bytes. IntegrityError otherwise."""
+    dfd = _dir_fd(layout)
+    try:
+        try:
+            fd = os.open(filename, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise IntegrityError(f"{layout.profiles / filename} cannot be read as a record ({exc.strerror}); "
+                                 "it is not a plain file: remove it") from None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise IntegrityError(f"{layout.profiles / filename} is not a plain file; remove it")
+            if st.st_uid not in (os.geteuid(), 0):
+                raise IntegrityError(f"{layout.profiles / filename} is owned by uid {st.st_uid}, not by the store's "
+                                     "owner; it is not used: remove it")
+            if st.st_size > limit:
+                raise IntegrityError(f"{layout.profiles / filename} is larger than {limit} bytes; it is not used")
+            chunks, left = [], limit + 1
+            while left > 0 and (chunk := os.read(fd, min(1 << 20, left))):
+                chunks.append(chunk)
+                left -= len(chunk)
+            if left <= 0:
+                raise IntegrityError(f"{layout.profiles / filename} is larger than {limit} bytes; it is not used")
+            return b"".join(chunks)
+        finally:
+            os.close(fd)
+    finally:
+        os.close(dfd)
+
+
+def load(layout: Layout, profile: str, number: int) -> Record | None:
+    """Generation `number`'s record, checked; None when there is none. IntegrityError naming the file
+    and what is wrong when it is not a record this store wrote, or was changed since."""
+    check_profile(profile)
+    check_generation(number)
+    raw = _read_bounded(layout, record_file(profile, number), RECORD_MAX)
+    if raw is None:
+        return None
+    where = layout.profiles / record_file(profile, number)
+    try:
+        return _checked(json.loads(raw.decode()), profile, number)
+    except _Bad as exc:
+        raise IntegrityError(f"{where} is not a valid generation record ({exc}); it is not used: restore it from "
+                             f"a backup or forget it (`llmgw-store generations {profile} --forget {number}`)") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise IntegrityError(f"{where} is not a valid generation record (not JSON: {str(exc)[:100]}); it is not "
+                             f"used: forget it (`llmgw-store generations {profile} --forget {number}`)") from None
+
+
+class _Bad(Exception):
+    pass
+
+
+def _short(value: Any, what: str) -> str:
+    if not isinstance(value, str) or len(value) > _SHORT:
+        raise _Bad(f"{what} must be a string of at most {_SHORT} characters")
+    return value
+
+
+def _checked(doc: Any, profile: str, number: int) -> Record:
+    if not isinstance(doc, dict):
+        raise _Bad("not a JSON object")
+    unknown = set(doc) - set(_FIELDS)
+    if unknown:
+        raise _Bad(f"unknown field {sorted(unknown)[0][:40]!r}")
+    for field, types in _FIELDS.items():
+        if field not in doc:
+            raise _Bad(f"missing field {field!r}")
+        if not isinstance(doc[field], types) or isinstance(doc[field], bool):
+            raise _Bad(f"field {field!r} has the wrong type")
+    if doc["format"] != FORMAT:
+        raise _Bad(f"format {doc['format']}, this llmgw-store reads {FORMAT}")
+    if doc["profile"] != profile or doc["generation"] != number:
+        raise _Bad(f"it names profile {doc['profile'][:40]!r} generation {doc['generation']}, not {profile} {number}")
+    name, key = doc["name"], doc["key"]
+    if not is_store_name(name):
+        raise _Bad(f"{name[:80]!r} is not a store path name")
+    if not KEY_RE.match(key) or not name.startswith(key + "-"):
+        raise _Bad("its key is not the key of its store path name")
+    for field in ("engine", "version", "variant"):
+        _short(doc[field], field)
+    if path_name(key, doc["engine"], doc["version"], doc["variant"]) != name:
+        raise _Bad("its engine, version and variant do not make its store path name")
+    if any(f in doc["inputs"] and doc["inputs"][f] != doc[f] for f in ("engine", "version", "variant")):
+        raise _Bad("its engine, version and variant are not those of its inputs")
+    if not HEX64.fullmatch(doc["content_hash"]):
+        raise _Bad("its content hash is not 64 hex digits")
+    if store_key(doc["inputs"]) != key:
+        raise _Bad("its inputs do not hash to its key (they were changed)")
+    reqs = doc["requirements"]
+    if len(reqs) > _LIST_MAX or not all(isinstance(r, str) and len(r) <= 4096 for r in reqs):
+        raise _Bad("requirements must be a list of strings")
+    lock, fmt, lock_digest = doc["lock"], doc["lock_format"], doc["lock_blake3"]
+    if (lock is None) != (fmt is None) or (lock is None) != (lock_digest is None):
+        raise _Bad("lock, lock_format and lock_blake3 go together")
+    if lock is not None:
+        if fmt not in LOCK_FORMATS:
+            raise _Bad(f"lock_format must be one of {', '.join(LOCK_FORMATS)}")
+        if blake3(lock.encode()).hexdigest() != lock_digest:
+            raise _Bad("its lock does not hash to its lock digest (the lock was changed)")
+    _short(doc["created"], "created")
+    by = doc["by"]
+    if not isinstance(by.get("uid"), int) or any(not isinstance(v, (str, int)) or len(str(v)) > 64 for v in by.values()) \
+            or len(by) > 8:
+        raise _Bad("'by' must say a uid and a user")
+    _check_activation(doc["activation"])
+    body = {k: v for k, v in doc.items() if k != "digest"}
+    if blake3(canonical_json(body)).hexdigest() != doc["digest"]:
+        raise _Bad("its digest does not match its contents (it was changed)")
+    return Record(
+        profile=profile, generation=number, name=name, key=key, content_hash=doc["content_hash"],
+        engine=doc["engine"], version=doc["version"], variant=doc["variant"], inputs=doc["inputs"],
+        requirements=tuple(reqs), lock_format=fmt, lock=lock, created=doc["created"], by=by,
+        activation=doc["activation"], digest=doc["digest"],
+    )
+
+
+def _check_activation(act: dict[str, Any]) -> None:
+    """{kind, check: {argv, mode, result, exit, timed_out, seconds, tail} | None, rolled_back_to, at}."""
+    if len(act) > 16:
+        raise _Bad("activation has too many fields")
+    for k, v in act.items():
+        if not isinstance(k, str) or len(k) > 40:
+            raise _Bad("activation field names are short strings")
+        if k == "check" and v is not None:
+            if not isinstance(v, dict) or len(v) > 16:
+                raise _Bad("activation.check must be an object")
+            argv = v.get("argv")
+            if not isinstance(argv, list) or len(argv) > 256 or not all(isinstance(a, str) and len(a) <= 4096 for a in argv):
+                raise _Bad("activation.check.argv must be a list of strings")
+            tail = v.get("tail", "")
+            if not isinstance(tail, str) or len(tail) > 8192:
+                raise _Bad("activation.check.tail must be a string of at most 8192 characters")
+        elif k != "check" and not (v is None or isinstance(v, (bool, int, float)) or (isinstance(v, str) and len(v) <= _SHORT)):
+            raise _Bad(f"activation.{k} must be a number or a short string")
+
+
+def load_all(layout: Layout, profile: str) -> tuple[dict[int, Record], dict[int, str]]:
+    """Every record of the profile: (number -> record, number -> why it was refused)."""
+    good, bad = {}, {}
+    for n in numbers(layout, profile):
+        try:
+            rec = load(layout, profile, n)
+        except IntegrityError as exc:
+            bad[n] = str(exc)
+            continue
+        if rec is not None:
+            good[n] = rec
+    return good, bad
+
+
+# --- history ---------------------------------------------------------------------------------
+
+def history(layout: Layout, profile: str) -> list[dict[str, Any]]:
+    """The profile's recorded events, oldest first. The file is informative: what cannot be read
+    as a list of small objects is reported and read as empty (never used for any decision)."""
+    try:
+        raw = _read_bounded(layout, history_file(profile), HISTORY_MAX_BYTES)
+    except IntegrityError as exc:
+        say(f"ignoring the history of {profile}: {exc}")
+        return []
+    if raw is None:
+        return []
+    try:
+        doc = json.loads(raw.decode())
+        events = doc["events"] if isinstance(doc, dict) and doc.get("profile") == profile else None
+        if not isinstance(events, list):
+            raise ValueError("no list of events")
+    except (ValueError, UnicodeDecodeError, KeyError) as exc:
+        say(f"ignoring the history of {profile}: {layout.profiles / history_file(profile)} is malformed ({str(exc)[:80]})")
+        return []
+    return [e for e in events[-HISTORY_MAX:] if isinstance(e, dict) and len(e) <= 16]
+
+
+def add_event(layout: Layout, profile: str, event: str, **fields: Any) -> dict[str, Any]:
+    """Append an event (under the profile's lock): `event` with `fields`, when and who."""
+    entry = {"event": event, "at": now_iso(), "by": who(), **fields}
+    events = history(layout, profile)[-(HISTORY_MAX - 1):] + [entry]
+    _write_atomically(layout, history_file(profile),
+                      json.dumps({"format": FORMAT, "profile": profile, "events": events}, sort_keys=True).encode())
+    return entry
+
+
+def present(layout: Layout, name: str) -> bool:
+    """Whether store path `name` is on disk (hot)."""
+    return os.path.isdir(layout.path_of(name))
+
+
+def remove_temporaries(layout: Layout, profile: str) -> None:
+    pat = temporary_pattern(profile)
+    dfd = _dir_fd(layout)
+    try:
+        for entry in os.scandir(layout.profiles):
+            if pat.fullmatch(entry.name):
+                try:
+                    os.unlink(entry.name, dir_fd=dfd)
+                except FileNotFoundError:
+                    pass
+    finally:
+        os.close(dfd)
+
