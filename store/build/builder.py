@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from llmgw_store.build import bytecode, interpreters, lockfiles
+from llmgw_store.build import bytecode, canonical, interpreters, lockfiles
 from llmgw_store.build import recipe as recipes
 from llmgw_store.build import uv as uvmod
 from llmgw_store.build.realise import DEFAULT_LOCK_TIMEOUT_S, realise
@@ -265,8 +265,8 @@ def make_env(store: Store, plan: BuildPlan, partial: Path, deadline: Deadline) -
     meta_dir = partial / ".llmgw"
     meta_dir.mkdir()
 
-    def uv_run(args: list, what: str) -> str:
-        return uvmod.run([uv.path, *args], what=what, env=env, log_dir=layout.logs, cwd=layout.tmp,
+    def uv_run(args: list, what: str, cwd: Path = layout.tmp) -> str:
+        return uvmod.run([uv.path, *args], what=what, env=env, log_dir=layout.logs, cwd=cwd,
                          timeout=remaining(), show=say)
 
     say(f"creating the environment ({interp.implementation} {interp.version}, {interp.path})")
@@ -293,10 +293,12 @@ def make_env(store: Store, plan: BuildPlan, partial: Path, deadline: Deadline) -
         where = plan.index_url + (f" (and {extra_index} for {', '.join(fields['index_packages'])})" if extra_index else "")
         say(f"resolving {len(requirements)} requirement(s) as {where} stood at {as_of}")
         fmt = ["--format", "pylock.toml"] if extra_index else ["--generate-hashes"]
+        # Run in .llmgw/ with relative names: uv's `# via -r requirements.in` then names no
+        # directory, so the lock (a file of the tree) is the same in every root (reproducible).
         uv_run(
-            ["pip", "compile", source, "-o", lock, *fmt, "--exclude-newer", as_of,
+            ["pip", "compile", source.name, "-o", lock.name, *fmt, "--exclude-newer", as_of,
              "--index-url", plan.index_url, "--python", python, "--no-header", "--quiet"],
-            "uv pip compile",
+            "uv pip compile", cwd=meta_dir,
         )
     lock_text = lock.read_text()
     pins = len(lockfiles.pins(lock_text, lock.name))
@@ -322,6 +324,7 @@ def make_env(store: Store, plan: BuildPlan, partial: Path, deadline: Deadline) -
     binary = partial / "bin" / name
     if not (binary.is_file() and os.access(binary, os.X_OK)):
         raise StoreError(f"the environment has no executable bin/{name} (engine.binary in {plan.origin})")
+    canonical.normalise(partial, parse_time(as_of).timestamp())  # modes and times: not the builder's
     return {
         "requirements": requirements,
         "exclude_newer": as_of,
