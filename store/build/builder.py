@@ -187,6 +187,11 @@ def _plan(store: Store, recipe: Recipe, chosen: Build, options: BuildOptions) ->
     )
 
 
+def plan_build(store: Store, recipe: Recipe, chosen: Build, options: BuildOptions) -> BuildPlan:
+    """The plan `build` makes for `chosen` (its key, name and inputs), for `build --check`."""
+    return _plan(store, recipe, chosen, options)
+
+
 def _latest(store: Store, recipe: Recipe, index_url: str, options: BuildOptions) -> str:
     version = store.index.latest(index_url, recipe.pypi, options.latest_ttl)
     if version is None:
