@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from llmgw_store.build import bytecode, canonical, interpreters, lockfiles
+from llmgw_store.build import bytecode, canonical, indexpins, interpreters, lockfiles
 from llmgw_store.build import recipe as recipes
 from llmgw_store.build import uv as uvmod
 from llmgw_store.build.realise import DEFAULT_LOCK_TIMEOUT_S, realise
@@ -280,13 +280,14 @@ def make_env(store: Store, plan: BuildPlan, partial: Path, deadline: Deadline) -
     requirements = requirements + _fetch_extras(store, plan, partial)
     extra_index = fields.get("extra_index")
     lock = meta_dir / ("pylock.toml" if extra_index else "requirements.lock")
+    index_pins = _index_pins(plan, requirements)
     if extra_index:
         # PEP 751 with an explicit second index: only `index_packages` may come from it; every
         # other package, even one the second index also offers (the 2022 torchtriton confusion),
         # resolves from the main index.
         source = meta_dir / "pyproject.toml"
-        source.write_text(lockfiles.pyproject_with_index(requirements, extra_index, fields["index_packages"],
-                                                         interp.version))
+        source.write_text(lockfiles.pyproject_with_index(indexpins.requirements_with_pins(requirements, index_pins),
+                                                         extra_index, fields["index_packages"], interp.version))
     else:
         source = meta_dir / "requirements.in"
         source.write_text("".join(r + "\n" for r in requirements))
@@ -298,6 +299,9 @@ def make_env(store: Store, plan: BuildPlan, partial: Path, deadline: Deadline) -
         where = plan.index_url + (f" (and {extra_index} for {', '.join(fields['index_packages'])})" if extra_index else "")
         say(f"resolving {len(requirements)} requirement(s) as {where} stood at {as_of}")
         fmt = ["--format", "pylock.toml"] if extra_index else ["--generate-hashes"]
+        if extra_index:
+            indexpins.check_index(extra_index, fields, index_pins, plan.origin, f"build[{plan.build_index}]")
+            fmt += indexpins.exempt_args(index_pins)  # pinned: the pin, not a date, decides
         # Run in .llmgw/ with relative names: uv's `# via -r requirements.in` then names no
         # directory, so the lock (a file of the tree) is the same in every root (reproducible).
         uv_run(
@@ -305,6 +309,7 @@ def make_env(store: Store, plan: BuildPlan, partial: Path, deadline: Deadline) -
              "--index-url", plan.index_url, "--python", python, "--no-header", "--quiet"],
             "uv pip compile", cwd=meta_dir,
         )
+        indexpins.check_lock(lock.read_text(), index_pins)
     lock_text = lock.read_text()
     pins = len(lockfiles.pins(lock_text, lock.name))
     say(f"installing {pins} pinned package(s) with --require-hashes --no-deps")
@@ -339,6 +344,13 @@ def make_env(store: Store, plan: BuildPlan, partial: Path, deadline: Deadline) -
         "lock": lock_text,
         "lock_format": lock.name,
     }
+
+
+def _index_pins(plan: BuildPlan, requirements: list[str]) -> dict[str, indexpins.Pin]:
+    """The exact pins of the extra index's packages (indexpins.py); none without an extra index."""
+    if not plan.fields.get("extra_index"):
+        return {}
+    return indexpins.pinned(plan.fields, requirements, plan.origin, f"build[{plan.build_index}]")
 
 
 def _fetch_extras(store: Store, plan: BuildPlan, partial: Path) -> list[str]:
