@@ -250,3 +250,20 @@ def test_check_leaves_no_temporary_tree_when_terminated_and_sweeps_a_killed_ones
     assert proc.returncode == 130, err
     assert _tmp_entries(root) == []
     assert _listing(path) == before
+
+
+def test_check_refuses_a_store_path_whose_recorded_lock_cannot_be_proved(tmp_path, index, recipe, uv_bin):
+    """A manifest whose lock text was changed (to make the check install something else) no longer
+    hashes to the listed lock file: the check refuses instead of rebuilding from it."""
+    root = tmp_path / "root"
+    path = Path(build_json(root, recipe, index, uv_bin)["path"])
+    meta = path / ".llmgw"
+    doc = json.loads((meta / "manifest.json").read_text())
+    doc["lock"] = doc["lock"].replace("tinydep==1.0", "tinydep==2.0")
+    os.chmod(meta, 0o755)
+    os.chmod(meta / "manifest.json", 0o644)
+    (meta / "manifest.json").write_text(json.dumps(doc))
+    proc = _check(root, recipe, index, uv_bin)
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert "cannot be proved" in proc.stderr and f"llmgw-store verify {path.name}" in proc.stderr
+    assert _tmp_entries(root) == []
