@@ -164,3 +164,31 @@ def test_index_pins_without_an_extra_index_is_a_recipe_error(tmp_path, indexes):
                  .replace('index_packages = ["tinytorch"]\n', ""))
     proc = run_cli(tmp_path / "root", "build", str(f), "--index-url", main.url)
     assert proc.returncode == 2 and "build[0].index_pins: pins packages of the extra index" in proc.stderr
+
+
+def test_pin_from_main_index_takes_the_engines_own_requirement(tmp_path, indexes, uv_bin):
+    """`from-main-index`: the requirements resolved on the main index alone, date-bound, give
+    tinytorch 1.0 (what tinyengine gets there): the extra index's 1.0+cu126 is installed, not its
+    newer 2.0+cu126; and a rebuild from the recorded lock writes the same pyproject."""
+    main, extra, _ = indexes
+    root = tmp_path / "root"
+    recipe = _recipe(tmp_path, extra, 'index_pins = { tinytorch = "from-main-index" }')
+    doc = build_json(root, recipe, main, uv_bin)
+    env = Path(doc["path"])
+    assert run_in_env(env, "tinyengine") == "tinyengine 1.0 tinytorch 1.0+cu126 tinydep 1.0"
+    assert '"tinytorch==1.0"' in (env / ".llmgw" / "pyproject.toml").read_text()
+    assert _locked(env)["tinytorch"][1].startswith(extra.url.rsplit("/simple")[0])
+    assert not [n for n in os.listdir(root / "var" / "tmp") if n.startswith("derive-")]
+    proc = run_cli(root, "--json", "build", str(recipe), "--check", "--index-url", main.url, "--uv", str(uv_bin))
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["identical"] is True
+
+
+def test_pin_from_main_index_of_a_package_nothing_requires_is_refused(tmp_path, indexes, uv_bin):
+    main, extra, _ = indexes
+    f = tmp_path / "r.toml"
+    f.write_text(RECIPE.format(python=PYTHON, extra=extra.url, pins='index_pins = { tinytorch = "from-main-index" }',
+                               requirements='["tinydep"]'))
+    proc = run_cli(tmp_path / "root", "build", str(f), "--index-url", main.url, "--uv", str(uv_bin), "--version", "1.0")
+    assert proc.returncode == 2, proc.stderr
+    assert "build[0].index_pins.tinytorch" in proc.stderr and "nothing the build requires needs tinytorch" in proc.stderr

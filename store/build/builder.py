@@ -280,7 +280,7 @@ def make_env(store: Store, plan: BuildPlan, partial: Path, deadline: Deadline) -
     requirements = requirements + _fetch_extras(store, plan, partial)
     extra_index = fields.get("extra_index")
     lock = meta_dir / ("pylock.toml" if extra_index else "requirements.lock")
-    index_pins = _index_pins(plan, requirements)
+    index_pins = _index_pins(store, plan, requirements, python, uv_run)
     if extra_index:
         # PEP 751 with an explicit second index: only `index_packages` may come from it; every
         # other package, even one the second index also offers (the 2022 torchtriton confusion),
@@ -346,11 +346,33 @@ def make_env(store: Store, plan: BuildPlan, partial: Path, deadline: Deadline) -
     }
 
 
-def _index_pins(plan: BuildPlan, requirements: list[str]) -> dict[str, indexpins.Pin]:
-    """The exact pins of the extra index's packages (indexpins.py); none without an extra index."""
+def _index_pins(store: Store, plan: BuildPlan, requirements: list[str], python: Path,
+                uv_run) -> dict[str, indexpins.Pin]:
+    """The exact pins of the extra index's packages (indexpins.py); none without an extra index.
+    A `from-main-index` pin is resolved first: the build's requirements on the main index alone,
+    date-bound, in a scratch directory (nothing of it enters the tree); a rebuild from a recorded
+    lock reads it from that lock instead."""
     if not plan.fields.get("extra_index"):
         return {}
-    return indexpins.pinned(plan.fields, requirements, plan.origin, f"build[{plan.build_index}]")
+    where = f"build[{plan.build_index}]"
+    names = indexpins.to_derive(plan.fields)
+    versions: dict[str, str] = {}
+    if names and plan.lock_text is not None:
+        versions = indexpins.derived(plan.lock_text, "pylock.toml", names, plan.origin, where)
+    elif names:
+        scratch = store.layout.tmp / f"derive-{os.getpid()}-{time.monotonic_ns()}"
+        scratch.mkdir(mode=0o700)
+        try:
+            (scratch / "requirements.in").write_text("".join(r + "\n" for r in requirements))
+            say(f"resolving on {plan.index_url} alone for the versions of {', '.join(names)} (index_pins)")
+            uv_run(["pip", "compile", "requirements.in", "-o", "requirements.lock", "--exclude-newer",
+                    plan.inputs["as_of"], "--index-url", plan.index_url, "--python", python,
+                    "--no-header", "--quiet"], "uv pip compile (main index, for index_pins)", scratch)
+            versions = indexpins.derived((scratch / "requirements.lock").read_text(), "requirements.lock", names,
+                                         plan.origin, where)
+        finally:
+            force_rmtree(scratch)
+    return indexpins.pinned(plan.fields, requirements, plan.origin, where, versions)
 
 
 def _fetch_extras(store: Store, plan: BuildPlan, partial: Path) -> list[str]:

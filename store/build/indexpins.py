@@ -3,7 +3,9 @@
 `--exclude-newer` cannot bound a file whose index does not say when it was uploaded (uv 0.13 then
 drops every such file, and the build cannot resolve). So each of `index_packages` is either:
 - pinned exactly, by `index_pins = { torch = "2.9.1+cu128" }` (or a table with `version` and
-  `sha256`, the digests its wheels may have) or by `torch==2.9.1+cu128` in `requirements`: the pin
+  `sha256`, the digests its wheels may have), by `torch==2.9.1+cu128` in `requirements`, or by
+  `torch = "from-main-index"` (the version a date-bound resolution on the main index gives: the
+  engine's own pin, taken from its metadata as the main index stood at asOf): the pin
   becomes a requirement, and the package is exempt from the date filter
   (`--exclude-newer-package torch=false`): the pin, not a date, decides what resolves. Every other
   package stays bound by `--exclude-newer`;
@@ -26,6 +28,10 @@ from llmgw_store.core.names import shown
 from llmgw_store.core.report import say
 
 MAX_SHOWN_VERSIONS = 8
+# index_pins = { torch = "from-main-index" }: the version a date-bound resolution of the build's
+# requirements on the main index gives (the engine's own pin, e.g. vllm's torch==2.9.0), pinned on
+# the extra index (2.9.0 takes 2.9.0+cu128 there).
+FROM_MAIN = "from-main-index"
 
 
 @dataclass(frozen=True)
@@ -36,10 +42,40 @@ class Pin:
     from_requirements: bool = False
 
 
-def pinned(fields: dict, requirements: list[str], origin, where: str) -> dict[str, Pin]:
+def to_derive(fields: dict) -> list[str]:
+    """The (normalised) packages whose pin is FROM_MAIN."""
+    return sorted(normalize(n) for n, v in fields.get("index_pins", {}).items()
+                  if FROM_MAIN in (v, v.get("version") if isinstance(v, dict) else None))
+
+
+def derived(lock_text: str, lock_name: str, names: list[str], origin, where: str) -> dict[str, str]:
+    """name -> the public version (no `+local`) that `lock_text` holds for each of `names`: from the
+    main-index resolution when resolving, from the recorded lock when rebuilding (the same version:
+    the pin `==V` took `V+local`), so both write the same pyproject."""
+    from packaging.version import InvalidVersion, Version
+
+    from llmgw_store.build.lockfiles import pins as lock_pins
+
+    locked = lock_pins(lock_text, lock_name)
+    out = {}
+    for name in names:
+        if name not in locked:
+            raise RecipeError(origin, f"{where}.index_pins.{name}", f"\"{FROM_MAIN}\": nothing the build requires "
+                              f"needs {name} (the main index's resolution has none); pin a version instead")
+        try:
+            out[name] = Version(locked[name]).public
+        except InvalidVersion:
+            raise RecipeError(origin, f"{where}.index_pins.{name}", f"{shown(locked[name])} is not a PEP 440 "
+                              "version") from None
+    return out
+
+
+def pinned(fields: dict, requirements: list[str], origin, where: str,
+           derived_versions: dict[str, str] | None = None) -> dict[str, Pin]:
     """Normalised name -> Pin for each of `index_packages` that `index_pins` or an exact `==`
     requirement pins (the two must agree when both are given). Requirements are those the
-    builder already checked (PEP 508 strings)."""
+    builder already checked (PEP 508 strings). A FROM_MAIN pin takes its version from
+    `derived_versions` (see `derived`)."""
     from packaging.requirements import Requirement
     from packaging.version import InvalidVersion, Version
 
@@ -54,6 +90,8 @@ def pinned(fields: dict, requirements: list[str], origin, where: str) -> dict[st
     for raw, value in fields.get("index_pins", {}).items():
         name = normalize(raw)
         version, digests = (value, ()) if isinstance(value, str) else (value["version"], tuple(_digests(value)))
+        if version == FROM_MAIN:
+            version = (derived_versions or {}).get(name, version)
         try:
             Version(version)
         except InvalidVersion:
@@ -112,7 +150,8 @@ def check_index(index_url: str, fields: dict, pins: dict[str, Pin], origin, wher
                 raise RecipeError(origin, f"{where}.index_pins",
                                   f"{name} comes from {index_url}, which publishes no upload-time for it, so the "
                                   f"resolution date cannot bound it (uv issue 16846): pin it exactly, e.g. "
-                                  f"index_pins = {{ {name} = \"{example}\" }} or {name}=={example} in requirements")
+                                  f"index_pins = {{ {name} = \"{example}\" }} or {name}=={example} in requirements, or "
+                                  f"{name} = \"{FROM_MAIN}\" for the version the engine gets on the main index")
             continue
         mine = [f for f in files if _matches(f.version, pin.version)]
         if not mine:
