@@ -146,19 +146,50 @@ def _caches(kw: dict) -> dict:
 @cli.command()
 @click.argument("recipe", type=click.Path(dir_okay=False))
 @build_options
+@click.option("--check", "check", is_flag=True,
+              help="Rebuild RECIPE's store path (it must exist) into a temporary tree from its recorded lock and "
+                   "compare file by file; exit 1 naming the files that differ. The store path is never changed.")
 @click.pass_obj
-def build(obj: Context, recipe: str, **kw) -> None:
+def build(obj: Context, recipe: str, check: bool, **kw) -> None:
     """Build RECIPE into the store (or find it there) and print its store path.
 
     \b
     Examples:
       llmgw-store build examples/black.toml
       llmgw-store --json build vllm.toml --variant cu128 --as-of 2025-06-01T00:00:00Z
+      llmgw-store build examples/black.toml --check    # is it reproducible? 0 identical, 1 differs
     """
+    if check:
+        _build_check(obj, recipe, kw)
+        return
     from llmgw_store.api import build as do_build
 
     result = do_build(recipe, _options(kw), **_caches(kw), root=obj.root)
     obj.emit(result.to_json(), str(result.path))
+
+
+def _build_check(obj: Context, recipe: str, kw: dict) -> None:
+    from llmgw_store.build.check import check as do_check
+
+    r = do_check(recipe, _options(kw), root=obj.root)
+    if r.identical:
+        obj.emit(r.to_json(), f"identical: {r.path} ({r.files} entries, content hash {r.content_hash})")
+        return
+    lines = [f"{r.path}: {len(r.differences)} entr{'y' if len(r.differences) == 1 else 'ies'} differ"]
+    for d in r.differences:
+        store, rebuilt = d["store"], d["rebuilt"]
+        lines.append(f"  {d['path']}  store: {_side(store)}  rebuilt: {_side(rebuilt)}")
+    obj.emit(r.to_json(), "\n".join(lines))
+    click.echo(f"{PROG}: {r.name} differs from its rebuild in {len(r.differences)} entr"
+               f"{'y' if len(r.differences) == 1 else 'ies'} (not reproducible, or changed since it was built)", err=True)
+    obj.exit(1)
+
+
+def _side(s: dict | None) -> str:
+    if s is None:
+        return "absent"
+    what = s.get("target") or (s["digest"][:12] if "digest" in s else "")
+    return " ".join(str(x) for x in (s["kind"], s.get("mode", ""), what) if x)
 
 
 @cli.command(name="list")

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from llmgw_store.build import bytecode, interpreters, lockfiles
+from llmgw_store.build import bytecode, canonical, indexpins, interpreters, lockfiles
 from llmgw_store.build import recipe as recipes
 from llmgw_store.build import uv as uvmod
 from llmgw_store.build.realise import DEFAULT_LOCK_TIMEOUT_S, realise
@@ -254,6 +254,11 @@ def _plan(store: Store, recipe: Recipe, chosen: Build, options: BuildOptions) ->
     )
 
 
+def plan_build(store: Store, recipe: Recipe, chosen: Build, options: BuildOptions) -> BuildPlan:
+    """The plan `build` makes for `chosen` (its key, name and inputs), for `build --check`."""
+    return _plan(store, recipe, chosen, options)
+
+
 def _prefetch(store: Store, recipe: Recipe, chosen: Build, options: BuildOptions, index_url: str):
     """The project's file list, asked in a thread (a Future), when planning will need it: the latest
     version is not remembered, or the publication time of a known version is not. Else None.
@@ -370,8 +375,8 @@ def make_env(store: Store, plan: BuildPlan, partial: Path, deadline: Deadline,
     meta_dir = partial / ".llmgw"
     meta_dir.mkdir()
 
-    def uv_run(args: list, what: str) -> str:
-        return uvmod.run([uv.path, *args], what=what, env=env, log_dir=layout.logs, cwd=layout.tmp,
+    def uv_run(args: list, what: str, cwd: Path = layout.tmp) -> str:
+        return uvmod.run([uv.path, *args], what=what, env=env, log_dir=layout.logs, cwd=cwd,
                          timeout=remaining(), show=say)
 
     say(f"creating the environment ({interp.implementation} {interp.version}, {interp.path})")
@@ -383,13 +388,14 @@ def make_env(store: Store, plan: BuildPlan, partial: Path, deadline: Deadline,
     step("fetch")
     extra_index = fields.get("extra_index")
     lock = meta_dir / ("pylock.toml" if extra_index else "requirements.lock")
+    index_pins = _index_pins(store, plan, requirements, python, uv_run)
     if extra_index:
         # PEP 751 with an explicit second index: only `index_packages` may come from it; every
         # other package, even one the second index also offers (the 2022 torchtriton confusion),
         # resolves from the main index.
         source = meta_dir / "pyproject.toml"
-        source.write_text(lockfiles.pyproject_with_index(requirements, extra_index, fields["index_packages"],
-                                                         interp.version))
+        source.write_text(lockfiles.pyproject_with_index(indexpins.requirements_with_pins(requirements, index_pins),
+                                                         extra_index, fields["index_packages"], interp.version))
     else:
         source = meta_dir / "requirements.in"
         source.write_text("".join(r + "\n" for r in requirements))
@@ -401,11 +407,17 @@ def make_env(store: Store, plan: BuildPlan, partial: Path, deadline: Deadline,
         where = plan.index_url + (f" (and {extra_index} for {', '.join(fields['index_packages'])})" if extra_index else "")
         say(f"resolving {len(requirements)} requirement(s) as {where} stood at {as_of}")
         fmt = ["--format", "pylock.toml"] if extra_index else ["--generate-hashes"]
+        if extra_index:
+            indexpins.check_index(extra_index, fields, index_pins, plan.origin, f"build[{plan.build_index}]")
+            fmt += indexpins.exempt_args(index_pins)  # pinned: the pin, not a date, decides
+        # Run in .llmgw/ with relative names: uv's `# via -r requirements.in` then names no
+        # directory, so the lock (a file of the tree) is the same in every root (reproducible).
         uv_run(
-            ["pip", "compile", source, "-o", lock, *fmt, "--exclude-newer", as_of,
+            ["pip", "compile", source.name, "-o", lock.name, *fmt, "--exclude-newer", as_of,
              "--index-url", plan.index_url, "--python", python, "--no-header", "--quiet"],
-            "uv pip compile",
+            "uv pip compile", cwd=meta_dir,
         )
+        indexpins.check_lock(lock.read_text(), index_pins)
     step("resolve")
     lock_text = lock.read_text()
     pins = len(lockfiles.pins(lock_text, lock.name))
@@ -433,6 +445,7 @@ def make_env(store: Store, plan: BuildPlan, partial: Path, deadline: Deadline,
     binary = partial / "bin" / name
     if not (binary.is_file() and os.access(binary, os.X_OK)):
         raise StoreError(f"the environment has no executable bin/{name} (engine.binary in {plan.origin})")
+    canonical.normalise(partial, parse_time(as_of).timestamp())  # modes and times: not the builder's
     return {
         "requirements": requirements,
         "exclude_newer": as_of,
@@ -442,6 +455,35 @@ def make_env(store: Store, plan: BuildPlan, partial: Path, deadline: Deadline,
         "lock": lock_text,
         "lock_format": lock.name,
     }
+
+
+def _index_pins(store: Store, plan: BuildPlan, requirements: list[str], python: Path,
+                uv_run) -> dict[str, indexpins.Pin]:
+    """The exact pins of the extra index's packages (indexpins.py); none without an extra index.
+    A `from-main-index` pin is resolved first: the build's requirements on the main index alone,
+    date-bound, in a scratch directory (nothing of it enters the tree); a rebuild from a recorded
+    lock reads it from that lock instead."""
+    if not plan.fields.get("extra_index"):
+        return {}
+    where = f"build[{plan.build_index}]"
+    names = indexpins.to_derive(plan.fields)
+    versions: dict[str, str] = {}
+    if names and plan.lock_text is not None:
+        versions = indexpins.derived(plan.lock_text, "pylock.toml", names, plan.origin, where)
+    elif names:
+        scratch = store.layout.tmp / f"derive-{os.getpid()}-{time.monotonic_ns()}"
+        scratch.mkdir(mode=0o700)
+        try:
+            (scratch / "requirements.in").write_text("".join(r + "\n" for r in requirements))
+            say(f"resolving on {plan.index_url} alone for the versions of {', '.join(names)} (index_pins)")
+            uv_run(["pip", "compile", "requirements.in", "-o", "requirements.lock", "--exclude-newer",
+                    plan.inputs["as_of"], "--index-url", plan.index_url, "--python", python,
+                    "--no-header", "--quiet"], "uv pip compile (main index, for index_pins)", scratch)
+            versions = indexpins.derived((scratch / "requirements.lock").read_text(), "requirements.lock", names,
+                                         plan.origin, where)
+        finally:
+            force_rmtree(scratch)
+    return indexpins.pinned(plan.fields, requirements, plan.origin, where, versions)
 
 
 def _fetch_extras(store: Store, plan: BuildPlan, partial: Path) -> list[str]:

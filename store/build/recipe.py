@@ -39,6 +39,7 @@ BUILD_FIELDS: dict[str, tuple[tuple[type, ...], bool]] = {
     "version": ((str,), False),
     "extra_index": ((str,), False),
     "index_packages": ((list,), False),
+    "index_pins": ((dict,), False),
     "free_gb": ((int, float), False),
     "gpu_check": ((bool,), False),
     "min_compute_capability": ((int, float, str), False),
@@ -185,6 +186,9 @@ def parse(data: dict[str, Any], file: str | Path) -> Recipe:
         if ("extra_index" in b) != ("index_packages" in b) or ("index_packages" in b and not b["index_packages"]):
             raise RecipeError(file, f"{where}.extra_index", "extra_index and a non-empty index_packages go together: "
                               "the second index serves only the packages named for it")
+        if "index_pins" in b and "index_packages" not in b:
+            raise RecipeError(file, f"{where}.index_pins", "pins packages of the extra index: give extra_index and "
+                              "index_packages too")
         if "source" in b:
             _check_table(b["source"], SOURCE_FIELDS, file, f"{where}.source")
             if not SHA256_RE.fullmatch(b["source"]["sha256"]):
@@ -243,9 +247,53 @@ def check_values(b: dict[str, Any], file, where: str) -> None:
                               "with no '/', '\\' or control character")
     for name in b.get("index_packages", []):
         _project(name, file, f"{where}.index_packages")
+    _check_index_pins(b, file, where)
     if "extra_index" in b and not INDEX_URL_RE.fullmatch(b["extra_index"]):
         raise RecipeError(file, f"{where}.extra_index", f"{shown(b['extra_index'])} is not an http(s) URL "
                           "(no spaces, quotes or control characters, at most 2048 characters)")
+
+
+MAX_PIN_DIGESTS = 64  # wheels of one version (platforms x Python versions) a pin may list
+
+
+def _check_index_pins(b: dict[str, Any], file, where: str) -> None:
+    """index_pins = { NAME = "VERSION" } or { NAME = { version = "VERSION", sha256 = "HEX" | ["HEX", ...] } },
+    each NAME one of index_packages (see indexpins.py)."""
+    pins = b.get("index_pins")
+    if pins is None:
+        return
+    packages = {_norm(p) for p in b.get("index_packages", [])}
+    if len({_norm(n) for n in pins}) != len(pins):
+        raise RecipeError(file, f"{where}.index_pins", "names one package twice (names are compared normalised)")
+    for name, value in pins.items():
+        field = f"{where}.index_pins"
+        _project(name, file, field)
+        field = f"{field}.{name}"
+        if _norm(name) not in packages:
+            raise RecipeError(file, field, f"{name!r} is not one of index_packages; only packages of the extra index "
+                              "are pinned here (pin others in requirements)")
+        if isinstance(value, dict):
+            _check_table(value, PIN_FIELDS, file, field)
+            version = value["version"]
+            digests = value.get("sha256", [])
+            digests = [digests] if isinstance(digests, str) else digests
+            if not digests or len(digests) > MAX_PIN_DIGESTS or not all(
+                    isinstance(d, str) and SHA256_RE.fullmatch(d) for d in digests):
+                raise RecipeError(file, f"{field}.sha256", f"must be one or a list of 1 to {MAX_PIN_DIGESTS} sha256 "
+                                  "digests (64 lowercase hex digits)")
+        elif isinstance(value, str):
+            version = value
+        else:
+            raise RecipeError(file, field, "must be a version string or a table with version (and sha256)")
+        if not VERSION_RE.fullmatch(version):
+            raise RecipeError(file, field, f"{shown(version)} is not an exact version such as 2.9.1 or 2.9.1+cu128")
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+PIN_FIELDS: dict[str, tuple[tuple[type, ...], bool]] = {"version": ((str,), True), "sha256": ((str, list), False)}
 
 
 def _project(value: str, file, field: str) -> None:

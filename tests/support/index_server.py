@@ -1,5 +1,6 @@
 """A package index on 127.0.0.1 for tests: PEP 503 HTML and PEP 691 JSON with `upload-time`, files
-with their sha256, HEAD supported, every request counted. `tamper(filename)` makes it serve other
+with their sha256, HEAD supported, every request counted; `PackageIndex(upload_times=False)` serves
+no `upload-time`, as PyTorch's index. `tamper(filename)` makes it serve other
 bytes than the ones whose digest it publishes, as a compromised mirror would; `slow(seconds, when)`
 makes it wait that long before answering a file download while `when()` holds, as a slow mirror
 would (a uv that is installing then stays alive long enough to be caught)."""
@@ -38,7 +39,9 @@ class Release:
 
 
 class PackageIndex:
-    def __init__(self) -> None:
+    def __init__(self, *, upload_times: bool = True) -> None:
+        # upload_times=False: the JSON lists no `upload-time`, as PyTorch's index (uv issue 16846).
+        self.upload_times = upload_times
         self.releases: dict[str, list[Release]] = {}
         self.tampered: set[str] = set()
         self.file_delay = 0.0
@@ -134,8 +137,9 @@ class PackageIndex:
                                     "filename": r.filename,
                                     "url": f"../../files/{r.filename}",
                                     "hashes": {"sha256": r.sha256},
-                                    "upload-time": r.uploaded.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
                                     "size": len(r.data),
+                                    **({"upload-time": r.uploaded.strftime("%Y-%m-%dT%H:%M:%S.%fZ")}
+                                       if index.upload_times else {}),
                                 }
                                 for r in rels
                             ],

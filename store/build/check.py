@@ -1,0 +1,241 @@
+"""`build --check`: rebuild a key that is in the store, and compare the two trees file by file.
+
+    plan the recipe (the key, as `build` computes it; a key not in the store is refused)
+    temp root for the store path   (gc keeps it while it is compared)
+    the lock the path records      (proved: listing -> manifest -> index; never resolved again)
+    make_env into ROOT/var/tmp/check-<pid>-<ns>/env   with private, empty uv and bytecode caches
+    make it canonical and frozen, as a build does
+    compare with the store path as it is now: kind, bytes (blake3), size, mode, symlink target
+    remove the temporary tree      (on every way out; a SIGKILLed check's is removed by the next)
+
+The store path is only read: nothing here writes under store/ or takes the key's lock, so a check
+runs beside builds and activations of the same key. The rebuild is what a repair would install
+(verify.py): the same recorded lock, the same uv and interpreter (both in the key), caches that
+share nothing with the store's, so a difference is the build's or the store path's, not a cache's.
+The store path is compared as it is on disk, not as its listing says: a file changed in place
+(chmod u+w and write, as root can) and a listing changed to match are both seen.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import signal
+import stat
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from blake3 import blake3
+
+from llmgw_store.build import builder
+from llmgw_store.build import recipe as recipes
+from llmgw_store.build.builder import BuildOptions, Deadline
+from llmgw_store.core import manifest
+from llmgw_store.core.errors import IntegrityError, NotFoundError
+from llmgw_store.core.fsutil import force_rmtree, freeze
+from llmgw_store.core.local_store import Store
+from llmgw_store.core.report import say
+from llmgw_store.core.results import Result
+
+SCRATCH_RE = re.compile(r"check-([0-9]{1,7})-[0-9]{1,20}")  # Linux pids are at most 2^22
+MAX_STALE_SCAN = 10_000  # names of ROOT/var/tmp looked at for a dead check's leftovers
+SHOWN = 50  # differences said one per line on stderr; --json has them all
+
+
+@dataclass(frozen=True)
+class CheckResult(Result):
+    """`identical` when every entry of the rebuilt tree matches the store path's; `differences`
+    lists the others, each with what the store holds and what the rebuild made (None: absent)."""
+
+    path: str
+    name: str
+    key: str
+    identical: bool
+    content_hash: str
+    rebuilt_content_hash: str
+    files: int
+    differences: tuple[dict[str, Any], ...]
+    seconds: float
+
+
+def check(recipe_file: str | Path, options: BuildOptions = BuildOptions(), *,
+          root: str | Path | None = None) -> CheckResult:
+    """Rebuild the recipe's key into a temporary tree and compare it with the store path."""
+    started = time.monotonic()
+    recipe = recipes.load(recipe_file)
+    chosen = _chosen(recipe, options)
+    if options.as_of is not None:
+        recipes.past_time(options.as_of)
+    with Store.open(root, options.lock_timeout) as store:
+        plan = builder.plan_build(store, recipe, chosen, options)
+        layout = store.layout
+        final = layout.path_of(plan.name)
+        row = store.index.path_by_key(plan.key)
+        if row is None or not final.is_dir():
+            raise NotFoundError(f"{plan.name} is not in the store; build it first (`llmgw-store build {recipe_file}`), "
+                                "then check it")
+        from llmgw_store.core.temproots import TempRoots
+
+        # From here until this process exits, gc keeps the path; checked again now that it cannot go.
+        TempRoots(layout).add(plan.name, options.lock_timeout)
+        row = store.index.path_by_key(plan.key)
+        if row is None or not final.is_dir():
+            raise NotFoundError(f"{plan.name} was collected while the check started; build it again")
+        lock_text = recorded_lock(final, plan.name, row["content_hash"])
+        _sweep_stale(layout.tmp)
+        scratch = layout.tmp / f"check-{os.getpid()}-{time.monotonic_ns()}"
+        with _terminate_as_interrupt():
+            scratch.mkdir(mode=0o700)
+            try:
+                tree = scratch / "env"
+                tree.mkdir()
+                rebuild = dataclasses.replace(plan, lock_text=lock_text, uv_cache=scratch / "uv",
+                                              pyc_cache=scratch / "pyc")
+                say(f"rebuilding {plan.name} from its recorded lock into {tree}")
+                builder.make_env(store, rebuild, tree, Deadline(rebuild))
+                freeze(tree)
+                say("comparing the rebuilt tree with the store path")
+                ours, theirs = describe(tree), describe(final)
+            finally:
+                force_rmtree(scratch)
+    differences = tuple(compare(theirs, ours))
+    rebuilt_hash = manifest.content_hash([d.entry for d in ours.values()])
+    for d in differences[:SHOWN]:
+        say(f"differs: {d['path']}")
+    if len(differences) > SHOWN:
+        say(f"... and {len(differences) - SHOWN} more")
+    return CheckResult(
+        path=str(final), name=plan.name, key=plan.key, identical=not differences,
+        content_hash=row["content_hash"], rebuilt_content_hash=rebuilt_hash, files=len(ours),
+        differences=differences, seconds=round(time.monotonic() - started, 3),
+    )
+
+
+def _chosen(recipe: recipes.Recipe, options: BuildOptions) -> recipes.Build:
+    """The build `build` would pick: --variant, else the host's GPUs, else the only one."""
+    if options.variant is None and len(recipe.builds) > 1:
+        from llmgw_store.build import gpu
+
+        chosen, why = gpu.choose(recipe, None, gpu.probe_host())
+        say(f"chose build {chosen.variant!r}: {why}")
+        return chosen
+    return recipe.build_for(options.variant)
+
+
+def recorded_lock(env: Path, name: str, recorded_hash: str) -> str:
+    """The lock `env` was built from, once proved: the manifest names `name`, its contents listing
+    hashes to the manifest's content hash and to `recorded_hash` (the index's), and the manifest's
+    lock text hashes to the listed digest of the lock file. Else IntegrityError: a check never
+    resolves again (that would compare another environment)."""
+    why = None
+    try:
+        doc = manifest.check_complete(env, name, rehash=False)  # no-follow, bounded reads
+        listing = manifest.read_contents(env)
+        lock_text, lock_format = doc.get("lock"), doc.get("lock_format")
+        if not manifest.content_hash(listing) == doc["content_hash"] == recorded_hash:
+            why = "its listing does not hash to the content hash the index records"
+        elif not isinstance(lock_text, str) or lock_format not in ("requirements.lock", "pylock.toml"):
+            why = "its manifest records no lock"
+        else:
+            path = f"{manifest.MANIFEST_DIR}/{lock_format}"
+            listed = [e for e in listing if e.path == path and e.kind == "f"]
+            if not listed or blake3(lock_text.encode()).hexdigest() != listed[0].digest:
+                why = "the lock text in its manifest is not the lock file its listing records"
+            else:
+                return lock_text
+    except (OSError, ValueError) as exc:
+        why = str(exc)
+    raise IntegrityError(f"the lock {name} was built from cannot be proved ({why}); "
+                         f"`llmgw-store verify {name}` says what changed")
+
+
+@dataclass(frozen=True)
+class Described:
+    entry: manifest.Entry
+    mode: int | None  # permission bits; None for a symlink (its mode means nothing on Linux)
+
+
+def describe(tree: Path) -> dict[str, Described]:
+    """Every entry of `tree` (as the contents listing has them) with its permission bits."""
+    entries = manifest.scan(tree)
+    out = {}
+    for e in entries:
+        st = os.lstat(tree / e.path)
+        out[e.path] = Described(e, None if stat.S_ISLNK(st.st_mode) else stat.S_IMODE(st.st_mode))
+    return out
+
+
+KINDS = {"f": "file", "x": "executable", "d": "directory", "l": "symlink", "o": "other"}
+
+
+def _side(d: Described | None) -> dict[str, Any] | None:
+    if d is None:
+        return None
+    e = d.entry
+    out: dict[str, Any] = {"kind": KINDS.get(e.kind, e.kind)}
+    if e.kind in "fx":
+        out.update(size=e.size, digest=e.digest)
+    if e.kind == "l":
+        out["target"] = e.digest
+    if d.mode is not None:
+        out["mode"] = f"{d.mode:04o}"
+    return out
+
+
+def compare(store: dict[str, Described], rebuilt: dict[str, Described]) -> Iterator[dict[str, Any]]:
+    """The entries that differ in kind, bytes, size, mode or target, or exist on one side only,
+    in path order."""
+    for path in sorted(store.keys() | rebuilt.keys()):
+        a, b = store.get(path), rebuilt.get(path)
+        if a != b:
+            yield {"path": path, "store": _side(a), "rebuilt": _side(b)}
+
+
+def _sweep_stale(tmp: Path) -> None:
+    """Remove what a check killed by SIGKILL left in ROOT/var/tmp: `check-<pid>-*` of a pid that no
+    longer runs. (A pid reused since is taken as alive: its tree waits for the next check.)"""
+    try:
+        with os.scandir(tmp) as it:
+            names = [e.name for _, e in zip(range(MAX_STALE_SCAN), it)]
+    except FileNotFoundError:
+        return
+    for n in names:
+        m = SCRATCH_RE.fullmatch(n)
+        if m and int(m.group(1)) != os.getpid() and not _alive(int(m.group(1))):
+            say(f"removing {n}, left by a check that did not finish")
+            force_rmtree(tmp / n)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@contextmanager
+def _terminate_as_interrupt() -> Iterator[None]:
+    """While the temporary tree exists, SIGTERM (systemd stopping a unit, a timeout's kill) raises
+    KeyboardInterrupt, so the `finally` that removes the tree runs. Only the main thread can take
+    a signal handler; elsewhere the default stays (and the next check sweeps what is left)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
