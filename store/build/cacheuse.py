@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 CACHE = "uv"
 ARCHIVE_BUCKET = "archive-v0"
 ARCHIVE_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
-DIST_INFO_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+]{0,199}\.dist-info")
+DIST_INFO_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,199}\.dist-info")
 MAX_META = 1 << 20
 MAX_ARCHIVES = 1 << 20
 _NOFOLLOW = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC

@@ -182,15 +182,17 @@ def collect(
                 break
             dead, live = _sweep(store, excluded, budget, keep_dead_for, dry_run, lock_timeout, report)
             if dry_run:
-                report["freed"]["store_paths"] = sum(d["freed"] for d in dead)
+                # and what the pool prune would free that no path links already
+                report["freed"]["store_paths"] = sum(d["freed"] for d in dead) + _prune_pool(layout.links_pool, dry_run=True)
                 break
             # The lock is released: builds and activations go on while the trash is deleted.
             debug.pause("GC_BEFORE_EMPTY_TRASH")
             _empty_trash(layout, dead, report)
-            # A file optimise shared is freed only when its pool link goes too. Exclusive again,
-            # briefly: optimise links into the pool with the lock shared.
+            # A file optimise shared is freed only when its pool link goes too: part of what
+            # deleting the paths frees. Exclusive again, briefly: optimise links into the pool
+            # with the lock shared.
             with gc_lock(layout, shared=False, timeout=lock_timeout):
-                report["freed"]["linked_caches"] += _prune_pool(layout.links_pool)
+                report["freed"]["store_paths"] += _prune_pool(layout.links_pool)
             if budget is None or not dead:
                 break
         if not dry_run:
@@ -437,13 +439,13 @@ PYC_UNUSED_S = 30 * 86400  # a bytecode cache entry no build has used for this l
 PYC_TEMP_S = 3600.0  # a build's temporary file in the bytecode cache older than this was left by a crash
 
 
-def _prune_pool(pool: Path) -> int:
+def _prune_pool(pool: Path, dry_run: bool = False) -> int:
     """Delete the files of optimise's pool that no store path links any more (an inode whose only
     link is the pool's: the pool links store files only). Returns bytes freed on disk."""
     freed = 0
     for rel, st in walk(pool):
         if rel and stat.S_ISREG(st.st_mode) and st.st_nlink <= 1:
-            freed += _unlink(os.path.join(pool, rel), st)
+            freed += on_disk(st) if dry_run else _unlink(os.path.join(pool, rel), st)
     return freed
 
 
