@@ -68,7 +68,9 @@ def render(exe: str, root: Path, keep_dead_for: str, on_calendar: str) -> tuple[
                          "(letters, digits, * : , . / ~ + - and spaces; e.g. 'daily' or '*-*-* 04:17:00')")
     argv = [exe, "--root", str(root), *DEFAULT_GC_ARGS, "--keep-dead-for", keep_dead_for]
     exec_start = " ".join(_quoted(a, "value") for a in argv)
-    service = f"""[Unit]
+    service = f"""# Written by `llmgw-store systemd-units`: ExecStart is the installation that wrote it, with its
+# store root. After moving or reinstalling llmgw-store, write the units again.
+[Unit]
 Description=llmgw-store garbage collection ({root})
 Documentation=file:///usr/share/doc/llmgw-store/operations.md
 After=local-fs.target
@@ -81,7 +83,8 @@ ExecStart={exec_start}
 Nice=10
 IOSchedulingClass=idle
 """
-    timer = f"""[Unit]
+    timer = f"""# Written by `llmgw-store systemd-units`.
+[Unit]
 Description=Run llmgw-store gc ({root})
 
 [Timer]
