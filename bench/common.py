@@ -20,8 +20,8 @@ def timed(argv: list[str]) -> float:
     return time.perf_counter() - t
 
 
-def clone_registered(root: Path, src_name: str, n: int) -> list[str]:
-    """n copies of store path `src_name`, registered under fresh keys."""
+def clone_registered(root: Path, src_name: str, n: int, tag: str = "") -> list[str]:
+    """n copies of store path `src_name`, registered under fresh keys (`tag` makes another set)."""
     sys.path.insert(0, str(REPO))
     from llmgw_store.core.index import Index
     from llmgw_store.core.keys import store_key
@@ -30,7 +30,7 @@ def clone_registered(root: Path, src_name: str, n: int) -> list[str]:
     row = idx.path_by_name(src_name)
     names = []
     for i in range(n):
-        key = store_key({"bench": i, "src": src_name})
+        key = store_key({"bench": i, "src": src_name, **({"tag": tag} if tag else {})})
         name = f"{key}-{src_name.split('-', 1)[1]}"
         subprocess.run(["cp", "-a", str(root / "store" / src_name), str(root / "store" / name)], check=True)
         b = idx.start_build(key, name)

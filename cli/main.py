@@ -522,8 +522,9 @@ def stats(obj: Context, prometheus: str | None) -> None:
     obj.emit(r.to_json(), "\n".join([
         f"paths:        {r.paths} ({human_size(r.bytes_apparent)} apparent, {human_size(r.bytes_on_disk)} on disk)",
         f"profiles:     {r.profiles} with {r.generations} generation(s); {r.pins} pin(s)",
-        f"uv cache:     {human_size(r.uv_cache_bytes)} ({human_size(r.uv_cache_bytes_unshared)} not shared with environments)",
-        f"downloads:    {human_size(r.downloads_bytes)}",
+        f"uv cache:     {human_size(r.uv_cache_bytes)} apparent ({human_size(r.uv_cache_bytes_unshared)} on disk, not shared with environments)",
+        f"pyc cache:    {human_size(r.pyc_cache_bytes)} on disk (caches together: {human_size(r.cache_bytes_on_disk)}, what gc --max-cache counts)",
+        f"downloads:    {human_size(r.downloads_bytes)} on disk",
         f"free:         {human_size(r.free_bytes)}",
     ]))
 
