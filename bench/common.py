@@ -31,8 +31,8 @@ def measured(argv: list[str], env: dict | None = None) -> tuple[float, int]:
     return wall, usage.ru_maxrss
 
 
-def clone_registered(root: Path, src_name: str, n: int) -> list[str]:
-    """n copies of store path `src_name`, registered under fresh keys."""
+def clone_registered(root: Path, src_name: str, n: int, tag: str = "") -> list[str]:
+    """n copies of store path `src_name`, registered under fresh keys (`tag` makes another set)."""
     sys.path.insert(0, str(REPO))
     from llmgw_store.core.index import Index
     from llmgw_store.core.keys import store_key
@@ -41,7 +41,7 @@ def clone_registered(root: Path, src_name: str, n: int) -> list[str]:
     row = idx.path_by_name(src_name)
     names = []
     for i in range(n):
-        key = store_key({"bench": i, "src": src_name})
+        key = store_key({"bench": i, "src": src_name, **({"tag": tag} if tag else {})})
         name = f"{key}-{src_name.split('-', 1)[1]}"
         subprocess.run(["cp", "-a", str(root / "store" / src_name), str(root / "store" / name)], check=True)
         b = idx.start_build(key, name)

@@ -486,12 +486,15 @@ def run(obj: Context, profile: str, command: tuple[str, ...]) -> None:
 @click.option("--keep", type=int, help="First delete all but the newest N generations of each profile (never the current one).")
 @click.option("--max-freed", metavar="SIZE", help="Stop after freeing this much (50G), least recently used first.")
 @click.option("--min-free", metavar="SIZE", help="Collect only until the filesystem has this much free; nothing if it has.")
-@click.option("--max-cache", metavar="SIZE", help="Clean the whole uv cache when what it holds alone (not shared with environments) is over SIZE; else only prune it.")
+@click.option("--max-cache", metavar="SIZE", help="Prune the uv and bytecode caches down to SIZE on disk: entries no live path uses first, least recently used first.")
+@click.option("--prune-live", is_flag=True, help="With --max-cache: also prune entries live paths were built from (repair and cold rollback then need the network).")
+@click.option("--keep-dead-for", metavar="DURATION", help="Keep a dead path that was rooted or used within DURATION (1h): a rollback right after a switch finds it.")
 @lock_timeout_option(locks.LOCK_TIMEOUT_S, "the gc lock and each profile's lock (so cron tries again later)")
 @click.option("--print-roots", is_flag=True, help="Print each gc root and the store paths it holds; collect nothing.")
 @click.pass_obj
 def gc(obj: Context, dry_run: bool, delete_older_than: str | None, keep: int | None, max_freed: str | None,
-       min_free: str | None, max_cache: str | None, lock_timeout: float, print_roots: bool) -> None:
+       min_free: str | None, max_cache: str | None, prune_live: bool, keep_dead_for: str | None, lock_timeout: float,
+       print_roots: bool) -> None:
     """Delete store paths no root holds (profiles, pins, running processes, builds in flight).
 
     Safe to run from cron while builds and activations run.
@@ -515,11 +518,36 @@ def gc(obj: Context, dry_run: bool, delete_older_than: str | None, keep: int | N
         max_freed=parse_size(max_freed) if max_freed else None,
         min_free=parse_size(min_free) if min_free else None,
         max_cache=parse_size(max_cache) if max_cache else None,
+        keep_dead_for=parse_duration(keep_dead_for) if keep_dead_for else None, prune_live=prune_live,
     )
     verb = "would free" if dry_run else "freed"
-    freed = sum(r.freed.values())
+    freed = sum(v for k, v in r.freed.items() if k != "stale_files")
+    extra = f"; {len(r.kept_by_grace)} dead path(s) kept by --keep-dead-for" if r.kept_by_grace else ""
+    if r.cache_pruned:
+        extra += (f"; {r.cache_pruned['entries']} cache entr(ies) pruned ({human_size(r.cache_pruned['bytes'])})"
+                  + (f", {r.cache_pruned['kept_live']} kept for live paths" if r.cache_pruned["kept_live"] else ""))
     obj.emit(r.to_json(), f"{len(r.deleted)} store path(s) {'to delete' if dry_run else 'deleted'}, {verb} "
-                          f"{human_size(freed)} in {r.seconds:.1f}s")
+                          f"{human_size(freed)} on disk in {r.seconds:.1f}s{extra}")
+
+
+@cli.command(name="systemd-units")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=".", show_default=True,
+              help="Directory for llmgw-store-gc.service and llmgw-store-gc.timer (e.g. /etc/systemd/system).")
+@click.option("--keep-dead-for", default="1h", show_default=True, help="The gc's grace period for dead paths.")
+@click.option("--on-calendar", default="*-*-* 04:17:00", show_default=True, help="When the timer runs gc (systemd OnCalendar).")
+@click.pass_obj
+def systemd_units(obj: Context, out_dir: str, keep_dead_for: str, on_calendar: str) -> None:
+    """Write the gc service and timer for this installation: ExecStart is the llmgw-store running
+    now, with the current --root.
+
+    \b
+    Example:
+      llmgw-store systemd-units --out /etc/systemd/system && systemctl enable --now llmgw-store-gc.timer
+    """
+    from llmgw_store.roots.systemd import write_units
+
+    r = write_units(out_dir, root=obj.root, keep_dead_for=keep_dead_for, on_calendar=on_calendar)
+    obj.emit(r.to_json(), f"wrote {r.service}\nwrote {r.timer}\nExecStart={r.exec_start}")
 
 
 @cli.command()
@@ -613,8 +641,9 @@ def stats(obj: Context, prometheus: str | None) -> None:
     obj.emit(r.to_json(), "\n".join([
         f"paths:        {r.paths} ({human_size(r.bytes_apparent)} apparent, {human_size(r.bytes_on_disk)} on disk)",
         f"profiles:     {r.profiles} with {r.generations} generation(s); {r.pins} pin(s)",
-        f"uv cache:     {human_size(r.uv_cache_bytes)} ({human_size(r.uv_cache_bytes_unshared)} not shared with environments)",
-        f"downloads:    {human_size(r.downloads_bytes)}",
+        f"uv cache:     {human_size(r.uv_cache_bytes)} apparent ({human_size(r.uv_cache_bytes_unshared)} on disk, not shared with environments)",
+        f"pyc cache:    {human_size(r.pyc_cache_bytes)} on disk (caches together: {human_size(r.cache_bytes_on_disk)}, what gc --max-cache counts)",
+        f"downloads:    {human_size(r.downloads_bytes)} on disk",
         f"free:         {human_size(r.free_bytes)}",
     ]))
 

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from llmgw_store.build import bytecode, canonical, indexpins, interpreters, lockfiles
+from llmgw_store.build import bytecode, cacheuse, canonical, indexpins, interpreters, lockfiles
 from llmgw_store.build import recipe as recipes
 from llmgw_store.build import uv as uvmod
 from llmgw_store.build.realise import DEFAULT_LOCK_TIMEOUT_S, realise
@@ -430,6 +430,7 @@ def make_env(store: Store, plan: BuildPlan, partial: Path, deadline: Deadline,
          "--python", python, "--link-mode", "copy", "--quiet"],
         "uv pip install",
     )
+    cacheuse.record(store, plan.name, partial, plan.uv_cache)  # what gc keeps for repair and cold rollback
     step("install")
     say("compiling bytecode")
     pyc_cache = plan.pyc_cache or layout.pyc_cache

@@ -114,7 +114,17 @@ def _v3(db) -> None:
     db["refs"].create_index(["reference"], if_not_exists=True)
 
 
-MIGRATIONS: list[Callable] = [_v1, _v2, _v3]
+def _v_gc_records(db) -> None:
+    # gc's own memory (roots/cachelog.py, roots/gc.py): which cache entries each store path was
+    # built from (kept for repair and cold rollback), and when gc last saw each path rooted (the
+    # grace period). New tables only, so this step is independent of every other migration.
+    db["cache_uses"].create({"path_name": str, "cache": str, "entry": str, "used_at": str},
+                            pk=("path_name", "cache", "entry"), if_not_exists=True)
+    db["cache_uses"].create_index(["cache", "entry"], if_not_exists=True)
+    db["gc_rooted"].create({"name": str, "last_rooted": str}, pk="name", if_not_exists=True)
+
+
+MIGRATIONS: list[Callable] = [_v1, _v2, _v3, _v_gc_records]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -520,6 +530,51 @@ class Index:
             self._sql("DELETE FROM pins WHERE name = ?", (name,))
         else:
             self._sql("INSERT OR REPLACE INTO pins VALUES (?, ?, ?)", (name, path_name, now_iso()))
+
+
+    # --- gc's records: cache entries each path was built from, when gc last saw it rooted --------
+    def record_cache_uses(self, name: str, cache: str, entries: list[str] | set[str]) -> None:
+        at = now_iso()
+        try:
+            with self.conn:
+                self.conn.execute("BEGIN IMMEDIATE")
+                self.conn.executemany("INSERT OR REPLACE INTO cache_uses VALUES (?, ?, ?, ?)",
+                                      [(name, cache, e, at) for e in sorted(entries)])
+        except sqlite3.Error as exc:
+            raise self._error(exc, f"index {self.path}: cannot record the cache entries of {name}") from exc
+
+    def cache_uses(self, cache: str) -> list[dict[str, Any]]:
+        """Every recorded use of an entry of `cache` (path_name, entry, used_at); the caller checks entries."""
+        return [dict(r) for r in self._sql("SELECT path_name, entry, used_at FROM cache_uses WHERE cache = ?", (cache,))]
+
+    def forget_cache_uses(self, name: str) -> None:
+        self._sql("DELETE FROM cache_uses WHERE path_name = ?", (name,))
+
+    def drop_cache_entry(self, cache: str, entry: str) -> None:
+        self._sql("DELETE FROM cache_uses WHERE cache = ? AND entry = ?", (cache, entry))
+
+    def mark_rooted(self, names: set[str] | list[str], at: str) -> None:
+        try:
+            with self.conn:
+                self.conn.execute("BEGIN IMMEDIATE")
+                self.conn.executemany("INSERT OR REPLACE INTO gc_rooted VALUES (?, ?)", [(n, at) for n in sorted(names)])
+        except sqlite3.Error as exc:
+            raise self._error(exc, f"index {self.path}: cannot record gc roots") from exc
+
+    def last_rooted(self) -> dict[str, str]:
+        """name -> when a gc last saw it rooted, or when a generation naming it was deleted, the later."""
+        out = {r[0]: r[1] for r in self._sql("SELECT name, last_rooted FROM gc_rooted")}
+        for name, deleted in self._sql("SELECT name, max(deleted) FROM generations WHERE deleted IS NOT NULL GROUP BY name"):
+            if deleted and deleted > out.get(name, ""):
+                out[name] = deleted
+        return out
+
+    def generation_path_names(self) -> set[str]:
+        """Store path names any generation record names, deleted (cold) ones included."""
+        return {r[0] for r in self._sql("SELECT DISTINCT name FROM generations WHERE name IS NOT NULL")}
+
+    def forget_rooted(self, name: str) -> None:
+        self._sql("DELETE FROM gc_rooted WHERE name = ?", (name,))
 
 
 def _whoami() -> str:

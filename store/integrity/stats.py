@@ -14,6 +14,11 @@ from llmgw_store.core.results import Result
 
 @dataclass(frozen=True)
 class Stats(Result):
+    """Byte figures are on disk (st_blocks, each inode once) unless named apparent: `bytes_on_disk`
+    counts every store file once however many paths link it; `uv_cache_bytes_unshared` and
+    `pyc_cache_bytes` count only what no store path shares (what pruning could free);
+    `cache_bytes_on_disk` is the figure `gc --max-cache` compares with its SIZE."""
+
     root: str
     paths: int
     bytes_apparent: int
@@ -25,6 +30,8 @@ class Stats(Result):
     uv_cache_bytes_unshared: int
     downloads_bytes: int
     free_bytes: int
+    pyc_cache_bytes: int = 0
+    cache_bytes_on_disk: int = 0
 
 
 def _disk_usage(tree: Path, seen: set[tuple[int, int]]) -> tuple[int, int]:
@@ -46,15 +53,16 @@ def stats(*, root: str | Path | None = None, prometheus: str | Path | None = Non
         seen: set[tuple[int, int]] = set()
         _, store_disk = _disk_usage(layout.store, seen)
         uv_apparent, uv_disk = _disk_usage(layout.uv_cache, seen)  # only what environments do not share
-        dl_apparent, _ = _disk_usage(layout.downloads, seen)
+        _, pyc_disk = _disk_usage(layout.pyc_cache, seen)
+        _, dl_disk = _disk_usage(layout.downloads, seen)
         profiles = [e.name for e in os.scandir(layout.profiles)
                     if e.is_symlink() and not e.name.endswith("-link") and not e.name.startswith(".")]
         generations = sum(1 for e in os.scandir(layout.profiles) if e.name.endswith("-link"))
         result = Stats(
             root=str(layout.root), paths=len(rows), bytes_apparent=sum(r["size"] for r in rows),
             bytes_on_disk=store_disk, profiles=len(profiles), generations=generations, pins=len(index.pins()),
-            uv_cache_bytes=uv_apparent, uv_cache_bytes_unshared=uv_disk, downloads_bytes=dl_apparent,
-            free_bytes=free_bytes(layout.store),
+            uv_cache_bytes=uv_apparent, uv_cache_bytes_unshared=uv_disk, downloads_bytes=dl_disk,
+            free_bytes=free_bytes(layout.store), pyc_cache_bytes=pyc_disk, cache_bytes_on_disk=uv_disk + pyc_disk,
         )
     if prometheus is not None:
         write_prometheus(Path(prometheus), result)
@@ -79,9 +87,10 @@ def write_prometheus(path: Path, stats: Stats) -> None:
         "# HELP llmgw_store_generations Generations of all profiles.",
         "# TYPE llmgw_store_generations gauge",
         f"llmgw_store_generations{{{lab}}} {s['generations']}",
-        "# HELP llmgw_store_cache_bytes Bytes in caches (uv: only what no environment shares).",
+        "# HELP llmgw_store_cache_bytes Bytes on disk in caches (only what no environment shares).",
         "# TYPE llmgw_store_cache_bytes gauge",
         f'llmgw_store_cache_bytes{{{lab},cache="uv"}} {s["uv_cache_bytes_unshared"]}',
+        f'llmgw_store_cache_bytes{{{lab},cache="pyc"}} {s["pyc_cache_bytes"]}',
         f'llmgw_store_cache_bytes{{{lab},cache="downloads"}} {s["downloads_bytes"]}',
         "# HELP llmgw_store_free_bytes Free bytes on the store's filesystem.",
         "# TYPE llmgw_store_free_bytes gauge",

@@ -23,14 +23,17 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 import time
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from llmgw_store.core import debug
 from llmgw_store.core.errors import IndexError_, UsageError
-from llmgw_store.core.fsutil import force_rmtree, free_bytes, walk_files
+from llmgw_store.core.fsutil import free_bytes
+from llmgw_store.core.index import now_iso
 from llmgw_store.core.keys import is_store_name
 from llmgw_store.core.layout import Layout
 from llmgw_store.core.local_store import Store
@@ -39,10 +42,8 @@ from llmgw_store.core.names import check_profile
 from llmgw_store.core.report import say
 from llmgw_store.core.results import Result
 from llmgw_store.core.temproots import gc_lock, read_all
-
-
-def _du(path: Path) -> int:
-    return sum(st.st_size for _, st in walk_files(path))
+from llmgw_store.core.units import human_size
+from llmgw_store.roots.accounting import Tally, inodes_of, on_disk, remove_tree, walk
 
 
 def runtime_roots(layout: Layout) -> dict[str, set[str]]:
@@ -107,8 +108,10 @@ def roots(store: Store, excluded_generations: set[tuple[str, int]] = frozenset()
 
 @dataclass(frozen=True)
 class GcReport(Result):
-    """What gc did (or with dry_run would do): each path deleted (name, size, reason), bytes freed
-    per kind, each root and what it holds, generations deleted, complete paths registered again."""
+    """What gc did (or with dry_run would do): each path deleted (name, size: its apparent bytes,
+    freed: the bytes its deletion freed on disk, reason), bytes freed per kind (on disk: blocks,
+    an inode counted only when its last link went), each root and what it holds, generations
+    deleted, complete paths registered again, dead paths kept by the grace period, caches pruned."""
 
     dry_run: bool
     deleted: tuple[dict[str, Any], ...] = ()
@@ -119,6 +122,9 @@ class GcReport(Result):
     seconds: float = 0.0
     free_before: int | None = None
     free_after: int | None = None
+    kept_by_grace: tuple[str, ...] = ()
+    cache_pruned: dict[str, int] = field(default_factory=dict)
+    rounds: int = 0
 
 
 @dataclass(frozen=True)
@@ -140,75 +146,156 @@ def collect(
     max_freed: int | None = None,
     min_free: int | None = None,
     max_cache: int | None = None,
+    keep_dead_for: float | None = None,
+    prune_live: bool = False,
     lock_timeout: float = LOCK_TIMEOUT_S,
 ) -> GcReport:
-    """Every lock (the gc lock, each profile's, the index) is waited for at most `lock_timeout` s."""
+    """Every lock (the gc lock, each profile's, the index) is waited for at most `lock_timeout` s.
+    `keep_dead_for` (seconds): a dead path rooted or used within that long is kept (the grace
+    period). Byte figures are on disk (accounting.py); `min_free` is checked against the
+    filesystem's own free space, re-read after each round of deletion."""
     started = time.monotonic()
-    report: dict[str, Any] = {"dry_run": dry_run, "deleted": [], "generations_deleted": {}, "freed": {}, "kept": {}}
+    report: dict[str, Any] = {"dry_run": dry_run, "deleted": [], "generations_deleted": {}, "freed": {}, "kept": {},
+                              "kept_by_grace": [], "rounds": 0}
     with Store.open(root, lock_timeout) as store:
         layout = store.layout
-        trash = layout.trash
-        if min_free is not None:
-            free = free_bytes(layout.store)
-            if free >= min_free:
-                say(f"{free / 1e9:.1f} GB free, at least --min-free: nothing to do")
-                report.update(seconds=round(time.monotonic() - started, 3), free_before=free)
-                return _report(report)
-            budget = min_free - free
-        else:
-            budget = None
-        if max_freed is not None:
-            budget = max_freed if budget is None else min(budget, max_freed)
+        report["free_before"] = free_bytes(layout.store)
+        if min_free is not None and report["free_before"] >= min_free:
+            say(f"{human_size(report['free_before'])} free, at least --min-free: nothing to do")
+            report.update(seconds=round(time.monotonic() - started, 3), free_after=report["free_before"])
+            return _report(report)
 
         excluded: set[tuple[str, int]] = set()
         if delete_older_than is not None or keep is not None:
             excluded = _prune_generations(store, delete_older_than, keep, dry_run, lock_timeout, report)
 
-        with gc_lock(layout, shared=False, timeout=lock_timeout):
-            # From here until the lock is released no process can add a temp root: the roots read
-            # below are all the roots there are.
-            if not dry_run:
-                report["registered"] = _adopt_unregistered(store, read_all(layout)[0])
-            root_map = roots(store, excluded)
-            live = _closure(store, {n for names in root_map.values() for n in names})
-            report["kept"] = {desc: names for desc, names in root_map.items()}
-            live_temp, stale = read_all(layout)
-            report["freed"]["stale_files"] = 0
-            if not dry_run:
-                for f in stale:
-                    f.unlink(missing_ok=True)
-                report["freed"]["stale_files"] = len(stale) + _remove_stale_key_locks(layout, live_temp)
-            dead = _choose(store, live, budget, checked=not dry_run)
-            for item in dead:
-                say(f"{'would delete' if dry_run else 'deleting'} {item['name']} ({item['size'] / 1e6:.1f} MB, {item['reason']})")
-                if dry_run:
-                    continue
-                store.index.forget(item["name"])
-                debug.pause("GC_AFTER_FORGET")  # forgotten, still in store/
-                src = layout.store / _component(item["name"])
-                if os.path.lexists(src):
-                    os.rename(src, trash / f"{item['name']}.{os.getpid()}.{time.monotonic_ns()}")
-            report["deleted"] = dead
-        # The lock is released: builds and activations go on while the trash is deleted.
-        report["freed"]["store_paths"] = sum(d["size"] for d in dead)
-        if not dry_run:
+        report["freed"].update(store_paths=0, linked_caches=0, stale_files=0)
+        # Rounds: each chooses dead paths for what is still missing of the budget (predicted on
+        # disk), deletes them, then measures. Without a budget, or dry, there is one round; with
+        # one, at most as many as there are entries in store/ (each round deletes at least one).
+        limit = 1 + sum(1 for _ in os.scandir(layout.store))
+        live: set[str] = set()
+        while report["rounds"] < limit:
+            report["rounds"] += 1
+            budget = _budget(layout, min_free, max_freed, report["freed"]["store_paths"])
+            if budget is not None and budget <= 0:
+                break
+            dead, live = _sweep(store, excluded, budget, keep_dead_for, dry_run, lock_timeout, report)
+            if dry_run:
+                # and what the pool prune would free that no path links already
+                report["freed"]["store_paths"] = sum(d["freed"] for d in dead) + _prune_pool(layout.links_pool, dry_run=True)
+                break
+            # The lock is released: builds and activations go on while the trash is deleted.
             debug.pause("GC_BEFORE_EMPTY_TRASH")
-            for entry in os.scandir(trash):
-                force_rmtree(Path(entry.path))
-            report["freed"]["downloads"] = _prune_downloads(layout)
-        report["freed"]["uv_cache"] = _prune_uv_cache(store, max_cache, dry_run)
-        if not dry_run:
-            # After the uv cache: a file the uv cache still links costs nothing. Exclusive again,
-            # briefly: optimise links into the pool with the lock shared.
+            _empty_trash(layout, dead, report)
+            # A file optimise shared is freed only when its pool link goes too: part of what
+            # deleting the paths frees. Exclusive again, briefly: optimise links into the pool
+            # with the lock shared.
             with gc_lock(layout, shared=False, timeout=lock_timeout):
-                report["freed"]["linked_caches"] = _prune_linked_caches(layout.links_pool, layout.pyc_cache)
+                report["freed"]["store_paths"] += _prune_pool(layout.links_pool)
+            if budget is None or not dead:
+                break
+        if not dry_run:
+            _empty_trash(layout, [], report)  # what a killed gc left there
+            report["freed"]["downloads"] = _prune_downloads(layout)
+            with gc_lock(layout, shared=False, timeout=lock_timeout):
+                report["freed"]["linked_caches"] += _prune_stale_pyc(layout.pyc_cache)
+        report["freed"]["uv_cache"] = _prune_uv_cache(store, dry_run)
+        if max_cache is not None:
+            from llmgw_store.roots.cachelog import prune
+
+            # What a live path needs for repair, and a generation record (a cold rollback), stays.
+            needed = live | store.index.generation_path_names()
+            pruned = prune(store, max_cache, needed, prune_live=prune_live, dry_run=dry_run, timeout=UV_CACHE_TIMEOUT_S)
+            report["cache_pruned"] = pruned
+            report["freed"]["cache_entries"] = pruned["bytes"]
         report["seconds"] = round(time.monotonic() - started, 3)
         report["free_after"] = free_bytes(layout.store)
         return _report(report)
 
 
+def _budget(layout: Layout, min_free: int | None, max_freed: int | None, freed: int) -> int | None:
+    """Bytes still to free: what the filesystem says is missing for `min_free` (read now, not
+    predicted), and what is left of `max_freed`; None when neither is asked."""
+    budget = None
+    if min_free is not None:
+        budget = min_free - free_bytes(layout.store)
+    if max_freed is not None:
+        budget = max_freed - freed if budget is None else min(budget, max_freed - freed)
+    return budget
+
+
+def _sweep(store: Store, excluded, budget, keep_dead_for, dry_run, lock_timeout, report) -> tuple[list, set[str]]:
+    """Under the gc lock: read the roots, record them, choose, forget and rename into the trash."""
+    layout = store.layout
+    first = report["rounds"] == 1
+    with gc_lock(layout, shared=False, timeout=lock_timeout):
+        # From here until the lock is released no process can add a temp root: the roots read
+        # below are all the roots there are.
+        if first and not dry_run:
+            report["registered"] = _adopt_unregistered(store, read_all(layout)[0])
+        root_map = roots(store, excluded)
+        live = _closure(store, {n for names in root_map.values() for n in names})
+        live_temp, stale = read_all(layout)
+        if first:
+            report["kept"] = {desc: names for desc, names in root_map.items()}
+            if not dry_run:
+                for f in stale:
+                    f.unlink(missing_ok=True)
+                report["freed"]["stale_files"] = len(stale) + _remove_stale_key_locks(layout, live_temp)
+        now = time.time()
+        if not dry_run:
+            # The grace period's clock: each path seen rooted now (and each whose generation this
+            # gc deleted: rooted until a moment ago) was rooted at `now`.
+            just_unrooted = _names_of_generations(layout, excluded)
+            store.index.mark_rooted({n for n in live | just_unrooted if not n.endswith(".partial")}, now_iso())
+        pooled = inodes_of(layout.links_pool) if (budget is not None or dry_run) else frozenset()
+        dead = _choose(store, live, budget, checked=not dry_run, keep_dead_for=keep_dead_for, now=now,
+                       pooled=pooled, report=report, predict=dry_run or budget is not None)
+        for item in dead:
+            say(f"{'would delete' if dry_run else 'deleting'} {item['name']} ({human_size(item['size'])}, {item['reason']})")
+            if dry_run:
+                continue
+            store.index.forget(item["name"])
+            store.index.forget_rooted(item["name"])
+            if item["name"] not in store.index.generation_path_names():
+                store.index.forget_cache_uses(item["name"])  # no cold rollback can want its entries
+            debug.pause("GC_AFTER_FORGET")  # forgotten, still in store/
+            src = layout.store / _component(item["name"])
+            if os.path.lexists(src):
+                item["trash"] = layout.trash / f"{item['name']}.{os.getpid()}.{time.monotonic_ns()}"
+                os.rename(src, item["trash"])
+        report["deleted"] += dead
+    return dead, live
+
+
+def _names_of_generations(layout: Layout, generations: set[tuple[str, int]]) -> set[str]:
+    out = set()
+    for profile, number in generations:
+        try:
+            out.add(Path(os.readlink(layout.profiles / f"{profile}-{number}-link")).name)
+        except OSError:
+            continue  # deleted already (not a dry run): the generation record says when
+    return out
+
+
+def _empty_trash(layout: Layout, dead: list[dict[str, Any]], report: dict[str, Any]) -> None:
+    """Delete the trees renamed into the trash, counting what each really frees."""
+    for item in dead:
+        if "trash" in item:
+            item["freed"] = remove_tree(item.pop("trash"))
+            report["freed"]["store_paths"] += item["freed"]
+        else:
+            item["freed"] = 0
+    for entry in os.scandir(layout.trash):
+        report["freed"]["store_paths"] += remove_tree(entry.path)
+
+
 def _report(report: dict[str, Any]) -> GcReport:
-    return GcReport(**{**report, "deleted": tuple(report["deleted"]), "registered": tuple(report.get("registered", ()))})
+    for item in report["deleted"]:
+        item.pop("trash", None)
+    return GcReport(**{**report, "deleted": tuple(report["deleted"]), "registered": tuple(report.get("registered", ())),
+                       "kept_by_grace": tuple(report.get("kept_by_grace", ()))})
 
 
 def _closure(store: Store, names: set[str]) -> set[str]:
@@ -237,18 +324,41 @@ def _adopt_unregistered(store: Store, busy: set[str]) -> list[str]:
     return adopted
 
 
-def _choose(store: Store, live: set[str], budget: int | None, checked: bool = True) -> list[dict[str, Any]]:
-    """Dead paths, crash leftovers first, then least recently used; cut at the byte budget. With
-    `checked`, every unregistered directory left is one `_adopt_unregistered` found incomplete."""
+def _ts(iso: str | None) -> float:
+    if not iso:
+        return 0.0
+    try:
+        return datetime.fromisoformat(str(iso).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return 0.0
+
+
+def _choose(store: Store, live: set[str], budget: int | None, *, checked: bool = True,
+            keep_dead_for: float | None = None, now: float = 0.0, pooled=frozenset(),
+            report: dict[str, Any] | None = None, predict: bool = False) -> list[dict[str, Any]]:
+    """Dead paths, crash leftovers first, then least recently used; cut at the byte budget (on
+    disk, predicted by accounting.Tally). With `checked`, every unregistered directory left is one
+    `_adopt_unregistered` found incomplete. With `keep_dead_for`, a registered dead path rooted
+    (as a gc last saw it, or a generation record says) or used less than that long ago is kept."""
     rows = {r["name"]: r for r in store.index.paths()}
+    rooted = store.index.last_rooted() if keep_dead_for is not None else {}
     leftovers, registered = [], []
+    on_disk = set()
     for entry in os.scandir(store.layout.store):
         name = entry.name
+        on_disk.add(name)
         if name in live or name.startswith("."):
             continue
         if name in rows:
-            registered.append({"name": name, "size": rows[name]["size"], "reason": "no root holds it",
-                               "last_used": rows[name]["last_used"]})
+            row = rows[name]
+            if keep_dead_for is not None:
+                last = max(_ts(rooted.get(name)), _ts(row["last_used"]))
+                if now - last < keep_dead_for:
+                    if report is not None and name not in report["kept_by_grace"]:
+                        report["kept_by_grace"].append(name)
+                    continue
+            registered.append({"name": name, "size": row["size"], "reason": "no root holds it",
+                               "last_used": row["last_used"]})
         else:
             if name.endswith(".partial"):
                 what = "an unfinished build"
@@ -256,19 +366,26 @@ def _choose(store: Store, live: set[str], budget: int | None, checked: bool = Tr
                 what = "unregistered and incomplete (left by a crash)"
             else:
                 what = "unregistered (a gc registers it again if its manifest shows it complete)"
-            leftovers.append({"name": name, "size": _du(Path(entry.path)), "reason": what, "last_used": ""})
+            leftovers.append({"name": name, "size": None, "reason": what, "last_used": ""})
     # Registered rows whose directory is gone are forgotten too (nothing to free).
-    on_disk = {e.name for e in os.scandir(store.layout.store)}
     for name, row in rows.items():
         if name not in on_disk and name not in live:
             registered.append({"name": name, "size": 0, "reason": "registered but missing on disk", "last_used": ""})
-    chosen, total = [], 0
-    for item in leftovers + sorted(registered, key=lambda r: r["last_used"]):
-        if budget is not None and total >= budget:
+    tally = Tally(pooled)
+    chosen = []
+    for item in leftovers + sorted(registered, key=lambda r: _ts(r["last_used"])):
+        if budget is not None and tally.freed >= budget:
             break
+        apparent = tally.apparent
+        item["freed"] = tally.add(store.layout.store / _component(item["name"])) if predict else 0
+        if item["size"] is None:
+            item["size"] = tally.apparent - apparent if predict else _apparent(store.layout.store / item["name"])
         chosen.append(item)
-        total += item["size"]
     return chosen
+
+
+def _apparent(tree: Path) -> int:
+    return sum(st.st_size for _, st in walk(tree) if stat.S_ISREG(st.st_mode))
 
 
 def _component(name: str) -> str:
@@ -322,61 +439,63 @@ PYC_UNUSED_S = 30 * 86400  # a bytecode cache entry no build has used for this l
 PYC_TEMP_S = 3600.0  # a build's temporary file in the bytecode cache older than this was left by a crash
 
 
-def _prune_linked_caches(pool: Path, pyc_cache: Path) -> int:
+def _prune_pool(pool: Path, dry_run: bool = False) -> int:
     """Delete the files of optimise's pool that no store path links any more (an inode whose only
-    link is the pool's: the pool links store files only), and the bytecode cache's entries that no
-    build has used for PYC_UNUSED_S (entries are copied into environments, never linked, so links
-    say nothing about them; a reuse sets the mtime), with whatever there is not an entry (an older
-    format's hardlinks into environments, a crashed build's temporary files). Returns bytes freed."""
+    link is the pool's: the pool links store files only). Returns bytes freed on disk."""
+    freed = 0
+    for rel, st in walk(pool):
+        if rel and stat.S_ISREG(st.st_mode) and st.st_nlink <= 1:
+            freed += on_disk(st) if dry_run else _unlink(os.path.join(pool, rel), st)
+    return freed
+
+
+def _prune_stale_pyc(pyc_cache: Path) -> int:
+    """The bytecode cache's entries that no build has used for PYC_UNUSED_S (entries are copied into
+    environments, never linked, so links say nothing about them; a reuse sets the mtime), with
+    whatever there is not an entry (an older format's hardlinks into environments, a crashed build's
+    temporary files). Returns bytes freed on disk."""
     from llmgw_store.build.bytecode import ENTRY_RE, TEMP_PREFIX
 
     freed = 0
-    for p, st in walk_files(pool):
-        if st.st_nlink <= 1:
-            freed += _unlink(p, st)
     now = time.time()
-    for p, st in walk_files(pyc_cache):
-        name = os.path.basename(p)
+    for rel, st in walk(pyc_cache):
+        if not rel or stat.S_ISDIR(st.st_mode):
+            continue
+        name = os.path.basename(rel)
         if name.startswith(TEMP_PREFIX):
             stale = now - st.st_mtime > PYC_TEMP_S
         else:
             stale = not ENTRY_RE.fullmatch(name) or now - st.st_mtime > PYC_UNUSED_S
         if stale:
-            freed += _unlink(p, st)
+            freed += _unlink(os.path.join(pyc_cache, rel), st)
     return freed
 
 
 def _unlink(path: str, st: os.stat_result) -> int:
-    """Bytes freed by removing `path` (none if another link keeps its inode)."""
+    """Bytes freed on disk by removing `path` (none if another link keeps its inode)."""
     try:
         os.unlink(path)
     except FileNotFoundError:
         return 0
-    return st.st_size if st.st_nlink <= 1 else 0
-
-
-def _exclusive_bytes(tree: Path) -> int:
-    """Bytes of regular files under `tree` that no other directory shares (link count 1): a cache
-    file hardlinked into an environment costs nothing extra, and removing it frees nothing."""
-    return sum(st.st_size for _, st in walk_files(tree) if st.st_nlink == 1)
+    return on_disk(st) if st.st_nlink <= 1 else 0
 
 
 UV_CACHE_TIMEOUT_S = 120.0
 
 
-def _prune_uv_cache(store: Store, max_cache: int | None, dry_run: bool) -> int:
-    """`uv cache prune` (entries nothing references), or `uv cache clean` when what the cache holds
-    alone is over `max_cache`. uv takes its own cache lock, so builds in flight are safe; the wait
-    for it is bounded and a busy cache is skipped until the next gc."""
+def _prune_uv_cache(store: Store, dry_run: bool) -> int:
+    """`uv cache prune`: what nothing in uv's cache points at any more (unreferenced archives,
+    stale buckets). Entries a path was built from are pointed at, so they stay; `--max-cache`
+    (cachelog.py) removes entries by live use. uv takes its own cache lock, so builds in flight are
+    safe; the wait for it is bounded and a busy cache is skipped until the next gc."""
     from llmgw_store.build import uv as uvmod
     from llmgw_store.core.errors import CommandError
 
     cache = store.layout.uv_cache
-    before = _exclusive_bytes(cache)
-    verb = "clean" if max_cache is not None and before > max_cache else "prune"
     if dry_run:
-        say(f"would run `uv cache {verb}` ({before / 1e6:.1f} MB in the uv cache that no environment shares)")
+        say("would run `uv cache prune`")
         return 0
+    before = _cost(cache)
     pinned = [r for r in store.index.paths() if r["engine"] == "uv" and r["version"] == uvmod.UV_VERSION]
     if pinned:
         binary = store.layout.path_of(pinned[0]["name"]) / "bin" / "uv"
@@ -385,14 +504,20 @@ def _prune_uv_cache(store: Store, max_cache: int | None, dry_run: bool) -> int:
 
         binary = Path(find_uv_bin())
     try:
-        uvmod.run([binary, "cache", verb], what=f"uv cache {verb}", log_dir=store.layout.logs, timeout=UV_CACHE_TIMEOUT_S,
+        uvmod.run([binary, "cache", "prune"], what="uv cache prune", log_dir=store.layout.logs, timeout=UV_CACHE_TIMEOUT_S,
                   env=uvmod.clean_env(UV_NO_CONFIG="1", UV_CACHE_DIR=str(cache)), cwd=store.layout.tmp)
     except CommandError as exc:
         say(f"left the uv cache alone this time: {exc}")
         return 0
-    freed = max(0, before - _exclusive_bytes(cache))
-    say(f"uv cache {verb}: freed {freed / 1e6:.1f} MB")
+    freed = max(0, before - _cost(cache))
+    say(f"uv cache prune: freed {human_size(freed)}")
     return freed
+
+
+def _cost(tree: Path) -> int:
+    t = Tally()
+    t.add(tree)
+    return t.freed
 
 
 DOWNLOAD_GRACE_S = 3600.0
@@ -404,9 +529,10 @@ def _prune_downloads(layout: Layout) -> int:
     freed = 0
     cutoff = time.time() - DOWNLOAD_GRACE_S
     for entry in os.scandir(layout.downloads) if layout.downloads.is_dir() else []:
-        if entry.is_file() and not entry.name.startswith(".") and entry.stat().st_mtime < cutoff:
-            freed += entry.stat().st_size
-            os.unlink(entry.path)
+        if entry.is_file(follow_symlinks=False) and not entry.name.startswith("."):
+            st = entry.stat(follow_symlinks=False)
+            if st.st_mtime < cutoff:
+                freed += _unlink(entry.path, st)
     return freed
 
 

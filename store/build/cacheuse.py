@@ -1,0 +1,110 @@
+"""Which entries of uv's cache a build installed from, recorded so that gc keeps them while the
+path lives (a repair or a cold rollback reinstalls from them offline, with `uv --offline`).
+
+uv unpacks every wheel once into `CACHE/archive-v0/<id>/` (the wheel's files and its
+`<name>-<version>.dist-info/`), and points at it from its wheel buckets (`wheels-v*/…/<version>-
+<tag>` links, `.http` pointers). An environment installed with `--link-mode copy` shares no inode
+with it, so the archive is found by content instead: an archive is the source of an installed
+distribution when it holds a dist-info of the same name whose METADATA and WHEEL are the same
+bytes. That is independent of the index, the bucket layout and uv's pointer formats.
+
+Everything read here is untrusted (the cache is writable by uv and by whoever is the store's
+user): names are matched with re.fullmatch before use, nothing is followed through a symlink,
+reads are bounded (MAX_META bytes a file, MAX_ARCHIVES entries listed).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from llmgw_store.core.local_store import Store
+
+CACHE = "uv"
+ARCHIVE_BUCKET = "archive-v0"
+ARCHIVE_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
+DIST_INFO_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,199}\.dist-info")
+MAX_META = 1 << 20
+MAX_ARCHIVES = 1 << 20
+_NOFOLLOW = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+def _read_small(path: Path) -> bytes | None:
+    try:
+        fd = os.open(path, _NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_META:
+            return None
+        return os.read(fd, MAX_META + 1)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _fingerprint(dist_info: Path) -> tuple[bytes | None, bytes | None]:
+    return _read_small(dist_info / "METADATA"), _read_small(dist_info / "WHEEL")
+
+
+def installed(env: Path) -> dict[str, tuple[bytes | None, bytes | None]]:
+    """dist-info name -> (METADATA, WHEEL) of what is installed in `env`'s site-packages."""
+    out = {}
+    lib = env / "lib"
+    for py in os.scandir(lib) if lib.is_dir() else []:
+        site = Path(py.path) / "site-packages"
+        if not py.is_dir(follow_symlinks=False) or not site.is_dir() or site.is_symlink():
+            continue
+        for e in os.scandir(site):
+            if DIST_INFO_RE.fullmatch(e.name) and e.is_dir(follow_symlinks=False):
+                out[e.name] = _fingerprint(Path(e.path))
+    return out
+
+
+def archives(uv_cache: Path) -> list[os.DirEntry]:
+    """The well-named, real directories of uv's archive bucket (at most MAX_ARCHIVES)."""
+    bucket = uv_cache / ARCHIVE_BUCKET
+    out = []
+    try:
+        with os.scandir(bucket) as it:
+            for i, e in enumerate(it):
+                if i >= MAX_ARCHIVES:
+                    break
+                if ARCHIVE_RE.fullmatch(e.name) and e.is_dir(follow_symlinks=False):
+                    out.append(e)
+    except (FileNotFoundError, NotADirectoryError):
+        pass
+    return out
+
+
+def sources(env: Path, uv_cache: Path) -> set[str]:
+    """Archive ids of `uv_cache` whose wheel is installed in `env` (see the module docstring)."""
+    wanted = installed(env)
+    found: set[str] = set()
+    if not wanted:
+        return found
+    for a in archives(uv_cache):
+        try:
+            names = [n for n in os.listdir(a.path) if n in wanted]
+        except OSError:
+            continue
+        for n in names:
+            if wanted[n] != (None, None) and _fingerprint(Path(a.path) / n) == wanted[n]:
+                found.add(a.name)
+    return found
+
+
+def record(store: "Store", name: str, env: Path, private_cache: Path | None) -> None:
+    """Record the uv archives `env` (the `.partial` of store path `name`) was installed from. A
+    build with a private cache (a repair) records nothing: that cache is deleted after it."""
+    if private_cache is not None:
+        return
+    used = sources(env, store.layout.uv_cache)
+    if used:
+        store.index.record_cache_uses(name, CACHE, used)

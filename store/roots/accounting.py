@@ -1,0 +1,177 @@
+"""Bytes a deletion really frees, and the deletion itself.
+
+What a file costs on disk is its blocks (`st_blocks * 512`), not its size: a sparse file costs
+less, a small file a whole block. And its blocks come back only when its LAST link goes: a file
+hardlinked with another store path (after `optimise`), with optimise's pool or with a cache frees
+nothing while that other link lives. So:
+
+- `remove_tree` counts a file's blocks as freed when the lstat taken just before its unlink shows
+  one link (the last one; an inode with two links inside the tree is counted at its second unlink);
+  a directory's blocks when it is removed. One lstat per entry, the one the walk needs anyway.
+- `Tally` predicts the same for a set of trees without touching them (dry runs, byte budgets):
+  it counts the links of each inode met inside the set, and an inode is freed once all its links
+  are inside (a link in optimise's pool counts as inside: gc prunes a pool entry no path links).
+
+Both walk with directory descriptors opened O_NOFOLLOW, and never follow a symlink: a link
+planted in a dead path that points outside is removed (or counted) as the link it is, and nothing
+it points to is read, counted or deleted. Every loop is bounded by the entries of the tree.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+BLOCK = 512
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def on_disk(st: os.stat_result) -> int:
+    return st.st_blocks * BLOCK
+
+
+def _open_dir(parent_fd: int | None, name: str | os.PathLike, st: os.stat_result, writable: bool) -> int:
+    """A descriptor of directory `name` (never through a link). With `writable`, one without u+rwx
+    (a frozen store directory) gets it first, unless this process is root, whom modes do not stop."""
+    fd = os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
+    try:
+        st2 = os.fstat(fd)
+        if (st2.st_dev, st2.st_ino) != (st.st_dev, st.st_ino):
+            raise OSError(f"{name}: replaced while gc walked it")
+        if writable and os.geteuid() != 0 and stat.S_IMODE(st2.st_mode) & 0o700 != 0o700:
+            os.fchmod(fd, stat.S_IMODE(st2.st_mode) | 0o700)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def remove_tree(path: str | os.PathLike) -> int:
+    """Delete `path` (a tree that nothing else writes: one in the trash), returning the bytes its
+    deletion freed. A missing path frees nothing; a symlink or file is unlinked itself."""
+    path = Path(path)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return 0
+    if not stat.S_ISDIR(st.st_mode):
+        os.unlink(path)
+        return on_disk(st) if st.st_nlink <= 1 else 0
+    top = os.open(path.parent, _DIR_FLAGS)
+    freed = 0
+    stack: list[tuple[int, object, int, str, os.stat_result]] = []
+    try:
+        fd = _open_dir(top, path.name, st, writable=True)
+        stack.append((fd, os.scandir(fd), top, path.name, st))
+        while stack:
+            fd, it, parent, name, dst = stack[-1]
+            entry = next(it, None)  # type: ignore[call-overload]
+            if entry is None:
+                it.close()  # type: ignore[attr-defined]
+                os.close(fd)
+                stack.pop()
+                os.rmdir(name, dir_fd=parent)
+                freed += on_disk(dst)
+                continue
+            try:
+                est = entry.stat(follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            if stat.S_ISDIR(est.st_mode):
+                cfd = _open_dir(fd, entry.name, est, writable=True)
+                stack.append((cfd, os.scandir(cfd), fd, entry.name, est))
+            else:
+                os.unlink(entry.name, dir_fd=fd)
+                # this lstat was taken just before the unlink: one link means it was the last
+                freed += on_disk(est) if est.st_nlink <= 1 else 0
+    finally:
+        for fd, it, *_ in stack:
+            it.close()  # type: ignore[attr-defined]
+            os.close(fd)
+        os.close(top)
+    return freed
+
+
+def walk(path: str | os.PathLike):
+    """(relative path, lstat) of `path` and everything under it, never following a link."""
+    path = Path(path)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    yield "", st
+    if not stat.S_ISDIR(st.st_mode):
+        return
+    stack: list[tuple[int, object, str]] = []
+    try:
+        fd = _open_dir(None, path, st, writable=False)
+        stack.append((fd, os.scandir(fd), ""))
+        while stack:
+            fd, it, rel = stack[-1]
+            entry = next(it, None)  # type: ignore[call-overload]
+            if entry is None:
+                it.close()  # type: ignore[attr-defined]
+                os.close(fd)
+                stack.pop()
+                continue
+            try:
+                est = entry.stat(follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            sub = f"{rel}/{entry.name}" if rel else entry.name
+            yield sub, est
+            if stat.S_ISDIR(est.st_mode):
+                try:
+                    cfd = _open_dir(fd, entry.name, est, writable=False)
+                except OSError:
+                    continue
+                stack.append((cfd, os.scandir(cfd), sub))
+    finally:
+        for fd, it, _ in stack:
+            it.close()  # type: ignore[attr-defined]
+            os.close(fd)
+
+
+def inodes_of(directory: str | os.PathLike) -> set[tuple[int, int]]:
+    """(st_dev, st_ino) of the plain files directly in `directory` (optimise's pool)."""
+    out = set()
+    try:
+        with os.scandir(directory) as it:
+            for e in it:
+                try:
+                    st = e.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                if stat.S_ISREG(st.st_mode):
+                    out.add((st.st_dev, st.st_ino))
+    except FileNotFoundError:
+        pass
+    return out
+
+
+class Tally:
+    """What deleting every tree added so far would free, without deleting anything. `pooled`:
+    inodes with one more link in optimise's pool, which gc prunes once no store path links them."""
+
+    def __init__(self, pooled: set[tuple[int, int]] | frozenset = frozenset()):
+        self.pooled = pooled
+        self.links: dict[tuple[int, int], int] = {}
+        self.freed = 0
+        self.apparent = 0
+
+    def add(self, tree: str | os.PathLike) -> int:
+        """Add a tree; returns what it adds to `freed`."""
+        before = self.freed
+        for _, st in walk(tree):
+            if stat.S_ISDIR(st.st_mode):
+                self.freed += on_disk(st)
+                continue
+            self.apparent += st.st_size if stat.S_ISREG(st.st_mode) else 0
+            ident = (st.st_dev, st.st_ino)
+            seen = self.links.get(ident, 0) + 1
+            self.links[ident] = seen
+            outside = st.st_nlink - seen - (1 if ident in self.pooled else 0)
+            if outside == 0:
+                self.freed += on_disk(st)
+        return self.freed - before
