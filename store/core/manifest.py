@@ -29,6 +29,8 @@ from typing import Any, NamedTuple
 
 from blake3 import blake3
 
+from llmgw_store.core import debug
+
 MANIFEST_DIR = ".llmgw"
 MANIFEST = f"{MANIFEST_DIR}/manifest.json"
 CONTENTS = f"{MANIFEST_DIR}/contents"
@@ -189,6 +191,7 @@ class _Pool:
             t.start()
 
     def _work(self) -> None:
+        debug.pause("HASH_PAUSE")  # tests: the walk has listed files that are not hashed yet
         while (job := self.jobs.get()) is not None:
             idx, paths = job
             try:
