@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from llmgw_store.core import locks, manifest, uses
+from llmgw_store.core.dedupe import share
 from llmgw_store.core.errors import IntegrityError
 from llmgw_store.core.fsutil import force_rmtree, freeze
 from llmgw_store.core.index import now_iso, row_from_manifest
@@ -105,6 +106,7 @@ def realise(
             return final, "substituted"
         build_id = index.start_build(key, name)
         doc = _produce(store, key, name, inputs, meta, make, verify, build_id)
+        share(layout, partial)  # identical files of other store paths, verified, linked (core/dedupe.py)
         try:
             # Same directory, one filesystem: rename(2) is atomic, and the lock keeps anyone else
             # from creating `final` meanwhile.
@@ -159,6 +161,7 @@ def replace(
                 f"the rebuild of {name} gives different bytes ({differs}); the recorded hash is kept and the path "
                 "left as it was: remove the path (unpin it, `llmgw-store gc`) and build it again"
             )
+        share(layout, partial)  # verified pool copies only: never the damaged inode being replaced
         try:
             exchange(partial, final)
         except BaseException as exc:

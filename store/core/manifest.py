@@ -10,21 +10,26 @@ The contents listing is canonical: one line per entry, sorted by path components
 exec bit), l (symlink; digest is its target) or o (anything else). Owners, times and permission
 bits other than the exec bit are left out: they differ between machines and do not change what the
 environment does. The content hash is blake3 of the listing, so it covers every byte of every file.
-Files are hashed in a thread pool (blake3 releases the GIL), which is what makes verify fast on
-trees of thousands of files.
+Files are hashed in a thread pool while the tree is walked (blake3 releases the GIL): small files
+in batches of one read each, large ones through mmap with blake3's own threads. Every file is opened
+with O_NOFOLLOW|O_NONBLOCK and checked to be a regular file by its descriptor: a link or a FIFO
+swapped in for a file is never followed nor waited on.
 """
 
 from __future__ import annotations
 
+import errno
 import json
+import mmap
 import os
+import re
 import stat
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from blake3 import blake3
 
+from llmgw_store.core import debug
 from llmgw_store.core.report import progress
 
 MANIFEST_DIR = ".llmgw"
@@ -32,12 +37,16 @@ MANIFEST = f"{MANIFEST_DIR}/manifest.json"
 CONTENTS = f"{MANIFEST_DIR}/contents"
 _EXCLUDED = {MANIFEST, CONTENTS}
 CHUNK = 1 << 20
+MMAP_MIN = 1 << 20  # files from this size up are hashed through mmap with blake3's threads
 THREADS = min(8, (os.cpu_count() or 1) * 2)
+# Every file hashed is opened so: never through a link, never waiting on a FIFO.
+_OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _WRITE = stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH
 
 
-@dataclass(frozen=True)
-class Entry:
+class Entry(NamedTuple):
+    """One line of the listing. A tuple: made by the ten thousand per verify, so it must be cheap."""
+
     path: str
     kind: str
     size: int
@@ -53,90 +62,241 @@ class Entry:
 
 
 def _esc(s: str) -> str:
+    if "\\" not in s and "\t" not in s and "\n" not in s:
+        return s
     return s.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n")
 
 
+_UNESC = {"t": "\t", "n": "\n"}
+_ESCAPED = re.compile(r"\\(.)", re.DOTALL)
+
+
 def _unesc(s: str) -> str:
-    out, i = [], 0
-    while i < len(s):
-        if s[i] == "\\" and i + 1 < len(s):
-            out.append({"t": "\t", "n": "\n"}.get(s[i + 1], s[i + 1]))
-            i += 2
-        else:
-            out.append(s[i])
-            i += 1
-    return "".join(out)
+    # Most names hold no backslash: returned as they are. Else one regex pass: a backslash and the
+    # character after it become that character, t and n a tab and a newline (a lone trailing
+    # backslash stays, as it always did).
+    if "\\" not in s:
+        return s
+    return _ESCAPED.sub(lambda m: _UNESC.get(m.group(1), m.group(1)), s)
+
+
+def _open_regular(path: str | Path) -> tuple[int, os.stat_result]:
+    """(fd, fstat) of the regular file at `path`, opened without following a link and without
+    blocking on a FIFO; OSError for anything else (what was listed as a file may have been swapped
+    since)."""
+    fd = os.open(path, _OPEN_FLAGS)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", os.fspath(path))
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st
+
+
+def _mappable(st: os.stat_result) -> bool:
+    """Whether the file may be hashed through mmap: only one no other user can truncate meanwhile
+    (a truncated mapping faults with SIGBUS, which would kill the process): owned by this user or
+    root, with no group or other write bit. Anything else is read instead."""
+    return st.st_uid in (0, os.geteuid()) and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+
+
+def digest_fd(fd: int, st: os.stat_result) -> str:
+    """blake3 of the open regular file `fd` (`st` its fstat): a small file in one read, a large one
+    through mmap with blake3's own threads (no Python loop over chunks; the GIL is released while
+    hashing, so the pool's other threads go on)."""
+    size = st.st_size
+    if size < MMAP_MIN:
+        data = os.read(fd, size + 1)
+        if len(data) == size:
+            return blake3(data).hexdigest()
+        h = blake3(data)  # a short read, or it grew since fstat: hash the rest too
+    elif _mappable(st):
+        h = blake3(max_threads=blake3.AUTO)
+        try:
+            with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as m:
+                h.update(m)
+            return h.hexdigest()
+        except (OSError, ValueError):  # a filesystem without mmap: read it instead
+            h = blake3(max_threads=blake3.AUTO)
+            os.lseek(fd, 0, os.SEEK_SET)
+    else:
+        h = blake3(max_threads=blake3.AUTO)
+    while chunk := os.read(fd, CHUNK):
+        h.update(chunk)
+    return h.hexdigest()
 
 
 def file_digest(path: str | Path) -> str:
     """blake3 of the regular file at `path`, never through a symlink (OSError for a link, a FIFO,
     a device: what was listed as a file may have been swapped since)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(f"{path} is not a regular file")
-        h = blake3()
-        while chunk := f.read(CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
+    fd, st = _open_regular(path)
+    try:
+        return digest_fd(fd, st)
+    finally:
+        os.close(fd)
 
 
-BIG = 1 << 18  # files from 256 KiB up are hashed in the pool; smaller ones inline (less overhead)
+def _digest_batch(paths: list[str]) -> list[str | OSError]:
+    """Digests of a batch of files (one pool task for many small files: a task per file costs more
+    than hashing it), each opened as `file_digest` opens it. An OSError is returned in its place,
+    for the caller to raise in order. The small-file case is written out here: it is most files."""
+    out: list[str | OSError] = []
+    append = out.append
+    for p in paths:
+        try:
+            fd = os.open(p, _OPEN_FLAGS)
+        except OSError as exc:
+            append(exc)
+            continue
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                append(OSError(errno.EINVAL, "not a regular file", p))
+                continue
+            size = st.st_size
+            if size < MMAP_MIN:
+                data = os.read(fd, size + 1)
+                if len(data) == size:
+                    append(blake3(data).hexdigest())
+                    continue
+                os.lseek(fd, 0, os.SEEK_SET)
+            append(digest_fd(fd, st))
+        except OSError as exc:
+            append(exc)
+        finally:
+            os.close(fd)
+    return out
 
 
-def scan(root: Path, writable: list[str] | None = None) -> list[Entry]:
+BATCH_FILES = 64  # small files per pool task
+BATCH_BYTES = 4 << 20  # or fewer, once their sizes add up to this
+
+
+class _Pool:
+    """`THREADS` threads hashing batches of files while the walk goes on (a thread per core and
+    more: open, read and hash all release the GIL). Lighter than concurrent.futures, which pulls in
+    logging at import time: verify's start-up counts. Results are (entry indexes, digests) pairs,
+    appended in any order; the first exception a worker meets is raised by `finish`."""
+
+    def __init__(self) -> None:
+        import threading
+        from queue import SimpleQueue
+
+        self.jobs: SimpleQueue = SimpleQueue()
+        self.done: list[tuple[list[int], list[str | OSError]]] = []
+        self.error: BaseException | None = None
+        self.threads = [threading.Thread(target=self._work, daemon=True) for _ in range(THREADS)]
+        for t in self.threads:
+            t.start()
+
+    def _work(self) -> None:
+        debug.pause("HASH_PAUSE")  # tests: the walk has listed files that are not hashed yet
+        while (job := self.jobs.get()) is not None:
+            idx, paths = job
+            try:
+                self.done.append((idx, _digest_batch(paths)))  # list.append is atomic
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller by finish()
+                self.error = exc
+
+    def submit(self, idx: list[int], paths: list[str]) -> None:
+        self.jobs.put((idx, paths))
+
+    def finish(self) -> list[tuple[list[int], list[str | OSError]]]:
+        for _ in self.threads:
+            self.jobs.put(None)
+        for t in self.threads:
+            t.join()
+        if self.error is not None:
+            raise self.error
+        return self.done
+
+
+def scan(root: Path, writable: list[str] | None = None, *, memo: dict | None = None) -> list[Entry]:
     """Every entry under `root` (manifest and listing excluded), in canonical order, files hashed.
     A depth-first walk over sorted names yields the component-wise sorted order directly. With
-    `writable`, the paths of entries that have a write bit are appended to it (root itself as ".")."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    entries: list[Entry] = []
-    pending: list[tuple[int, Any]] = []
+    `writable`, the paths of entries that have a write bit are appended to it (root itself as ".").
+    Files are hashed in a pool while the walk goes on: small ones in batches, large ones one per
+    task with blake3's threads. Raises OSError if a file the walk saw as regular cannot be opened
+    as one when it is hashed (swapped for a link or a FIFO meanwhile: never followed).
+    `memo` (one dict for the paths of one verify run) maps the identity of an inode with several
+    links (device, inode, size, mtime, ctime) to its digest: a file shared between store paths is
+    hashed once per run."""
+    entries: list[Any] = []
+    batch_idx: list[int] = []
+    batch_paths: list[str] = []
+    batch_bytes = 0
+    pending: list[tuple[int, tuple]] = []  # shared inodes hashed in this scan, for the memo
     check_w = writable is not None
     step, hashed = f"hashing {root.name}", [0]
     if check_w and os.lstat(root).st_mode & _WRITE:
         writable.append(".")
-    with ThreadPoolExecutor(THREADS) as pool:
+    S_ISREG, S_ISDIR, S_ISLNK, S_IXUSR = stat.S_ISREG, stat.S_ISDIR, stat.S_ISLNK, stat.S_IXUSR
+    pool = _Pool()
 
-        def walk(dir_path: str, prefix: str) -> None:
-            with os.scandir(dir_path) as it:
-                children = sorted(it, key=lambda e: e.name)
-            for e in children:
-                rel = prefix + e.name
-                if rel in _EXCLUDED:
-                    continue
-                st = e.stat(follow_symlinks=False)
-                mode = st.st_mode
-                if check_w and mode & _WRITE and not stat.S_ISLNK(mode):
-                    writable.append(rel)
-                if stat.S_ISREG(mode):
-                    kind = "x" if mode & stat.S_IXUSR else "f"
-                    size = st.st_size
-                    hashed[0] += size
-                    if len(entries) % 64 == 0 or size >= BIG:
-                        progress(step, hashed[0], None, "B")
-                    if size >= BIG:
-                        pending.append((len(entries), pool.submit(file_digest, e.path)))
-                        entries.append(Entry(rel, kind, size, ""))
-                    else:
-                        fd = os.open(e.path, os.O_RDONLY)
-                        try:
-                            data = os.read(fd, size + 1)
-                        finally:
-                            os.close(fd)
-                        entries.append(Entry(rel, kind, size, blake3(data).hexdigest()))
-                elif stat.S_ISDIR(mode):
-                    entries.append(Entry(rel, "d", 0, ""))
-                    walk(e.path, rel + "/")
-                elif stat.S_ISLNK(mode):
-                    entries.append(Entry(rel, "l", 0, os.readlink(e.path)))
+    def flush() -> None:
+        nonlocal batch_idx, batch_paths, batch_bytes
+        if batch_paths:
+            pool.submit(batch_idx, batch_paths)
+            batch_idx, batch_paths, batch_bytes = [], [], 0
+
+    def walk(dir_path: str, prefix: str) -> None:
+        nonlocal batch_bytes
+        with os.scandir(dir_path) as it:
+            children = sorted(it, key=lambda e: e.name)
+        for e in children:
+            rel = prefix + e.name
+            if rel in _EXCLUDED:
+                continue
+            st = e.stat(follow_symlinks=False)
+            mode = st.st_mode
+            if check_w and mode & _WRITE and not S_ISLNK(mode):
+                writable.append(rel)
+            if S_ISREG(mode):
+                size = st.st_size
+                hashed[0] += size
+                if len(entries) % 64 == 0 or size >= MMAP_MIN:
+                    progress(step, hashed[0], None, "B")
+                kind = "x" if mode & S_IXUSR else "f"
+                if memo is not None and st.st_nlink > 1:
+                    ident = (st.st_dev, st.st_ino, size, st.st_mtime_ns, st.st_ctime_ns)
+                    known = memo.get(ident)
+                    if known is not None:
+                        entries.append(Entry(rel, kind, size, known))
+                        continue
+                    pending.append((len(entries), ident))
+                if size >= MMAP_MIN:
+                    pool.submit([len(entries)], [e.path])
                 else:
-                    entries.append(Entry(rel, "o", 0, ""))
+                    batch_idx.append(len(entries))
+                    batch_paths.append(e.path)
+                    batch_bytes += size
+                    if len(batch_paths) >= BATCH_FILES or batch_bytes >= BATCH_BYTES:
+                        flush()
+                entries.append((rel, kind, size))
+            elif S_ISDIR(mode):
+                entries.append(Entry(rel, "d", 0, ""))
+                walk(e.path, rel + "/")
+            elif S_ISLNK(mode):
+                entries.append(Entry(rel, "l", 0, os.readlink(e.path)))
+            else:
+                entries.append(Entry(rel, "o", 0, ""))
 
+    try:
         walk(os.fspath(root), "")
-        for i, fut in pending:
-            e = entries[i]
-            entries[i] = Entry(e.path, e.kind, e.size, fut.result())
+        flush()
+    finally:
+        done = pool.finish()
+    for idx, digests in done:
+        for i, d in zip(idx, digests):
+            if isinstance(d, OSError):
+                raise d
+            rel, kind, size = entries[i]
+            entries[i] = Entry(rel, kind, size, d)
+    if memo is not None:
+        for i, ident in pending:
+            memo[ident] = entries[i].digest
     progress(step, hashed[0], hashed[0], "B")
     return entries
 
@@ -160,18 +320,38 @@ def write_contents(env: Path, entries: list[Entry]) -> None:
 
 
 def read_contents(env: Path) -> list[Entry]:
-    # bytes, decoded: read_text() would translate "\r" and "\r\n" (universal newlines)
-    return _parse_listing((env / CONTENTS).read_bytes().decode())
+    """The listing of `env`, read without following a link at any step (ValueError otherwise)."""
+    return parse_contents(read_contents_bytes(env))
+
+
+def read_contents_bytes(env: Path) -> bytes:
+    """`.llmgw/contents` as it is on disk: no link followed, no FIFO waited on, bounded."""
+    return _read_meta_file(env, "contents", CONTENTS_MAX)
+
+
+def parse_contents(raw: bytes) -> list[Entry]:
+    # bytes, decoded here: read_text() would translate "\r" and "\r\n" (universal newlines)
+    return _parse_listing(raw.decode())
 
 
 def _parse_listing(text: str) -> list[Entry]:
     # Lines end in "\n" only: the format escapes "\n", "\t" and "\\" in names, but a name may hold
     # any other character str.splitlines() would also break on ("\r", "\x0b", "\x85", U+2028...).
-    return [Entry.parse(ln) for ln in text.split("\n") if ln]
+    # One loop, no call per line but where a backslash says a field is escaped.
+    out = []
+    for ln in text.split("\n"):
+        if ln:
+            kind, size, digest, path = ln.split("\t", 3)
+            if "\\" in ln:
+                path, digest = _unesc(path), _unesc(digest)
+            out.append(Entry(path, kind, int(size), digest))
+    return out
 
 
 def compare(recorded: list[Entry], actual: list[Entry]) -> dict[str, list[str]]:
     """What differs between a recorded listing and the tree now, by path."""
+    if recorded == actual:  # the common case, compared in C
+        return {"modified": [], "missing": [], "extra": []}
     want = {e.path: e for e in recorded}
     have = {e.path: e for e in actual}
     return {
@@ -187,7 +367,8 @@ def write(env: Path, manifest: dict[str, Any]) -> None:
 
 
 def read(env: Path) -> dict[str, Any]:
-    return json.loads((env / MANIFEST).read_text())
+    """The manifest of `env`, read without following a link at any step (ValueError otherwise)."""
+    return json.loads(_read_meta_file(env, "manifest.json", MANIFEST_MAX))
 
 
 def references_of(tree: Path, store_dir: Path) -> list[str]:

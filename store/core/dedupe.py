@@ -1,0 +1,175 @@
+"""Sharing identical files between store paths when a path is registered, through optimise's pool.
+
+The pool `ROOT/store/.links/<blake3>-<f|x>` holds one link per distinct file content (see
+integrity/optimise.py, which fills it for paths registered before this and keeps the same rules).
+`share(layout, tree)` runs on a new path's tree once it is complete, frozen and hashed (its
+`.llmgw/contents` written), still `.partial` — invisible to every other process — and under its
+key's lock. For each regular, non-empty file of the listing:
+
+- the pool has no entry for its digest and kind: the file, if nothing else links it (so never an
+  inode a cache or another tree shares), becomes the pool's copy (one more link, no byte moved);
+- the pool has an entry: it is opened O_NOFOLLOW|O_NONBLOCK and checked by its descriptor — a
+  regular file of the store's user with no write, setuid, setgid or sticky bit, the same size,
+  mode, owner and group as the new file — then hashed (blake3, mmap and threads for big files) and
+  compared with the new file's listed digest. Only then is it linked under a temporary name in the
+  new file's directory, the link checked to be that very inode, and renamed over the new file:
+  rename(2) is atomic, so the name holds the new bytes or the identical pool bytes, never nothing.
+  An entry that is not a plain file of ours or does not hold its name's bytes was planted or
+  damaged: it leaves the pool (the paths that link it keep it; `verify` names them) and the new
+  file takes its place.
+
+So a new path shares only bytes that were hashed when it was made, and it hashes to the same
+listing: every replaced file has the same bytes, size and mode. Nothing here can make the build
+fail: a file that cannot be shared (a race with gc or optimise, EMLINK, ENOSPC) stays as it is.
+Directories of the frozen tree are made writable by their owner only while their files are swapped.
+gc removes pool entries that no store path links any more (link count 1).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from llmgw_store.core import manifest
+from llmgw_store.core.fsutil import WRITE_BITS
+from llmgw_store.core.report import say
+
+if TYPE_CHECKING:
+    from llmgw_store.core.layout import Layout
+
+_OPEN = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_SPECIAL = WRITE_BITS | stat.S_ISUID | stat.S_ISGID | stat.S_ISVTX
+
+
+@dataclass(frozen=True)
+class Shared:
+    files: int  # files of the new tree now linked to an identical file of another store path
+    bytes_saved: int  # what those files took on disk (st_blocks): freed when they were replaced
+    pooled: int  # files of the new tree entered into the pool for later paths
+
+
+def plain_ours(st: os.stat_result) -> bool:
+    """Whether a pool entry may be linked into store paths: a regular file of the store's user with
+    no write, setuid, setgid or sticky bit (as every frozen store file is). Anything else was
+    planted, and sharing its inode would hand its owner or its mode to every path that links it."""
+    return stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & _SPECIAL
+
+
+def pool_name(e: manifest.Entry) -> str:
+    return f"{e.digest}-{e.kind}"
+
+
+def share(layout: "Layout", tree: Path) -> Shared:
+    """Link the files of `tree` (a complete, frozen, hashed tree under its key's lock, not yet
+    renamed into place) to identical, verified files already in the pool; enter the others into the
+    pool. See the module's docstring for what is checked."""
+    try:
+        entries = manifest.read_contents(tree)
+    except (OSError, ValueError):
+        return Shared(0, 0, 0)
+    layout.ensure_pool()
+    pool = layout.links_pool
+    files = saved = pooled = 0
+    opened: tuple[str, int] | None = None  # (directory made writable, its mode to restore)
+    try:
+        for e in entries:
+            if e.kind not in "fx" or e.size == 0:
+                continue
+            path = os.path.join(tree, e.path)
+            parent = os.path.dirname(path)
+            if opened is None or opened[0] != parent:
+                if opened is not None:
+                    os.chmod(opened[0], opened[1])
+                    opened = None
+                mode = stat.S_IMODE(os.lstat(parent).st_mode)
+                os.chmod(parent, mode | stat.S_IWUSR)
+                opened = (parent, mode)
+            try:
+                done = _share_one(path, pool / pool_name(e), e)
+            except OSError as exc:
+                if exc.errno not in (errno.EMLINK, errno.ENOSPC, errno.ENOENT, errno.EEXIST, errno.EDQUOT):
+                    say(f"could not share {e.path} ({exc.strerror}); it keeps its own copy")
+                continue
+            if done is None:
+                pooled += 1
+            elif done:
+                files += 1
+                saved += done
+    finally:
+        if opened is not None:
+            os.chmod(opened[0], opened[1])
+    if files or pooled:
+        say(f"shared {files} file(s) with other store paths ({saved / 1e6:.1f} MB not stored twice)")
+    return Shared(files, saved, pooled)
+
+
+def _share_one(path: str, entry: Path, e: manifest.Entry) -> int | None:
+    """Bytes freed (st_blocks) once `path` is a link to the pool's identical copy; None if `path`
+    became the pool's copy; 0 if nothing was done."""
+    st = os.lstat(path)
+    if not stat.S_ISREG(st.st_mode) or st.st_size != e.size or st.st_nlink != 1:
+        return 0  # not as listed, or linked from elsewhere: neither shared nor pooled
+    try:
+        fd = os.open(entry, _OPEN)
+    except FileNotFoundError:
+        os.link(path, entry)  # EEXIST: another process pooled it first; nothing lost
+        return None
+    except OSError:
+        _drop(entry, None)  # a link or a FIFO planted under a pool name
+        os.link(path, entry)
+        return None
+    try:
+        pst = os.fstat(fd)
+        if (pst.st_dev, pst.st_ino) == (st.st_dev, st.st_ino):
+            return 0
+        if not plain_ours(pst) or pst.st_size != e.size:
+            _drop(entry, pst)
+            os.link(path, entry)
+            return None
+        if (stat.S_IMODE(pst.st_mode), pst.st_uid, pst.st_gid) != (stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid):
+            return 0  # same bytes, another mode or owner: an inode has one of each, so not shared
+        if manifest.digest_fd(fd, pst) != e.digest:
+            _drop(entry, pst)  # damaged since it was pooled: never linked into a new path
+            os.link(path, entry)
+            return None
+        tmp = _temp_name(path)
+        os.link(entry, tmp)
+        try:
+            lst = os.lstat(tmp)
+            if (lst.st_dev, lst.st_ino) != (pst.st_dev, pst.st_ino):
+                return 0  # the pool name was swapped since it was checked: not this inode
+            # Atomic: `path` names the new file or the identical, checked pool inode.
+            os.rename(tmp, path)
+        finally:
+            if os.path.lexists(tmp):
+                os.unlink(tmp)
+        return st.st_blocks * 512
+    finally:
+        os.close(fd)
+
+
+def _temp_name(path: str) -> str:
+    base = f"{os.path.dirname(path)}/.llmgw-share-{os.getpid()}"
+    n = 0
+    while os.path.lexists(f"{base}-{n}"):
+        n += 1
+    return f"{base}-{n}"
+
+
+def _drop(entry: Path, checked: os.stat_result | None) -> None:
+    """Take a bad entry out of the pool, if the name still holds what was checked (`checked`, or
+    for None anything that is not a regular file)."""
+    try:
+        now = os.lstat(entry)
+    except FileNotFoundError:
+        return
+    if checked is None:
+        if stat.S_ISREG(now.st_mode):
+            return
+    elif (now.st_dev, now.st_ino) != (checked.st_dev, checked.st_ino):
+        return
+    os.unlink(entry)
