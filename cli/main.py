@@ -349,22 +349,24 @@ def diff(obj: Context, a: str, b: str) -> None:
 
 
 @cli.command()
-@click.argument("profile")
+@click.argument("target", metavar="PROFILE|PATH")
 @click.pass_obj
-def env(obj: Context, profile: str) -> None:
-    """Print shell lines (PATH, VIRTUAL_ENV) for PROFILE: eval "$(llmgw-store env vllm)"."""
+def env(obj: Context, target: str) -> None:
+    """Print shell lines (PATH, VIRTUAL_ENV) for a profile (following its later switches), or for
+    PROFILE@N or a store path (its name, its key): eval "$(llmgw-store env vllm)"."""
     from llmgw_store.roots.runenv import env_lines, shell_text
 
-    variables = env_lines(profile, root=obj.root).variables
+    variables = env_lines(target, root=obj.root).variables
     obj.emit(variables, shell_text(variables).rstrip("\n"))
 
 
 @cli.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
-@click.argument("profile")
+@click.argument("target", metavar="PROFILE|PATH")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @click.pass_obj
-def run(obj: Context, profile: str, command: tuple[str, ...]) -> None:
-    """Run COMMAND in PROFILE's current generation (for service units).
+def run(obj: Context, target: str, command: tuple[str, ...]) -> None:
+    """Run COMMAND in a profile's current generation (for service units), or in PROFILE@N or a
+    store path (its name, its key).
 
     \b
     Example:
@@ -373,7 +375,7 @@ def run(obj: Context, profile: str, command: tuple[str, ...]) -> None:
     from llmgw_store.roots.runenv import exec_in
 
     argv = list(command[1:] if command[:1] == ("--",) else command)
-    exec_in(profile, argv, root=obj.root)
+    exec_in(target, argv, root=obj.root)
 
 
 @cli.command()
@@ -428,7 +430,8 @@ def gc(obj: Context, dry_run: bool, delete_older_than: str | None, keep: int | N
 @click.pass_obj
 def verify(obj: Context, paths: tuple[str, ...], repair: bool, uv_path: str | None, python_preference: str,
            lock_timeout: float) -> None:
-    """Recompute the content hash of PATHS (default: every store path) and compare with the manifest
+    """Recompute the content hash of PATHS (store paths, names, keys, PROFILE or PROFILE@N; default:
+    every store path) and compare with the manifest
     and the index; name modified, missing, extra and writable files. Exit 1 if any path is damaged.
 
     \b
