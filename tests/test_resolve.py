@@ -86,13 +86,13 @@ def test_pin_and_push_take_a_profile_and_a_generation(store, tmp_path):
 
 
 @pytest.mark.parametrize("text, message", [
-    ("nothing", "'nothing' is neither a profile nor a registered store path"),
+    ("nothing", "nothing is neither a profile nor a registered store path"),
     ("tiny@9", "profile 'tiny' has no generation 9 (it has: 1, 2)"),
     ("ghost@1", "no profile 'ghost'"),
     ("tiny@x", "a generation is PROFILE@N with N a number"),
     ("tiny@99999999999", "a generation is PROFILE@N with N a number"),
     ("a" * 5000, "is not a store path, its name or key, PROFILE or PROFILE@N"),
-    ("/etc/passwd", "'/etc/passwd' is not a registered store path"),
+    ("/etc/passwd", "/etc/passwd is not a registered store path"),
     ("../../../etc", "is not a registered store path"),
     ("00000000000000000000000000000000", "is not a registered store path"),
 ])

@@ -44,7 +44,7 @@ def registered(store: Store, text: str | Path) -> dict[str, Any]:
         except (OSError, ValueError):
             row = None
     if row is None:
-        raise NotFoundError(f"{shown(str(text))} is not a registered store path in {store.layout.store} "
+        raise NotFoundError(f"{_said(str(text))} is not a registered store path in {store.layout.store} "
                             "(see `llmgw-store list`)")
     return row
 
@@ -65,7 +65,7 @@ def reference(store: Store, text: str | Path) -> dict[str, Any]:
     except NotFoundError:
         if "/" in s or is_store_name(s) or KEY_RE.fullmatch(s):
             raise
-        raise NotFoundError(f"{shown(s)} is neither a profile nor a registered store path in {store.layout.root} "
+        raise NotFoundError(f"{_said(s)} is neither a profile nor a registered store path in {store.layout.root} "
                             "(see `llmgw-store list-profiles` and `llmgw-store list`)") from None
 
 
@@ -76,6 +76,11 @@ def is_profile(store: Store, text: str) -> bool:
     except UsageError:
         return False
     return (store.layout.profiles / text).is_symlink()
+
+
+def _said(text: str) -> str:
+    """`text` as typed when it is short and printable, else quoted and cut short (names.shown)."""
+    return text if len(text) <= 300 and text.isprintable() else shown(text, 120)
 
 
 def _checked(text: str | Path) -> str:
