@@ -47,10 +47,11 @@ def exec_in(target: str, argv: list[str], *, root: str | Path | None = None) -> 
         raise UsageError("no command given: llmgw-store run PROFILE -- COMMAND [ARGS...]")
     with Store.open(root, readonly=True) as store:
         env_dir = store.layout.path_of(reference(store, target)["name"])
+        where = f"profile {target}" if is_profile(store, target) else target
     env = dict(os.environ, VIRTUAL_ENV=str(env_dir))
     env["PATH"] = f"{env_dir / 'bin'}{os.pathsep}{env.get('PATH', '')}"
     env.pop("PYTHONHOME", None)
     try:
         os.execvpe(argv[0], argv, env)
     except FileNotFoundError:
-        raise NotFoundError(f"{argv[0]}: command not found in {target} ({env_dir}/bin) or on PATH") from None
+        raise NotFoundError(f"{argv[0]}: command not found in {where} ({env_dir}/bin) or on PATH") from None
