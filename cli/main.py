@@ -164,11 +164,13 @@ def build(obj: Context, recipe: str, **kw) -> None:
 @cli.command(name="list")
 @click.pass_obj
 def list_cmd(obj: Context) -> None:
-    """List the store paths the index holds: name, size, files, last used."""
+    """List the store paths the index holds: path, size, entries (files, links, directories), last used."""
+    from llmgw_store.core.units import human_size
     from llmgw_store.integrity.queries import list_paths
 
     r = list_paths(obj.root)
-    lines = [f"{p.path}  {p.size / 1e6:9.1f} MB  {p.files:6d} files  last used {p.last_used[:19]}Z" for p in r.paths]
+    lines = [f"{p.path}  {human_size(p.size):>10}  {p.files:6d} entries  last used {p.last_used[:19]}Z"
+             for p in r.paths]
     obj.emit(r.to_json(), "\n".join(lines))
 
 
@@ -176,7 +178,8 @@ def list_cmd(obj: Context) -> None:
 @click.argument("path")
 @click.pass_obj
 def info(obj: Context, path: str) -> None:
-    """Show what the index and manifest say of PATH (a store path, its name or its key)."""
+    """Show what the index and manifest say of PATH (a store path, its name or its key, PROFILE or PROFILE@N)."""
+    from llmgw_store.core.units import human_size
     from llmgw_store.integrity.queries import path_info
 
     r = path_info(path, obj.root)
@@ -188,7 +191,7 @@ def info(obj: Context, path: str) -> None:
         f"as of:        {row.as_of}",
         f"uv:           {row.uv_version}",
         f"python:       {row.python}",
-        f"size:         {row.size / 1e6:.1f} MB in {row.files} entries",
+        f"size:         {human_size(row.size)} in {row.files} entries",
         f"content hash: {row.content_hash}",
         f"built:        {row.created} in {row.build_seconds:.1f}s",
         f"last used:    {row.last_used}",

@@ -315,7 +315,7 @@ def pull(target: str, from_: list[str], trusted: list[str], *, root: str | Path 
     # Every object of the closure is checked before the store is touched.
     objects = _closure(backends, key, name, keys)
     pulled, present = [], []
-    with Store.open(root, lock_timeout) as store:
+    with Store.open(root, lock_timeout, create=True) as store:
         for backend, meta in objects:
             local = _local_path(store, meta.key)
             if local is None:
