@@ -195,11 +195,13 @@ def _side(s: dict | None) -> str:
 @cli.command(name="list")
 @click.pass_obj
 def list_cmd(obj: Context) -> None:
-    """List the store paths the index holds: name, size, files, last used."""
+    """List the store paths the index holds: path, size, entries (files, links, directories), last used."""
+    from llmgw_store.core.units import human_size
     from llmgw_store.integrity.queries import list_paths
 
     r = list_paths(obj.root)
-    lines = [f"{p.path}  {p.size / 1e6:9.1f} MB  {p.files:6d} files  last used {p.last_used[:19]}Z" for p in r.paths]
+    lines = [f"{p.path}  {human_size(p.size):>10}  {p.files:6d} entries  last used {p.last_used[:19]}Z"
+             for p in r.paths]
     obj.emit(r.to_json(), "\n".join(lines))
 
 
@@ -207,7 +209,8 @@ def list_cmd(obj: Context) -> None:
 @click.argument("path")
 @click.pass_obj
 def info(obj: Context, path: str) -> None:
-    """Show what the index and manifest say of PATH (a store path, its name or its key)."""
+    """Show what the index and manifest say of PATH (a store path, its name or its key, PROFILE or PROFILE@N)."""
+    from llmgw_store.core.units import human_size
     from llmgw_store.integrity.queries import path_info
 
     r = path_info(path, obj.root)
@@ -219,7 +222,7 @@ def info(obj: Context, path: str) -> None:
         f"as of:        {row.as_of}",
         f"uv:           {row.uv_version}",
         f"python:       {row.python}",
-        f"size:         {row.size / 1e6:.1f} MB in {row.files} entries",
+        f"size:         {human_size(row.size)} in {row.files} entries",
         f"content hash: {row.content_hash}",
         f"built:        {row.created} in {row.build_seconds:.1f}s",
         f"last used:    {row.last_used}",
@@ -453,22 +456,24 @@ def diff(obj: Context, a: str, b: str) -> None:
 
 
 @cli.command()
-@click.argument("profile")
+@click.argument("target", metavar="PROFILE|PATH")
 @click.pass_obj
-def env(obj: Context, profile: str) -> None:
-    """Print shell lines (PATH, VIRTUAL_ENV) for PROFILE: eval "$(llmgw-store env vllm)"."""
+def env(obj: Context, target: str) -> None:
+    """Print shell lines (PATH, VIRTUAL_ENV) for a profile (following its later switches), or for
+    PROFILE@N or a store path (its name, its key): eval "$(llmgw-store env vllm)"."""
     from llmgw_store.roots.runenv import env_lines, shell_text
 
-    variables = env_lines(profile, root=obj.root).variables
+    variables = env_lines(target, root=obj.root).variables
     obj.emit(variables, shell_text(variables).rstrip("\n"))
 
 
 @cli.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
-@click.argument("profile")
+@click.argument("target", metavar="PROFILE|PATH")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @click.pass_obj
-def run(obj: Context, profile: str, command: tuple[str, ...]) -> None:
-    """Run COMMAND in PROFILE's current generation (for service units).
+def run(obj: Context, target: str, command: tuple[str, ...]) -> None:
+    """Run COMMAND in a profile's current generation (for service units), or in PROFILE@N or a
+    store path (its name, its key).
 
     \b
     Example:
@@ -477,7 +482,7 @@ def run(obj: Context, profile: str, command: tuple[str, ...]) -> None:
     from llmgw_store.roots.runenv import exec_in
 
     argv = list(command[1:] if command[:1] == ("--",) else command)
-    exec_in(profile, argv, root=obj.root)
+    exec_in(target, argv, root=obj.root)
 
 
 @cli.command()
@@ -560,7 +565,8 @@ def systemd_units(obj: Context, out_dir: str, keep_dead_for: str, on_calendar: s
 @click.pass_obj
 def verify(obj: Context, paths: tuple[str, ...], repair: bool, uv_path: str | None, python_preference: str,
            lock_timeout: float) -> None:
-    """Recompute the content hash of PATHS (default: every store path) and compare with the manifest
+    """Recompute the content hash of PATHS (store paths, names, keys, PROFILE or PROFILE@N; default:
+    every store path) and compare with the manifest
     and the index; name modified, missing, extra and writable files. Exit 1 if any path is damaged.
 
     \b

@@ -25,7 +25,9 @@ from llmgw_store.core.fsutil import force_rmtree, free_bytes
 from llmgw_store.core.host import platform_facts
 from llmgw_store.core.keys import SCHEMA_VERSION, path_name, store_key
 from llmgw_store.core.local_store import Store
+from llmgw_store.core.names import shown
 from llmgw_store.core.report import say
+from llmgw_store.core.units import human_size
 
 PYPI_SIMPLE = defaults.PYPI_SIMPLE
 DEFAULT_TIMEOUT_S = 3600.0
@@ -134,8 +136,10 @@ def build(
         chosen = recipe.build_for(options.variant)
     if options.as_of is not None:
         past_time(options.as_of)  # a bad --as-of is a usage error before the store is touched
+    if options.version is not None and not recipes.VERSION_RE.fullmatch(options.version):
+        raise UsageError(f"--version {shown(options.version)} is not a version")
     steps: dict[str, float] = {}
-    with Store.open(root, options.lock_timeout) as store:
+    with Store.open(root, options.lock_timeout, create=True) as store:
         plan = _plan(store, recipe, chosen, options)
         steps["plan"] = round(time.monotonic() - started, 3)
         deadline = Deadline(plan)
@@ -360,7 +364,8 @@ def make_env(store: Store, plan: BuildPlan, partial: Path, deadline: Deadline,
         free = free_bytes(layout.store)
         if free < fields["free_gb"] * 1e9:
             raise StoreError(
-                f"only {free / 1e9:.1f} GB free under {layout.store}, the build needs {fields['free_gb']} GB; "
+                f"only {human_size(free)} free under {layout.store}, the build needs {fields['free_gb']} GB "
+                f"(free_gb, 10^9 bytes each); "
                 "run `llmgw-store gc` or free space"
             )
     env = uvmod.clean_env(

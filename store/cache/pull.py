@@ -397,7 +397,7 @@ def pull(target: str, from_: list[str], trusted: list[str], *, root: str | Path 
     objects = _closure(backends, key, name, keys)
     pulled, present = [], []
     total = Stats()
-    with Store.open(root, lock_timeout) as store:
+    with Store.open(root, lock_timeout, create=True) as store:
         for backend, meta in objects:
             local = _local_path(store, meta.key)
             if local is None:

@@ -22,12 +22,19 @@ class Store:
 
     @classmethod
     def open(cls, root: str | Path | None = None, lock_timeout: float = BUSY_TIMEOUT_S, *,
-             readonly: bool = False) -> "Store":
-        """Check (or make) the store's directories, then open its index. Waits on the index's SQLite
-        locks never outlast `lock_timeout` (the command's --lock-timeout). `readonly=True` is for
-        commands that only look (list, info, stats, verify, generations): they create nothing, write
-        nothing, and on a root that holds no store say so."""
+             readonly: bool = False, create: bool = False) -> "Store":
+        """Check the store's directories (make the missing ones), then open its index. Waits on the
+        index's SQLite locks never outlast `lock_timeout` (the command's --lock-timeout).
+        `readonly=True` is for commands that only look (list, info, stats, verify, generations):
+        they create nothing, write nothing, and on a root that holds no store say so. Only what
+        brings a store path in (build, pull) passes `create=True`: every other command, given a
+        root where no store is (a typo in --root), says so and leaves the disk as it was."""
         layout = Layout.at(root)
+        if not readonly and not create and not os.path.isdir(layout.store):
+            if os.path.lexists(layout.root):
+                layout.check()
+            raise NotFoundError(f"no store at {layout.root} (no {layout.store}); "
+                                "build something first, or pass the right --root")
         if readonly:
             if os.path.lexists(layout.root):
                 layout.check()

@@ -1,34 +1,57 @@
-"""Durations (`30d`) and sizes (`10G`) as users write them on the command line."""
+"""Durations (`30d`) and sizes (`50G`) as users write them on the command line, and the one way sizes
+are written in text output (IEC: `1.5 GiB`, `12.0 MiB`, `512 B`).
+
+Sizes on input:
+    50G  50GiB  50g  50gib     50 × 2^30 bytes (a bare letter is the binary unit, as in df -h and du)
+    50GB  50gb                 50 × 10^9 bytes (the SI unit, as disk vendors count)
+    4096  4096B                bytes
+with K, M, G, T, P alike; at most MAX_SIZE. Durations: a number and s, m, h, d or w, at most
+MAX_DURATION_S (a century): anything longer is a typo, and would overflow a date.
+"""
 
 from __future__ import annotations
 
 import re
 
 from llmgw_store.core.errors import UsageError
+from llmgw_store.core.names import shown
 
 _DURATION = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-_SIZE = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+_POWER = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4, "p": 5}
+MAX_DURATION_S = 100 * 366 * 86400
+MAX_SIZE = (1 << 63) - 1
+_SIZE_RE = re.compile(r"\s*([0-9]{1,20}(?:\.[0-9]{1,9})?)\s*(?:([kmgtp])(ib|b)?|(b))?\s*", re.IGNORECASE)
 
 
 def parse_duration(text: str) -> float:
-    """`45s`, `90m`, `12h`, `30d`, `2w` → seconds."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*", text.lower())
+    """`45s`, `90m`, `12h`, `30d`, `2w` → seconds (at most a century)."""
+    m = re.fullmatch(r"\s*([0-9]{1,15}(?:\.[0-9]{1,9})?)\s*([smhdw])\s*", text.lower())
     if not m:
-        raise UsageError(f"{text!r} is not a duration: use a number and s, m, h, d or w (e.g. 30d)")
-    return float(m.group(1)) * _DURATION[m.group(2)]
+        raise UsageError(f"{shown(text)} is not a duration: use a number and s, m, h, d or w (e.g. 30d)")
+    seconds = float(m.group(1)) * _DURATION[m.group(2)]
+    if seconds > MAX_DURATION_S:
+        raise UsageError(f"{shown(text)} is too long a duration: at most 100 years (36500d)")
+    return seconds
 
 
 def parse_size(text: str) -> int:
-    """`500M`, `10G`, `1.5T`, `4096` (bytes; K/M/G/T are powers of 1024, an optional trailing B or iB)."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*", text.lower())
+    """`500M`, `50G` or `50GiB` (powers of 1024), `50GB` (powers of 1000), `4096` (bytes) → bytes."""
+    m = _SIZE_RE.fullmatch(text)
     if not m:
-        raise UsageError(f"{text!r} is not a size: use a number with K, M, G or T (e.g. 50G)")
-    return int(float(m.group(1)) * _SIZE[m.group(2)])
+        raise UsageError(f"{shown(text)} is not a size: use a number with K, M, G, T or P "
+                         "(50G or 50GiB: 50 × 2^30 bytes; 50GB: 50 × 10^9)")
+    number, letter, suffix = m.group(1), (m.group(2) or "").lower(), (m.group(3) or "").lower()
+    base = 1000 if suffix == "b" else 1024
+    size = int(float(number) * base ** _POWER[letter]) if "." in number else int(number) * base ** _POWER[letter]
+    if size > MAX_SIZE:
+        raise UsageError(f"{shown(text)} is too large a size: at most 8 EiB")
+    return size
 
 
 def human_size(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
+    """`n` bytes in IEC units: `512 B`, `12.0 KiB`, `1.5 GiB` (negative sizes keep their sign)."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if abs(n) < 1024 or unit == "PiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n} B"

@@ -40,6 +40,7 @@ from llmgw_store.core.locks import LOCK_TIMEOUT_S
 from llmgw_store.core.report import say
 from llmgw_store.core.results import Result
 from llmgw_store.core.temproots import gc_lock
+from llmgw_store.core.units import human_size
 
 
 @dataclass(frozen=True)
@@ -79,7 +80,7 @@ def optimise(*, root: str | Path | None = None, dry_run: bool = False,
                     n_saved += freed
                 if n_linked:
                     say(f"{row['name']}: {n_linked} file(s) {'would be ' if dry_run else ''}linked, "
-                             f"{n_saved / 1e6:.1f} MB {'would be ' if dry_run else ''}freed")
+                             f"{human_size(n_saved)} {'would be ' if dry_run else ''}freed")
                 linked += n_linked
                 saved += n_saved
         return OptimiseReport(examined, linked, saved, dry_run)

@@ -31,7 +31,7 @@ from llmgw_store.core.fsutil import force_rmtree
 from llmgw_store.core.local_store import Store
 from llmgw_store.core.report import progress, say
 from llmgw_store.core.results import Result
-from llmgw_store.roots.resolve import registered
+from llmgw_store.roots.resolve import reference
 
 
 @dataclass(frozen=True)
@@ -109,7 +109,7 @@ def verify(
     most `lock_timeout` s for each lock (the gc lock to add a temp root, the key's, the index).
     Without `repair` verify only looks: the store is opened read-only."""
     with Store.open(root, lock_timeout, readonly=not repair) as store:
-        rows = [registered(store, t) for t in targets] if targets else store.index.paths()
+        rows = [reference(store, t) for t in targets] if targets else store.index.paths()
         results = []
         memo: dict = {}  # shared inodes hashed in this run (see check_path)
         for n, row in enumerate(rows):

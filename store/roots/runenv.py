@@ -7,11 +7,11 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from llmgw_store.core.errors import NotFoundError
+from llmgw_store.core.errors import NotFoundError, UsageError
 from llmgw_store.core.local_store import Store
-from llmgw_store.core.names import check_profile
 from llmgw_store.core.results import Result
-from llmgw_store.roots.generations import current_generation, generation_target
+from llmgw_store.roots.generations import current_generation
+from llmgw_store.roots.resolve import is_profile, reference
 
 
 @dataclass(frozen=True)
@@ -22,33 +22,36 @@ class EnvLines(Result):
         return dict(self.variables)
 
 
-def env_lines(profile: str, *, root: str | Path | None = None) -> EnvLines:
-    """Variables for a shell: the profile's link, so a new shell follows later switches."""
-    check_profile(profile)
+def env_lines(target: str, *, root: str | Path | None = None) -> EnvLines:
+    """Variables for a shell. For a PROFILE: the profile's link, so a new shell follows later
+    switches; for PROFILE@N, a store path, its name or key: that store path."""
     with Store.open(root, readonly=True) as store:
-        current_generation(store.layout, profile)  # exists?
-        link = store.layout.profiles / profile
-        return EnvLines({"VIRTUAL_ENV": str(link), "PATH": f"{link / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"})
+        if is_profile(store, target):
+            current_generation(store.layout, target)  # a profile link that points at a generation
+            env_dir = store.layout.profiles / target
+        else:
+            env_dir = store.layout.path_of(reference(store, target)["name"])
+        return EnvLines({"VIRTUAL_ENV": str(env_dir),
+                         "PATH": f"{env_dir / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"})
 
 
 def shell_text(variables: dict[str, str]) -> str:
     return "".join(f"export {k}={shlex.quote(v)}\n" for k, v in variables.items())
 
 
-def exec_in(profile: str, argv: list[str], *, root: str | Path | None = None) -> None:
-    """Replace this process with `argv` run in the profile's current generation. The store path is
-    resolved once, now: a running engine keeps its environment across later switches (and gc sees
-    it through /proc as long as it runs)."""
-    check_profile(profile)
+def exec_in(target: str, argv: list[str], *, root: str | Path | None = None) -> None:
+    """Replace this process with `argv` run in `target`: a profile's current generation, PROFILE@N,
+    or a store path (its name, its key). The store path is resolved once, now: a running engine
+    keeps its environment across later switches (and gc sees it through /proc as long as it runs)."""
     if not argv:
-        raise NotFoundError("no command given: llmgw-store run PROFILE -- COMMAND [ARGS...]")
-    with Store.open(root) as store:
-        number = current_generation(store.layout, profile)
-        env_dir = store.layout.path_of(generation_target(store.layout, profile, number))
+        raise UsageError("no command given: llmgw-store run PROFILE -- COMMAND [ARGS...]")
+    with Store.open(root, readonly=True) as store:
+        env_dir = store.layout.path_of(reference(store, target)["name"])
+        where = f"profile {target}" if is_profile(store, target) else target
     env = dict(os.environ, VIRTUAL_ENV=str(env_dir))
     env["PATH"] = f"{env_dir / 'bin'}{os.pathsep}{env.get('PATH', '')}"
     env.pop("PYTHONHOME", None)
     try:
         os.execvpe(argv[0], argv, env)
     except FileNotFoundError:
-        raise NotFoundError(f"{argv[0]}: command not found in profile {profile} ({env_dir}/bin) or on PATH") from None
+        raise NotFoundError(f"{argv[0]}: command not found in {where} ({env_dir}/bin) or on PATH") from None
