@@ -35,6 +35,7 @@ import json
 import os
 import re
 import stat
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -182,9 +183,13 @@ def make(profile: str, number: int, described: dict[str, Any], activation: dict[
         profile=profile, generation=number, name=described["name"], key=described["key"],
         content_hash=described["content_hash"], engine=described["engine"], version=described["version"],
         variant=described["variant"], inputs=described["inputs"], requirements=tuple(described["requirements"]),
-        lock_format=described["lock_format"], lock=described["lock"], created=created or now_iso(),
+        lock_format=described["lock_format"], lock=described["lock"], created=created or _now(),
         by=by or who(), activation=activation, digest="",
     )
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
 def with_activation(rec: Record, activation: dict[str, Any]) -> Record:
