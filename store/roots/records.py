@@ -351,7 +351,7 @@ def _checked(doc: Any, profile: str, number: int) -> Record:
         raise _Bad("not a JSON object")
     unknown = set(doc) - set(_FIELDS)
     if unknown:
-        raise _Bad(f"unknown field {sorted(unknown)[0][:40]!r}")
+        raise _Bad(f"unknown field {min(unknown)[:40]!r}")
     for field, types in _FIELDS.items():
         if field not in doc:
             raise _Bad(f"missing field {field!r}")
