@@ -108,7 +108,7 @@ def rollback(profile: str, *, to: int | None = None, substituters: tuple[str, ..
         if rec is not None:
             how = _realise_record(rec, substituters, trusted_keys, uv, python_preference, root, lock_timeout)
             switched = profiles.rollback(profile, to=to, root=root, lock_timeout=lock_timeout, record=rec)
-            return replace(switched, rebuilt=how)
+            return replace(switched, rebuilt=None if how == "hit" else how)  # "hit": it was still there
     return profiles.rollback(profile, to=to, root=root, lock_timeout=lock_timeout)
 
 

@@ -216,7 +216,7 @@ def test_records_are_bounded_and_hot_ones_always_kept(warm):
     for target in (old, new, old, new):
         act(root, "b", target)
     run_cli(root, "generations", "b", "--delete", "1", "--delete", "2", check=True)
-    records = lambda: sorted(p.name for p in (root / "profiles").glob(".b-*.record"))  # noqa: E731
+    records = lambda: sorted(p.name for p in (root / "profiles").glob(".b-*.record"))
     assert records() == [".b-1.record", ".b-2.record", ".b-3.record", ".b-4.record"]
     assert act(root, "b", old, "--keep-records", "3")["generation"] == 5
     assert records() == [".b-3.record", ".b-4.record", ".b-5.record"]  # the oldest cold ones went
@@ -248,3 +248,40 @@ def test_a_record_holds_what_rebuilds_the_generation(warm):
     assert doc["inputs"]["build"]["requirements"] == ["tinyengine=={version}".replace("{version}", "1.0")]
     assert doc["by"]["uid"] == os.getuid() and doc["activation"]["kind"] == "activate"
     assert oct((root / "profiles" / ".r-1.record").stat().st_mode & 0o777) == "0o644"
+
+
+def _doc_blocks(*sections: str) -> list[str]:
+    """The ```sh blocks of these sections of docs/profiles.md, in order."""
+    import re
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "profiles.md").read_text()
+    blocks = []
+    for section in sections:
+        body = text.split(f"\n## {section}\n", 1)[1].split("\n## ", 1)[0]
+        blocks += re.findall(r"```sh\n(.*?)```", body, re.DOTALL)
+    return blocks
+
+
+def test_the_docs_walk_through_runs_as_written(warm):
+    import subprocess
+    import sys
+
+    root, old, new = warm["root"], warm["old"], warm["new"]
+    blocks = _doc_blocks("Guarded activation", "Cold generations")
+    assert len(blocks) == 3
+    # Names, not paths: a process whose environment holds a store path keeps it from gc (it looks in use).
+    env = {**os.environ, "LLMGW_STORE_ROOT": str(root), "OLD": Path(old).name, "NEW": Path(new).name,
+           "LLMGW_STORE_UV": str(real_uv()),
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    recorded = content_hash(root, Path(new).name)
+    outputs = []
+    for block in blocks:
+        proc = subprocess.run(["bash", "-eu", "-o", "pipefail", "-c", block], check=False, env=env, capture_output=True, text=True,
+                              timeout=600)
+        assert proc.returncode == 0, (block, proc.stdout, proc.stderr)
+        outputs.append(proc.stdout)
+    assert "exit 1" in outputs[0] and "exit 1, back at the previous generation" in outputs[1]
+    assert os.readlink(root / "profiles" / "tiny") == "tiny-1-link"
+    assert os.path.realpath(root / "profiles" / "tiny") == new and content_hash(root, Path(new).name) == recorded
+    assert any(line.lstrip().startswith("1  ") and "  cold  " in line for line in outputs[2].splitlines())
+    assert "tiny: generation 2 -> 1" in outputs[2] and "(cold: built)" in outputs[2]

@@ -95,7 +95,9 @@ def test_delete_older_than_and_keep(built):
     run_cli(root, "generations", "p4", "--older-than", "30d", check=True)
     kept = json.loads(run_cli(root, "--json", "generations", "p4", "--keep", "1", check=True).stdout)
     assert kept["deleted"] == [3]
-    assert [g["number"] for g in json.loads(run_cli(root, "--json", "generations", "p4", check=True).stdout)["generations"]] == [4]
+    listed = json.loads(run_cli(root, "--json", "generations", "p4", check=True).stdout)["generations"]
+    assert [g["number"] for g in listed if g["linked"]] == [4]
+    assert [g["number"] for g in listed if not g["linked"]] == [1, 2, 3]  # deleted: only their records stay
 
 
 def test_activate_a_recipe_builds_then_activates(built):

@@ -7,7 +7,8 @@ generation whose store path is gone ("cold") can be rebuilt exactly, and the pro
                                     hash, the key's inputs (the recipe's build table, engine, asOf,
                                     uv, interpreter, platform), requirements, and the full lock
                                     text (hashes included) the path was installed from
-    ROOT/profiles/.<p>.history      JSON: the profile's last HISTORY_MAX events
+    ROOT/profiles/.<p>.history      JSON lines: the profile's last events (who switched, when, the
+                                    check and its result, automatic rollbacks)
 
 Names start with a dot, so no profile (names never do) and no generation link can be one of
 them; `.<p>-<N>.record` splits at its last `-` into one profile and one number.
@@ -34,6 +35,7 @@ import json
 import os
 import re
 import stat
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,8 +51,9 @@ from llmgw_store.core.report import say
 
 FORMAT = 1
 RECORD_MAX = 32 << 20  # a lock with every hash (vLLM's pylock is well under 2 MB) and the inputs
-HISTORY_MAX_BYTES = 8 << 20
-HISTORY_MAX = 1000  # events kept per profile; older ones are dropped when a new one is added
+HISTORY_MAX_BYTES = 8 << 20  # a history file larger than this is not read
+HISTORY_ROTATE_BYTES = 1 << 20  # past this the history is rewritten with its last HISTORY_MAX events
+HISTORY_MAX = 1000  # events kept per profile
 DEFAULT_KEEP_RECORDS = 100  # records kept per profile, the newest, and always every hot one
 LOCK_FORMATS = ("requirements.lock", "pylock.toml")
 HEX64 = re.compile(r"[0-9a-f]{64}")
@@ -180,9 +183,13 @@ def make(profile: str, number: int, described: dict[str, Any], activation: dict[
         profile=profile, generation=number, name=described["name"], key=described["key"],
         content_hash=described["content_hash"], engine=described["engine"], version=described["version"],
         variant=described["variant"], inputs=described["inputs"], requirements=tuple(described["requirements"]),
-        lock_format=described["lock_format"], lock=described["lock"], created=created or now_iso(),
+        lock_format=described["lock_format"], lock=described["lock"], created=created or _now(),
         by=by or who(), activation=activation, digest="",
     )
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
 def with_activation(rec: Record, activation: dict[str, Any]) -> Record:
@@ -344,7 +351,7 @@ def _checked(doc: Any, profile: str, number: int) -> Record:
         raise _Bad("not a JSON object")
     unknown = set(doc) - set(_FIELDS)
     if unknown:
-        raise _Bad(f"unknown field {sorted(unknown)[0][:40]!r}")
+        raise _Bad(f"unknown field {min(unknown)[:40]!r}")
     for field, types in _FIELDS.items():
         if field not in doc:
             raise _Bad(f"missing field {field!r}")
@@ -432,10 +439,14 @@ def load_all(layout: Layout, profile: str) -> tuple[dict[int, Record], dict[int,
 
 
 # --- history ---------------------------------------------------------------------------------
+# One JSON object a line, appended (O_APPEND, under the profile's lock) and fdatasync-ed: a switch
+# writes one short line, not the whole history. When the file passes HISTORY_ROTATE_BYTES it is
+# rewritten atomically with its last HISTORY_MAX events. A line cut short by a crash is skipped
+# when read.
 
 def history(layout: Layout, profile: str) -> list[dict[str, Any]]:
     """The profile's recorded events, oldest first. The file is informative: what cannot be read
-    as a list of small objects is reported and read as empty (never used for any decision)."""
+    is reported and skipped (never used for any decision)."""
     try:
         raw = _read_bounded(layout, history_file(profile), HISTORY_MAX_BYTES)
     except IntegrityError as exc:
@@ -443,23 +454,47 @@ def history(layout: Layout, profile: str) -> list[dict[str, Any]]:
         return []
     if raw is None:
         return []
-    try:
-        doc = json.loads(raw.decode())
-        events = doc["events"] if isinstance(doc, dict) and doc.get("profile") == profile else None
-        if not isinstance(events, list):
-            raise ValueError("no list of events")
-    except (ValueError, UnicodeDecodeError, KeyError) as exc:
-        say(f"ignoring the history of {profile}: {layout.profiles / history_file(profile)} is malformed ({str(exc)[:80]})")
-        return []
-    return [e for e in events[-HISTORY_MAX:] if isinstance(e, dict) and len(e) <= 16]
+    events = []
+    for line in raw.split(b"\n")[-(HISTORY_MAX + 1):]:
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(event, dict) and len(event) <= 16:
+            events.append(event)
+    return events[-HISTORY_MAX:]
 
 
 def add_event(layout: Layout, profile: str, event: str, **fields: Any) -> dict[str, Any]:
     """Append an event (under the profile's lock): `event` with `fields`, when and who."""
     entry = {"event": event, "at": now_iso(), "by": who(), **fields}
-    events = history(layout, profile)[-(HISTORY_MAX - 1):] + [entry]
-    _write_atomically(layout, history_file(profile),
-                      json.dumps({"format": FORMAT, "profile": profile, "events": events}, sort_keys=True).encode())
+    line = json.dumps(entry, sort_keys=True).encode() + b"\n"
+    dfd = _dir_fd(layout)
+    try:
+        fd = os.open(history_file(profile), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+                     | os.O_CLOEXEC, 0o644, dir_fd=dfd)
+    except OSError as exc:
+        os.close(dfd)
+        say(f"cannot record the event in {layout.profiles / history_file(profile)}: {exc.strerror}")
+        return entry
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid not in (os.geteuid(), 0):
+            say(f"not recording the event: {layout.profiles / history_file(profile)} is not a plain file of ours")
+            return entry
+        size = st.st_size
+        if size + len(line) > HISTORY_ROTATE_BYTES:
+            lines = [json.dumps(e, sort_keys=True).encode() + b"\n" for e in history(layout, profile)]
+            lines = lines[-(HISTORY_MAX - 1):] + [line]
+            while len(lines) > 1 and sum(map(len, lines)) > HISTORY_ROTATE_BYTES // 2:
+                lines.pop(0)
+            _write_atomically(layout, history_file(profile), b"".join(lines))
+        else:
+            os.write(fd, line)
+            os.fdatasync(fd)
+    finally:
+        os.close(fd)
+        os.close(dfd)
     return entry
 
 
