@@ -7,9 +7,10 @@ Order, for one checked object (cache/pull.py has checked its metadata: shape, si
 2. the plan and manifest blobs, each checked against its signed digest; the plan against the
    listing (every file held once, packs bounded);
 3. the files this node already holds — any registered store path whose contents listing has the
-   digest — are copied (never linked: a store file stays the only name of its inode in another
-   path) and hashed while copied; a local copy that does not hash to its digest is dropped and
-   fetched instead;
+   digest — are hashed, and hard-linked when the file is read-only, of the same kind and on the
+   same filesystem (two immutable store paths then share the inode, as `optimise` makes them);
+   else copied, hashed while copied. A local file that does not hash to its digest is left alone
+   and the blob fetched instead. Nothing is ever linked to a mutable cache;
 4. the blobs still needed are fetched in a thread pool: each is streamed (capped at its signed
    compressed size), inflated by a zstd stream writer that hands out at most 1 MiB at a time
    (so a bomb stops at the signed size with bounded memory), and written into the `.partial`
@@ -245,6 +246,43 @@ def local_sources(store, wanted: set[str]) -> dict[str, Path]:
     return found
 
 
+def _link_local(src: Path, tree: str, targets: list[Entry], digest: str, size: int) -> bool:
+    """Hard-link the paths `targets` of the partial tree to `src`, a file of another registered
+    (immutable) store path, once its bytes are shown to be `digest`'s: both names are then store
+    paths, which nothing writes (a mutable cache is never linked). Only when `src` is a read-only
+    regular file of the targets' kind on the same filesystem; False (nothing made) otherwise."""
+    try:
+        fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return False
+    made: list[str] = []
+    try:
+        st = os.fstat(fd)
+        kind = "x" if st.st_mode & stat.S_IXUSR else "f"
+        if (not stat.S_ISREG(st.st_mode) or st.st_mode & 0o7222 or st.st_size != size
+                or any(e.kind != kind for e in targets)):
+            return False
+        h = blake3(max_threads=blake3.AUTO) if size >= 8 << 20 else blake3()
+        while chunk := os.read(fd, CHUNK):
+            h.update(chunk)
+        if h.hexdigest() != digest:
+            return False
+        for e in targets:
+            dest = f"{tree}/{e.path}"
+            os.link(src, dest, follow_symlinks=False)
+            made.append(dest)
+            got = os.lstat(dest)
+            if (got.st_ino, got.st_dev) != (st.st_ino, st.st_dev):  # swapped since it was hashed
+                raise OSError("changed")
+        return True
+    except OSError:
+        for dest in made:
+            os.unlink(dest)
+        return False
+    finally:
+        os.close(fd)
+
+
 def _copy_local(src: Path, w: _Writer) -> bool:
     """Copy `src` into the writer; False (nothing kept) when it is not a regular file or its bytes
     are not the digest's."""
@@ -324,6 +362,12 @@ def build_tree(backend, meta: MetaV2, store, tree: Path) -> tuple[dict[str, Any]
     lock = threading.Lock()
 
     def copy(digest: str) -> None:
+        if _link_local(sources[digest], tree_s, targets[digest], digest, sizes[digest]):
+            with lock:
+                have.add(digest)
+                stats.bytes_reused += sizes[digest] * len(targets[digest])
+            progress.add(sizes[digest], len(targets[digest]))
+            return
         w = _Writer(tree_s, targets[digest], digest, sizes[digest], label)
         if _copy_local(sources[digest], w):
             w.close()
