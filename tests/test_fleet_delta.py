@@ -88,6 +88,18 @@ def test_push_and_pull_format_2(world, cache):
     assert con.execute("SELECT outcome FROM builds").fetchall() == [("substituted",)]
 
 
+def test_build_substitutes_a_format_2_object(world, template, tmp_path, uv_bin):
+    w, (a, _) = world, world["names"]
+    url = f"file://{tmp_path / 'cache'}"
+    push2(w, a, url)
+    proc = run_cli(w["node"], "--json", "build", str(template["recipe"]), "--as-of", "2024-02-02", "--index-url",
+                   template["index"].url, "--uv", str(uv_bin), "--substituter", url,
+                   "--trusted-key", str(w["keys"] / "builder-1.public"), check=True)
+    doc = json.loads(proc.stdout)
+    assert doc["how"] == "substituted" and Path(doc["path"]).name == a
+    assert "resolving" not in proc.stderr and run_cli(w["node"], "verify").returncode == 0
+
+
 def test_delta_pull_fetches_only_what_changed(world, tmp_path):
     """A node holding the tinydep-1.0 environment pulls the tinydep-2.0 one: the files of
     tinyengine, pip's leftovers and the like are copied from the path it has; only tinydep's pack,
@@ -111,9 +123,12 @@ def test_delta_pull_fetches_only_what_changed(world, tmp_path):
     assert second["bytes_fetched"] < 0.25 * meta_b["blobs_csize"], (second, meta_b["blobs_csize"])
     assert run_in_env(w["node"] / "store" / b, "tinyengine") == "tinyengine 1.0 tinydep 2.0"
     assert run_cli(w["node"], "verify").returncode == 0
-    # never a hard link between the two (a local copy is a copy)
-    nlinks = [p.lstat().st_nlink for p in (w["node"] / "store" / b).rglob("*") if p.is_file() and not p.is_symlink()]
-    assert nlinks and set(nlinks) == {1}
+    # files the two share are one inode (two immutable store paths), the others are the new path's own
+    weights_a = next((w["node"] / "store" / a).rglob("weights.bin"))
+    weights_b = next((w["node"] / "store" / b).rglob("weights.bin"))
+    assert weights_a.stat().st_ino == weights_b.stat().st_ino
+    init_b = next(p for p in (w["node"] / "store" / b).rglob("__init__.py") if p.parent.name == "tinydep")
+    assert init_b.stat().st_nlink == 1 and "2.0" in init_b.read_text()
 
 
 def test_a_local_file_that_was_tampered_with_is_fetched_not_copied(world, tmp_path):
@@ -246,9 +261,9 @@ def _unknown_format(w, meta):
 
 
 @pytest.mark.parametrize("attack, words", [
-    (_swap_blob_bytes, "do not hash to the signed digest"),
-    (_swap_pack_member, "does not hash to its signed digest"),
-    (_blob_longer_than_signed, "inflates past its signed size"),
+    (_swap_blob_bytes, "do not hash to their signed digest"),
+    (_swap_pack_member, "do not hash to their signed digest"),
+    (_blob_longer_than_signed, "its signed size"),
     (_blob_compressed_larger_than_signed, "serves more than"),
     (_blob_missing, "lacks blob"),
     (_path_with_dotdot, "'..' component"),
@@ -280,3 +295,27 @@ def test_untrusted_signer_of_a_format_2_object_is_refused(world):
     proc = pull2(w, a, f"file://{_cache(w)}", check=False)
     assert proc.returncode == 1 and "not signed by a trusted key" in proc.stderr
     assert not Path(w["node"] / "store" / a).exists()
+
+
+def test_a_streamed_blob_stops_at_its_signed_size_and_a_declared_size_is_checked_first(tmp_path):
+    """The two ways a blob is inflated, on a real directory cache: streamed (large files) stops
+    producing past the signed size, 1 MiB at a time; in one call (packs, small files) a frame
+    declaring another size is refused before zstd allocates it."""
+    from llmgw_store.cache.backends import FileBackend
+    from llmgw_store.cache.fastpull import BlobRef, _inflate, inflate_whole
+    from llmgw_store.core.errors import IntegrityError
+
+    (tmp_path / "blobs").mkdir()
+    bomb = zstandard.ZstdCompressor(level=19).compress(b"\0" * (512 << 20))
+    digest = "b" * 64
+    (tmp_path / "blobs" / digest).write_bytes(bomb)
+    backend = FileBackend(tmp_path)
+    seen = []
+    with pytest.raises(IntegrityError, match="inflates past its signed size"):
+        _inflate(backend, BlobRef(digest, 4 << 20, len(bomb)), lambda d: seen.append(len(d)), "x.json")
+    assert sum(seen) <= 4 << 20 and max(seen) <= 1 << 20
+    with pytest.raises(IntegrityError, match="inflates past its signed size"):
+        inflate_whole(backend, BlobRef(digest, 4 << 20, len(bomb)), "x.json")
+    ok = zstandard.ZstdCompressor().compress(b"hello")
+    (tmp_path / "blobs" / digest).write_bytes(ok)
+    assert inflate_whole(backend, BlobRef(digest, 5, len(ok)), "x.json") == (b"hello", len(ok))

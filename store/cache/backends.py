@@ -376,7 +376,10 @@ class S3Backend(_Backend):
             raise UsageError(f"{url!r}: an S3 cache URL is s3://bucket/prefix")
         self.bucket, self.prefix = bucket, prefix.strip("/")
         endpoint = os.environ.get("LLMGW_STORE_S3_ENDPOINT") or os.environ.get("AWS_ENDPOINT_URL")
-        self.client = boto3.client("s3", endpoint_url=endpoint)
+        from botocore.config import Config
+
+        # Pulls fetch blobs from many threads through this one (thread-safe) client.
+        self.client = boto3.client("s3", endpoint_url=endpoint, config=Config(max_pool_connections=32))
 
     def _key(self, name: str) -> str:
         return f"{self.prefix}/{name}" if self.prefix else name

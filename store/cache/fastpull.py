@@ -7,9 +7,10 @@ Order, for one checked object (cache/pull.py has checked its metadata: shape, si
 2. the plan and manifest blobs, each checked against its signed digest; the plan against the
    listing (every file held once, packs bounded);
 3. the files this node already holds — any registered store path whose contents listing has the
-   digest — are copied (never linked: a store file stays the only name of its inode in another
-   path) and hashed while copied; a local copy that does not hash to its digest is dropped and
-   fetched instead;
+   digest — are hashed, and hard-linked when the file is read-only, of the same kind and on the
+   same filesystem (two immutable store paths then share the inode, as `optimise` makes them);
+   else copied, hashed while copied. A local file that does not hash to its digest is left alone
+   and the blob fetched instead. Nothing is ever linked to a mutable cache;
 4. the blobs still needed are fetched in a thread pool: each is streamed (capped at its signed
    compressed size), inflated by a zstd stream writer that hands out at most 1 MiB at a time
    (so a bomb stops at the signed size with bounded memory), and written into the `.partial`
@@ -38,13 +39,16 @@ from typing import Any
 
 from blake3 import blake3
 
-from llmgw_store.cache.objects import EMPTY, Blob, blob_name, digest_of, parse_listing, parse_plan
+from llmgw_store.cache.objects import EMPTY, Blob, blob_name, digest_of, parse_listing, parse_plan, read_listing
 from llmgw_store.core import manifest
 from llmgw_store.core.errors import IntegrityError
 from llmgw_store.core.manifest import MANIFEST_DIR, Entry
 from llmgw_store.core.report import say
 
-THREADS = 16  # downloads in flight; decoding and writing run in the same workers (zstd and blake3 drop the GIL)
+_local = threading.local()
+_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+ONE_SHOT = 8 << 20  # blobs up to this size (and every pack) are inflated in one call, checked, then written
+THREADS = int(os.environ.get("LLMGW_STORE_PULL_THREADS", "8"))  # downloads in flight; decoding and writing run in the same workers (zstd and blake3 drop the GIL)
 CHUNK = 1 << 20
 PROGRESS_EVERY = 1.0
 
@@ -123,7 +127,7 @@ def _inflate(backend, ref: BlobRef, out: Callable[[bytes], None], label: str) ->
             return len(data)
 
     try:
-        with zstandard.ZstdDecompressor().stream_writer(_Sink(), write_size=CHUNK, closefd=False) as w:
+        with _dctx().stream_writer(_Sink(), write_size=CHUNK, closefd=False) as w:
             n = backend.stream(blob_name(ref.digest), w.write, max_bytes=ref.csize)
     except zstandard.ZstdError as exc:
         raise IntegrityError(f"{label}: blob {ref.digest[:16]}… is not a zstd stream ({exc}); refusing it") from None
@@ -133,6 +137,41 @@ def _inflate(backend, ref: BlobRef, out: Callable[[bytes], None], label: str) ->
         raise IntegrityError(f"{label}: blob {ref.digest[:16]}… holds {produced} bytes, not the {ref.size} signed; "
                              "refusing it")
     return n
+
+
+def _dctx():
+    import zstandard
+
+    dctx = getattr(_local, "dctx", None)
+    if dctx is None:
+        # One decoder per worker thread, reused for every blob it inflates: a new one per blob
+        # would allocate (and fault in) its window buffers again each time.
+        dctx = _local.dctx = zstandard.ZstdDecompressor()
+    return dctx
+
+
+def inflate_whole(backend, ref: BlobRef, label: str) -> tuple[bytes, int]:
+    """(the inflated bytes, the compressed size) of a blob of at most ONE_SHOT or PACK_MAX bytes,
+    in one call: at most ref.csize bytes read, and a frame whose header declares another size than
+    the signed one is refused before anything is inflated (zstd would allocate what it declares)."""
+    import zstandard
+
+    data = backend.get(blob_name(ref.digest), max_bytes=ref.csize)
+    if data is None:
+        raise IntegrityError(f"{label}: the cache lacks blob {ref.digest}; refusing the object (push it again)")
+    try:
+        declared = zstandard.frame_content_size(data)
+        if declared not in (-1, ref.size):
+            raise IntegrityError(f"{label}: blob {ref.digest[:16]}… inflates past its signed size ({ref.size} bytes) "
+                                 f"(it declares {declared}); refusing it")
+        raw = _dctx().decompress(data, max_output_size=max(ref.size, 1))
+    except zstandard.ZstdError as exc:
+        raise IntegrityError(f"{label}: blob {ref.digest[:16]}… is not a zstd frame of its signed size ({ref.size} "
+                             f"bytes) ({exc}); refusing it") from None
+    if len(raw) != ref.size:
+        raise IntegrityError(f"{label}: blob {ref.digest[:16]}… holds {len(raw)} bytes, not the {ref.size} signed; "
+                             "refusing it")
+    return raw, len(data)
 
 
 def fetch_small(backend, ref: BlobRef, label: str) -> bytes:
@@ -148,14 +187,19 @@ class _Writer:
     """Creates the files of one digest in the partial tree (all its paths at once), hashing the
     bytes as they are written; `close` checks digest and size and sets the final mode."""
 
-    def __init__(self, tree: Path, targets: list[Entry], digest: str, size: int, label: str):
+    def __init__(self, tree: str, targets: list[Entry], digest: str, size: int, label: str):
         self.digest, self.size, self.label = digest, size, label
         self.h = blake3()
         self.count = 0
         self.fds: list[tuple[int, Entry]] = []
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-        for e in targets:
-            self.fds.append((os.open(tree / e.path, flags, 0o600), e))
+        try:
+            for e in targets:
+                # Created with its final mode: the fd writes, nobody else can (the partial tree is
+                # in the 0700 var/, and nothing of it is used before the checks end).
+                self.fds.append((os.open(f"{tree}/{e.path}", _CREATE, 0o555 if e.kind == "x" else 0o444), e))
+        except BaseException:
+            self.close(check=False)
+            raise
 
     def write(self, data: bytes | memoryview) -> None:
         self.count += len(data)
@@ -172,18 +216,16 @@ class _Writer:
             if check and (self.count != self.size or self.h.hexdigest() != self.digest):
                 raise IntegrityError(f"{self.label}: a blob's bytes do not hash to the signed digest "
                                      f"{self.digest[:16]}…; refusing it")
-            for fd, e in self.fds:
-                os.fchmod(fd, 0o555 if e.kind == "x" else 0o444)
         finally:
             for fd, _ in self.fds:
                 os.close(fd)
             self.fds = []
 
-    def discard(self, tree: Path) -> None:
+    def discard(self, tree: str) -> None:
         targets = [e for _, e in self.fds]
         self.close(check=False)
         for e in targets:
-            os.unlink(tree / e.path)
+            os.unlink(f"{tree}/{e.path}")
 
 
 def local_sources(store, wanted: set[str]) -> dict[str, Path]:
@@ -195,13 +237,50 @@ def local_sources(store, wanted: set[str]) -> dict[str, Path]:
             break
         env = store.layout.path_of(row["name"])
         try:
-            entries = manifest.read_contents(env)
+            entries = read_listing((env / manifest.CONTENTS).read_bytes())
         except (OSError, ValueError):
             continue
         for e in entries:
             if e.kind in "fx" and e.digest in wanted and e.digest not in found:
                 found[e.digest] = env / e.path
     return found
+
+
+def _link_local(src: Path, tree: str, targets: list[Entry], digest: str, size: int) -> bool:
+    """Hard-link the paths `targets` of the partial tree to `src`, a file of another registered
+    (immutable) store path, once its bytes are shown to be `digest`'s: both names are then store
+    paths, which nothing writes (a mutable cache is never linked). Only when `src` is a read-only
+    regular file of the targets' kind on the same filesystem; False (nothing made) otherwise."""
+    try:
+        fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return False
+    made: list[str] = []
+    try:
+        st = os.fstat(fd)
+        kind = "x" if st.st_mode & stat.S_IXUSR else "f"
+        if (not stat.S_ISREG(st.st_mode) or st.st_mode & 0o7222 or st.st_size != size
+                or any(e.kind != kind for e in targets)):
+            return False
+        h = blake3(max_threads=blake3.AUTO) if size >= 8 << 20 else blake3()
+        while chunk := os.read(fd, CHUNK):
+            h.update(chunk)
+        if h.hexdigest() != digest:
+            return False
+        for e in targets:
+            dest = f"{tree}/{e.path}"
+            os.link(src, dest, follow_symlinks=False)
+            made.append(dest)
+            got = os.lstat(dest)
+            if (got.st_ino, got.st_dev) != (st.st_ino, st.st_dev):  # swapped since it was hashed
+                raise OSError("changed")
+        return True
+    except OSError:
+        for dest in made:
+            os.unlink(dest)
+        return False
+    finally:
+        os.close(fd)
 
 
 def _copy_local(src: Path, w: _Writer) -> bool:
@@ -223,26 +302,27 @@ def _copy_local(src: Path, w: _Writer) -> bool:
         os.close(fd)
 
 
-def _structure(tree: Path) -> list[tuple[str, str, int, str]]:
-    """(path, kind, size, link target) of every entry below `tree`, .llmgw's files left out, sorted."""
-    out = []
-    for dirpath, dirnames, filenames in os.walk(tree):
-        rel_dir = os.path.relpath(dirpath, tree)
-        for n in dirnames + filenames:
-            rel = n if rel_dir == "." else f"{rel_dir}/{n}"
-            if rel in (manifest.MANIFEST, manifest.CONTENTS):
-                continue
-            st = os.lstat(os.path.join(dirpath, n))
-            if stat.S_ISLNK(st.st_mode):
-                out.append((rel, "l", 0, os.readlink(os.path.join(dirpath, n))))
-            elif stat.S_ISDIR(st.st_mode):
-                out.append((rel, "d", 0, ""))
-            elif stat.S_ISREG(st.st_mode):
-                out.append((rel, "x" if st.st_mode & stat.S_IXUSR else "f", st.st_size, ""))
-            else:
-                out.append((rel, "o", 0, ""))
-        dirnames[:] = [d for d in dirnames if not os.path.islink(os.path.join(dirpath, d))]
-    return sorted(out)
+def _structure(tree: str) -> list[tuple[str, str, int, str]]:
+    """(path, kind, size, link target) of every entry below `tree`, .llmgw's files left out, sorted.
+    Never follows a link (a link is an entry, not a directory to enter)."""
+    out: list[tuple[str, str, int, str]] = []
+    todo = [("", tree)]
+    while todo:
+        prefix, path = todo.pop()
+        with os.scandir(path) as it:
+            for d in it:
+                rel = prefix + d.name
+                if d.is_symlink():
+                    out.append((rel, "l", 0, os.readlink(d.path)))
+                elif d.is_dir(follow_symlinks=False):
+                    out.append((rel, "d", 0, ""))
+                    todo.append((rel + "/", d.path))
+                elif rel not in (manifest.MANIFEST, manifest.CONTENTS):
+                    st = d.stat(follow_symlinks=False)
+                    kind = ("x" if st.st_mode & stat.S_IXUSR else "f") if stat.S_ISREG(st.st_mode) else "o"
+                    out.append((rel, kind, st.st_size if kind != "o" else 0, ""))
+    out.sort()
+    return out
 
 
 def build_tree(backend, meta: MetaV2, store, tree: Path) -> tuple[dict[str, Any], Stats]:
@@ -260,14 +340,15 @@ def build_tree(backend, meta: MetaV2, store, tree: Path) -> tuple[dict[str, Any]
     stats.phases["metadata"] = time.monotonic() - t0
 
     t0 = time.monotonic()
+    tree_s = os.fspath(tree)
     targets: dict[str, list[Entry]] = {}
     for e in entries:
         if e.kind == "d":
-            os.mkdir(tree / e.path, 0o755)
+            os.mkdir(f"{tree_s}/{e.path}", 0o755)
         elif e.kind in "fx":
             targets.setdefault(e.digest, []).append(e)
     for e in targets.pop(EMPTY, []):  # an empty file needs no blob
-        _Writer(tree, [e], EMPTY, 0, label).close()
+        _Writer(tree_s, [e], EMPTY, 0, label).close()
     sizes = {d: es[0].size for d, es in targets.items()}
     progress = _Progress(meta.name, meta.size, len(entries))
     stats.phases["mkdir"] = time.monotonic() - t0
@@ -281,7 +362,13 @@ def build_tree(backend, meta: MetaV2, store, tree: Path) -> tuple[dict[str, Any]
     lock = threading.Lock()
 
     def copy(digest: str) -> None:
-        w = _Writer(tree, targets[digest], digest, sizes[digest], label)
+        if _link_local(sources[digest], tree_s, targets[digest], digest, sizes[digest]):
+            with lock:
+                have.add(digest)
+                stats.bytes_reused += sizes[digest] * len(targets[digest])
+            progress.add(sizes[digest], len(targets[digest]))
+            return
+        w = _Writer(tree_s, targets[digest], digest, sizes[digest], label)
         if _copy_local(sources[digest], w):
             w.close()
             with lock:
@@ -289,7 +376,7 @@ def build_tree(backend, meta: MetaV2, store, tree: Path) -> tuple[dict[str, Any]
                 stats.bytes_reused += w.size * len(targets[digest])
             progress.add(w.size, len(targets[digest]))
         else:
-            w.discard(tree)
+            w.discard(tree_s)
 
     with ThreadPoolExecutor(THREADS) as pool:
         list(pool.map(copy, sources))
@@ -301,8 +388,8 @@ def build_tree(backend, meta: MetaV2, store, tree: Path) -> tuple[dict[str, Any]
 
     def fetch(blob: Blob) -> None:
         ref = BlobRef(blob.digest, blob.size, blob.csize)
-        if not blob.is_pack:
-            w = _Writer(tree, targets[blob.digest], blob.digest, blob.size, label)
+        if not blob.is_pack and blob.size > ONE_SHOT:
+            w = _Writer(tree_s, targets[blob.digest], blob.digest, blob.size, label)
             try:
                 n = _inflate(backend, ref, lambda data: (w.write(data), progress.add(len(data))), label)
                 w.close()
@@ -312,18 +399,18 @@ def build_tree(backend, meta: MetaV2, store, tree: Path) -> tuple[dict[str, Any]
             written = blob.size * len(targets[blob.digest])
             nfiles = len(targets[blob.digest])
         else:
-            buf = bytearray()
-            n = _inflate(backend, ref, buf.extend, label)
-            view, at, written, nfiles = memoryview(buf), 0, 0, 0
+            # Checked before written: each file's bytes hash to its digest, then go to its paths.
+            raw, n = inflate_whole(backend, ref, label)
+            view, at, written, nfiles = memoryview(raw), 0, 0, 0
             for m in blob.members:
                 part = view[at:at + sizes[m]]
                 at += sizes[m]
                 if m in have:
                     continue
                 if blake3(part).hexdigest() != m:
-                    raise IntegrityError(f"{label}: pack {blob.digest[:16]}… holds a member that does not hash to "
-                                         f"its signed digest {m[:16]}…; refusing it")
-                w = _Writer(tree, targets[m], m, sizes[m], label)
+                    raise IntegrityError(f"{label}: blob {blob.digest[:16]}… holds bytes that do not hash to "
+                                         f"their signed digest {m[:16]}…; refusing it")
+                w = _Writer(tree_s, targets[m], m, sizes[m], label)
                 w.write(part)
                 w.close()
                 written += sizes[m] * len(targets[m])
@@ -351,7 +438,7 @@ def build_tree(backend, meta: MetaV2, store, tree: Path) -> tuple[dict[str, Any]
     t0 = time.monotonic()
     for e in entries:
         if e.kind == "l":
-            os.symlink(e.digest, tree / e.path)
+            os.symlink(e.digest, f"{tree_s}/{e.path}")
     meta_dir = tree / MANIFEST_DIR
     meta_dir.mkdir(mode=0o755, exist_ok=True)
     for name, data in ((manifest.MANIFEST, manifest_bytes), (manifest.CONTENTS, listing)):
@@ -361,11 +448,11 @@ def build_tree(backend, meta: MetaV2, store, tree: Path) -> tuple[dict[str, Any]
     want = sorted((e.path, e.kind, e.size, e.digest if e.kind == "l" else "") for e in entries)
     if not any(e.path == MANIFEST_DIR for e in entries):
         want = sorted(want + [(MANIFEST_DIR, "d", 0, "")])
-    if _structure(tree) != want:
+    if _structure(tree_s) != want:
         raise IntegrityError(f"{meta.name}: the pulled tree differs from its signed listing; refusing it")
     for e in reversed(entries):
         if e.kind == "d":
-            os.chmod(tree / e.path, 0o555)
+            os.chmod(f"{tree_s}/{e.path}", 0o555)
     os.chmod(meta_dir, 0o555)
     os.chmod(tree, 0o555)
     stats.phases["links+check"] = time.monotonic() - t0
