@@ -175,13 +175,14 @@ def _build_check(obj: Context, recipe: str, kw: dict) -> None:
     if r.identical:
         obj.emit(r.to_json(), f"identical: {r.path} ({r.files} entries, content hash {r.content_hash})")
         return
-    lines = [f"{r.path}: {len(r.differences)} entr{'y' if len(r.differences) == 1 else 'ies'} differ"]
+    n = len(r.differences)
+    lines = [f"{r.path}: {n} entr{'y differs' if n == 1 else 'ies differ'}"]
     for d in r.differences:
         store, rebuilt = d["store"], d["rebuilt"]
         lines.append(f"  {d['path']}  store: {_side(store)}  rebuilt: {_side(rebuilt)}")
     obj.emit(r.to_json(), "\n".join(lines))
-    click.echo(f"{PROG}: {r.name} differs from its rebuild in {len(r.differences)} entr"
-               f"{'y' if len(r.differences) == 1 else 'ies'} (not reproducible, or changed since it was built)", err=True)
+    click.echo(f"{PROG}: {r.name} differs from its rebuild in {n} entr{'y' if n == 1 else 'ies'} "
+               "(not reproducible, or changed since it was built: `verify` tells which)", err=True)
     obj.exit(1)
 
 

@@ -192,3 +192,21 @@ def test_pin_from_main_index_of_a_package_nothing_requires_is_refused(tmp_path, 
     proc = run_cli(tmp_path / "root", "build", str(f), "--index-url", main.url, "--uv", str(uv_bin), "--version", "1.0")
     assert proc.returncode == 2, proc.stderr
     assert "build[0].index_pins.tinytorch" in proc.stderr and "nothing the build requires needs tinytorch" in proc.stderr
+
+
+def test_the_lock_is_checked_against_every_pin():
+    """After resolving, a lock that holds another version, or a file whose digest the pin does not
+    list (a mirror that changed a file between the listing and the resolution), is refused."""
+    from llmgw_store.build import indexpins
+    from llmgw_store.core.errors import IntegrityError
+
+    good, bad = "a" * 64, "b" * 64
+    lock = ('lock-version = "1.0"\n[[packages]]\nname = "tinytorch"\nversion = "2.0+cu126"\n'
+            f'wheels = [{{ url = "http://x/tinytorch-2.0+cu126-py3-none-any.whl", hashes = {{ sha256 = "{bad}" }} }}]\n')
+    indexpins.check_lock(lock, {"tinytorch": indexpins.Pin("tinytorch", "2.0")})  # 2.0 takes 2.0+cu126
+    with pytest.raises(IntegrityError, match=r"resolved tinytorch to '2\.0\+cu126', not the pinned 1\.0"):
+        indexpins.check_lock(lock, {"tinytorch": indexpins.Pin("tinytorch", "1.0")})
+    with pytest.raises(IntegrityError, match=f"has sha256 '{bad}', which index_pins does not list"):
+        indexpins.check_lock(lock, {"tinytorch": indexpins.Pin("tinytorch", "2.0+cu126", (good,))})
+    with pytest.raises(IntegrityError, match="resolved tinydep to nothing"):
+        indexpins.check_lock(lock, {"tinydep": indexpins.Pin("tinydep", "1.0")})

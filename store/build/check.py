@@ -45,7 +45,6 @@ from llmgw_store.core.results import Result
 
 SCRATCH_RE = re.compile(r"check-([0-9]{1,7})-[0-9]{1,20}")  # Linux pids are at most 2^22
 MAX_STALE_SCAN = 10_000  # names of ROOT/var/tmp looked at for a dead check's leftovers
-SHOWN = 50  # differences said one per line on stderr; --json has them all
 
 
 @dataclass(frozen=True)
@@ -106,10 +105,6 @@ def check(recipe_file: str | Path, options: BuildOptions = BuildOptions(), *,
                 force_rmtree(scratch)
     differences = tuple(compare(theirs, ours))
     rebuilt_hash = manifest.content_hash([d.entry for d in ours.values()])
-    for d in differences[:SHOWN]:
-        say(f"differs: {d['path']}")
-    if len(differences) > SHOWN:
-        say(f"... and {len(differences) - SHOWN} more")
     return CheckResult(
         path=str(final), name=plan.name, key=plan.key, identical=not differences,
         content_hash=row["content_hash"], rebuilt_content_hash=rebuilt_hash, files=len(ours),

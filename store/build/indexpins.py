@@ -176,15 +176,15 @@ def check_lock(lock_text: str, pins: dict[str, Pin]) -> None:
     for name, pin in pins.items():
         p = locked.get(name)
         if p is None or not _matches(str(p.get("version", "")), pin.version):
-            got = "nothing" if p is None else p.get("version")
+            got = "nothing" if p is None else shown(str(p.get("version")))
             raise IntegrityError(f"the lock resolved {name} to {got}, not the pinned {pin.version}")
         if pin.sha256:
             files = list(p.get("wheels", [])) + ([p["sdist"]] if "sdist" in p else [])
             for f in files:
                 digest = (f.get("hashes") or {}).get("sha256")
                 if digest not in pin.sha256:
-                    raise IntegrityError(f"the lock's {name} {p.get('version')} file {f.get('url', '?')} has sha256 "
-                                         f"{digest}, which index_pins does not list")
+                    raise IntegrityError(f"the lock's {name} {pin.version} file {shown(str(f.get('url', '?')), 200)} has "
+                                         f"sha256 {shown(str(digest), 80)}, which index_pins does not list")
 
 
 def _matches(version: str | None, pin: str) -> bool:
