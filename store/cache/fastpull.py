@@ -86,11 +86,11 @@ class Stats:
     phases: dict[str, float] = field(default_factory=dict)
 
 
-class _Progress:
+class Progress:
     """At most one line a second: bytes and files done, rate, ETA."""
 
-    def __init__(self, name: str, total_bytes: int, total_files: int):
-        self.name, self.total, self.total_files = name, total_bytes, total_files
+    def __init__(self, name: str, total_bytes: int, total_files: int, verb: str = "pulling"):
+        self.name, self.total, self.total_files, self.verb = name, total_bytes, total_files, verb
         self.done = self.files = 0
         self.started = self.last = time.monotonic()
         self.lock = threading.Lock()
@@ -105,7 +105,7 @@ class _Progress:
             self.last = now
             rate = self.done / max(now - self.started, 1e-6)
             eta = (self.total - self.done) / rate if rate > 0 else 0
-            say(f"pulling {self.name}: {self.done / 1e6:.1f}/{self.total / 1e6:.1f} MB, {self.files}/{self.total_files} "
+            say(f"{self.verb} {self.name}: {self.done / 1e6:.1f}/{self.total / 1e6:.1f} MB, {self.files}/{self.total_files} "
                 f"files, {rate / 1e6:.1f} MB/s, ETA {eta:.0f}s")
 
 
@@ -208,6 +208,13 @@ class _Writer:
         self.h.update(data)
         for fd, _ in self.fds:
             view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+
+    def put(self, data: memoryview) -> None:
+        """The whole file's bytes, already checked against its digest."""
+        for fd, _ in self.fds:
+            view = data
             while view:
                 view = view[os.write(fd, view):]
 
@@ -350,7 +357,7 @@ def build_tree(backend, meta: MetaV2, store, tree: Path) -> tuple[dict[str, Any]
     for e in targets.pop(EMPTY, []):  # an empty file needs no blob
         _Writer(tree_s, [e], EMPTY, 0, label).close()
     sizes = {d: es[0].size for d, es in targets.items()}
-    progress = _Progress(meta.name, meta.size, len(entries))
+    progress = Progress(meta.name, meta.size, len(entries))
     stats.phases["mkdir"] = time.monotonic() - t0
 
     # 3. what this node holds already
@@ -411,8 +418,8 @@ def build_tree(backend, meta: MetaV2, store, tree: Path) -> tuple[dict[str, Any]
                     raise IntegrityError(f"{label}: blob {blob.digest[:16]}… holds bytes that do not hash to "
                                          f"their signed digest {m[:16]}…; refusing it")
                 w = _Writer(tree_s, targets[m], m, sizes[m], label)
-                w.write(part)
-                w.close()
+                w.put(part)  # hashed just above: not again
+                w.close(check=False)
                 written += sizes[m] * len(targets[m])
                 nfiles += len(targets[m])
             progress.add(written)

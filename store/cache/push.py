@@ -132,6 +132,7 @@ def _push_v2(store: Store, backend, row: dict, secret_key: str, lock_timeout: fl
 
     import zstandard
 
+    from llmgw_store.cache.fastpull import Progress
     from llmgw_store.cache.objects import FORMAT, Blob, blob_name, digest_of, make_plan, plan_bytes
     from llmgw_store.core import manifest
 
@@ -153,6 +154,7 @@ def _push_v2(store: Store, backend, row: dict, secret_key: str, lock_timeout: fl
                                         "blobs": [b.digest for b in blobs]}))
     cost = {"uploaded": 0, "shared": 0, "blobs": 0}
     lock = threading.Lock()
+    progress = Progress(name, sum(b.size for b in blobs), len(entries), verb="pushing")
     try:
         _wait_for_gc(backend, lock_timeout)
         debug.pause("PUSH_BLOBS_PAUSE")
@@ -163,6 +165,7 @@ def _push_v2(store: Store, backend, row: dict, secret_key: str, lock_timeout: fl
             if there is not None:
                 with lock:
                     cost["shared"] += there
+                progress.add(blob.size, len(blob.members))
                 return Blob(blob.digest, blob.members, blob.size, there)
             tmp = store.layout.tmp / f"push-{os.getpid()}-{threading.get_ident()}-{blob.digest[:16]}.zst"
             try:
@@ -179,6 +182,7 @@ def _push_v2(store: Store, backend, row: dict, secret_key: str, lock_timeout: fl
             with lock:
                 cost["uploaded"] += csize
                 cost["blobs"] += 1
+            progress.add(blob.size, len(blob.members))
             return Blob(blob.digest, blob.members, blob.size, csize)
 
         with ThreadPoolExecutor(THREADS) as pool:
