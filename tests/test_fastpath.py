@@ -37,6 +37,9 @@ def memo_files(root: Path) -> list[Path]:
 def test_second_build_is_answered_before_click_with_the_same_document(root, recipe, index, uv_bin):
     first, fast = hit(root, recipe, index, uv_bin)
     assert first["how"] == "built" and not fast
+    # The build's steps, and one figure for the whole build: the steps add up to `seconds`.
+    assert {"plan", "venv", "resolve", "install", "bytecode", "hash, verify, register"} <= set(first["steps"])
+    assert sum(first["steps"].values()) == pytest.approx(first["seconds"], abs=0.01)
     [entry] = memo_files(root)
     st = entry.lstat()
     assert oct(st.st_mode & 0o777) == "0o600" and st.st_uid == os.geteuid()
