@@ -72,7 +72,8 @@ def main() -> None:
         hit_rss, bare_rss = peak_rss_mb(hit_argv), peak_rss_mb([str(PY), "-c", "pass"])
         # The same hit as a library call in one process (no interpreter start, no click).
         sys.path.insert(0, str(REPO))
-        from llmgw_store.build.builder import BuildOptions, build as lib_build
+        from llmgw_store.build.builder import BuildOptions
+        from llmgw_store.build.builder import build as lib_build
         from llmgw_store.build.uv import clean_env  # the variables a store build passes to uv (proxy, CA)
 
         opts = BuildOptions(uv=uv, python_preference=args.python_preference)
@@ -154,7 +155,7 @@ def main() -> None:
         print(f"    cache-hit build (library call, in process) {result['hit_library_ms']:.2f} ms")
         print(f"(b) cold build              {result['cold_build_s']:8.3f} s    raw uv by hand {result['raw_uv_s']:6.3f} s"
               f"    ratio {result['cold_ratio']:.3f} (goal <= 1.10)")
-        print(f"    cold build steps (median run): "
+        print("    cold build steps (median run): "
               + ", ".join(f"{k} {v:.2f}s" for k, v in result["cold_steps_s"].items()))
         rss = result["peak_rss_mb"]
         print(f"peak RSS: hit {rss['hit']} MB (python -c pass {rss['bare_python']} MB), cold build {rss['cold_build']} MB "

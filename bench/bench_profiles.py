@@ -24,12 +24,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
 from common import CLI, PY, peak_rss_mb, timed  # noqa: E402
+
 sys.path.insert(0, str(REPO))
 
 from tests.support.index_server import PackageIndex  # noqa: E402
 from tests.support.wheels import build_wheel  # noqa: E402
-
-
 
 
 def main() -> None:
