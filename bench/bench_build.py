@@ -8,7 +8,7 @@
     uv cache, use the same uv binary and uv's default thread counts (bytecode is compiled on every
     core on both sides), so the ratio is llmgw-store's own cost, not the network's. Interleaved, R
     runs each; medians, ratio, and the median build's steps (the JSON's `steps`).
-Peak RSS: of each command and every descendant it waited for (wait4), the largest of the runs.
+Peak RSS: measured by GNU time (`/usr/bin/time -f %M`), of each command and the children it waited for.
 
     .venv/bin/python bench/bench_build.py --out /tmp/bench [--recipe examples/black.toml] [--hits 30] [--colds 3]
 
@@ -30,7 +30,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
-from common import CLI, PY, measured  # noqa: E402
+from common import CLI, PY, peak_rss_mb, timed  # noqa: E402
 
 
 def build(root: Path, recipe: Path, uv: Path, *extra: str) -> dict:
@@ -64,17 +64,16 @@ def main() -> None:
         manifest = json.loads((Path(first["path"]) / ".llmgw" / "manifest.json").read_text())
 
         # (a) cache hit vs bare interpreter start, interleaved.
-        hit_t, bare_t, hit_rss, bare_rss = [], [], [], []
+        hit_t, bare_t = [], []
+        hit_argv = [str(CLI), "--root", str(warm), "build", str(args.recipe), "--uv", str(uv)]
         for _ in range(args.hits):
-            t, rss = measured([str(PY), "-c", "pass"])
-            bare_t.append(t)
-            bare_rss.append(rss)
-            t, rss = measured([str(CLI), "--root", str(warm), "build", str(args.recipe), "--uv", str(uv)])
-            hit_t.append(t)
-            hit_rss.append(rss)
+            bare_t.append(timed([str(PY), "-c", "pass"]))
+            hit_t.append(timed(hit_argv))
+        hit_rss, bare_rss = peak_rss_mb(hit_argv), peak_rss_mb([str(PY), "-c", "pass"])
         # The same hit as a library call in one process (no interpreter start, no click).
         sys.path.insert(0, str(REPO))
-        from llmgw_store.build.builder import BuildOptions, build as lib_build
+        from llmgw_store.build.builder import BuildOptions
+        from llmgw_store.build.builder import build as lib_build
         from llmgw_store.build.uv import clean_env  # the variables a store build passes to uv (proxy, CA)
 
         opts = BuildOptions(uv=uv, python_preference=args.python_preference)
@@ -90,20 +89,21 @@ def main() -> None:
         index_url = manifest["index_url"]
         reqs = work / "requirements.in"
         reqs.write_text("".join(r + "\n" for r in manifest["requirements"]))
-        cold_t, raw_t, cold_rss, raw_rss, cold_steps = [], [], [], [], []
+        cold_t, raw_t, cold_rss, raw_rss, cold_steps = [], [], [0.0], [0.0], []
         for i in range(args.colds):
             root = work / f"cold{i}"
             (root / "cache").mkdir(parents=True)
             subprocess.run(["cp", "-al", str(warm / "cache" / "uv"), str(root / "cache" / "uv")], check=True)
             out_file = work / f"cold{i}.json"
+            rss_file = work / f"cold{i}.rss"
             t = time.perf_counter()
             with open(out_file, "w") as out:
-                proc = subprocess.Popen([str(CLI), "--root", str(root), "--json", "build", str(args.recipe), "--uv",
-                                         str(uv)], stdout=out, stderr=subprocess.DEVNULL)
-                _, status, usage = os.wait4(proc.pid, 0)
+                # GNU time (a small parent) measures the peak RSS; its own cost is a millisecond.
+                subprocess.run(["/usr/bin/time", "-f", "%M", "-o", str(rss_file), str(CLI), "--root", str(root),
+                                "--json", "build", str(args.recipe), "--uv", str(uv)], stdout=out,
+                               stderr=subprocess.DEVNULL, check=True)
             cold_t.append(time.perf_counter() - t)
-            assert os.waitstatus_to_exitcode(status) == 0
-            cold_rss.append(usage.ru_maxrss)
+            cold_rss.append(int(rss_file.read_text().split()[-1]) / 1024)
             doc = json.loads(out_file.read_text())
             assert doc["how"] == "built", doc
             cold_steps.append((cold_t[-1], doc.get("steps", {})))
@@ -113,15 +113,24 @@ def main() -> None:
             subprocess.run(["cp", "-al", str(warm / "cache" / "uv"), str(raw / "cache")], check=True)
             uv_env = clean_env(UV_NO_CONFIG="1", UV_CACHE_DIR=str(raw / "cache"), UV_PYTHON_DOWNLOADS="never")
             venv = raw / "env"
-            t0, r0 = measured([str(uv), "venv", "--relocatable", "--python", python, str(venv), "-q"], env=uv_env)
-            t1, r1 = measured([str(uv), "pip", "compile", str(reqs), "-o", str(raw / "lock"), "--generate-hashes",
-                               "--exclude-newer", as_of, "--index-url", index_url, "--python",
-                               str(venv / "bin" / "python"), "--no-header", "-q"], env=uv_env)
-            t2, r2 = measured([str(uv), "pip", "install", "--require-hashes", "--no-deps", "-r", str(raw / "lock"),
-                               "--index-url", index_url, "--python", str(venv / "bin" / "python"), "--link-mode",
-                               "copy", "--compile-bytecode", "-q"], env=uv_env)
-            raw_t.append(t0 + t1 + t2)
-            raw_rss.append(max(r0, r1, r2))
+            raw_argvs = [
+                [str(uv), "venv", "--relocatable", "--python", python, str(venv), "-q"],
+                [str(uv), "pip", "compile", str(reqs), "-o", str(raw / "lock"), "--generate-hashes", "--exclude-newer",
+                 as_of, "--index-url", index_url, "--python", str(venv / "bin" / "python"), "--no-header", "-q"],
+                [str(uv), "pip", "install", "--require-hashes", "--no-deps", "-r", str(raw / "lock"), "--index-url",
+                 index_url, "--python", str(venv / "bin" / "python"), "--link-mode", "copy", "--compile-bytecode",
+                 "-q"],
+            ]
+            t = time.perf_counter()
+            for argv in raw_argvs:
+                subprocess.run(argv, check=True, env=uv_env)
+            raw_t.append(time.perf_counter() - t)
+            if i == 0:  # peak RSS of the same commands once more, on a fresh copy, outside the timing
+                again = work / "raw-rss"
+                subprocess.run(["cp", "-al", str(warm / "cache" / "uv"), str(again)], check=True)
+                rss_env = {**uv_env, "UV_CACHE_DIR": str(again)}
+                shutil.rmtree(venv)
+                raw_rss.append(max(peak_rss_mb(argv, env=rss_env) or 0.0 for argv in raw_argvs))
 
         med = statistics.median
         result = {
@@ -136,8 +145,8 @@ def main() -> None:
             "raw_uv_s": round(med(raw_t), 3),
             "cold_ratio": round(med(cold_t) / med(raw_t), 3),
             "cold_steps_s": sorted(cold_steps, key=lambda x: x[0])[len(cold_steps) // 2][1],
-            "peak_rss_mb": {"hit": round(max(hit_rss) / 1024, 1), "bare_python": round(max(bare_rss) / 1024, 1),
-                            "cold_build": round(max(cold_rss) / 1024, 1), "raw_uv": round(max(raw_rss) / 1024, 1)},
+            "peak_rss_mb": {"hit": hit_rss, "bare_python": bare_rss, "cold_build": round(max(cold_rss), 1),
+                            "raw_uv": round(max(raw_rss), 1)},
             "runs": {"hits": args.hits, "colds": args.colds},
         }
         print(f"recipe {args.recipe.name}: environment {result['env_size_mb']} MB, {result['env_files']} files")
@@ -146,7 +155,7 @@ def main() -> None:
         print(f"    cache-hit build (library call, in process) {result['hit_library_ms']:.2f} ms")
         print(f"(b) cold build              {result['cold_build_s']:8.3f} s    raw uv by hand {result['raw_uv_s']:6.3f} s"
               f"    ratio {result['cold_ratio']:.3f} (goal <= 1.10)")
-        print(f"    cold build steps (median run): "
+        print("    cold build steps (median run): "
               + ", ".join(f"{k} {v:.2f}s" for k, v in result["cold_steps_s"].items()))
         rss = result["peak_rss_mb"]
         print(f"peak RSS: hit {rss['hit']} MB (python -c pass {rss['bare_python']} MB), cold build {rss['cold_build']} MB "

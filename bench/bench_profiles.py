@@ -4,7 +4,7 @@ Builds two small environments A and B from a package index on 127.0.0.1 (offline
 (generation 1), then times, interleaved N times each: `python -c pass`, `llmgw-store activate p B`
 (from A: a new generation every time, never "already at generation N") and `llmgw-store rollback p
 --to 1` (from B back to A: a real switch every time). The script checks after each round that both
-commands switched. Medians and ratios, and the peak RSS of each command.
+commands switched. Medians and ratios, and the peak RSS of each command (one more run under GNU time).
 
     .venv/bin/python bench/bench_profiles.py [--runs 30]
 """
@@ -23,13 +23,12 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
-from common import CLI, PY, measured  # noqa: E402
+from common import CLI, PY, peak_rss_mb, timed  # noqa: E402
+
 sys.path.insert(0, str(REPO))
 
 from tests.support.index_server import PackageIndex  # noqa: E402
 from tests.support.wheels import build_wheel  # noqa: E402
-
-
 
 
 def main() -> None:
@@ -63,26 +62,28 @@ def main() -> None:
                                          find_uv_bin(), "--as-of", as_of], check=True, capture_output=True, text=True)
             paths.append(json.loads(out.stdout)["path"])
         subprocess.run(base + ["activate", "p", paths[0]], check=True, capture_output=True)
-        bare, act, back, rss = [], [], [], {"bare": 0, "activate": 0, "rollback": 0}
+        bare, act, back = [], [], []
         link = root / "profiles" / "p"
         for _ in range(args.runs):
             # each round: a new generation for paths[1] (current: paths[0]), then back to generation 1
             for what, argv, times in (("bare", [str(PY), "-c", "pass"], bare),
                                       ("activate", base + ["activate", "p", paths[1]], act),
                                       ("rollback", base + ["rollback", "p", "--to", "1"], back)):
-                t, r = measured(argv)
-                times.append(t)
-                rss[what] = max(rss[what], r)
+                times.append(timed(argv))
                 if what != "bare":
                     want = paths[1] if what == "activate" else paths[0]
                     assert os.path.realpath(link) == want, f"{what} did not switch to {want}"
+        # Peak RSS: one more run of each, under GNU time (outside the timed runs).
+        rss = {"bare": peak_rss_mb([str(PY), "-c", "pass"]),
+               "activate": peak_rss_mb(base + ["activate", "p", paths[1]]),
+               "rollback": peak_rss_mb(base + ["rollback", "p", "--to", "1"])}
         med = statistics.median
         b = med(bare)
-        print(f"python -c pass     {b * 1e3:7.1f} ms   peak RSS {rss['bare'] / 1024:.1f} MB")
+        print(f"python -c pass     {b * 1e3:7.1f} ms   peak RSS {rss['bare']} MB")
         print(f"activate           {med(act) * 1e3:7.1f} ms   ratio {med(act) / b:.2f} (goal <= 3)   "
-              f"peak RSS {rss['activate'] / 1024:.1f} MB")
+              f"peak RSS {rss['activate']} MB")
         print(f"rollback           {med(back) * 1e3:7.1f} ms   ratio {med(back) / b:.2f} (goal <= 3)   "
-              f"peak RSS {rss['rollback'] / 1024:.1f} MB")
+              f"peak RSS {rss['rollback']} MB")
     finally:
         index.stop()
         subprocess.run(["chmod", "-R", "u+w", str(work)], check=False)

@@ -11,24 +11,28 @@ PY = Path(sys.executable)
 CLI = PY.with_name("llmgw-store")
 
 
-def timed(argv: list[str], **kw) -> float:
+def timed(argv: list[str], env: dict | None = None) -> float:
     """Wall seconds of one command, its output discarded."""
-    return measured(argv, **kw)[0]
-
-
-def measured(argv: list[str], env: dict | None = None) -> tuple[float, int]:
-    """(wall seconds, peak RSS in KiB of the command and every descendant it waited for)."""
-    import os
     import time
 
     t = time.perf_counter()
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-    _, status, usage = os.wait4(proc.pid, 0)
-    wall = time.perf_counter() - t
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode != 0:
-        raise subprocess.CalledProcessError(proc.returncode, argv)
-    return wall, usage.ru_maxrss
+    subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    return time.perf_counter() - t
+
+
+def peak_rss_mb(argv: list[str], env: dict | None = None) -> float | None:
+    """Peak RSS (MB) of one run of a command and the children it waited for, measured by GNU time:
+    a small parent, so the figure is not the benchmark's own memory copied into the fork before exec
+    (what wait4 from this process would report). None where /usr/bin/time is missing."""
+    import os
+    import tempfile
+
+    if not os.access("/usr/bin/time", os.X_OK):
+        return None
+    with tempfile.NamedTemporaryFile("r") as out:
+        subprocess.run(["/usr/bin/time", "-f", "%M", "-o", out.name, *argv], check=True, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL, env=env)
+        return round(int(out.read().split()[-1]) / 1024, 1)
 
 
 def clone_registered(root: Path, src_name: str, n: int, tag: str = "") -> list[str]:

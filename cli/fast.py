@@ -266,7 +266,7 @@ def switch(argv: list[str], started: float) -> int | None:
     except KeyboardInterrupt:
         sys.stderr.write(f"{PROG}: interrupted\n")
         return 130
-    except Exception as exc:  # a bug: one line, as the click app says it
+    except Exception as exc:  # noqa: BLE001 - a bug: one line, as the click app says it
         if opts["verbose"]:
             import traceback
 
@@ -294,7 +294,7 @@ def main() -> None:
             return
     except BrokenPipeError:
         raise
-    except Exception:  # anything unexpected: the full command does it properly
+    except Exception:  # noqa: BLE001, S110 - anything unexpected: the full command does it properly
         pass
     code = switch(argv, started)
     if code is not None:

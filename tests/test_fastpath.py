@@ -17,14 +17,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import build_json, cli_cmd, run_cli, start_index, write_recipe
+from tests.conftest import cli_cmd, run_cli, start_index, write_recipe
 
 
 def hit(root: Path, recipe: Path, index, uv: Path, *extra: str, env: dict | None = None) -> tuple[dict, bool]:
     """(the JSON document, whether the fast path answered) of one `build`."""
     argv = [sys.executable, "-X", "importtime", *cli_cmd(root, "--json", "build", str(recipe), "--index-url",
                                                          index.url, "--uv", str(uv), *extra)]
-    proc = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=300)
+    proc = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=300,
+                          check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     loaded = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
     return json.loads(proc.stdout), "click" not in loaded
@@ -37,6 +38,9 @@ def memo_files(root: Path) -> list[Path]:
 def test_second_build_is_answered_before_click_with_the_same_document(root, recipe, index, uv_bin):
     first, fast = hit(root, recipe, index, uv_bin)
     assert first["how"] == "built" and not fast
+    # The build's steps, and one figure for the whole build: the steps add up to `seconds`.
+    assert {"plan", "venv", "resolve", "install", "bytecode", "hash, verify, register"} <= set(first["steps"])
+    assert sum(first["steps"].values()) == pytest.approx(first["seconds"], abs=0.01)
     [entry] = memo_files(root)
     st = entry.lstat()
     assert oct(st.st_mode & 0o777) == "0o600" and st.st_uid == os.geteuid()
@@ -222,7 +226,7 @@ def test_fast_parse_leaves_what_it_does_not_know_to_click():
 
 
 def _run_traced(root: Path, *args: str) -> tuple[subprocess.CompletedProcess, bool]:
-    proc = subprocess.run([sys.executable, "-X", "importtime", *cli_cmd(root, *args)], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-X", "importtime", *cli_cmd(root, *args)], capture_output=True, text=True, check=False,
                           timeout=120)
     loaded = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
     proc.stderr = "\n".join(line for line in proc.stderr.splitlines() if not line.startswith("import time:"))

@@ -90,8 +90,10 @@ class Cache:
     # One per worker: each shard directory is opened and listed once, lazily.
     def __init__(self, path):
         self.fd = None
+        self.shards = {}
+        self.n = 0
         if len(SECRET) < 32:
-            path = None  # no secret, no cache: every module is compiled
+            return  # no secret, no cache: every module is compiled
         try:
             top = os.open(path, DIR)
             try:
@@ -100,8 +102,6 @@ class Cache:
                 os.close(top)
         except OSError:
             pass  # no cache: every module is compiled
-        self.shards = {}
-        self.n = 0
 
     def shard(self, key):
         s = key[:2]
@@ -253,7 +253,7 @@ def work(args):
 if __name__ == "__main__":
     root, lib, cache = sys.argv[1], sys.argv[2], sys.argv[3]
     files = sorted(os.path.join(d, f) for d, _, fs in os.walk(lib) for f in fs if f.endswith(".py"))
-    n = max(1, min(len(os.sched_getaffinity(0)) or 1, len(files) // 50 or 1))
+    n = max(1, min(len(os.sched_getaffinity(0)) or 1, len(files) // 20 or 1))
     print("llmgw-progress: total %%d modules" %% len(files), flush=True)
     if n == 1 and not os.environ.get("LLMGW_STORE_DEBUG_COMPILE_PAUSE"):
         # A small tree: compiled here; a pool (multiprocessing's import, a fork) would cost more.

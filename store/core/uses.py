@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import stat
 
-from llmgw_store.core.buildmemo import private_dir, is_store_name, open_var
+from llmgw_store.core.buildmemo import is_store_name, open_var, private_dir
 
 USED_DIR = "used"
 FOLDING = ".fold-"
