@@ -170,9 +170,13 @@ def test_sigkill_during_then_check_leaves_old_or_new_and_kills_the_check(built, 
     gens = generations(root, "g7")
     assert [g["number"] for g in gens["generations"]] == [1, 2]
     assert gens["generations"][1]["check"]["result"] == "pending"  # its check never finished
-    # The lock died with the process: the profile can be changed again at once.
+    # The lock died with the process: the profile can be changed again at once, and the next change
+    # says the check was abandoned.
     back = json.loads(run_cli(root, "--json", "rollback", "g7", "--to", "1", check=True).stdout)
     assert back["generation"] == 1 and os.path.realpath(root / "profiles" / "g7") == old
+    gens = generations(root, "g7")
+    assert gens["generations"][1]["check"]["result"] == "abandoned"
+    assert [e["event"] for e in gens["history"]][-2:] == ["check-abandoned", "rollback"]
 
 
 def test_interrupting_then_check_rolls_back(built, tmp_path):

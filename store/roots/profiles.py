@@ -190,6 +190,7 @@ def activate(
             gens = disk_generations(layout, profile)
             _sync_index(store, profile, gens, write=True)
             current = _current_or_none(layout, profile)
+            _settle_abandoned_check(layout, profile, current)
             if current is not None and gens.get(current) == name:
                 return Switch(profile, current, current, str(env_dir), False)
             if then_check and current is None:
@@ -242,6 +243,26 @@ def _then_check(store: Store, profile: str, rec: records.Record, previous: int, 
                                  f"generation {previous}")
 
 
+def _settle_abandoned_check(layout: Layout, profile: str, current: int | None) -> None:
+    """Under the profile's lock: a `--then-check` runs its check holding this lock, so a record of
+    the current generation whose check is still "pending" was left by an activation that was killed
+    (SIGKILL, a power cut). The profile stays where it is (complete either way); the record and the
+    history say the check never finished."""
+    if current is None:
+        return
+    try:
+        rec = records.load(layout, profile, current)
+    except IntegrityError:
+        return
+    check = rec.activation.get("check") if rec is not None else None
+    if isinstance(check, dict) and check.get("result") == "pending":
+        records.write(layout, records.with_activation(rec, {**rec.activation, "check": {**check, "result": "abandoned"}}))
+        records.add_event(layout, profile, "check-abandoned", generation=current,
+                          why="the activation running --then-check was killed; the profile stayed at this generation")
+        say(f"profile {profile}: the check of generation {current} never finished (its activation was killed); "
+            "the profile stayed there")
+
+
 def _is_current(layout: Layout, profile: str, name: str) -> bool:
     current = _current_or_none(layout, profile)
     return current is not None and disk_generations(layout, profile).get(current) == name
@@ -289,6 +310,7 @@ def rollback(profile: str, *, to: int | None = None, root: str | Path | None = N
             layout = store.layout
             _clear_temporaries(layout, profile)
             current = current_generation(layout, profile)
+            _settle_abandoned_check(layout, profile, current)
             gens = disk_generations(layout, profile)
             if to is None:
                 older = [n for n in gens if n < current and records.present(layout, gens[n])]
