@@ -205,9 +205,13 @@ def _swap_pack_member(w, meta):
     pack = next(b for b in plan["blobs"] if b["m"])
     assert pack["d"] == pack_digest(pack["m"])
     p = _blob(w, pack["d"])
-    raw = bytearray(zstandard.ZstdDecompressor().decompress(p.read_bytes()))
-    raw[0] ^= 0xFF
-    forged = zstandard.ZstdCompressor(level=19).compress(bytes(raw))
+    original = zstandard.ZstdDecompressor().decompress(p.read_bytes())
+    for at in range(min(len(original), 64)):  # one flipped byte whose pack still fits the signed size
+        raw = bytearray(original)
+        raw[at] ^= 0x01
+        forged = zstandard.ZstdCompressor(level=19).compress(bytes(raw))
+        if len(forged) <= pack["c"]:
+            break
     assert len(forged) <= pack["c"]  # within the signed size: the member digests must catch it
     p.write_bytes(forged)
 
