@@ -212,6 +212,8 @@ def parse_switch(argv: list[str]) -> dict | None:
         return None
     if opts["command"] == "activate" and args[1].endswith(".toml"):
         return None
+    if os.environ.get("LLMGW_STORE_PYTHON_PREFERENCE", PYTHON_PREFERENCE) not in PYTHON_PREFERENCES:
+        return None  # click says what is wrong with it
     try:
         if "--lock-timeout" in opts and not float(opts["--lock-timeout"]) >= 0:
             return None
@@ -253,11 +255,16 @@ def switch(argv: list[str], started: float) -> int | None:
                 text = (f"{profile}: generation {r.generation} -> {r.path}" if r.changed
                         else f"{profile}: already at generation {r.generation} -> {r.path}")
             else:
-                from llmgw_store.roots.profiles import rollback
+                from llmgw_store.api import rollback  # a cold generation comes back from its record
 
                 timeout = float(opts.get("--lock-timeout", locks.LOCK_TIMEOUT_S))
-                r = rollback(profile, to=opts.get("--to"), root=opts["root"], lock_timeout=timeout)
-                text = f"{profile}: generation {r.previous} -> {r.generation} ({r.path})"
+                env = os.environ  # what click's rollback reads from the environment, for a cold generation
+                r = rollback(profile, to=opts.get("--to"), root=opts["root"], lock_timeout=timeout,
+                             substituters=tuple(env.get("LLMGW_STORE_SUBSTITUTERS", "").split()),
+                             uv=env.get("LLMGW_STORE_UV") or None,
+                             python_preference=env.get("LLMGW_STORE_PYTHON_PREFERENCE") or None)
+                back = f" (cold: {r.rebuilt})" if r.rebuilt else ""
+                text = f"{profile}: generation {r.previous} -> {r.generation} ({r.path}){back}"
     except StoreError as err:
         sys.stderr.write(f"{PROG}: error: {err}\n")
         if isinstance(err, CommandError) and err.output_tail and opts["verbose"]:
