@@ -200,8 +200,10 @@ def collect(
             report["freed"]["downloads"] = _prune_downloads(layout)
             with gc_lock(layout, shared=False, timeout=lock_timeout):
                 report["freed"]["linked_caches"] += _prune_stale_pyc(layout.pyc_cache)
-        report["freed"]["uv_cache"] = _prune_uv_cache(store, dry_run)
         if max_cache is not None:
+            # Only when asked to bound the caches: `uv cache prune` and its accounting walk the
+            # whole uv cache, and what it removes (what nothing points at any more) is rare.
+            report["freed"]["uv_cache"] = _prune_uv_cache(store, dry_run)
             from llmgw_store.roots.cachelog import prune
 
             # What a live path needs for repair, and a generation record (a cold rollback), stays.
