@@ -43,7 +43,7 @@ from llmgw_store.core.report import say
 from llmgw_store.core.results import Result
 from llmgw_store.core.temproots import gc_lock, read_all
 from llmgw_store.core.units import human_size
-from llmgw_store.roots.accounting import Tally, inodes_of, on_disk, remove_tree, walk
+from llmgw_store.roots.accounting import Tally, inodes_of, listed_files, on_disk, remove_tree, walk
 
 
 def runtime_roots(layout: Layout) -> dict[str, set[str]]:
@@ -187,12 +187,15 @@ def collect(
                 break
             # The lock is released: builds and activations go on while the trash is deleted.
             debug.pause("GC_BEFORE_EMPTY_TRASH")
-            _empty_trash(layout, dead, report)
+            left_by_a_crash = report["rounds"] == 1 and any(True for _ in os.scandir(layout.trash)) and not dead
+            pooled = _empty_trash(layout, dead, report)
             # A file optimise shared is freed only when its pool link goes too: part of what
-            # deleting the paths frees. Exclusive again, briefly: optimise links into the pool
-            # with the lock shared.
+            # deleting the paths frees. Only the pool entries the deleted paths' listings name
+            # are looked at; the whole pool when a crash may have left others unlinked, and with
+            # --max-cache. Exclusive again, briefly: optimise links into the pool with the lock shared.
             with gc_lock(layout, shared=False, timeout=lock_timeout):
-                report["freed"]["store_paths"] += _prune_pool(layout.links_pool)
+                whole = left_by_a_crash or max_cache is not None or pooled is None
+                report["freed"]["store_paths"] += _prune_pool(layout.links_pool, names=None if whole else pooled)
             if budget is None or not dead:
                 break
         if not dry_run:
@@ -281,16 +284,35 @@ def _names_of_generations(layout: Layout, generations: set[tuple[str, int]]) -> 
     return out
 
 
-def _empty_trash(layout: Layout, dead: list[dict[str, Any]], report: dict[str, Any]) -> None:
-    """Delete the trees renamed into the trash, counting what each really frees."""
+def _empty_trash(layout: Layout, dead: list[dict[str, Any]], report: dict[str, Any]) -> set[str] | None:
+    """Delete the trees renamed into the trash, counting what each really frees. Returns the names
+    of the pool entries their listings name (None: something in the trash had no readable listing,
+    so only a walk of the whole pool finds what it shared)."""
+    pooled: set[str] | None = set()
     for item in dead:
         if "trash" in item:
+            names = _pool_names(item["trash"])
+            pooled = None if names is None or pooled is None else pooled | names
             item["freed"] = remove_tree(item.pop("trash"))
             report["freed"]["store_paths"] += item["freed"]
         else:
             item["freed"] = 0
     for entry in os.scandir(layout.trash):
+        pooled = None
         report["freed"]["store_paths"] += remove_tree(entry.path)
+    return pooled
+
+
+_POOL_NAME = re.compile(r"[0-9a-f]{64}-[fx]")
+
+
+def _pool_names(tree: Path) -> set[str] | None:
+    """The names optimise's pool gives the files of `tree`'s listing (`<blake3>-<f|x>`), checked;
+    None when the listing cannot be read (a leftover that never had one)."""
+    listed = listed_files(tree)
+    if listed is None:
+        return None
+    return {n for kind, digest in listed if _POOL_NAME.fullmatch(n := f"{digest}-{kind}")}
 
 
 def _report(report: dict[str, Any]) -> GcReport:
@@ -441,10 +463,21 @@ PYC_UNUSED_S = 30 * 86400  # a bytecode cache entry no build has used for this l
 PYC_TEMP_S = 3600.0  # a build's temporary file in the bytecode cache older than this was left by a crash
 
 
-def _prune_pool(pool: Path, dry_run: bool = False) -> int:
+def _prune_pool(pool: Path, dry_run: bool = False, names: set[str] | None = None) -> int:
     """Delete the files of optimise's pool that no store path links any more (an inode whose only
-    link is the pool's: the pool links store files only). Returns bytes freed on disk."""
+    link is the pool's: the pool links store files only): those named in `names`, else all.
+    Returns bytes freed on disk."""
     freed = 0
+    if names is not None:
+        for name in names:
+            path = os.path.join(pool, name)
+            try:
+                st = os.lstat(path)
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            if stat.S_ISREG(st.st_mode) and st.st_nlink <= 1:
+                freed += on_disk(st) if dry_run else _unlink(path, st)
+        return freed
     for rel, st in walk(pool):
         if rel and stat.S_ISREG(st.st_mode) and st.st_nlink <= 1:
             freed += on_disk(st) if dry_run else _unlink(os.path.join(pool, rel), st)
