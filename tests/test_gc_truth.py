@@ -9,6 +9,8 @@ import os
 import random
 import sqlite3
 import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -107,6 +109,10 @@ def test_freed_matches_the_filesystem_with_hardlinks(small_fs, fat_index, tmp_pa
     os.link(archive, site / "tinydep" / "cached.bin")
     os.chmod(site / "tinydep", 0o555)
     run_cli(root, "activate", "p", str(root / "store" / a), check=True)
+    st = json.loads(run_cli(root, "--json", "stats", check=True).stdout)
+    # a, b and c hold 23 MiB of data; b's 5 MiB and c's engine (3 MiB) are a's inodes after optimise
+    assert st["bytes_apparent"] > 23 * MiB and st["bytes_on_disk"] < st["bytes_apparent"] - 7 * MiB
+    assert st["cache_bytes_on_disk"] == st["uv_cache_bytes_unshared"] + st["pyc_cache_bytes"] > 0
 
     plan = _gc(root, "--dry-run")
     assert {d["name"] for d in plan["deleted"]} == {b, c}
@@ -213,3 +219,34 @@ def test_hostile_records_and_links_never_reach_outside(fat_index, tmp_path):
     con = sqlite3.connect(root / "var" / "db.sqlite")
     assert con.execute("SELECT count(*) FROM cache_uses WHERE entry LIKE '%..%' OR entry LIKE '/%'").fetchone()[0] == 0
     con.close()
+
+
+def test_remove_tree_empties_frozen_directories_as_a_plain_user(request):
+    """Root needs no chmod to empty a frozen (0555) directory; another user does, and gets it from
+    remove_tree (only on the directories it walks: a link to a directory outside is unlinked)."""
+    if os.geteuid() != 0 or not Path("/usr/bin/setpriv").exists():
+        pytest.skip("needs root to hand the tree to another user, and setpriv")
+    base = Path(tempfile.mkdtemp(prefix="llmgw-plain-"))  # tmp_path's parents are closed to others
+    request.addfinalizer(lambda: subprocess.run(["rm", "-rf", str(base)], check=False))
+    os.chmod(base, 0o755)
+    tree = base / "tree"
+    (tree / "a" / "b").mkdir(parents=True)
+    (tree / "a" / "b" / "f").write_bytes(b"x" * 10_000)
+    (tree / "a" / "g").write_bytes(b"y" * 5_000)
+    os.link(tree / "a" / "g", tree / "g2")  # two links inside: freed once, at the second
+    outside = base / "outside"
+    outside.mkdir()
+    (outside / "keep").write_bytes(b"k")
+    os.symlink(outside, tree / "a" / "escape")
+    subprocess.run(["chown", "-R", "65534:65534", str(base)], check=True)
+    for d in (tree / "a" / "b", tree / "a", tree):
+        os.chmod(d, 0o555)
+    expected = sum(os.lstat(p).st_blocks * 512 for p in (tree / "a" / "b" / "f", tree / "a" / "g",
+                                                          tree / "a" / "b", tree / "a", tree))
+    script = ("import sys; sys.path.insert(0, %r); from llmgw_store.roots.accounting import remove_tree; "
+              "print(remove_tree(%r))" % (str(Path(__file__).resolve().parent.parent), str(tree)))
+    done = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c", script],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert not tree.exists() and (outside / "keep").read_bytes() == b"k"
+    assert int(done.stdout) == expected
