@@ -110,8 +110,9 @@ def test_freed_matches_the_filesystem_with_hardlinks(small_fs, fat_index, tmp_pa
     os.chmod(site / "tinydep", 0o555)
     run_cli(root, "activate", "p", str(root / "store" / a), check=True)
     st = json.loads(run_cli(root, "--json", "stats", check=True).stdout)
-    # a, b and c hold 23 MiB of data; b's 5 MiB and c's engine (3 MiB) are a's inodes after optimise
-    assert st["bytes_apparent"] > 23 * MiB and st["bytes_on_disk"] < st["bytes_apparent"] - 7 * MiB
+    # a, b and c hold 23 MiB of data; b's 5 MiB and c's engine (3 MiB) are a's inodes after optimise (less
+    # the 2 MiB pool copy of c's cached.bin, which the link to the uv cache left unlinked)
+    assert st["bytes_apparent"] > 23 * MiB and st["bytes_on_disk"] < st["bytes_apparent"] - 5 * MiB
     assert st["cache_bytes_on_disk"] == st["uv_cache_bytes_unshared"] + st["pyc_cache_bytes"] > 0
 
     plan = _gc(root, "--dry-run")
