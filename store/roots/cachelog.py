@@ -36,6 +36,7 @@ from llmgw_store.build import cacheuse
 from llmgw_store.core.errors import LockTimeout, StoreError
 from llmgw_store.core.local_store import Store
 from llmgw_store.core.report import say
+from llmgw_store.core.temproots import read_all
 from llmgw_store.roots.accounting import Tally, listed_files, remove_tree, walk
 
 POINTER_SUFFIXES = ("", ".http", ".msgpack", ".rev", ".lock")
@@ -74,7 +75,11 @@ def uv_entries(store: Store, live: set[str], tidy: bool = True) -> list[Entry]:
     of paths neither registered nor live, and malformed records, are dropped."""
     uses: dict[str, list[dict]] = {}
     registered = {r["name"] for r in store.index.paths()}
-    for row in store.index.cache_uses(cacheuse.CACHE):
+    rows = store.index.cache_uses(cacheuse.CACHE)
+    # Read after the records: a build that recorded them added its temp root before it started,
+    # so it is seen here, and its entries count as live, whether or not it has registered yet.
+    live = live | read_all(store.layout)[0]
+    for row in rows:
         entry, user = str(row["entry"]), row["path_name"]
         if not cacheuse.ARCHIVE_RE.fullmatch(entry):
             if tidy:

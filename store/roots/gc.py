@@ -174,7 +174,7 @@ def collect(
         # disk), deletes them, then measures. Without a budget, or dry, there is one round; with
         # one, at most as many as there are entries in store/ (each round deletes at least one).
         limit = 1 + sum(1 for _ in os.scandir(layout.store))
-        live: set[str] = set()
+        live: set[str] | None = None  # the live closure of the last root read
         while report["rounds"] < limit:
             report["rounds"] += 1
             budget = _budget(layout, min_free, max_freed, report["freed"]["store_paths"])
@@ -187,14 +187,14 @@ def collect(
                 break
             # The lock is released: builds and activations go on while the trash is deleted.
             debug.pause("GC_BEFORE_EMPTY_TRASH")
-            left_by_a_crash = report["rounds"] == 1 and any(True for _ in os.scandir(layout.trash)) and not dead
             pooled = _empty_trash(layout, dead, report)
             # A file optimise shared is freed only when its pool link goes too: part of what
             # deleting the paths frees. Only the pool entries the deleted paths' listings name
-            # are looked at; the whole pool when a crash may have left others unlinked, and with
-            # --max-cache. Exclusive again, briefly: optimise links into the pool with the lock shared.
+            # are looked at; the whole pool when the trash held a tree without a listing (a
+            # killed gc's), and with --max-cache. Exclusive again, briefly: optimise links into
+            # the pool with the lock shared.
             with gc_lock(layout, shared=False, timeout=lock_timeout):
-                whole = left_by_a_crash or max_cache is not None or pooled is None
+                whole = max_cache is not None or pooled is None
                 report["freed"]["store_paths"] += _prune_pool(layout.links_pool, names=None if whole else pooled)
             if budget is None or not dead:
                 break
@@ -203,7 +203,9 @@ def collect(
             report["freed"]["downloads"] = _prune_downloads(layout)
             with gc_lock(layout, shared=False, timeout=lock_timeout):
                 report["freed"]["linked_caches"] += _prune_stale_pyc(layout.pyc_cache)
-        if max_cache is not None:
+        if max_cache is not None and live is None:
+            say("caches left alone: no roots were read (nothing to collect)")
+        elif max_cache is not None:
             # Only when asked to bound the caches: `uv cache prune` and its accounting walk the
             # whole uv cache, and what it removes (what nothing points at any more) is rare.
             report["freed"]["uv_cache"] = _prune_uv_cache(store, dry_run)
