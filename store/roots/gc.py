@@ -187,7 +187,7 @@ def collect(
                 break
             # The lock is released: builds and activations go on while the trash is deleted.
             debug.pause("GC_BEFORE_EMPTY_TRASH")
-            pooled = _empty_trash(layout, dead, report)
+            pooled = _empty_trash(layout, dead, report, _has_entries(layout.links_pool))
             # A file optimise shared is freed only when its pool link goes too: part of what
             # deleting the paths frees. Only the pool entries the deleted paths' listings name
             # are looked at; the whole pool when the trash held a tree without a listing (a
@@ -201,8 +201,10 @@ def collect(
         if not dry_run:
             _empty_trash(layout, [], report)  # what a killed gc left there
             report["freed"]["downloads"] = _prune_downloads(layout)
-            with gc_lock(layout, shared=False, timeout=lock_timeout):
-                report["freed"]["linked_caches"] += _prune_stale_pyc(layout.pyc_cache)
+            if max_cache is not None or _due(store.index.tool_info("gc", "pyc-prune"), PYC_PRUNE_EVERY_S):
+                with gc_lock(layout, shared=False, timeout=lock_timeout):
+                    report["freed"]["linked_caches"] += _prune_stale_pyc(layout.pyc_cache)
+                store.index.remember_tool("gc", "pyc-prune", {"at": time.time()})
         if max_cache is not None and live is None:
             say("caches left alone: no roots were read (nothing to collect)")
         elif max_cache is not None:
@@ -286,21 +288,37 @@ def _names_of_generations(layout: Layout, generations: set[tuple[str, int]]) -> 
     return out
 
 
-def _empty_trash(layout: Layout, dead: list[dict[str, Any]], report: dict[str, Any]) -> set[str] | None:
+def _due(memo: dict[str, Any] | None, every: float) -> bool:
+    try:
+        return time.time() - float(memo["at"]) > every  # type: ignore[index]
+    except (TypeError, KeyError, ValueError):
+        return True
+
+
+def _has_entries(directory: Path) -> bool:
+    try:
+        with os.scandir(directory) as it:
+            return any(True for _ in it)
+    except OSError:
+        return False
+
+
+def _empty_trash(layout: Layout, dead: list[dict[str, Any]], report: dict[str, Any],
+                 pool_used: bool = True) -> set[str] | None:
     """Delete the trees renamed into the trash, counting what each really frees. Returns the names
     of the pool entries their listings name (None: something in the trash had no readable listing,
-    so only a walk of the whole pool finds what it shared)."""
+    so only a walk of the whole pool finds what it shared; an empty set when the pool is empty)."""
     pooled: set[str] | None = set()
     for item in dead:
         if "trash" in item:
-            names = _pool_names(item["trash"])
+            names = _pool_names(item["trash"]) if pool_used else set()
             pooled = None if names is None or pooled is None else pooled | names
             item["freed"] = remove_tree(item.pop("trash"))
             report["freed"]["store_paths"] += item["freed"]
         else:
             item["freed"] = 0
     for entry in os.scandir(layout.trash):
-        pooled = None
+        pooled = None if pool_used else pooled
         report["freed"]["store_paths"] += remove_tree(entry.path)
     return pooled
 
@@ -463,6 +481,7 @@ def _remove_stale_key_locks(layout: Layout, live_temp: set[str]) -> int:
 
 PYC_UNUSED_S = 30 * 86400  # a bytecode cache entry no build has used for this long goes
 PYC_TEMP_S = 3600.0  # a build's temporary file in the bytecode cache older than this was left by a crash
+PYC_PRUNE_EVERY_S = 86400.0  # the walk for stale bytecode entries runs at most once a day (always with --max-cache)
 
 
 def _prune_pool(pool: Path, dry_run: bool = False, names: set[str] | None = None) -> int:
