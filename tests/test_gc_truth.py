@@ -11,7 +11,6 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
@@ -65,7 +64,7 @@ def small_fs(tmp_path):
     mnt = tmp_path / "mnt"
     mnt.mkdir()
     done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=128m,mode=0755", "tmpfs", str(mnt)],
-                          capture_output=True, text=True)
+                          capture_output=True, text=True, check=False)
     if done.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
     try:
@@ -180,7 +179,7 @@ def test_max_cache_keeps_what_live_paths_use(fat_index, tmp_path):
                            str(lock), "--python", str(target / "bin" / "python"), "--link-mode", "copy",
                            "--index-url", json.loads((env / ".llmgw" / "manifest.json").read_text())["index_url"]],
                           env={**os.environ, "UV_CACHE_DIR": str(root / "cache" / "uv"), "UV_NO_CONFIG": "1"},
-                          capture_output=True, text=True)
+                          capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
     out = subprocess.run([str(target / "bin" / "tinyengine")], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "tinyengine 1.0 tinydep 1.0"
@@ -244,10 +243,11 @@ def test_remove_tree_empties_frozen_directories_as_a_plain_user(request):
         os.chmod(d, 0o555)
     expected = sum(os.lstat(p).st_blocks * 512 for p in (tree / "a" / "b" / "f", tree / "a" / "g",
                                                           tree / "a" / "b", tree / "a", tree))
-    script = ("import sys; sys.path.insert(0, %r); from llmgw_store.roots.accounting import remove_tree; "
-              "print(remove_tree(%r))" % (str(Path(__file__).resolve().parent.parent), str(tree)))
+    repo = str(Path(__file__).resolve().parent.parent)
+    script = (f"import sys; sys.path.insert(0, {repo!r}); from llmgw_store.roots.accounting import remove_tree; "
+              f"print(remove_tree({str(tree)!r}))")
     done = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c", script],
-                          capture_output=True, text=True)
+                          capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
     assert not tree.exists() and (outside / "keep").read_bytes() == b"k"
     assert int(done.stdout) == expected

@@ -26,11 +26,11 @@ import fcntl
 import os
 import stat
 import time
+from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Iterator
 
 from llmgw_store.build import cacheuse
 from llmgw_store.core.errors import LockTimeout, StoreError
@@ -57,7 +57,7 @@ def _ts(iso: str | None) -> float:
     if not iso:
         return 0.0
     try:
-        return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
+        return datetime.fromisoformat(iso).timestamp()
     except ValueError:
         return 0.0
 

@@ -372,7 +372,7 @@ def _ts(iso: str | None) -> float:
     if not iso:
         return 0.0
     try:
-        return datetime.fromisoformat(str(iso).replace("Z", "+00:00")).timestamp()
+        return datetime.fromisoformat(str(iso)).timestamp()
     except ValueError:
         return 0.0
 
