@@ -157,6 +157,8 @@ def test_max_cache_keeps_what_live_paths_use(fat_index, tmp_path):
     assert len(by_path[a]) == len(by_path[c]) == 2 and len(by_path[a] & by_path[c]) == 1  # tinyengine 1.0 shared
     archives = root / "cache" / "uv" / "archive-v0"
     run_cli(root, "activate", "p", str(root / "store" / a), check=True)
+    pycs = {n: {p.read_bytes() for p in (root / "store" / n / "lib").rglob("*.pyc")} for n in (a, c)}
+    assert pycs[c] - pycs[a]  # tinydep 2.0's module
 
     r = _gc(root, "--max-cache", "0")
     assert {d["name"] for d in r["deleted"]} == {c}
@@ -164,6 +166,9 @@ def test_max_cache_keeps_what_live_paths_use(fat_index, tmp_path):
     assert by_path[a] <= left and not (by_path[c] - by_path[a]) & left  # c's tinydep 2.0 is gone
     assert r["cache_pruned"]["kept_live"] >= 2 and r["cache_pruned"]["entries"] >= 1
     assert r["freed"]["cache_entries"] == r["cache_pruned"]["bytes"] > 2 * MiB
+    # the bytecode cache: entries with a live path's bytes stay, c's own went
+    cached = {p.read_bytes() for p in (root / "cache" / "pyc").rglob("*.pyc")}
+    assert pycs[a] <= cached and not (pycs[c] - pycs[a]) & cached
     text = run_cli(root, "gc", "--max-cache", "0", check=True).stdout
     assert "kept for live paths" in text
 
