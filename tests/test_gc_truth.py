@@ -9,7 +9,8 @@ import os
 import random
 import sqlite3
 import subprocess
-import time
+import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -63,7 +64,7 @@ def small_fs(tmp_path):
     mnt = tmp_path / "mnt"
     mnt.mkdir()
     done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=128m,mode=0755", "tmpfs", str(mnt)],
-                          capture_output=True, text=True)
+                          capture_output=True, text=True, check=False)
     if done.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
     try:
@@ -107,6 +108,11 @@ def test_freed_matches_the_filesystem_with_hardlinks(small_fs, fat_index, tmp_pa
     os.link(archive, site / "tinydep" / "cached.bin")
     os.chmod(site / "tinydep", 0o555)
     run_cli(root, "activate", "p", str(root / "store" / a), check=True)
+    st = json.loads(run_cli(root, "--json", "stats", check=True).stdout)
+    # a, b and c hold 23 MiB of data; b's 5 MiB and c's engine (3 MiB) are a's inodes after optimise (less
+    # the 2 MiB pool copy of c's cached.bin, which the link to the uv cache left unlinked)
+    assert st["bytes_apparent"] > 23 * MiB and st["bytes_on_disk"] < st["bytes_apparent"] - 5 * MiB
+    assert st["cache_bytes_on_disk"] == st["uv_cache_bytes_unshared"] + st["pyc_cache_bytes"] > 0
 
     plan = _gc(root, "--dry-run")
     assert {d["name"] for d in plan["deleted"]} == {b, c}
@@ -151,6 +157,8 @@ def test_max_cache_keeps_what_live_paths_use(fat_index, tmp_path):
     assert len(by_path[a]) == len(by_path[c]) == 2 and len(by_path[a] & by_path[c]) == 1  # tinyengine 1.0 shared
     archives = root / "cache" / "uv" / "archive-v0"
     run_cli(root, "activate", "p", str(root / "store" / a), check=True)
+    pycs = {n: {p.read_bytes() for p in (root / "store" / n / "lib").rglob("*.pyc")} for n in (a, c)}
+    assert pycs[c] - pycs[a]  # tinydep 2.0's module
 
     r = _gc(root, "--max-cache", "0")
     assert {d["name"] for d in r["deleted"]} == {c}
@@ -158,6 +166,9 @@ def test_max_cache_keeps_what_live_paths_use(fat_index, tmp_path):
     assert by_path[a] <= left and not (by_path[c] - by_path[a]) & left  # c's tinydep 2.0 is gone
     assert r["cache_pruned"]["kept_live"] >= 2 and r["cache_pruned"]["entries"] >= 1
     assert r["freed"]["cache_entries"] == r["cache_pruned"]["bytes"] > 2 * MiB
+    # the bytecode cache: entries with a live path's bytes stay, c's own went
+    cached = {p.read_bytes() for p in (root / "cache" / "pyc").rglob("*.pyc")}
+    assert pycs[a] <= cached and not (pycs[c] - pycs[a]) & cached
     text = run_cli(root, "gc", "--max-cache", "0", check=True).stdout
     assert "kept for live paths" in text
 
@@ -173,7 +184,7 @@ def test_max_cache_keeps_what_live_paths_use(fat_index, tmp_path):
                            str(lock), "--python", str(target / "bin" / "python"), "--link-mode", "copy",
                            "--index-url", json.loads((env / ".llmgw" / "manifest.json").read_text())["index_url"]],
                           env={**os.environ, "UV_CACHE_DIR": str(root / "cache" / "uv"), "UV_NO_CONFIG": "1"},
-                          capture_output=True, text=True)
+                          capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
     out = subprocess.run([str(target / "bin" / "tinyengine")], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "tinyengine 1.0 tinydep 1.0"
@@ -213,3 +224,35 @@ def test_hostile_records_and_links_never_reach_outside(fat_index, tmp_path):
     con = sqlite3.connect(root / "var" / "db.sqlite")
     assert con.execute("SELECT count(*) FROM cache_uses WHERE entry LIKE '%..%' OR entry LIKE '/%'").fetchone()[0] == 0
     con.close()
+
+
+def test_remove_tree_empties_frozen_directories_as_a_plain_user(request):
+    """Root needs no chmod to empty a frozen (0555) directory; another user does, and gets it from
+    remove_tree (only on the directories it walks: a link to a directory outside is unlinked)."""
+    if os.geteuid() != 0 or not Path("/usr/bin/setpriv").exists():
+        pytest.skip("needs root to hand the tree to another user, and setpriv")
+    base = Path(tempfile.mkdtemp(prefix="llmgw-plain-"))  # tmp_path's parents are closed to others
+    request.addfinalizer(lambda: subprocess.run(["rm", "-rf", str(base)], check=False))
+    os.chmod(base, 0o755)
+    tree = base / "tree"
+    (tree / "a" / "b").mkdir(parents=True)
+    (tree / "a" / "b" / "f").write_bytes(b"x" * 10_000)
+    (tree / "a" / "g").write_bytes(b"y" * 5_000)
+    os.link(tree / "a" / "g", tree / "g2")  # two links inside: freed once, at the second
+    outside = base / "outside"
+    outside.mkdir()
+    (outside / "keep").write_bytes(b"k")
+    os.symlink(outside, tree / "a" / "escape")
+    subprocess.run(["chown", "-R", "65534:65534", str(base)], check=True)
+    for d in (tree / "a" / "b", tree / "a", tree):
+        os.chmod(d, 0o555)
+    expected = sum(os.lstat(p).st_blocks * 512 for p in (tree / "a" / "b" / "f", tree / "a" / "g",
+                                                          tree / "a" / "b", tree / "a", tree))
+    repo = str(Path(__file__).resolve().parent.parent)
+    script = (f"import sys; sys.path.insert(0, {repo!r}); from llmgw_store.roots.accounting import remove_tree; "
+              f"print(remove_tree({str(tree)!r}))")
+    done = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c", script],
+                          capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert not tree.exists() and (outside / "keep").read_bytes() == b"k"
+    assert int(done.stdout) == expected

@@ -100,7 +100,7 @@ def sources(env: Path, uv_cache: Path) -> set[str]:
     return found
 
 
-def record(store: "Store", name: str, env: Path, private_cache: Path | None) -> None:
+def record(store: Store, name: str, env: Path, private_cache: Path | None) -> None:
     """Record the uv archives `env` (the `.partial` of store path `name`) was installed from. A
     build with a private cache (a repair) records nothing: that cache is deleted after it."""
     if private_cache is not None:

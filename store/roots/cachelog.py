@@ -26,17 +26,18 @@ import fcntl
 import os
 import stat
 import time
-from contextlib import contextmanager
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Iterator
 
 from llmgw_store.build import cacheuse
 from llmgw_store.core.errors import LockTimeout, StoreError
 from llmgw_store.core.local_store import Store
 from llmgw_store.core.report import say
-from llmgw_store.roots.accounting import Tally, remove_tree, walk
+from llmgw_store.core.temproots import read_all
+from llmgw_store.roots.accounting import Tally, listed_files, remove_tree, walk
 
 POINTER_SUFFIXES = ("", ".http", ".msgpack", ".rev", ".lock")
 MAX_POINTER_ENTRIES = 1 << 22  # entries of uv's buckets read when looking for links to archives
@@ -56,7 +57,7 @@ def _ts(iso: str | None) -> float:
     if not iso:
         return 0.0
     try:
-        return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
+        return datetime.fromisoformat(iso).timestamp()
     except ValueError:
         return 0.0
 
@@ -74,7 +75,11 @@ def uv_entries(store: Store, live: set[str], tidy: bool = True) -> list[Entry]:
     of paths neither registered nor live, and malformed records, are dropped."""
     uses: dict[str, list[dict]] = {}
     registered = {r["name"] for r in store.index.paths()}
-    for row in store.index.cache_uses(cacheuse.CACHE):
+    rows = store.index.cache_uses(cacheuse.CACHE)
+    # Read after the records: a build that recorded them added its temp root before it started,
+    # so it is seen here, and its entries count as live, whether or not it has registered yet.
+    live = live | read_all(store.layout)[0]
+    for row in rows:
         entry, user = str(row["entry"]), row["path_name"]
         if not cacheuse.ARCHIVE_RE.fullmatch(entry):
             if tidy:
@@ -108,17 +113,16 @@ def pyc_entries(store: Store) -> list[Entry]:
 
 
 def live_pyc_digests(store: Store, live: set[str]) -> set[str]:
-    from llmgw_store.core import manifest
-
     digests: set[str] = set()
     for name in live:
         if name.endswith(".partial"):
             continue
         try:
             env = store.layout.path_of(name)
-            digests |= {e.digest for e in manifest.read_contents(env) if e.kind == "f" and e.path.endswith(".pyc")}
-        except (OSError, ValueError, StoreError):  # a path gone or unreadable holds nothing
+        except StoreError:  # not a store name: holds nothing
             continue
+        # every file's digest, not only the pycs': an entry matching any file of a live path is live
+        digests |= {digest for _, digest in listed_files(env) or []}
     return digests
 
 
@@ -205,7 +209,13 @@ def prune(store: Store, max_cache: int, live: set[str], *, prune_live: bool, dry
         report["bytes"] += freed
         report["live_entries"] += 1 if e.live else 0
 
-    with uv_cache_lock(store.layout.uv_cache, timeout) if not dry_run else _nothing():
+    with ExitStack() as held:
+        if not dry_run:
+            try:
+                held.enter_context(uv_cache_lock(store.layout.uv_cache, timeout))
+            except (OSError, LockTimeout) as exc:  # a planted `.lock` link, or uv busy past the timeout
+                say(f"left the caches alone this time: {exc}")
+                return report
         for e in dead:
             if cost <= max_cache:
                 break
@@ -227,8 +237,3 @@ def prune(store: Store, max_cache: int, live: set[str], *, prune_live: bool, dry
             take(e)
     report["cost_after"] = max(cost, 0)
     return report
-
-
-@contextmanager
-def _nothing() -> Iterator[None]:
-    yield

@@ -43,7 +43,7 @@ from llmgw_store.core.report import say
 from llmgw_store.core.results import Result
 from llmgw_store.core.temproots import gc_lock, read_all
 from llmgw_store.core.units import human_size
-from llmgw_store.roots.accounting import Tally, inodes_of, on_disk, remove_tree, walk
+from llmgw_store.roots.accounting import Tally, inodes_of, listed_files, on_disk, remove_tree, walk
 
 
 def runtime_roots(layout: Layout) -> dict[str, set[str]]:
@@ -174,7 +174,7 @@ def collect(
         # disk), deletes them, then measures. Without a budget, or dry, there is one round; with
         # one, at most as many as there are entries in store/ (each round deletes at least one).
         limit = 1 + sum(1 for _ in os.scandir(layout.store))
-        live: set[str] = set()
+        live: set[str] | None = None  # the live closure of the last root read
         while report["rounds"] < limit:
             report["rounds"] += 1
             budget = _budget(layout, min_free, max_freed, report["freed"]["store_paths"])
@@ -187,21 +187,30 @@ def collect(
                 break
             # The lock is released: builds and activations go on while the trash is deleted.
             debug.pause("GC_BEFORE_EMPTY_TRASH")
-            _empty_trash(layout, dead, report)
+            pooled = _empty_trash(layout, dead, report, _has_entries(layout.links_pool))
             # A file optimise shared is freed only when its pool link goes too: part of what
-            # deleting the paths frees. Exclusive again, briefly: optimise links into the pool
-            # with the lock shared.
+            # deleting the paths frees. Only the pool entries the deleted paths' listings name
+            # are looked at; the whole pool when the trash held a tree without a listing (a
+            # killed gc's), and with --max-cache. Exclusive again, briefly: optimise links into
+            # the pool with the lock shared.
             with gc_lock(layout, shared=False, timeout=lock_timeout):
-                report["freed"]["store_paths"] += _prune_pool(layout.links_pool)
+                whole = max_cache is not None or pooled is None
+                report["freed"]["store_paths"] += _prune_pool(layout.links_pool, names=None if whole else pooled)
             if budget is None or not dead:
                 break
         if not dry_run:
             _empty_trash(layout, [], report)  # what a killed gc left there
             report["freed"]["downloads"] = _prune_downloads(layout)
-            with gc_lock(layout, shared=False, timeout=lock_timeout):
-                report["freed"]["linked_caches"] += _prune_stale_pyc(layout.pyc_cache)
-        report["freed"]["uv_cache"] = _prune_uv_cache(store, dry_run)
-        if max_cache is not None:
+            if max_cache is not None or _due(store.index.tool_info("gc", "pyc-prune"), PYC_PRUNE_EVERY_S):
+                with gc_lock(layout, shared=False, timeout=lock_timeout):
+                    report["freed"]["linked_caches"] += _prune_stale_pyc(layout.pyc_cache)
+                store.index.remember_tool("gc", "pyc-prune", {"at": time.time()})
+        if max_cache is not None and live is None:
+            say("caches left alone: no roots were read (nothing to collect)")
+        elif max_cache is not None:
+            # Only when asked to bound the caches: `uv cache prune` and its accounting walk the
+            # whole uv cache, and what it removes (what nothing points at any more) is rare.
+            report["freed"]["uv_cache"] = _prune_uv_cache(store, dry_run)
             from llmgw_store.roots.cachelog import prune
 
             # What a live path needs for repair, and a generation record (a cold rollback), stays.
@@ -279,16 +288,51 @@ def _names_of_generations(layout: Layout, generations: set[tuple[str, int]]) -> 
     return out
 
 
-def _empty_trash(layout: Layout, dead: list[dict[str, Any]], report: dict[str, Any]) -> None:
-    """Delete the trees renamed into the trash, counting what each really frees."""
+def _due(memo: dict[str, Any] | None, every: float) -> bool:
+    try:
+        return time.time() - float(memo["at"]) > every  # type: ignore[index]
+    except (TypeError, KeyError, ValueError):
+        return True
+
+
+def _has_entries(directory: Path) -> bool:
+    try:
+        with os.scandir(directory) as it:
+            return any(True for _ in it)
+    except OSError:
+        return False
+
+
+def _empty_trash(layout: Layout, dead: list[dict[str, Any]], report: dict[str, Any],
+                 pool_used: bool = True) -> set[str] | None:
+    """Delete the trees renamed into the trash, counting what each really frees. Returns the names
+    of the pool entries their listings name (None: something in the trash had no readable listing,
+    so only a walk of the whole pool finds what it shared; an empty set when the pool is empty)."""
+    pooled: set[str] | None = set()
     for item in dead:
         if "trash" in item:
+            names = _pool_names(item["trash"]) if pool_used else set()
+            pooled = None if names is None or pooled is None else pooled | names
             item["freed"] = remove_tree(item.pop("trash"))
             report["freed"]["store_paths"] += item["freed"]
         else:
             item["freed"] = 0
     for entry in os.scandir(layout.trash):
+        pooled = None if pool_used else pooled
         report["freed"]["store_paths"] += remove_tree(entry.path)
+    return pooled
+
+
+_POOL_NAME = re.compile(r"[0-9a-f]{64}-[fx]")
+
+
+def _pool_names(tree: Path) -> set[str] | None:
+    """The names optimise's pool gives the files of `tree`'s listing (`<blake3>-<f|x>`), checked;
+    None when the listing cannot be read (a leftover that never had one)."""
+    listed = listed_files(tree)
+    if listed is None:
+        return None
+    return {n for kind, digest in listed if _POOL_NAME.fullmatch(n := f"{digest}-{kind}")}
 
 
 def _report(report: dict[str, Any]) -> GcReport:
@@ -328,7 +372,7 @@ def _ts(iso: str | None) -> float:
     if not iso:
         return 0.0
     try:
-        return datetime.fromisoformat(str(iso).replace("Z", "+00:00")).timestamp()
+        return datetime.fromisoformat(str(iso)).timestamp()
     except ValueError:
         return 0.0
 
@@ -437,12 +481,24 @@ def _remove_stale_key_locks(layout: Layout, live_temp: set[str]) -> int:
 
 PYC_UNUSED_S = 30 * 86400  # a bytecode cache entry no build has used for this long goes
 PYC_TEMP_S = 3600.0  # a build's temporary file in the bytecode cache older than this was left by a crash
+PYC_PRUNE_EVERY_S = 86400.0  # the walk for stale bytecode entries runs at most once a day (always with --max-cache)
 
 
-def _prune_pool(pool: Path, dry_run: bool = False) -> int:
+def _prune_pool(pool: Path, dry_run: bool = False, names: set[str] | None = None) -> int:
     """Delete the files of optimise's pool that no store path links any more (an inode whose only
-    link is the pool's: the pool links store files only). Returns bytes freed on disk."""
+    link is the pool's: the pool links store files only): those named in `names`, else all.
+    Returns bytes freed on disk."""
     freed = 0
+    if names is not None:
+        for name in names:
+            path = os.path.join(pool, name)
+            try:
+                st = os.lstat(path)
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            if stat.S_ISREG(st.st_mode) and st.st_nlink <= 1:
+                freed += on_disk(st) if dry_run else _unlink(path, st)
+        return freed
     for rel, st in walk(pool):
         if rel and stat.S_ISREG(st.st_mode) and st.st_nlink <= 1:
             freed += on_disk(st) if dry_run else _unlink(os.path.join(pool, rel), st)
