@@ -495,12 +495,13 @@ def run(obj: Context, target: str, command: tuple[str, ...]) -> None:
 @click.option("--max-cache", metavar="SIZE", help="Prune the uv and bytecode caches down to SIZE on disk: entries no live path uses first, least recently used first.")
 @click.option("--prune-live", is_flag=True, help="With --max-cache: also prune entries live paths were built from (repair and cold rollback then need the network).")
 @click.option("--keep-dead-for", metavar="DURATION", help="Keep a dead path that was rooted or used within DURATION (1h): a rollback right after a switch finds it.")
+@click.option("--keep-records", type=click.IntRange(min=1), help="Keep at most N records of cold generations per profile (the oldest go; `rollback --to` needs a record).")
 @lock_timeout_option(locks.LOCK_TIMEOUT_S, "the gc lock and each profile's lock (so cron tries again later)")
 @click.option("--print-roots", is_flag=True, help="Print each gc root and the store paths it holds; collect nothing.")
 @click.pass_obj
 def gc(obj: Context, dry_run: bool, delete_older_than: str | None, keep: int | None, max_freed: str | None,
-       min_free: str | None, max_cache: str | None, prune_live: bool, keep_dead_for: str | None, lock_timeout: float,
-       print_roots: bool) -> None:
+       min_free: str | None, max_cache: str | None, prune_live: bool, keep_dead_for: str | None,
+       keep_records: int | None, lock_timeout: float, print_roots: bool) -> None:
     """Delete store paths no root holds (profiles, pins, running processes, builds in flight).
 
     Safe to run from cron while builds and activations run.
@@ -525,6 +526,7 @@ def gc(obj: Context, dry_run: bool, delete_older_than: str | None, keep: int | N
         min_free=parse_size(min_free) if min_free else None,
         max_cache=parse_size(max_cache) if max_cache else None,
         keep_dead_for=parse_duration(keep_dead_for) if keep_dead_for else None, prune_live=prune_live,
+        keep_records=keep_records,
     )
     verb = "would free" if dry_run else "freed"
     freed = sum(v for k, v in r.freed.items() if k != "stale_files")

@@ -29,7 +29,7 @@ from llmgw_store.core.report import say
 from llmgw_store.core.results import Result
 from llmgw_store.core.temproots import gc_lock, read_all
 
-HISTORY_TABLES = ("builds", "switches", "releases", "latest", "tools", "generations")
+HISTORY_TABLES = ("builds", "switches", "releases", "latest", "tools", "generations", "cache_uses", "gc_rooted")
 MAX_BACKUPS_PER_SECOND = 100
 
 

@@ -148,6 +148,7 @@ def collect(
     max_cache: int | None = None,
     keep_dead_for: float | None = None,
     prune_live: bool = False,
+    keep_records: int | None = None,
     lock_timeout: float = LOCK_TIMEOUT_S,
 ) -> GcReport:
     """Every lock (the gc lock, each profile's, the index) is waited for at most `lock_timeout` s.
@@ -166,8 +167,9 @@ def collect(
             return _report(report)
 
         excluded: set[tuple[str, int]] = set()
-        if delete_older_than is not None or keep is not None:
-            excluded = _prune_generations(store, delete_older_than, keep, dry_run, lock_timeout, report)
+        if delete_older_than is not None or keep is not None or keep_records is not None:
+            excluded = _prune_generations(store, delete_older_than, keep, dry_run, lock_timeout, report,
+                                          keep_records)
 
         report["freed"].update(store_paths=0, linked_caches=0, stale_files=0)
         # Rounds: each chooses dead paths for what is still missing of the budget (predicted on
@@ -440,7 +442,10 @@ def _component(name: str) -> str:
     return name
 
 
-def _prune_generations(store: Store, older_than, keep, dry_run, lock_timeout, report) -> set[tuple[str, int]]:
+def _prune_generations(store: Store, older_than, keep, dry_run, lock_timeout, report,
+                       keep_records: int | None = None) -> set[tuple[str, int]]:
+    """Deleted generations become cold (their records stay, see roots/records.py); `keep_records`
+    also drops the oldest records of cold generations beyond that many per profile."""
     from llmgw_store.roots.profiles import delete_generations_locked, profile_lock
 
     excluded = set()
@@ -454,7 +459,7 @@ def _prune_generations(store: Store, older_than, keep, dry_run, lock_timeout, re
             say(f"skipping {entry.name!r} in profiles/: not a profile name")
             continue
         with profile_lock(store, profile, lock_timeout):
-            r = delete_generations_locked(store, profile, None, older_than, keep, dry_run)
+            r = delete_generations_locked(store, profile, None, older_than, keep, dry_run, keep_records=keep_records)
         if r.deleted:
             report["generations_deleted"][profile] = list(r.deleted)
             excluded |= {(profile, n) for n in r.deleted}
