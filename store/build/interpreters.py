@@ -127,7 +127,8 @@ def _uv_find(store: "Store", uv: UvTool, request: str, preference: str) -> tuple
             if shim is None or len(skipped) >= MAX_SHIMS:
                 return None, skipped
             skipped.append(shim[1])
-            path = [d for d in env.get("PATH", "").split(os.pathsep) if d and Path(d) != Path(shim[0]).parent]
+            shims = os.path.realpath(store.layout.tmp / shim[0]).rsplit("/", 1)[0]  # uv may name it relative to cwd
+            path = [d for d in env.get("PATH", "").split(os.pathsep) if d and os.path.realpath(d) != shims]
             env = {**env, "PATH": os.pathsep.join(path)}
             say(f"passing over {shim[1]}")
             continue
@@ -137,7 +138,7 @@ def _uv_find(store: "Store", uv: UvTool, request: str, preference: str) -> tuple
 
 
 def _failed_shim(output: str) -> tuple[str, str] | None:
-    """(path, what it said) when uv stopped at a pyenv shim that failed, else None."""
+    """(path as uv names it, what it said) when uv stopped at a pyenv shim that failed, else None."""
     m = _SHIM_FAILED.search(output)
     if m is None:
         return None
