@@ -154,7 +154,7 @@ def build(obj: Context, recipe: str, **kw) -> None:
     \b
     Examples:
       llmgw-store build examples/black.toml
-      llmgw-store --json build vllm.toml --variant cu128 --as-of 2025-06-01T00:00:00Z
+      llmgw-store --json build examples/vllm.toml --variant cu128 --as-of 2025-06-01T00:00:00Z
     """
     from llmgw_store.api import build as do_build
 
@@ -215,7 +215,7 @@ def activate(obj: Context, profile: str, target: str, **kw) -> None:
     \b
     Examples:
       llmgw-store activate vllm /var/lib/llmgw-store/store/5x...-vllm-0.6.3-cu128
-      llmgw-store activate vllm recipes/vllm.toml --variant cu128
+      llmgw-store activate vllm examples/vllm.toml --variant cu128
     """
     from llmgw_store.api import activate as do_activate
 
