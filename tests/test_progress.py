@@ -206,3 +206,26 @@ def test_auto_is_plain_when_stderr_is_not_a_terminal(tmp_path):
     finally:
         os.close(r)
         os.close(w)
+
+
+def test_the_watchdog_says_the_announced_step_is_still_running(tmp_path):
+    # Python-side work, a lock wait, a query: nothing reports, yet a line comes within 2 s.
+    path = tmp_path / "err"
+    with open(path, "w") as stream, report.reporting_to(report.renderer("plain", stream)):
+        threading.Event().wait(2.0)  # nothing announced yet: an early error must stay one line
+        assert path.read_text() == ""
+        report.say("asking the index")
+        threading.Event().wait(2.5)
+    lines = path.read_text().splitlines()
+    assert lines[0].endswith("] asking the index")
+    assert re.fullmatch(r"\[\s*[0-9.]+s\] asking the index: [12]s…", lines[1]), lines
+
+
+def test_the_watchdog_in_json_marks_its_events_idle(tmp_path):
+    path = tmp_path / "err"
+    with open(path, "w") as stream, report.reporting_to(report.renderer("json", stream)):
+        report.say("waiting for a lock")
+        threading.Event().wait(2.0)
+    events = [json.loads(line) for line in path.read_text().splitlines()]
+    assert events[0]["msg"] == "waiting for a lock"
+    assert events[1]["step"] == "waiting for a lock" and events[1]["idle"] and events[1]["unit"] == "s"

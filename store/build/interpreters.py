@@ -35,7 +35,7 @@ from llmgw_store.build.uv import UvTool, clean_env, run
 from llmgw_store.core import defaults
 from llmgw_store.core.errors import CommandError, UsageError
 from llmgw_store.core.index import file_stamp
-from llmgw_store.core.report import say
+from llmgw_store.core.report import heartbeat, say
 
 if TYPE_CHECKING:
     from llmgw_store.core.local_store import Store
@@ -76,7 +76,11 @@ MAX_SHIMS = 4
 
 
 def _discover(store: "Store", uv: UvTool, request: str, preference: str) -> Interpreter:
-    say(f"looking for a Python {request} (--python-preference {preference})")
+    with heartbeat(f"looking for a Python {request} (--python-preference {preference})"):
+        return _discover_quietly(store, uv, request, preference)
+
+
+def _discover_quietly(store: "Store", uv: UvTool, request: str, preference: str) -> Interpreter:
     path, skipped = _uv_find(store, uv, request, preference)
     if path is None and preference in ("only-managed", "managed"):
         path = _install_managed(store, uv, request, preference)
