@@ -100,6 +100,7 @@ def verify(
                 r["repair"] = _repair(store, row, uv, python_preference, lock_timeout)
                 r["ok_after_repair"] = check_path(store, store.index.path_by_name(row["name"]))["ok"]
             results.append(r)
+        progress("verifying", len(rows), len(rows), "paths")
         damaged = [r["name"] for r in results if not r["ok"] and not r.get("ok_after_repair")]
         return VerifyReport(tuple(results), len(results), tuple(damaged))
 
