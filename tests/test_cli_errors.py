@@ -13,7 +13,7 @@ import pytest
 
 from llmgw_store.core.errors import UsageError
 from llmgw_store.core.units import human_size, parse_duration, parse_size
-from tests.conftest import PYTHON, build_store, run_cli, write_recipe
+from tests.conftest import PYTHON, build_store, real_uv, run_cli, write_recipe
 
 
 def quiet(root, *args, **kw):
@@ -224,3 +224,22 @@ def test_list_and_info_say_entries_and_iec_sizes(built):
     assert m, info
     n = re.search(r"(\d+\.\d KiB)\s+(\d+) entries", listed)
     assert (m.group(1), m.group(2)) == (n.group(1), n.group(2))
+
+
+def test_an_index_publishing_an_absurd_upload_time_is_a_failed_operation(tmp_path, wheels):
+    from datetime import datetime, timezone
+
+    from tests.support.index_server import PackageIndex
+
+    idx = PackageIndex()
+    idx.add("tinydep", wheels["tinydep-1.0"], "2024-01-01T00:00:00Z")
+    rel = idx.add("tinyengine", wheels["tinyengine-1.0"], "2024-02-01T00:00:00Z")
+    rel.uploaded = datetime(1900, 1, 1, tzinfo=timezone.utc)  # a hostile or broken mirror
+    idx.start()
+    try:
+        recipe = write_recipe(tmp_path)  # no as_of: the upload time decides it
+        proc = quiet(tmp_path / "root", "build", str(recipe), "--version", "1.0", "--index-url", idx.url,
+                     "--uv", str(real_uv()))
+    finally:
+        idx.stop()
+    one_error(proc, 1, "malformed PEP 691 answer", "upload-time", "out of range")
