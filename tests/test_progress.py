@@ -6,6 +6,7 @@ quiet short steps, the child progress protocol) with a collecting reporter."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -53,7 +54,7 @@ def test_a_slow_build_reports_at_least_every_two_seconds(tmp_path, index, uv_bin
     lines = proc.stderr.splitlines()
     stamps = [float(m.group(1)) for m in (re.match(r"\[\s*([0-9.]+)s\] ", ln) for ln in lines) if m]
     assert len(stamps) == len(lines), proc.stderr  # every line is timestamped
-    gaps = [b - a for a, b in zip(stamps, stamps[1:])]
+    gaps = [b - a for a, b in itertools.pairwise(stamps)]
     assert max(gaps) <= 2.0, f"a gap of {max(gaps):.1f}s:\n{proc.stderr}"
     text = proc.stderr
     # the compile counts its modules (total first, then how many are done), the verify command beats
