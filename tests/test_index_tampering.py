@@ -104,7 +104,8 @@ def test_a_build_after_the_index_was_lost_keeps_a_damaged_rooted_path(root, reci
     _lose_index(root)
     proc = subprocess.Popen([str(env / "bin" / "python"), "-c", "import time; time.sleep(60)"], cwd=env)
     try:
-        r = run_cli(root, "build", str(recipe), "--index-url", index.url, "--uv", str(uv_bin), "--as-of", AS_OF)
+        r = run_cli(root, "--progress=none", "build", str(recipe), "--index-url", index.url, "--uv", str(uv_bin),
+                    "--as-of", AS_OF)  # progress off: stderr is the error alone
     finally:
         proc.kill()
         proc.wait()
