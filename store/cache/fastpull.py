@@ -344,12 +344,17 @@ def build_tree(backend, meta: MetaV2, store, tree: Path) -> tuple[dict[str, Any]
     label = f"{meta.key}.json"
     stats = Stats()
     t0 = time.monotonic()
-    listing = fetch_small(backend, meta.listing, label)
-    if listing and digest_of(listing) != meta.content_hash:
-        raise IntegrityError(f"{label}: its listing does not hash to the signed content hash; refusing it")
-    entries = parse_listing(listing, meta.size, meta.files, label)
-    blobs = parse_plan(fetch_small(backend, meta.plan, label), entries, label)
-    manifest_bytes = fetch_small(backend, meta.manifest, label)
+    # The three are fetched at once (each checked against its signed digest); the plan and the
+    # manifest are used only after the listing is checked.
+    with ThreadPoolExecutor(3) as pool:
+        listing_f, plan_f, manifest_f = (pool.submit(fetch_small, backend, ref, label)
+                                         for ref in (meta.listing, meta.plan, meta.manifest))
+        listing = listing_f.result()
+        if listing and digest_of(listing) != meta.content_hash:
+            raise IntegrityError(f"{label}: its listing does not hash to the signed content hash; refusing it")
+        entries = parse_listing(listing, meta.size, meta.files, label)
+        blobs = parse_plan(plan_f.result(), entries, label)
+        manifest_bytes = manifest_f.result()
     stats.bytes_fetched += meta.listing.csize + meta.plan.csize + meta.manifest.csize
     stats.phases["metadata"] = time.monotonic() - t0
 
