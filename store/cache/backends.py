@@ -228,8 +228,9 @@ class HttpBackend(_Backend):
         self._lock = threading.Lock()
         # GETs of a plain http:// cache go through http.client, one kept-alive connection per
         # thread: no httpx import on a pull's path, and a fraction of its CPU per request (a pull
-        # makes thousands). https://, a proxy from the environment, and redirects take httpx.
-        self._direct = base.startswith("http://") and not any(
+        # makes thousands). https://, credentials in the URL, a proxy from the environment, and
+        # redirects take httpx.
+        self._direct = base.startswith("http://") and "@" not in base[len("http://"):].split("/")[0] and not any(
             os.environ.get(v) for v in ("http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY"))
         self._tls = threading.local()
 
