@@ -751,8 +751,11 @@ def cache() -> None:
 @click.option("--grace", default="1d", show_default=True,
               help="Keep whatever was written more recently than this (pushes not yet in a roots document).")
 @click.option("--dry-run", is_flag=True, help="List what would be deleted; delete nothing.")
+@click.option("--allow-no-roots", is_flag=True,
+              help="Go on when the cache holds no roots document (deletes every object older than the grace).")
 @click.pass_obj
-def cache_gc(obj: Context, url: str, keep_from: tuple[str, ...], grace: str, dry_run: bool) -> None:
+def cache_gc(obj: Context, url: str, keep_from: tuple[str, ...], grace: str, dry_run: bool,
+             allow_no_roots: bool) -> None:
     """Delete the objects and blobs of the cache URL that no published roots document holds.
 
     \b
@@ -761,7 +764,7 @@ def cache_gc(obj: Context, url: str, keep_from: tuple[str, ...], grace: str, dry
     """
     from llmgw_store.api import cache_gc as do_cache_gc
 
-    r = do_cache_gc(url, list(keep_from), grace=grace, dry_run=dry_run)
+    r = do_cache_gc(url, list(keep_from), grace=grace, dry_run=dry_run, allow_no_roots=allow_no_roots)
     verb = "would delete" if r.dry_run else "deleted"
     summary = (f"{verb} {len(r.deleted_objects)} object file(s), {r.deleted_blobs} blob(s), "
                f"{r.freed_bytes / 1e6:.1f} MB; kept {r.kept_objects} object(s), {r.kept_blobs} blob(s) for "
