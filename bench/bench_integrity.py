@@ -262,6 +262,7 @@ def bench_share(work: Path) -> dict:
         env = {**os.environ, "LLMGW_STORE_PYTHON_PREFERENCE": "only-system"}
         paths = []
         seconds = []
+        share_s = []
         du_before = []
         for dep in ("1.0", "1.1"):
             recipe = work / f"big-{dep}.toml"
@@ -277,19 +278,34 @@ def bench_share(work: Path) -> dict:
             doc = json.loads(proc.stdout)
             paths.append(Path(doc["path"]))
             seconds.append(doc.get("seconds"))
+            share_s.append(_step_seconds(proc.stderr, "shared "))
         du_after = du(root / "store")
         size2 = json.loads((paths[1] / ".llmgw" / "manifest.json").read_text())["size"]
         added = du_after - du_before[1]
         share = added / size2
         verify_ok = subprocess.run([str(CLI), "--root", str(root), "verify"], capture_output=True).returncode == 0
         out = {"second_size": size2, "second_added_on_disk": added, "share": round(share, 4),
-               "first_on_disk": du_before[1], "build_seconds": seconds, "verify_ok_after": verify_ok}
+               "first_on_disk": du_before[1], "build_seconds": seconds, "share_seconds": share_s,
+               "verify_ok_after": verify_ok}
         print(f"(b) second version beside the first ({size2 / 1e6:.0f} MB of files): adds {added / 1e6:.1f} MB on disk "
-              f"= {100 * share:.1f}% of its size (goal <= 10%); builds {seconds[0]:.1f} s / {seconds[1]:.1f} s; "
+              f"= {100 * share:.1f}% of its size (goal <= 10%); builds {seconds[0]:.1f} s / {seconds[1]:.1f} s, of which "
+              f"sharing {share_s[0]} s / {share_s[1]} s; "
               f"verify afterwards {'ok' if verify_ok else 'FAILED'}")
         return out
     finally:
         idx.stop()
+
+
+def _step_seconds(stderr: str, prefix: str) -> float | None:
+    """Seconds between the progress line starting with `prefix` and the line before it (the build's
+    progress lines are stamped `[  12.3s] ...`)."""
+    import re
+
+    stamps = [(float(m.group(1)), m.group(2)) for m in re.finditer(r"^\[\s*([0-9.]+)s\] (.*)$", stderr, re.M)]
+    for (t0, _), (t1, text) in zip(stamps, stamps[1:]):
+        if text.startswith(prefix):
+            return round(t1 - t0, 2)
+    return None
 
 
 def main() -> None:
