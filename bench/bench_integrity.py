@@ -278,7 +278,7 @@ def bench_share(work: Path) -> dict:
             doc = json.loads(proc.stdout)
             paths.append(Path(doc["path"]))
             seconds.append(doc.get("seconds"))
-            share_s.append(_step_seconds(proc.stderr, "shared "))
+            share_s.append(_share_seconds(proc.stderr))
         du_after = du(root / "store")
         size2 = json.loads((paths[1] / ".llmgw" / "manifest.json").read_text())["size"]
         added = du_after - du_before[1]
@@ -296,16 +296,12 @@ def bench_share(work: Path) -> dict:
         idx.stop()
 
 
-def _step_seconds(stderr: str, prefix: str) -> float | None:
-    """Seconds between the progress line starting with `prefix` and the line before it (the build's
-    progress lines are stamped `[  12.3s] ...`)."""
+def _share_seconds(stderr: str) -> float | None:
+    """The seconds the build's `shared N file(s) ... in 1.2s` line reports."""
     import re
 
-    stamps = [(float(m.group(1)), m.group(2)) for m in re.finditer(r"^\[\s*([0-9.]+)s\] (.*)$", stderr, re.M)]
-    for (t0, _), (t1, text) in zip(stamps, stamps[1:]):
-        if text.startswith(prefix):
-            return round(t1 - t0, 2)
-    return None
+    m = re.search(r"shared \d+ file\(s\) .* in ([0-9.]+)s$", stderr, re.M)
+    return float(m.group(1)) if m else None
 
 
 def main() -> None:

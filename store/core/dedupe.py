@@ -31,6 +31,7 @@ import errno
 import itertools
 import os
 import stat
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -79,6 +80,7 @@ def share(layout: "Layout", tree: Path) -> Shared:
         return Shared(0, 0, 0)
     if not entries:
         return Shared(0, 0, 0)
+    started = time.monotonic()
     layout.ensure_pool()
     pool = os.fspath(layout.links_pool)
     root = os.fspath(tree)
@@ -114,7 +116,8 @@ def share(layout: "Layout", tree: Path) -> Shared:
     saved = sum(r[1] for r in results)
     pooled = sum(r[2] for r in results)
     if files or pooled:
-        say(f"shared {files} file(s) with other store paths ({saved / 1e6:.1f} MB not stored twice)")
+        say(f"shared {files} file(s) with other store paths ({saved / 1e6:.1f} MB not stored twice) "
+            f"in {time.monotonic() - started:.1f}s")
     return Shared(files, saved, pooled)
 
 
