@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import CLI, PY, REPO  # noqa: E402
+from common import CLI, PY, REPO
 
 sys.path.insert(0, str(REPO))
 
@@ -272,7 +272,7 @@ def bench_share(work: Path) -> dict:
             else:
                 du_before.append(0)
             proc = subprocess.run([str(CLI), "--root", str(root), "--json", "build", str(recipe), "--index-url", idx.url,
-                                   "--uv", str(real_uv())], capture_output=True, text=True, env=env)
+                                   "--uv", str(real_uv())], capture_output=True, text=True, env=env, check=False)
             if proc.returncode != 0:
                 raise SystemExit(proc.stderr[-3000:])
             doc = json.loads(proc.stdout)
@@ -283,7 +283,7 @@ def bench_share(work: Path) -> dict:
         size2 = json.loads((paths[1] / ".llmgw" / "manifest.json").read_text())["size"]
         added = du_after - du_before[1]
         share = added / size2
-        verify_ok = subprocess.run([str(CLI), "--root", str(root), "verify"], capture_output=True).returncode == 0
+        verify_ok = subprocess.run([str(CLI), "--root", str(root), "verify"], capture_output=True, check=False).returncode == 0
         out = {"second_size": size2, "second_added_on_disk": added, "share": round(share, 4),
                "first_on_disk": du_before[1], "build_seconds": seconds, "share_seconds": share_s,
                "verify_ok_after": verify_ok}
@@ -300,7 +300,7 @@ def _share_seconds(stderr: str) -> float | None:
     """The seconds the build's `shared N file(s) ... in 1.2s` line reports."""
     import re
 
-    m = re.search(r"shared \d+ file\(s\) .* in ([0-9.]+)s$", stderr, re.M)
+    m = re.search(r"shared \d+ file\(s\) .* in ([0-9.]+)s$", stderr, re.MULTILINE)
     return float(m.group(1)) if m else None
 
 

@@ -70,7 +70,7 @@ THREADS = min(8, (os.cpu_count() or 1) * 2)  # link, rename and hashing release 
 BATCH = 64  # files per pool task
 
 
-def share(layout: "Layout", tree: Path) -> Shared:
+def share(layout: Layout, tree: Path) -> Shared:
     """Link the files of `tree` (a complete, frozen, hashed tree under its key's lock, not yet
     renamed into place) to identical, verified files already in the pool; enter the others into the
     pool. See the module's docstring for what is checked."""
