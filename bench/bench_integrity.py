@@ -322,7 +322,11 @@ def main() -> None:
     ap.add_argument("--skip-share", action="store_true")
     ap.add_argument("--skip-verify", action="store_true")
     ap.add_argument("--keep", action="store_true", help="keep the work directory (printed)")
+    ap.add_argument("--generate-into", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.generate_into:
+        print(register_tree(args.generate_into, args.tree_mb))
+        return
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     args.results.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="llmgw-bench-int-"))
@@ -332,8 +336,12 @@ def main() -> None:
             if args.root:
                 root, name = args.root, args.name
             else:
+                # In a child: this process stays small, and the peak RSS of the children it forks
+                # (counted from the fork) is theirs, not the generator's.
                 root = work / "root"
-                name = register_tree(root, args.tree_mb)
+                name = subprocess.run([str(PY), __file__, str(args.results), "--generate-into", str(root),
+                                       "--tree-mb", str(args.tree_mb)], check=True, capture_output=True,
+                                      text=True).stdout.strip()
             results["verify"] = bench_verify(root, name, args.repeat)
         if not args.skip_share:
             results["share"] = bench_share(work)
