@@ -168,3 +168,20 @@ def test_verify_names_every_path_of_a_damaged_shared_inode_and_repair_breaks_the
     assert (b / rel).read_bytes() == good and ino(b / rel) == ino(a / rel)
     code, r = verify(root)
     assert code == 0 and r["damaged"] == []
+
+
+def test_a_planted_pool_directory_is_refused_before_anything_is_linked(tmp_path, idx):
+    root = tmp_path / "root"
+    a = build(root, idx, EARLY)
+    pool = root / "store" / ".links"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    for p in pool.iterdir():
+        p.unlink()
+    pool.rmdir()
+    os.symlink(elsewhere, pool)  # another user's directory in the pool's place
+    recipe = write_recipe(tmp_path, 'version = "1.0"', name="late.toml")
+    proc = run_cli(root, "build", str(recipe), "--index-url", idx.url, "--uv", str(real_uv()), "--as-of", LATE)
+    assert proc.returncode == 2 and "store/.links: it is a symlink" in proc.stderr
+    assert list(elsewhere.iterdir()) == []  # nothing linked into it, nothing read from it
+    assert [p.name for p in (root / "store").iterdir() if not p.name.startswith(".")] == [a.name]

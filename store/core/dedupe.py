@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from llmgw_store.core import manifest
+from llmgw_store.core.errors import StoreError
 from llmgw_store.core.fsutil import WRITE_BITS
 from llmgw_store.core.report import say
 
@@ -81,7 +82,15 @@ def share(layout: Layout, tree: Path) -> Shared:
     if not entries:
         return Shared(0, 0, 0)
     started = time.monotonic()
-    layout.ensure_pool()
+    try:
+        layout.ensure_pool()  # checked like every store directory: never a link, ours, 0755
+        return _share_all(layout, tree, entries, started)
+    except (OSError, StoreError) as exc:
+        say(f"files not shared with other store paths ({exc}); this path keeps its own copies")
+        return Shared(0, 0, 0)
+
+
+def _share_all(layout: Layout, tree: Path, entries: list[manifest.Entry], started: float) -> Shared:
     pool = os.fspath(layout.links_pool)
     root = os.fspath(tree)
     # The directories that hold files, writable by their owner while their files are swapped, then
