@@ -34,7 +34,7 @@ def store(template, tmp_path):
 
 
 def on_disk(root: Path) -> set[str]:
-    return {p.name for p in (root / "store").iterdir() if "-uv-" not in p.name}
+    return {p.name for p in (root / "store").iterdir() if "-uv-" not in p.name and p.name != ".links"}  # .links: the pool
 
 
 def indexed(root: Path) -> set[str]:
