@@ -203,7 +203,8 @@ def _remember(store: Store, memo: tuple[str, bytes], result: BuildResult, plan: 
     except OSError:
         return
     expires = 0.0
-    if not options.version and not chosen.fields.get("version"):  # the version came from "latest"
+    if (not options.version and not chosen.fields.get("version") and options.as_of is None
+            and "as_of" not in chosen.fields):  # the version came from "latest", as of now
         fetched = store.index.latest_fetched(plan.index_url, recipe.pypi)
         if fetched is None:
             return
@@ -222,7 +223,10 @@ def _plan(store: Store, recipe: Recipe, chosen: Build, options: BuildOptions) ->
     interp = None
     if files is not None and "{" not in chosen.fields["python"]:
         interp = interpreters.find(store, uv, chosen.fields["python"], options.python_preference)
-    version = options.version or chosen.fields.get("version") or _latest(store, recipe, index_url, options, files)
+    fixed_as_of = format_time(past_time(options.as_of)) if options.as_of is not None else chosen.fields.get("as_of")
+    version = (options.version or chosen.fields.get("version")
+               or (_latest_as_of(store, recipe, index_url, fixed_as_of, files) if fixed_as_of
+                   else _latest(store, recipe, index_url, options, files)))
     if not recipes.VERSION_RE.fullmatch(version):
         raise UsageError(f"{version!r} is not a version")
     fields = chosen.resolved(version)
@@ -274,6 +278,11 @@ def _prefetch(store: Store, recipe: Recipe, chosen: Build, options: BuildOptions
                 or store.index.published(index_url, recipe.pypi, fixed) is not None):
             return None
         say(f"asking {index_url} when {recipe.pypi} {fixed} was published")
+    elif options.as_of is not None or "as_of" in chosen.fields:
+        as_of = format_time(past_time(options.as_of)) if options.as_of is not None else chosen.fields["as_of"]
+        if store.index.latest(index_url, f"{recipe.pypi}@{as_of}", float("inf")) is not None:
+            return None
+        say(f"asking {index_url} for the latest release of {recipe.pypi} as of {as_of}")
     else:
         if store.index.latest(index_url, recipe.pypi, options.latest_ttl) is not None:
             return None
@@ -300,6 +309,23 @@ def _latest(store: Store, recipe: Recipe, index_url: str, options: BuildOptions,
         version = pypi.latest_version(files, recipe.pypi)
         store.index.remember_latest(index_url, recipe.pypi, version)
         _remember_published(store, files, recipe.pypi, version, index_url)
+    return version
+
+
+def _latest_as_of(store: Store, recipe: Recipe, index_url: str, as_of: str, prefetched=None) -> str:
+    """The latest release as the index stood at `as_of` (the path's name must say the version the
+    resolution, bound by that date, installs). Remembered for good: what was uploaded by a past date
+    does not change (a yank does not change what `--exclude-newer` resolved)."""
+    memo = f"{recipe.pypi}@{as_of}"
+    version = store.index.latest(index_url, memo, float("inf"))
+    if version is None:
+        from llmgw_store.build import pypi
+
+        if prefetched is None:
+            say(f"asking {index_url} for the latest release of {recipe.pypi} as of {as_of}")
+        files = prefetched.result() if prefetched is not None else pypi.project_files(index_url, recipe.pypi)
+        version = pypi.latest_version(files, recipe.pypi, parse_time(as_of))
+        store.index.remember_latest(index_url, memo, version)
     return version
 
 
@@ -425,7 +451,9 @@ def make_env(store: Store, plan: BuildPlan, partial: Path, deadline: Deadline,
         indexpins.check_lock(lock.read_text(), index_pins)
     step("resolve")
     lock_text = lock.read_text()
-    pins = len(lockfiles.pins(lock_text, lock.name))
+    pinned = lockfiles.pins(lock_text, lock.name)
+    _check_engine_version(plan, pinned)
+    pins = len(pinned)
     say(f"installing {pins} pinned package(s) with --require-hashes --no-deps")
     # Copied, never hardlinked: a store file that shared an inode with the uv cache would let an
     # edit in place to one environment change the cache and every later build installed from it.
@@ -541,6 +569,27 @@ def _fetch_extras(store: Store, plan: BuildPlan, partial: Path) -> list[str]:
         added.append(f"{w['project']} @ {asset['url']}#sha256={asset['sha256']}")
         say(f"release wheel {asset['name']} from {repo} {w['tag']} (sha256 {asset['sha256'][:12]}…)")
     return added
+
+
+def _check_engine_version(plan: BuildPlan, pinned: dict[str, str]) -> None:
+    """The store path is named after `plan.version`: the engine's project, where the lock installs
+    it, must be at that version (a recipe whose requirements do not say `{version}` could otherwise
+    resolve to another release and carry the wrong name)."""
+    from packaging.version import InvalidVersion, Version
+
+    project = plan.inputs.get("pypi") or plan.meta.get("engine")
+    got = pinned.get(lockfiles.normalize(project)) if project else None
+    if got is None:
+        return
+    try:
+        same = Version(got) == Version(plan.version)
+    except InvalidVersion:
+        same = got == plan.version
+    if not same:
+        raise RecipeError(
+            plan.origin, f"build[{plan.build_index}].requirements",
+            f"they resolve {project} to {got} as of {plan.inputs.get('as_of')}, but the store path would be named "
+            f"{plan.version}: pass --version {got}, or require {project}=={{version}}")
 
 
 def verify_env(store: Store, plan: BuildPlan, env_dir: Path, deadline: Deadline) -> None:

@@ -98,13 +98,16 @@ def _upload_time(value: object, url: str) -> datetime:
     return parse_time(value, lambda msg: NetworkError(f"malformed PEP 691 answer from {url}: upload-time {msg}"))
 
 
-def latest_version(files: list[IndexFile], project: str) -> str:
-    """The highest final release that has at least one file not yanked."""
+def latest_version(files: list[IndexFile], project: str, as_of: datetime | None = None) -> str:
+    """The highest final release that has at least one file not yanked (with `as_of`: one uploaded
+    by then, which is what a resolution bound by that date can see)."""
     from packaging.version import InvalidVersion, Version
 
     best = None
     for f in files:
         if f.version is None or f.yanked:
+            continue
+        if as_of is not None and (f.upload_time is None or f.upload_time > as_of):
             continue
         try:
             v = Version(f.version)
@@ -113,7 +116,8 @@ def latest_version(files: list[IndexFile], project: str) -> str:
         if not v.is_prerelease and (best is None or v > best):
             best = v
     if best is None:
-        raise UsageError(f"the index lists no final release of {project!r}; give a version with --version")
+        when = f" uploaded by {as_of.isoformat()}" if as_of is not None else ""
+        raise UsageError(f"the index lists no final release of {project!r}{when}; give a version with --version")
     return str(best)
 
 
