@@ -121,7 +121,7 @@ def main() -> None:
                 times[side].append(time.perf_counter() - t)
                 cold_rss.append(int(rss_file.read_text().split()[-1]) / 1024)
                 doc = json.loads(out_file.read_text())
-                assert doc["how"] == "built" and Path(doc["path"]).name == Path(first["path"]).name, doc
+                assert doc["how"] == "built" and doc["as_of"] == as_of, doc  # the same date (the key also holds the recipe)
                 steps[side].append((times[side][-1], doc.get("steps", {})))
 
             raw = work / f"raw{i}"
@@ -142,13 +142,14 @@ def main() -> None:
                              str(venv / "lib")],
             }
             if verify:
-                raw_argvs["verify"] = [str(venv / "bin" / verify[0]) if (venv / "bin" / verify[0]).exists()
-                                       else verify[0], *verify[1:]]
+                raw_argvs["verify"] = list(verify)  # found on PATH, venv/bin first, as the store runs it
+            verify_env = {**clean_env(VIRTUAL_ENV=str(venv)), "PATH": f"{venv / 'bin'}{os.pathsep}{os.environ['PATH']}"}
             raw_steps = {}
             t = time.perf_counter()
             for name, argv in raw_argvs.items():
                 s0 = time.perf_counter()
-                subprocess.run(argv, check=True, env=uv_env, stdout=subprocess.DEVNULL)
+                subprocess.run(argv, check=True, env=verify_env if name == "verify" else uv_env,
+                               stdout=subprocess.DEVNULL)
                 raw_steps[name] = round(time.perf_counter() - s0, 3)
             times["raw"].append(time.perf_counter() - t)
             steps["raw"].append((times["raw"][-1], raw_steps))
@@ -157,7 +158,8 @@ def main() -> None:
                 subprocess.run(["cp", "-al", str(warm / "cache" / "uv"), str(again)], check=True)
                 rss_env = {**uv_env, "UV_CACHE_DIR": str(again)}
                 shutil.rmtree(venv)
-                raw_rss.append(max(peak_rss_mb(argv, env=rss_env) or 0.0 for argv in raw_argvs.values()))
+                raw_rss.append(max(peak_rss_mb(argv, env=verify_env if name == "verify" else rss_env) or 0.0
+                                   for name, argv in raw_argvs.items()))
 
         med = statistics.median
         result = {
