@@ -2,8 +2,8 @@
 
 (a) cache hit: `llmgw-store build RECIPE` of a key already in the store, against a bare interpreter
     start (`python -c pass` with the same python), interleaved, N runs each; medians and ratio.
-(b) cold build: a fresh store building RECIPE, against the same work done by hand (uv venv,
-    uv pip compile --generate-hashes --exclude-newer DATE, uv pip install --require-hashes --no-deps
+(b) cold build: a fresh store building RECIPE, against the same work done by hand (uv venv --python
+    REQUEST (the recipe's: uv finds the interpreter, as the store must), uv pip compile --generate-hashes --exclude-newer DATE, uv pip install --require-hashes --no-deps
     --link-mode copy, `python -m compileall -j CORES --invalidation-mode unchecked-hash` (the store's
     pyc mode), the recipe's verify command) on the same requirements. The store builds twice per
     round: a copy of RECIPE with `as_of = DATE` (the ratio: the same work as the baseline, which is
@@ -91,7 +91,7 @@ def main() -> None:
         # builds per round: RECIPE as it is (the store asks the index when the release was published:
         # one request), and a copy of it with that date fixed as `as_of` (no request) — the baseline is
         # given the date by hand, so the second is the same work.
-        python = manifest["python"]["path"]
+        request = manifest["inputs"]["python"]["request"]
         as_of = manifest["exclude_newer"]
         index_url = manifest["index_url"]
         reqs = work / "requirements.in"
@@ -131,7 +131,10 @@ def main() -> None:
             venv = raw / "env"
             vpy = str(venv / "bin" / "python")
             raw_argvs = {
-                "venv": [str(uv), "venv", "--relocatable", "--python", python, str(venv), "-q"],
+                # The recipe's request (`python = "3.11"`), as one would type it: uv finds the
+                # interpreter, as the store must before it can compute the key.
+                "venv": [str(uv), "venv", "--relocatable", "--python", request, "--python-preference",
+                         args.python_preference, str(venv), "-q"],
                 "resolve": [str(uv), "pip", "compile", str(reqs), "-o", str(raw / "lock"), "--generate-hashes",
                             "--exclude-newer", as_of, "--index-url", index_url, "--python", vpy, "--no-header", "-q"],
                 "install": [str(uv), "pip", "install", "--require-hashes", "--no-deps", "-r", str(raw / "lock"),
