@@ -28,7 +28,7 @@ PROG = "llmgw-store"
 # Copies of core/defaults.py, which imports nothing but is a module more to load; tests check they agree.
 PYPI_SIMPLE = "https://pypi.org/simple"
 PYTHON_PREFERENCES = ("only-managed", "managed", "system", "only-system")
-PYTHON_PREFERENCE = "only-managed"
+PYTHON_PREFERENCE = "managed"
 
 VALUE_OPTIONS = {"--version": "version", "--variant": "variant", "--as-of": "as_of", "--index-url": "index_url",
                  "--uv": "uv", "--python-preference": "python_preference", "--lock-timeout": "lock_timeout"}

@@ -215,13 +215,14 @@ def _remember(store: Store, memo: tuple[str, bytes], result: BuildResult, plan: 
 def _plan(store: Store, recipe: Recipe, chosen: Build, options: BuildOptions) -> BuildPlan:
     """Everything that decides the result, and the key and name that follow from it."""
     index_url = options.index_url.rstrip("/")
-    uv = uvmod.resolve(store, options.uv, index_url)
-    # A fresh store asks the index (the latest version, a publication time) and finds an
-    # interpreter: independent waits, so the index is asked in a thread meanwhile.
+    # A fresh store asks uv its version, asks the index (the latest version, a publication time)
+    # and finds an interpreter: independent waits, so the first two run in threads meanwhile.
+    pending = uvmod.resolve(store, options.uv, index_url, later=True)
     files = _prefetch(store, recipe, chosen, options, index_url)
     interp = None
-    if files is not None and "{" not in chosen.fields["python"]:
-        interp = interpreters.find(store, uv, chosen.fields["python"], options.python_preference)
+    if (files is not None or getattr(pending, "pending", False)) and "{" not in chosen.fields["python"]:
+        interp = interpreters.find(store, pending, chosen.fields["python"], options.python_preference)
+    uv = pending.tool() if isinstance(pending, uvmod.PendingUv) else pending
     version = options.version or chosen.fields.get("version") or _latest(store, recipe, index_url, options, files)
     if not recipes.VERSION_RE.fullmatch(version):
         raise UsageError(f"{version!r} is not a version")
