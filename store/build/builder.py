@@ -221,7 +221,12 @@ def _plan(store: Store, recipe: Recipe, chosen: Build, options: BuildOptions) ->
     files = _prefetch(store, recipe, chosen, options, index_url)
     interp = None
     if (files is not None or getattr(pending, "pending", False)) and "{" not in chosen.fields["python"]:
-        interp = interpreters.find(store, pending, chosen.fields["python"], options.python_preference)
+        try:
+            interp = interpreters.find(store, pending, chosen.fields["python"], options.python_preference)
+        except Exception:
+            if isinstance(pending, uvmod.PendingUv):
+                pending.tool()  # an --uv that is not uv is the error to report, not what it "found"
+            raise
     uv = pending.tool() if isinstance(pending, uvmod.PendingUv) else pending
     version = options.version or chosen.fields.get("version") or _latest(store, recipe, index_url, options, files)
     if not recipes.VERSION_RE.fullmatch(version):
