@@ -4,8 +4,8 @@
     start (`python -c pass` with the same python), interleaved, N runs each; medians and ratio.
 (b) cold build: a fresh store building RECIPE, against the same work done by hand (uv venv --python
     REQUEST (the recipe's: uv finds the interpreter, as the store must), uv pip compile --generate-hashes --exclude-newer DATE, uv pip install --require-hashes --no-deps
-    --link-mode copy, `python -m compileall -j CORES --invalidation-mode unchecked-hash` (the store's
-    pyc mode), the recipe's verify command) on the same requirements. The store builds twice per
+    --link-mode copy, `python -m compileall -j N --invalidation-mode unchecked-hash` (the store's
+    pyc mode and number of workers), the recipe's verify command) on the same requirements. The store builds twice per
     round: a copy of RECIPE with `as_of = DATE` (the ratio: the same work as the baseline, which is
     given DATE by hand) and RECIPE as it is (the store asks the index for the publication date).
     All start from a copy of one warm uv cache and use the same uv binary, so the ratio is
@@ -100,7 +100,10 @@ def main() -> None:
         fixed.write_text("".join(line + (f'\nas_of = "{as_of}"' if line.strip() == "[[build]]" else "") + "\n"
                                  for line in args.recipe.read_text().splitlines()))
         verify = tomllib.loads(args.recipe.read_text())["build"][0].get("verify")
-        jobs = len(os.sched_getaffinity(0))  # the store compiles on every core (fewer for < 20 modules/core)
+        from llmgw_store.build.bytecode import workers  # the store's choice: every core, fewer for a small tree
+
+        modules = sum(f.endswith(".py") for _, _, fs in os.walk(Path(first["path"]) / "lib") for f in fs)
+        jobs = workers(modules)
         sides = {"cold_as_of": fixed, "cold_lookup": args.recipe}
         times: dict[str, list[float]] = {k: [] for k in [*sides, "raw"]}
         steps: dict[str, list] = {k: [] for k in [*sides, "raw"]}
