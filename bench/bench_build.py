@@ -181,6 +181,10 @@ def main() -> None:
             "raw_uv_s": round(med(times["raw"]), 3),
             "cold_ratio": round(med(times["cold_as_of"]) / med(times["raw"]), 3),
             "cold_ratio_lookup": round(med(times["cold_lookup"]) / med(times["raw"]), 3),
+            # Per round (each store build beside the baseline run right after it), then the median:
+            # steadier than a ratio of medians when the machine's load swings between rounds.
+            "cold_ratio_paired": round(med([a / b for a, b in zip(times["cold_as_of"], times["raw"])]), 3),
+            "cold_ratio_lookup_paired": round(med([a / b for a, b in zip(times["cold_lookup"], times["raw"])]), 3),
             "cold_steps_s": {k: sorted(v, key=lambda x: x[0])[len(v) // 2][1] for k, v in steps.items()},
             "cold_times_s": {k: [round(x, 3) for x in v] for k, v in times.items()},
             "peak_rss_mb": {"hit": hit_rss, "bare_python": bare_rss, "cold_build": round(max(cold_rss), 1),
@@ -194,6 +198,8 @@ def main() -> None:
         print(f"(b) cold build, as_of fixed {result['cold_build_s']:8.3f} s    same work by hand {result['raw_uv_s']:6.3f} s"
               f"    ratio {result['cold_ratio']:.3f} (goal <= 1.10)")
         print(f"    cold build, date looked up {result['cold_build_lookup_s']:6.3f} s    ratio {result['cold_ratio_lookup']:.3f}")
+        print(f"    median of per-round ratios: as_of fixed {result['cold_ratio_paired']:.3f}, "
+              f"date looked up {result['cold_ratio_lookup_paired']:.3f}")
         for k, v in result["cold_steps_s"].items():
             print(f"    steps of the median run, {k}: " + ", ".join(f"{n} {x:.2f}s" for n, x in v.items()))
         rss = result["peak_rss_mb"]
