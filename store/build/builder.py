@@ -216,13 +216,19 @@ def _remember(store: Store, memo: tuple[str, bytes], result: BuildResult, plan: 
 def _plan(store: Store, recipe: Recipe, chosen: Build, options: BuildOptions) -> BuildPlan:
     """Everything that decides the result, and the key and name that follow from it."""
     index_url = options.index_url.rstrip("/")
-    uv = uvmod.resolve(store, options.uv, index_url)
-    # A fresh store asks the index (the latest version, a publication time) and finds an
-    # interpreter: independent waits, so the index is asked in a thread meanwhile.
+    # A fresh store asks uv its version, asks the index (the latest version, a publication time)
+    # and finds an interpreter: independent waits, so the first two run in threads meanwhile.
+    pending = uvmod.resolve(store, options.uv, index_url, later=True)
     files = _prefetch(store, recipe, chosen, options, index_url)
     interp = None
-    if files is not None and "{" not in chosen.fields["python"]:
-        interp = interpreters.find(store, uv, chosen.fields["python"], options.python_preference)
+    if (files is not None or getattr(pending, "pending", False)) and "{" not in chosen.fields["python"]:
+        try:
+            interp = interpreters.find(store, pending, chosen.fields["python"], options.python_preference)
+        except Exception:
+            if isinstance(pending, uvmod.PendingUv):
+                pending.tool()  # an --uv that is not uv is the error to report, not what it "found"
+            raise
+    uv = pending.tool() if isinstance(pending, uvmod.PendingUv) else pending
     fixed_as_of = format_time(past_time(options.as_of)) if options.as_of is not None else chosen.fields.get("as_of")
     version = (options.version or chosen.fields.get("version")
                or (_latest_as_of(store, recipe, index_url, fixed_as_of, files) if fixed_as_of

@@ -48,6 +48,16 @@ ENTRY_RE = re.compile(r"([0-9a-f]{64})\.([0-9a-f]{64})\.pyc")
 TEMP_PREFIX = ".tmp-"
 SECRET_ENV = "LLMGW_STORE_PYC_SECRET"
 SECRET_BYTES = 32
+# Modules per pool worker, at least: a pool costs its fork, multiprocessing's import and each
+# worker's start (0.3-0.6 s on a loaded 2-core node), against about 3 ms a module, so a smaller
+# tree is compiled in the script itself (black's 88 modules: 0.27-0.49 s serial, 0.74-1.12 s in a
+# pool of 2). Below 2 * 200 modules one worker, so the pool's start-up is paid only where it gains.
+MODULES_PER_WORKER = 200
+
+
+def workers(modules: int) -> int:
+    """How many processes compile a tree of `modules` modules (the script's choice, for the bench)."""
+    return max(1, min(len(os.sched_getaffinity(0)) or 1, modules // MODULES_PER_WORKER or 1))
 
 SCRIPT = r"""
 import hashlib, hmac, importlib.util, os, re, signal, stat, sys, py_compile
@@ -253,7 +263,7 @@ def work(args):
 if __name__ == "__main__":
     root, lib, cache = sys.argv[1], sys.argv[2], sys.argv[3]
     files = sorted(os.path.join(d, f) for d, _, fs in os.walk(lib) for f in fs if f.endswith(".py"))
-    n = max(1, min(len(os.sched_getaffinity(0)) or 1, len(files) // 20 or 1))
+    n = max(1, min(len(os.sched_getaffinity(0)) or 1, len(files) // %(per_worker)d or 1))
     print("llmgw-progress: total %%d modules" %% len(files), flush=True)
     if n == 1 and not os.environ.get("LLMGW_STORE_DEBUG_COMPILE_PAUSE"):
         # A small tree: compiled here; a pool (multiprocessing's import, a fork) would cost more.
@@ -272,7 +282,7 @@ if __name__ == "__main__":
             size = max(25, len(files) // (n * 8))
             results = list(pool.map(work, [(root, cache, files[i:i + size]) for i in range(0, len(files), size)]))
     print(len(files), sum(r[0] for r in results), sum(r[1] for r in results))
-""" % {"entry": ENTRY_RE.pattern, "temp": TEMP_PREFIX, "secret_env": SECRET_ENV}
+""" % {"entry": ENTRY_RE.pattern, "temp": TEMP_PREFIX, "secret_env": SECRET_ENV, "per_worker": MODULES_PER_WORKER}
 
 
 def cache_secret(path: Path) -> bytes:

@@ -59,11 +59,14 @@ class Interpreter:
 def find(store: "Store", uv: UvTool, request: str, preference: str) -> Interpreter:
     if preference not in PREFERENCES:
         raise UsageError(f"python preference {preference!r} is not one of {', '.join(PREFERENCES)}")
-    ident = f"{request}|{preference}|{uv.version}"
-    memo = store.index.tool_info("python", ident)
-    if memo and memo["stamp"] == file_stamp(Path(memo["path"])):
-        return Interpreter(memo["path"], memo["implementation"], memo["version"], memo["managed"])
+    # A uv whose version is still being asked (uv.PendingUv: one this store has not seen, so no
+    # memo names its version) is not waited for: discovery needs only its path.
+    if not getattr(uv, "pending", False):
+        memo = store.index.tool_info("python", f"{request}|{preference}|{uv.version}")
+        if memo and memo["stamp"] == file_stamp(Path(memo["path"])):
+            return Interpreter(memo["path"], memo["implementation"], memo["version"], memo["managed"])
     found = _discover(store, uv, request, preference)
+    ident = f"{request}|{preference}|{uv.version}"
     store.index.remember_tool("python", ident, {**asdict(found), "stamp": file_stamp(Path(found.path))})
     return found
 
@@ -90,7 +93,8 @@ def _discover_quietly(store: "Store", uv: UvTool, request: str, preference: str)
     if path is None:
         raise UsageError(_missing(request, preference, skipped))
     try:
-        out = run([path, "-c", _PROBE], what=f"inspect {path}", env=clean_env(), log_dir=store.layout.logs)
+        # -I -S: the answer does not depend on site-packages or PYTHON* variables, and the start is shorter.
+        out = run([path, "-I", "-S", "-c", _PROBE], what=f"inspect {path}", env=clean_env(), log_dir=store.layout.logs)
         executable, implementation, version = json.loads(out.strip().splitlines()[-1])
     except (CommandError, ValueError) as exc:  # a shim that fails, a wrapper that prints something else
         raise UsageError(f"{path}, found for Python {request}, does not run as an interpreter ({exc}); "

@@ -102,9 +102,10 @@ def version_of(binary: Path, log_dir: Path) -> str:
     return m.group(1)
 
 
-def resolve(store: "Store", uv_path: str | Path | None, index_url: str) -> UvTool:
+def resolve(store: "Store", uv_path: str | Path | None, index_url: str, *, later: bool = False) -> "UvTool | PendingUv":
     """The uv to build with: `uv_path` if given (its version memoised by inode, size and mtime), else
-    the store's own pinned uv, installed on first use."""
+    the store's own pinned uv, installed on first use. With `later`, an `uv_path` whose version is
+    not remembered gives a PendingUv: `uv --version` runs in a thread while the caller goes on."""
     if uv_path is not None:
         path = Path(uv_path).absolute()
         stamp = file_stamp(path)
@@ -113,10 +114,37 @@ def resolve(store: "Store", uv_path: str | Path | None, index_url: str) -> UvToo
         memo = store.index.tool_info("uv", str(path))
         if memo and memo.get("stamp") == stamp:
             return UvTool(path, memo["version"])
-        version = version_of(path, store.layout.logs)
-        store.index.remember_tool("uv", str(path), {"stamp": stamp, "version": version})
-        return UvTool(path, version)
+        pending = PendingUv(store, path, stamp)
+        return pending if later else pending.tool()
     return _pinned(store, index_url)
+
+
+class PendingUv:
+    """An --uv first seen by this store: its `--version` is asked in a thread (a child under
+    procs.run, which may be started from any thread) while planning goes on (the interpreter is
+    found meanwhile). `path` is known at once; `tool()` waits for the version and remembers it in
+    the index from the caller's thread (the index's connection is that thread's alone)."""
+
+    pending = True
+
+    def __init__(self, store: "Store", path: Path, stamp: str) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.path, self._store, self._stamp = path, store, stamp
+        pool = ThreadPoolExecutor(max_workers=1)
+        try:
+            self._version = pool.submit(version_of, path, store.layout.logs)
+        finally:
+            pool.shutdown(wait=False)
+
+    @property
+    def version(self) -> str:
+        return self.tool().version
+
+    def tool(self) -> UvTool:
+        version = self._version.result()  # raises what version_of raised (not uv, cannot run)
+        self._store.index.remember_tool("uv", str(self.path), {"stamp": self._stamp, "version": version})
+        return UvTool(self.path, version)
 
 
 def _pinned(store: "Store", index_url: str) -> UvTool:

@@ -124,6 +124,53 @@ def _v_gc_records(db) -> None:
     db["gc_rooted"].create({"name": str, "last_rooted": str}, pk="name", if_not_exists=True)
 
 
+class _NeedsSqliteUtils(Exception):
+    """A migration step used more of sqlite-utils' API than _Schema offers."""
+
+
+class _Schema:
+    """The part of sqlite_utils.Database the migrations use — `db[t].create(columns, pk=,
+    if_not_exists=)` and `db[t].create_index(columns, unique=, if_not_exists=)` — issuing the same
+    SQL (same table text, same index names), so an index made either way is the same file
+    (tests/test_index.py compares them). Anything else raises _NeedsSqliteUtils."""
+
+    TYPES = {str: "TEXT", int: "INTEGER", float: "REAL", bytes: "BLOB"}
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+
+    def __getitem__(self, table: str) -> "_Schema._Table":
+        return _Schema._Table(self.conn, table)
+
+    def __getattr__(self, name: str):
+        raise _NeedsSqliteUtils(name)
+
+    class _Table:
+        def __init__(self, conn: sqlite3.Connection, name: str) -> None:
+            self.conn, self.name = conn, name
+
+        def __getattr__(self, name: str):
+            raise _NeedsSqliteUtils(name)
+
+        def create(self, columns: dict, pk=None, if_not_exists: bool = False, **more) -> None:
+            if more or not isinstance(columns, dict) or any(t not in _Schema.TYPES for t in columns.values()):
+                raise _NeedsSqliteUtils("create")
+            pks = [pk] if isinstance(pk, str) else list(pk or ())
+            cols = [f'   "{c}" {_Schema.TYPES[t]}' + (" PRIMARY KEY" if pks == [c] else "")
+                    for c, t in columns.items()]
+            if len(pks) > 1:
+                cols.append("   PRIMARY KEY (" + ", ".join(f'"{c}"' for c in pks) + ")")
+            exists = "IF NOT EXISTS " if if_not_exists else ""
+            self.conn.execute(f'CREATE TABLE {exists}"{self.name}" (\n' + ",\n".join(cols) + "\n)")
+
+        def create_index(self, columns, unique: bool = False, if_not_exists: bool = False, **more) -> None:
+            if more or not all(isinstance(c, str) for c in columns):
+                raise _NeedsSqliteUtils("create_index")
+            index = f"idx_{self.name}_" + "_".join(columns)
+            self.conn.execute(f'CREATE {"UNIQUE " if unique else ""}INDEX {"IF NOT EXISTS " if if_not_exists else ""}'
+                              f'"{index}"\n    ON "{self.name}" (' + ", ".join(f'"{c}"' for c in columns) + ")")
+
+
 MIGRATIONS: list[Callable] = [_v1, _v2, _v3, _v_gc_records]
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -212,9 +259,17 @@ class Index:
                 time.sleep(0.02)
 
     def _migrate(self) -> None:
-        import sqlite_utils
+        # The steps run against _Schema (plain SQL, the same statements sqlite-utils issues) and
+        # only fall back to sqlite-utils, whose import was a fifth of a small cold build, when a
+        # step uses more of its API; a failed attempt is rolled back whole before the retry.
+        try:
+            self._run_migrations(_Schema(self.conn))
+        except _NeedsSqliteUtils:
+            import sqlite_utils
 
-        db = sqlite_utils.Database(self.conn)
+            self._run_migrations(sqlite_utils.Database(self.conn))
+
+    def _run_migrations(self, db) -> None:
         # BEGIN IMMEDIATE takes the write lock first, so two processes opening a new store at once
         # serialise here; each step is also idempotent (IF NOT EXISTS) in case a library call commits.
         self.conn.execute("BEGIN IMMEDIATE")

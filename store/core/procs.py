@@ -6,7 +6,7 @@ started it (issue 12: a SIGKILLed build left uv and the bytecode compiler writin
                                           └─▶ its children (uv's, the compile pool's workers) …
 
 `run` starts a *keeper*: a few lines of Python (`KEEPER`, run by this interpreter with -I -S and
-the command's environment; it costs 30-50 ms of startup per child here) in a new session, so it
+the command's environment; it imports only C modules, so it costs an interpreter start per child) in a new session, so it
 leads a process group of its own, which the command and everything the command starts inherit. The keeper forks and execs the command and waits. The
 store holds the other end of a socketpair; the keeper acts on its end:
 - the command exits: the keeper writes its exit status on the socket and keeps waiting;
@@ -81,25 +81,47 @@ KILL_WAIT_S = 5.0
 
 # argv: <socket fd> <executable> <argv0> <args…>. Run with -I -S, so it imports little.
 KEEPER = r"""
-import os, select, signal, sys
+import os, select, sys
 fd, exe, argv = int(sys.argv[1]), sys.argv[2], sys.argv[3:]
+SIGKILL, SIGPIPE, SIGXFSZ = 9, 13, 25  # Linux's numbers (the store runs on Linux only)
+# The C modules, not `signal` and `ctypes`: those import enum, struct and more, which was most of
+# the keeper's start-up (30-50 ms per child on a loaded 2-core node; now an interpreter start).
 try:
-    import ctypes
-    prctl = ctypes.CDLL(None, use_errno=True).prctl
-except Exception:  # no ctypes: the group kill below still reaches the command
-    prctl = None
+    import _signal
+except ImportError:
+    _signal = None
+try:
+    import _ctypes
+
+    class _int(_ctypes._SimpleCData):
+        _type_ = "i"
+
+    class _Fn(_ctypes.CFuncPtr):
+        _flags_ = _ctypes.FUNCFLAG_CDECL | _ctypes.FUNCFLAG_USE_ERRNO
+        _restype_ = _int
+
+    class _Libc:
+        _handle = _ctypes.dlopen(None)
+
+    prctl = _Fn(("prctl", _Libc))
+except Exception:
+    try:
+        import ctypes
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except Exception:  # no ctypes: the group kill below still reaches the command
+        prctl = None
 keeper = os.getpid()
 pid = os.fork()
 if pid == 0:
     try:
         os.close(fd)
         if prctl is not None:
-            prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG: die with the keeper
+            prctl(1, SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG: die with the keeper
         if os.getppid() != keeper:  # the keeper died before prctl took effect
-            os._exit(128 + signal.SIGKILL)
-        for sig in ("SIGPIPE", "SIGXFSZ"):  # Python ignores them; the command gets the defaults
-            if hasattr(signal, sig):
-                signal.signal(getattr(signal, sig), signal.SIG_DFL)
+            os._exit(128 + SIGKILL)
+        if _signal is not None:
+            for sig in (SIGPIPE, SIGXFSZ):  # Python ignores them; the command gets the defaults
+                _signal.signal(sig, _signal.SIG_DFL)
         os.execv(exe, argv)
     except OSError as exc:
         os.write(2, ("llmgw-store: cannot run %s: %s\n" % (exe, exc.strerror or exc)).encode())
@@ -122,7 +144,7 @@ try:
                 done = True
                 os.write(fd, b"%d\n" % os.waitstatus_to_exitcode(status))
 finally:
-    os.killpg(0, signal.SIGKILL)  # the whole group: the command, its children, this keeper
+    os.killpg(0, SIGKILL)  # the whole group: the command, its children, this keeper
 """
 
 
