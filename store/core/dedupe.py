@@ -74,7 +74,9 @@ def share(layout: "Layout", tree: Path) -> Shared:
     layout.ensure_pool()
     pool = layout.links_pool
     files = saved = pooled = 0
-    opened: tuple[str, int] | None = None  # (directory made writable, its mode to restore)
+    # (directory made writable, its mode and times to restore: a rename in it moves its mtime, and a
+    # build's directories carry the resolution date, canonical.py, whether or not a file was shared)
+    opened: tuple[str, int, tuple[int, int]] | None = None
     try:
         for e in entries:
             if e.kind not in "fx" or e.size == 0:
@@ -83,11 +85,12 @@ def share(layout: "Layout", tree: Path) -> Shared:
             parent = os.path.dirname(path)
             if opened is None or opened[0] != parent:
                 if opened is not None:
-                    os.chmod(opened[0], opened[1])
+                    _restore(*opened)
                     opened = None
-                mode = stat.S_IMODE(os.lstat(parent).st_mode)
+                pst = os.lstat(parent)
+                mode = stat.S_IMODE(pst.st_mode)
                 os.chmod(parent, mode | stat.S_IWUSR)
-                opened = (parent, mode)
+                opened = (parent, mode, (pst.st_atime_ns, pst.st_mtime_ns))
             try:
                 done = _share_one(path, pool / pool_name(e), e)
             except OSError as exc:
@@ -101,10 +104,15 @@ def share(layout: "Layout", tree: Path) -> Shared:
                 saved += done
     finally:
         if opened is not None:
-            os.chmod(opened[0], opened[1])
+            _restore(*opened)
     if files or pooled:
         say(f"shared {files} file(s) with other store paths ({saved / 1e6:.1f} MB not stored twice)")
     return Shared(files, saved, pooled)
+
+
+def _restore(directory: str, mode: int, times: tuple[int, int]) -> None:
+    os.chmod(directory, mode)
+    os.utime(directory, ns=times, follow_symlinks=False)
 
 
 def _share_one(path: str, entry: Path, e: manifest.Entry) -> int | None:
