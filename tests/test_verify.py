@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import stat
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -141,7 +141,7 @@ def _foreign(r: dict) -> dict[str, dict]:
 
 
 def test_intact_store_has_no_foreign_entries(env):
-    root, path = env
+    root, _ = env
     code, r = verify(root)
     assert code == 0 and r["paths"][0]["foreign"] == [] and r["paths"][0]["problems"] == []
 
@@ -219,7 +219,7 @@ def test_rewritten_manifest_inputs_are_named(env):
 
 
 def test_metadata_files_are_frozen_0444(env):
-    root, path = env
+    _, path = env
     for rel in (".llmgw/manifest.json", ".llmgw/contents"):
         assert stat.S_IMODE(os.lstat(path / rel).st_mode) == 0o444
 
