@@ -14,6 +14,11 @@ ratios the issue asks for: cold build / pull (goal >= 5), pull / curl|zstd|tar (
 delta bytes / full object (goal < 25 %).
 
     .venv/bin/python bench/bench_fleet.py [--recipe bench/recipes/transformers.toml] [--neighbour 4.46.2]
+    .venv/bin/python bench/bench_fleet.py --work /dev/shm/fleet-bench     # keeps builds and caches
+    .venv/bin/python bench/bench_fleet.py --work /dev/shm/fleet-bench --pull-only [--repeat 3]
+The second form reuses the caches a full run left in --work and times only pull against
+curl|zstd|tar (best of --repeat; each pull into a new store, initialised before the clock starts,
+as a fleet node's is): the loop to iterate on pull's speed.
 
 Needs PyPI (the recipe resolves there), curl and zstd. The machine is shared: figures are noisy.
 """
@@ -79,6 +84,9 @@ def main() -> None:
     ap.add_argument("--recipe", type=Path, default=REPO / "bench" / "recipes" / "transformers.toml")
     ap.add_argument("--neighbour", default="4.46.2", help="The neighbouring version for the warm build and delta pull.")
     ap.add_argument("--work", type=Path, help="Keep everything here (default: a temporary directory, removed).")
+    ap.add_argument("--pull-only", action="store_true",
+                    help="Reuse the caches of an earlier full run in --work; time only pull and curl|zstd|tar.")
+    ap.add_argument("--repeat", type=int, default=3, help="With --pull-only: runs of each, the best kept.")
     args = ap.parse_args()
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     os.environ["LLMGW_STORE_PYTHON_PREFERENCE"] = "only-system"
@@ -94,6 +102,8 @@ def main() -> None:
     def record(what: str, seconds: float, rss: int, note: str) -> None:
         rows.append((what, seconds, rss, note))
         cpu.append(CPU["last"])
+    if args.pull_only:
+        return pull_only(work, cli, max(1, args.repeat))
     try:
         builder = work / "builder"
         t, rss, out = run(cli + ["--root", str(builder), "--json", "build", str(args.recipe), "--uv", uv])
@@ -153,6 +163,44 @@ def main() -> None:
         if args.work is None:
             subprocess.run(["chmod", "-R", "u+w", str(work)], check=False)
             shutil.rmtree(work, ignore_errors=True)
+
+
+def pull_only(work: Path, cli: list[str], repeat: int) -> None:
+    """pull vs curl|zstd|tar from the caches a full run left in `work`; best of `repeat`, wall and CPU."""
+    served, public = work / "served", str(work / "keys" / "bench.public")
+    if not (served / "v1").is_dir():
+        raise SystemExit(f"{work} holds no caches: run once without --pull-only and with --work {work}")
+    archive = max((served / "v1").glob("*.tar.zst"), key=lambda p: p.stat().st_size)
+    key = archive.name[:32]
+    srv, url = serve(served)
+    best: dict[str, tuple[float, float]] = {}
+    try:
+        for i in range(repeat):
+            for what in ("pull", "raw"):
+                dest = work / f"pull-only-{what}"
+                if dest.exists():
+                    subprocess.run(["chmod", "-R", "u+w", str(dest)], check=True)
+                    shutil.rmtree(dest)
+                if what == "pull":
+                    # An initialised, empty store (a fleet node has one): its creation (the index
+                    # and its migrations) is not what is compared with tar.
+                    run(cli + ["--root", str(dest), "gc", "--dry-run"])
+                    t, rss, out = run(cli + ["--root", str(dest), "--json", "pull", key, "--from", f"{url}/v2",
+                                             "--trusted-key", public])
+                    phases = json.loads(out).get("phases") or {}
+                    print(f"pull {i + 1}: {t:.2f}s, {CPU['last']:.2f} CPU s, {rss} MiB; "
+                          + ", ".join(f"{k} {v:.2f}s" for k, v in phases.items()))
+                else:
+                    dest.mkdir()
+                    t, rss, _ = run(f"curl -sf {url}/v1/{archive.name} | zstd -d -q | tar -x -C {dest}", shell=True)
+                    print(f"curl|zstd|tar {i + 1}: {t:.2f}s, {CPU['last']:.2f} CPU s, {rss} MiB")
+                old = best.get(what)
+                best[what] = (min(t, old[0]) if old else t, min(CPU["last"], old[1]) if old else CPU["last"])
+    finally:
+        srv.shutdown()
+    (pt, pc), (rt, rc) = best["pull"], best["raw"]
+    print(f"best of {repeat}: pull {pt:.2f}s ({pc:.2f} CPU s), curl|zstd|tar {rt:.2f}s ({rc:.2f} CPU s)")
+    print(f"pull / curl|zstd|tar     {pt / rt:6.2f}   (goal <= 1.3; in CPU seconds {pc / rc:.2f})")
 
 
 if __name__ == "__main__":

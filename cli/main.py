@@ -112,7 +112,8 @@ def build_options(f):
         click.option("--version", "version", help="Engine version to build (default: the recipe's, else the latest release)."),
         click.option("--variant", help="Which [[build]] of the recipe (default: the first)."),
         click.option("--as-of", help="Resolve as the index stood at this ISO 8601 time (default: the recipe's as_of, else publication + 24 h)."),
-        click.option("--index-url", default=defaults.PYPI_SIMPLE, show_default=True, help="Package index (simple API, PEP 691 JSON)."),
+        click.option("--index-url", default=defaults.PYPI_SIMPLE, show_default=True, envvar="LLMGW_STORE_INDEX_URL",
+                     help="Package index (simple API, PEP 691 JSON). Env: LLMGW_STORE_INDEX_URL."),
         click.option("--uv", "uv_path", type=click.Path(dir_okay=False), envvar="LLMGW_STORE_UV",
                      help="Use this uv binary instead of the store's pinned one (its --version enters the key). Env: LLMGW_STORE_UV."),
         click.option("--python-preference", envvar="LLMGW_STORE_PYTHON_PREFERENCE", default=defaults.PYTHON_PREFERENCE,
@@ -156,7 +157,7 @@ def build(obj: Context, recipe: str, check: bool, **kw) -> None:
     \b
     Examples:
       llmgw-store build examples/black.toml
-      llmgw-store --json build vllm.toml --variant cu128 --as-of 2025-06-01T00:00:00Z
+      llmgw-store --json build examples/vllm.toml --variant cu128 --as-of 2025-06-01T00:00:00Z
       llmgw-store build examples/black.toml --check    # is it reproducible? 0 identical, 1 differs
     """
     if check:
@@ -266,8 +267,8 @@ def activate(obj: Context, profile: str, target: str, **kw) -> None:
     \b
     Examples:
       llmgw-store activate vllm /var/lib/llmgw-store/store/5x...-vllm-0.6.3-cu128
-      llmgw-store activate vllm recipes/vllm.toml --variant cu128
-      llmgw-store activate vllm recipes/vllm.toml --check 'vllm --version' --check-timeout 60
+      llmgw-store activate vllm examples/vllm.toml --variant cu128
+      llmgw-store activate vllm examples/vllm.toml --check 'vllm --version' --check-timeout 60
       llmgw-store activate vllm vllm@7 --check 'systemctl restart vllm' --then-check
     """
     from llmgw_store.api import activate as do_activate
@@ -761,8 +762,11 @@ def cache() -> None:
 @click.option("--grace", default="1d", show_default=True,
               help="Keep whatever was written more recently than this (pushes not yet in a roots document).")
 @click.option("--dry-run", is_flag=True, help="List what would be deleted; delete nothing.")
+@click.option("--allow-no-roots", is_flag=True,
+              help="Go on when the cache holds no roots document (deletes every object older than the grace).")
 @click.pass_obj
-def cache_gc(obj: Context, url: str, keep_from: tuple[str, ...], grace: str, dry_run: bool) -> None:
+def cache_gc(obj: Context, url: str, keep_from: tuple[str, ...], grace: str, dry_run: bool,
+             allow_no_roots: bool) -> None:
     """Delete the objects and blobs of the cache URL that no published roots document holds.
 
     \b
@@ -771,7 +775,7 @@ def cache_gc(obj: Context, url: str, keep_from: tuple[str, ...], grace: str, dry
     """
     from llmgw_store.api import cache_gc as do_cache_gc
 
-    r = do_cache_gc(url, list(keep_from), grace=grace, dry_run=dry_run)
+    r = do_cache_gc(url, list(keep_from), grace=grace, dry_run=dry_run, allow_no_roots=allow_no_roots)
     verb = "would delete" if r.dry_run else "deleted"
     summary = (f"{verb} {len(r.deleted_objects)} object file(s), {r.deleted_blobs} blob(s), "
                f"{r.freed_bytes / 1e6:.1f} MB; kept {r.kept_objects} object(s), {r.kept_blobs} blob(s) for "

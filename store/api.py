@@ -82,12 +82,13 @@ def push_roots(to: str, secret_key: str, *, node: str | None = None, root: str |
     return publish([k for k in (key_of_name(n) for n in names) if k], to, secret_key, node)
 
 
-def cache_gc(url: str, keep_from: list[str], *, grace: str = "1d", dry_run: bool = False):
+def cache_gc(url: str, keep_from: list[str], *, grace: str = "1d", dry_run: bool = False,
+             allow_no_roots: bool = False):
     """Delete what no published root holds from the binary cache `url` (cache/cache_gc.py)."""
     from llmgw_store.cache.cache_gc import gc
     from llmgw_store.core.units import parse_duration
 
-    return gc(url, keep_from, grace=parse_duration(grace), dry_run=dry_run)
+    return gc(url, keep_from, grace=parse_duration(grace), dry_run=dry_run, allow_no_roots=allow_no_roots)
 
 
 def rollback(profile: str, *, to: int | None = None, substituters: tuple[str, ...] = (),

@@ -134,16 +134,16 @@ def test_second_environment_reuses_compiled_bytecode(root, recipe, index, uv_bin
     proc = run_cli(root, "--json", "build", str(recipe), "--index-url", index.url, "--uv", str(uv_bin),
                    "--as-of", "2024-06-02", check=True)
     second = json.loads(proc.stdout)
-    # tinyengine is the same file in both: its pyc comes from the cache, copied (never the cache's
-    # inode: an edit to the mutable cache must not reach an environment). At registration the
-    # second path shares it with the first (both immutable, verified: core/dedupe.py).
+    # tinyengine is the same file in both: its pyc comes from the cache, copied (an inode the cache
+    # does not share: an edit to an environment's pyc must never reach the cache); at registration
+    # the second path shares the first's identical, verified file (core/dedupe.py): store paths only
     assert re.search(r"compiled, [1-9][0-9]* from the bytecode cache", proc.stderr)
     tag = f"cpython-{sys.version_info.major}{sys.version_info.minor}"
     rel = f"lib/python{PYTHON}/site-packages/tinyengine/__pycache__/__init__.{tag}.pyc"
     a, b = Path(first["path"]) / rel, Path(second["path"]) / rel
+    cache = {os.stat(p).st_ino for p in (root / "cache" / "pyc").rglob("*") if p.is_file()}
+    assert cache and os.stat(a).st_ino not in cache and os.stat(b).st_ino not in cache
     assert a.read_bytes() == b.read_bytes() and os.stat(a).st_ino == os.stat(b).st_ino
-    cache_inodes = {os.stat(f).st_ino for f in (root / "cache").rglob("*") if f.is_file()}
-    assert cache_inodes and os.stat(a).st_ino not in cache_inodes
     # tinydep differs (1.0 against 2.0): compiled anew
     rel_dep = rel.replace("tinyengine", "tinydep")
     assert os.stat(Path(first["path"]) / rel_dep).st_ino != os.stat(Path(second["path"]) / rel_dep).st_ino

@@ -112,6 +112,28 @@ def test_a_roots_document_it_cannot_trust_stops_gc_before_anything_is_deleted(fl
     assert names_in(url) == before and not list((tmp_path / "cache" / "gc").iterdir())
 
 
+def test_no_roots_document_stops_gc_unless_allowed(fleet, tmp_path):
+    """A cache with no roots document (a wrong URL, roots never published): the gc would delete
+    everything past the grace, so it refuses with one line; --allow-no-roots does it."""
+    w, (a, b) = fleet, fleet["names"]
+    url = f"file://{tmp_path / 'cache'}"
+    push2(w, a, url)
+    push2(w, b, url)
+    before = names_in(url)
+    for extra in ((), ("--dry-run",)):
+        proc = cache_gc(w, url, "--grace", "0s", *extra, check=False)
+        assert proc.returncode == 1, proc.stderr
+        errors = [line for line in proc.stderr.splitlines() if "error:" in line]
+        assert len(errors) == 1 and "no roots document" in errors[0] and "--allow-no-roots" in errors[0], proc.stderr
+        assert names_in(url) == before and not list((tmp_path / "cache" / "gc").iterdir())
+    # An empty roots folder is no roots either.
+    (tmp_path / "cache" / "roots").mkdir(exist_ok=True)
+    assert cache_gc(w, url, "--grace", "0s", check=False).returncode == 1 and names_in(url) == before
+    done = cache_gc(w, url, "--grace", "0s", "--allow-no-roots")
+    assert sorted(done["deleted_objects"]) == sorted([f"{a[:32]}.json", f"{b[:32]}.json"]) and done["roots"] == {}
+    assert names_in(url) == set()
+
+
 def _wait_for(predicate, proc, what, timeout=60):
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -142,7 +164,7 @@ def test_a_push_in_flight_keeps_the_blobs_it_will_reference(fleet, tmp_path):
     try:
         _wait_for(lambda: any((tmp_path / "cache" / "pending").glob("*.json")), pusher, "the pending marker")
         time.sleep(0.5)  # past the push's look for a gc marker: it is in its pause now
-        done = cache_gc(w, url, "--grace", "0s")
+        done = cache_gc(w, url, "--grace", "0s", "--allow-no-roots")
         assert pusher.poll() is None, "the push finished before the gc: the race was not run"
         assert done["deleted_objects"] == [f"{a[:32]}.json"]
         assert pusher.wait(120) == 0, pusher.communicate()
@@ -153,7 +175,7 @@ def test_a_push_in_flight_keeps_the_blobs_it_will_reference(fleet, tmp_path):
                              str(w["keys"] / "builder-1.public"), check=True).stdout)
     assert got["pulled"] == [b] and run_in_env(w["node"] / "store" / b, "tinyengine") == "tinyengine 1.0 tinydep 2.0"
     # The positive control: with no push in flight and no root, the same gc deletes B and every blob.
-    again = cache_gc(w, url, "--grace", "0s")
+    again = cache_gc(w, url, "--grace", "0s", "--allow-no-roots")
     assert again["deleted_objects"] == [f"{b[:32]}.json"] and not list((tmp_path / "cache" / "blobs").iterdir())
 
 
@@ -163,7 +185,7 @@ def test_a_push_during_a_gc_waits_for_it_then_uploads_what_it_deleted(fleet, tmp
     w = fleet
     url, a, b, a_blobs = _race_setup(w, tmp_path)
     gc_proc = subprocess.Popen(cli_cmd(w["root"], "--json", "cache", "gc", url, "--keep-from",
-                                       str(w["keys"] / "node-1.public"), "--grace", "0s"),
+                                       str(w["keys"] / "node-1.public"), "--grace", "0s", "--allow-no-roots"),
                                env={**os.environ, "LLMGW_STORE_DEBUG_CACHE_GC_PAUSE": "8"},
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

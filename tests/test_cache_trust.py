@@ -439,3 +439,91 @@ def test_file_cache_object_that_is_a_link_is_refused(tmp_path):
     (tmp_path / "cache" / "k.json").symlink_to(secret)
     with pytest.raises(IntegrityError, match="not a regular file"):
         backend_for(f"file://{tmp_path / 'cache'}").get("k.json", max_bytes=MiB)
+
+
+def _serve_script(script):
+    """An HTTP/1.1 server on 127.0.0.1 where `script(handler)` answers every GET (a list of the
+    paths asked is kept in `srv.asked`, the connections opened in `srv.connections`)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args) -> None:
+            pass
+
+        def setup(self) -> None:
+            super().setup()
+            srv.connections += 1
+
+        def do_GET(self) -> None:
+            srv.asked.append(self.path)
+            script(self)
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    srv.daemon_threads, srv.asked, srv.connections = True, [], 0
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv, f"http://127.0.0.1:{srv.server_address[1]}/cache"
+
+
+def _answer(h, body: bytes, *, status: int = 200, close: bool = False, extra: dict | None = None) -> None:
+    h.send_response(status)
+    h.send_header("Content-Length", str(len(body)))
+    for k, v in (extra or {}).items():
+        h.send_header(k, v)
+    if close:
+        h.send_header("Connection", "close")
+        h.close_connection = True
+    h.end_headers()
+    h.wfile.write(body)
+
+
+def test_http_reads_reuse_a_connection_and_survive_the_server_closing_it():
+    """Plain-http reads keep one connection alive per thread; a server that closes it between two
+    reads (an idle timeout) costs a reconnect, not a failure; an absent object is None."""
+    def script(h):
+        if h.path.endswith("/absent.json"):
+            return _answer(h, b"not here", status=404)
+        _answer(h, h.path.encode(), close=h.path.endswith("/c.json"))
+
+    srv, url = _serve_script(script)
+    try:
+        b = backend_for(url)
+        assert [b.get(f"{n}.json", max_bytes=MiB) for n in "abc"] == [f"/cache/{n}.json".encode() for n in "abc"]
+        assert srv.connections == 1  # a, b and c on one connection
+        assert b.get("d.json", max_bytes=MiB) == b"/cache/d.json"  # after the server closed it
+        assert b.get("absent.json", max_bytes=MiB) is None
+        assert b.get("e.json", max_bytes=MiB) == b"/cache/e.json"
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def test_http_redirect_is_followed_and_a_cut_body_is_an_error():
+    from llmgw_store.core.errors import NetworkError
+
+    def script(h):
+        if h.path.endswith("/moved.json"):
+            return _answer(h, b"", status=302, extra={"Location": "/cache/there.json"})
+        if h.path.endswith("/cut.json"):  # declares 1 MiB, sends 10 bytes and hangs up
+            h.send_response(200)
+            h.send_header("Content-Length", str(MiB))
+            h.end_headers()
+            h.wfile.write(b"0123456789")
+            h.close_connection = True
+            return
+        _answer(h, b'{"there": 1}')
+
+    srv, url = _serve_script(script)
+    try:
+        b = backend_for(url)
+        assert b.get("moved.json", max_bytes=MiB) == b'{"there": 1}'
+        with pytest.raises(NetworkError, match="cut.json"):
+            b.get("cut.json", max_bytes=2 * MiB)
+        with pytest.raises(IntegrityError, match="more than"):  # declared past the cap: refused, not read
+            b.get("cut.json", max_bytes=1000)
+        assert b.get("after.json", max_bytes=MiB) == b'{"there": 1}'
+    finally:
+        srv.shutdown()
+        srv.server_close()

@@ -211,8 +211,8 @@ def test_a_build_never_deletes_a_tampered_unregistered_path(store, template, tam
 
     # A final directory was complete when renamed into place: one that no longer matches its
     # manifest was damaged since and may be in use, so the build refuses and leaves it as it is.
-    proc = run_cli(root, "build", str(template["recipe"]), "--index-url", template["index"].url,
-                   "--uv", str(real_uv()), "--as-of", DATES[0])
+    proc = run_cli(root, "--progress=none", "build", str(template["recipe"]), "--index-url", template["index"].url,
+                   "--uv", str(real_uv()), "--as-of", DATES[0])  # progress off: stderr is the error alone
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 1 and len(lines) == 1, proc.stderr
     assert a.name in lines[0] and "does not match its manifest" in lines[0] and "it is kept" in lines[0]

@@ -6,6 +6,7 @@ quiet short steps, the child progress protocol) with a collecting reporter."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -53,7 +54,7 @@ def test_a_slow_build_reports_at_least_every_two_seconds(tmp_path, index, uv_bin
     lines = proc.stderr.splitlines()
     stamps = [float(m.group(1)) for m in (re.match(r"\[\s*([0-9.]+)s\] ", ln) for ln in lines) if m]
     assert len(stamps) == len(lines), proc.stderr  # every line is timestamped
-    gaps = [b - a for a, b in zip(stamps, stamps[1:])]
+    gaps = [b - a for a, b in itertools.pairwise(stamps)]
     assert max(gaps) <= 2.0, f"a gap of {max(gaps):.1f}s:\n{proc.stderr}"
     text = proc.stderr
     # the compile counts its modules (total first, then how many are done), the verify command beats
@@ -206,3 +207,26 @@ def test_auto_is_plain_when_stderr_is_not_a_terminal(tmp_path):
     finally:
         os.close(r)
         os.close(w)
+
+
+def test_the_watchdog_says_the_announced_step_is_still_running(tmp_path):
+    # Python-side work, a lock wait, a query: nothing reports, yet a line comes within 2 s.
+    path = tmp_path / "err"
+    with open(path, "w") as stream, report.reporting_to(report.renderer("plain", stream)):
+        threading.Event().wait(2.0)  # nothing announced yet: an early error must stay one line
+        assert path.read_text() == ""
+        report.say("asking the index")
+        threading.Event().wait(2.5)
+    lines = path.read_text().splitlines()
+    assert lines[0].endswith("] asking the index")
+    assert re.fullmatch(r"\[\s*[0-9.]+s\] asking the index: [12]s…", lines[1]), lines
+
+
+def test_the_watchdog_in_json_marks_its_events_idle(tmp_path):
+    path = tmp_path / "err"
+    with open(path, "w") as stream, report.reporting_to(report.renderer("json", stream)):
+        report.say("waiting for a lock")
+        threading.Event().wait(2.0)
+    events = [json.loads(line) for line in path.read_text().splitlines()]
+    assert events[0]["msg"] == "waiting for a lock"
+    assert events[1]["step"] == "waiting for a lock" and events[1]["idle"] and events[1]["unit"] == "s"

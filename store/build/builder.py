@@ -432,7 +432,7 @@ def make_env(store: Store, plan: BuildPlan, partial: Path, deadline: Deadline,
     # Not `clone` either: uv 0.13 falls back from a failed reflink to a HARDLINK (ext4, tmpfs).
     uv_run(
         ["pip", "install", "--require-hashes", "--no-deps", "-r", lock, "--index-url", plan.index_url,
-         "--python", python, "--link-mode", "copy", "--quiet"],
+         "--python", python, "--link-mode", "copy"],  # not --quiet: its lines are the progress detail
         "uv pip install",
     )
     cacheuse.record(store, plan.name, partial, plan.uv_cache)  # what gc keeps for repair and cold rollback

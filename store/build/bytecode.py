@@ -75,7 +75,7 @@ def tag(key, data):
 MAX_PYC = 64 << 20          # no pyc of a real module comes near this; larger entries are ignored
 MAX_SHARD_NAMES = 1 << 20   # names read from one cache directory
 MAX_ENTRIES_PER_KEY = 4     # entries of one key tried before compiling
-PROGRESS_EVERY = 256        # modules between two progress lines of a worker
+PROGRESS_EVERY = 64         # modules between two progress lines of a worker
 DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
 
 def opendir(name, parent_fd, create):

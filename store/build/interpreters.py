@@ -35,7 +35,7 @@ from llmgw_store.build.uv import UvTool, clean_env, run
 from llmgw_store.core import defaults
 from llmgw_store.core.errors import CommandError, UsageError
 from llmgw_store.core.index import file_stamp
-from llmgw_store.core.report import say
+from llmgw_store.core.report import heartbeat, say
 
 if TYPE_CHECKING:
     from llmgw_store.core.local_store import Store
@@ -76,7 +76,11 @@ MAX_SHIMS = 4
 
 
 def _discover(store: "Store", uv: UvTool, request: str, preference: str) -> Interpreter:
-    say(f"looking for a Python {request} (--python-preference {preference})")
+    with heartbeat(f"looking for a Python {request} (--python-preference {preference})"):
+        return _discover_quietly(store, uv, request, preference)
+
+
+def _discover_quietly(store: "Store", uv: UvTool, request: str, preference: str) -> Interpreter:
     path, skipped = _uv_find(store, uv, request, preference)
     if path is None and preference in ("only-managed", "managed"):
         path = _install_managed(store, uv, request, preference)
@@ -127,7 +131,8 @@ def _uv_find(store: "Store", uv: UvTool, request: str, preference: str) -> tuple
             if shim is None or len(skipped) >= MAX_SHIMS:
                 return None, skipped
             skipped.append(shim[1])
-            path = [d for d in env.get("PATH", "").split(os.pathsep) if d and Path(d) != Path(shim[0]).parent]
+            shims = os.path.realpath(store.layout.tmp / shim[0]).rsplit("/", 1)[0]  # uv may name it relative to cwd
+            path = [d for d in env.get("PATH", "").split(os.pathsep) if d and os.path.realpath(d) != shims]
             env = {**env, "PATH": os.pathsep.join(path)}
             say(f"passing over {shim[1]}")
             continue
@@ -137,7 +142,7 @@ def _uv_find(store: "Store", uv: UvTool, request: str, preference: str) -> tuple
 
 
 def _failed_shim(output: str) -> tuple[str, str] | None:
-    """(path, what it said) when uv stopped at a pyenv shim that failed, else None."""
+    """(path as uv names it, what it said) when uv stopped at a pyenv shim that failed, else None."""
     m = _SHIM_FAILED.search(output)
     if m is None:
         return None

@@ -83,12 +83,19 @@ def project_files(index_url: str, project: str) -> list[IndexFile]:
                 filename=name,
                 url=str(resp.url.join(f.get("url", ""))),
                 sha256=(f.get("hashes") or {}).get("sha256"),
-                upload_time=parse_time(uploaded) if uploaded else None,
+                upload_time=_upload_time(uploaded, url) if uploaded else None,
                 yanked=bool(f.get("yanked")),
                 version=version,
             )
         )
     return files
+
+
+def _upload_time(value: object, url: str) -> datetime:
+    """A file's PEP 691 `upload-time`: the index is not trusted to send a string, nor a sane date."""
+    if not isinstance(value, str):
+        raise NetworkError(f"malformed PEP 691 answer from {url}: an upload-time that is not a string")
+    return parse_time(value, lambda msg: NetworkError(f"malformed PEP 691 answer from {url}: upload-time {msg}"))
 
 
 def latest_version(files: list[IndexFile], project: str) -> str:

@@ -127,7 +127,7 @@ class Recipe:
             if b.variant == variant:
                 return b
         known = ", ".join(b.variant for b in self.builds)
-        raise UsageError(f"{self.file}: no build with variant {variant!r} (the recipe has: {known})")
+        raise UsageError(f"{self.file}: no build with variant {shown(variant)} (the recipe has: {known})")
 
 
 def load(path: str | Path) -> Recipe:
@@ -407,9 +407,13 @@ def parse_time(value: str | datetime, error=UsageError) -> datetime:
         try:
             dt = datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
         except ValueError:
-            raise error(f"{value!r} is not an ISO 8601 time such as 2024-03-01T00:00:00Z") from None
+            raise error(f"{shown(value)} is not an ISO 8601 time such as 2024-03-01T00:00:00Z") from None
     if dt.tzinfo is None:
         dt = dt.replace(tzinfo=timezone.utc)
+    # Years outside 1970..9000 are typos, and near datetime's own bounds a shift to UTC or the day
+    # added to a publication time overflows.
+    if not 1970 <= dt.year <= 9000:
+        raise error(f"{shown(str(value))} is out of range: a time from 1970 to 9000")
     return dt.astimezone(timezone.utc)
 
 

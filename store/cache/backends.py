@@ -226,6 +226,13 @@ class HttpBackend(_Backend):
         self.base = base.rstrip("/")
         self._shared = None
         self._lock = threading.Lock()
+        # GETs of a plain http:// cache go through http.client, one kept-alive connection per
+        # thread: no httpx import on a pull's path, and a fraction of its CPU per request (a pull
+        # makes thousands). https://, credentials in the URL, a proxy from the environment, and
+        # redirects take httpx.
+        self._direct = base.startswith("http://") and "@" not in base[len("http://"):].split("/")[0] and not any(
+            os.environ.get(v) for v in ("http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY"))
+        self._tls = threading.local()
 
     def where(self, name: str) -> str:
         return f"{self.base}/{name}"
@@ -248,11 +255,76 @@ class HttpBackend(_Backend):
                     headers={"User-Agent": "llmgw-store", "Accept-Encoding": "identity"})
         yield self._shared
 
+    def _direct_get(self, url: str):
+        """The response to `GET url` on this thread's connection (reconnecting once when a
+        kept-alive connection turns out closed), or None for a redirect (httpx follows those)."""
+        import http.client
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(url)
+        target = parts.path + (f"?{parts.query}" if parts.query else "")
+        for attempt in (0, 1):
+            conn = getattr(self._tls, "conn", None)
+            reused = conn is not None
+            if conn is None:
+                conn = self._tls.conn = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=300)
+            try:
+                conn.request("GET", target, headers={"User-Agent": "llmgw-store", "Accept-Encoding": "identity"})
+                resp = conn.getresponse()
+            except (OSError, http.client.HTTPException) as exc:
+                self._drop()
+                if reused and attempt == 0:
+                    continue  # the server closed an idle keep-alive connection: once more, on a new one
+                raise NetworkError(f"GET {url}: {exc}") from exc
+            if resp.status in (301, 302, 303, 307, 308):
+                self._drop()
+                return None
+            return resp
+        raise AssertionError("unreachable")
+
+    def _drop(self) -> None:
+        conn = getattr(self._tls, "conn", None)
+        self._tls.conn = None
+        if conn is not None:
+            conn.close()
+
     @contextmanager
     def _open(self, name: str):
-        import httpx
+        import http.client
 
         url = self.where(name)
+        resp = self._direct_get(url) if self._direct else None
+        if resp is not None:
+            length = resp.getheader("content-length", "")
+            declared = int(length) if length.isdigit() else None
+            got = 0
+
+            def read(n: int) -> bytes:
+                nonlocal got
+                try:
+                    chunk = resp.read(n)
+                except (OSError, http.client.HTTPException) as exc:
+                    self._drop()
+                    raise NetworkError(f"GET {url}: {exc}") from exc
+                got += len(chunk)
+                if not chunk and declared is not None and got < declared:
+                    # http.client ends a body cut short quietly; it is a failed read, not a short object.
+                    raise NetworkError(f"GET {url}: the body ended after {got} of its {declared} bytes")
+                return chunk
+
+            try:
+                if resp.status == 404:
+                    yield None
+                elif resp.status != 200:
+                    raise NetworkError(f"GET {url}: HTTP {resp.status}")
+                else:
+                    yield declared, read
+            finally:
+                if not resp.isclosed():  # a body not read to its end (refused, an error body): no reuse
+                    self._drop()
+            return
+        import httpx
+
         try:
             with self._client() as c, c.stream("GET", url) as r:
                 if r.status_code == 404:

@@ -8,6 +8,9 @@ object's plan holds; it deletes the other objects, then the blobs no kept object
 older than the grace period. Deleting an object's metadata comes before deleting its blobs, so a
 pull never finds metadata whose blobs were deleted by design.
 
+No roots document at all stops the gc too (unless `allow_no_roots`): with none, everything older
+than the grace would be deleted, which is far more often a wrong URL than the intent.
+
 A roots document that is not signed by a key of `--keep-from`, is malformed, or is bound to another
 node name than its object name, stops the gc before anything is deleted: a gc that ignored a node's
 roots would delete what that node runs. A live object whose plan cannot be read stops it too.
@@ -34,7 +37,7 @@ from llmgw_store.cache.fastpull import BlobRef, fetch_small
 from llmgw_store.cache.objects import HEX64
 from llmgw_store.cache.signing import METADATA_MAX_BYTES, check_signature, sign, trusted_keys
 from llmgw_store.core import debug
-from llmgw_store.core.errors import IntegrityError, UsageError
+from llmgw_store.core.errors import IntegrityError, StoreError, UsageError
 from llmgw_store.core.keys import KEY_RE, canonical_json, key_of_name
 from llmgw_store.core.report import say
 from llmgw_store.core.results import Result
@@ -131,7 +134,8 @@ class CacheGcResult(Result):
     seconds: float = 0.0
 
 
-def gc(url: str, keep_from: list[str], *, grace: float, dry_run: bool = False) -> CacheGcResult:
+def gc(url: str, keep_from: list[str], *, grace: float, dry_run: bool = False,
+       allow_no_roots: bool = False) -> CacheGcResult:
     started = time.monotonic()
     now = time.time()
     cutoff = now - grace
@@ -160,6 +164,12 @@ def gc(url: str, keep_from: list[str], *, grace: float, dry_run: bool = False) -
             if node:
                 roots[node] = len(keys)
                 live.update(keys)
+        if not roots and not allow_no_roots:
+            # No node's roots: every object past the grace would go. That is a wrong URL, a wrong
+            # --keep-from, or roots never published far more often than an intended wipe.
+            raise StoreError(f"cache gc: no roots document found in {url[:200]} (roots/<node>.json, published by "
+                             "push-roots); refusing to delete everything older than the grace (nothing deleted; "
+                             "--allow-no-roots to do it)")
         objects: dict[str, list[Any]] = {}
         for item in top:
             m = _OBJECT.fullmatch(item.name)

@@ -211,13 +211,6 @@ class _Writer:
             while view:
                 view = view[os.write(fd, view):]
 
-    def put(self, data: memoryview) -> None:
-        """The whole file's bytes, already checked against its digest."""
-        for fd, _ in self.fds:
-            view = data
-            while view:
-                view = view[os.write(fd, view):]
-
     def close(self, check: bool = True) -> None:
         try:
             if check and (self.count != self.size or self.h.hexdigest() != self.digest):
@@ -233,6 +226,20 @@ class _Writer:
         self.close(check=False)
         for e in targets:
             os.unlink(f"{tree}/{e.path}")
+
+
+def _put(tree: str, targets: list[Entry], data: memoryview) -> None:
+    """Create the files `targets` of the partial tree, each holding `data` (already checked
+    against their digest), with their final modes. A file partly written stays in the partial
+    tree, which a failed pull removes whole."""
+    for e in targets:
+        fd = os.open(f"{tree}/{e.path}", _CREATE, 0o555 if e.kind == "x" else 0o444)
+        try:
+            view = data
+            while view:
+                view = view[os.write(fd, view):]
+        finally:
+            os.close(fd)
 
 
 def local_sources(store, wanted: set[str]) -> dict[str, Path]:
@@ -337,12 +344,17 @@ def build_tree(backend, meta: MetaV2, store, tree: Path) -> tuple[dict[str, Any]
     label = f"{meta.key}.json"
     stats = Stats()
     t0 = time.monotonic()
-    listing = fetch_small(backend, meta.listing, label)
-    if listing and digest_of(listing) != meta.content_hash:
-        raise IntegrityError(f"{label}: its listing does not hash to the signed content hash; refusing it")
-    entries = parse_listing(listing, meta.size, meta.files, label)
-    blobs = parse_plan(fetch_small(backend, meta.plan, label), entries, label)
-    manifest_bytes = fetch_small(backend, meta.manifest, label)
+    # The three are fetched at once (each checked against its signed digest); the plan and the
+    # manifest are used only after the listing is checked.
+    with ThreadPoolExecutor(3) as pool:
+        listing_f, plan_f, manifest_f = (pool.submit(fetch_small, backend, ref, label)
+                                         for ref in (meta.listing, meta.plan, meta.manifest))
+        listing = listing_f.result()
+        if listing and digest_of(listing) != meta.content_hash:
+            raise IntegrityError(f"{label}: its listing does not hash to the signed content hash; refusing it")
+        entries = parse_listing(listing, meta.size, meta.files, label)
+        blobs = parse_plan(plan_f.result(), entries, label)
+        manifest_bytes = manifest_f.result()
     stats.bytes_fetched += meta.listing.csize + meta.plan.csize + meta.manifest.csize
     stats.phases["metadata"] = time.monotonic() - t0
 
@@ -417,9 +429,7 @@ def build_tree(backend, meta: MetaV2, store, tree: Path) -> tuple[dict[str, Any]
                 if blake3(part).hexdigest() != m:
                     raise IntegrityError(f"{label}: blob {blob.digest[:16]}… holds bytes that do not hash to "
                                          f"their signed digest {m[:16]}…; refusing it")
-                w = _Writer(tree_s, targets[m], m, sizes[m], label)
-                w.put(part)  # hashed just above: not again
-                w.close(check=False)
+                _put(tree_s, targets[m], part)  # hashed just above: not again
                 written += sizes[m] * len(targets[m])
                 nfiles += len(targets[m])
             progress.add(written)

@@ -171,7 +171,14 @@ def parse_listing(data: bytes, meta_size: int, meta_files: int, label: str) -> l
             e = parse_line(line)
         except ValueError:
             raise _refuse(label, "its listing has a malformed line") from None
-        _check_path(e.path, label)
+        path = e.path
+        head, sep, base = path.rpartition("/")
+        # A listed parent passed these checks already: only the last component is new. Anything
+        # else takes the full check (and its message).
+        if not (head in dirs and (head or not sep) and base not in ("", ".", "..") and "\0" not in base
+                and len(base.encode()) <= MAX_COMPONENT_BYTES and len(path.encode()) <= MAX_NAME_BYTES
+                and path.count("/") < MAX_DEPTH):
+            _check_path(path, label)
         if e.path in seen:
             raise _refuse(label, f"its listing names {e.path[:200]!r} twice")
         seen.add(e.path)

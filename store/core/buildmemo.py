@@ -76,6 +76,16 @@ def file_stamp(path: str) -> str | None:
     return f"{st.st_ino}:{st.st_size}:{st.st_mtime_ns}"
 
 
+def inode_stamp(path: str) -> str | None:
+    """Which file `path` is (not its state): the index's stamp. The index changes on every write, but
+    an index deleted and made anew (a lost index: its paths are not registered) is another inode,
+    and the slow path must then see the store path to register it again."""
+    try:
+        return f"ino={os.stat(path).st_ino}"
+    except OSError:
+        return None
+
+
 def is_store_name(name: str) -> bool:
     """keys.is_store_name without `re`: `<32 base-32 characters>-<name characters>`, at most 200."""
     return (34 <= len(name) <= 200 and name[32] == "-" and all(c in NIX_BASE32 for c in name[:32])
@@ -167,13 +177,13 @@ def parse(data: bytes) -> dict[str, str] | None:
             return None
         if field == "dep":
             deps.append(value)
-        elif field in FIELDS or field == "expires":
+        elif field in FIELDS or field in ("expires", "index"):
             if field in entry:
                 return None
             entry[field] = value
         else:
             return None
-    if set(entry) != set(FIELDS) | {"expires"} or len(deps) > MAX_DEPS:
+    if set(entry) != set(FIELDS) | {"expires", "index"} or len(deps) > MAX_DEPS:
         return None
     if not is_store_name(entry["name"]) or entry["key"] != entry["name"][:32]:
         return None
@@ -199,6 +209,8 @@ def _still_true(root: str, entry: dict[str, str]) -> bool:
         stamp, _, path = dep.partition(" ")
         if file_stamp(path) != stamp:
             return False
+    if inode_stamp(os.path.join(root, "var", "db.sqlite")) != entry["index"]:
+        return False  # the index was lost (deleted, or moved aside by doctor): the slow path registers again
     return store_path_present(root, entry["name"])
 
 
@@ -234,6 +246,10 @@ def write(root: str, digest: str, fields: dict[str, str], deps: list[str], expir
         if stamp is None:
             return False
         lines.append(f"dep={stamp} {os.path.abspath(path)}")
+    index = inode_stamp(os.path.join(root, "var", "db.sqlite"))
+    if index is None:
+        return False
+    lines.append(f"index={index}")
     data = ("\n".join(lines) + "\n").encode()
     if parse(data) is None or len(digest) != 64 or not all(c in "0123456789abcdef" for c in digest):
         return False  # a value with a newline, an unprintable character or too long: no entry

@@ -28,13 +28,16 @@ gc removes pool entries that no store path links any more (link count 1).
 from __future__ import annotations
 
 import errno
+import itertools
 import os
 import stat
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from llmgw_store.core import manifest
+from llmgw_store.core.errors import StoreError
 from llmgw_store.core.fsutil import WRITE_BITS
 from llmgw_store.core.report import say
 
@@ -42,6 +45,7 @@ if TYPE_CHECKING:
     from llmgw_store.core.layout import Layout
 
 _OPEN = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_EUID = os.geteuid()
 _SPECIAL = WRITE_BITS | stat.S_ISUID | stat.S_ISGID | stat.S_ISVTX
 
 
@@ -56,66 +60,102 @@ def plain_ours(st: os.stat_result) -> bool:
     """Whether a pool entry may be linked into store paths: a regular file of the store's user with
     no write, setuid, setgid or sticky bit (as every frozen store file is). Anything else was
     planted, and sharing its inode would hand its owner or its mode to every path that links it."""
-    return stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & _SPECIAL
+    return stat.S_ISREG(st.st_mode) and st.st_uid == _EUID and not st.st_mode & _SPECIAL
 
 
 def pool_name(e: manifest.Entry) -> str:
     return f"{e.digest}-{e.kind}"
 
 
-def share(layout: "Layout", tree: Path) -> Shared:
+THREADS = min(8, (os.cpu_count() or 1) * 2)  # link, rename and hashing release the GIL
+BATCH = 64  # files per pool task
+
+
+def share(layout: Layout, tree: Path) -> Shared:
     """Link the files of `tree` (a complete, frozen, hashed tree under its key's lock, not yet
     renamed into place) to identical, verified files already in the pool; enter the others into the
     pool. See the module's docstring for what is checked."""
     try:
-        entries = manifest.read_contents(tree)
+        entries = [e for e in manifest.read_contents(tree) if e.kind in "fx" and e.size]
     except (OSError, ValueError):
         return Shared(0, 0, 0)
-    layout.ensure_pool()
-    pool = layout.links_pool
-    files = saved = pooled = 0
-    # (directory made writable, its mode and times to restore: a rename in it moves its mtime, and a
-    # build's directories carry the resolution date, canonical.py, whether or not a file was shared)
-    opened: tuple[str, int, tuple[int, int]] | None = None
+    if not entries:
+        return Shared(0, 0, 0)
+    started = time.monotonic()
     try:
-        for e in entries:
-            if e.kind not in "fx" or e.size == 0:
-                continue
-            path = os.path.join(tree, e.path)
-            parent = os.path.dirname(path)
-            if opened is None or opened[0] != parent:
-                if opened is not None:
-                    _restore(*opened)
-                    opened = None
-                pst = os.lstat(parent)
-                mode = stat.S_IMODE(pst.st_mode)
-                os.chmod(parent, mode | stat.S_IWUSR)
-                opened = (parent, mode, (pst.st_atime_ns, pst.st_mtime_ns))
-            try:
-                done = _share_one(path, pool / pool_name(e), e)
-            except OSError as exc:
-                if exc.errno not in (errno.EMLINK, errno.ENOSPC, errno.ENOENT, errno.EEXIST, errno.EDQUOT):
-                    say(f"could not share {e.path} ({exc.strerror}); it keeps its own copy")
-                continue
-            if done is None:
-                pooled += 1
-            elif done:
-                files += 1
-                saved += done
+        layout.ensure_pool()  # checked like every store directory: never a link, ours, 0755
+        return _share_all(layout, tree, entries, started)
+    except (OSError, StoreError) as exc:
+        say(f"files not shared with other store paths ({exc}); this path keeps its own copies")
+        return Shared(0, 0, 0)
+
+
+def _share_all(layout: Layout, tree: Path, entries: list[manifest.Entry], started: float) -> Shared:
+    pool = os.fspath(layout.links_pool)
+    root = os.fspath(tree)
+    # The directories that hold files, writable by their owner while their files are swapped, then
+    # frozen again; the tree is `.partial` and its key locked, so no one else sees them meanwhile.
+    # Their times are put back too: a rename in a directory moves its mtime, and a build's
+    # directories carry the resolution date (canonical.py) whether or not a file was shared.
+    dirs: dict[str, tuple[int, tuple[int, int]]] = {}
+    for e in entries:
+        d = os.path.dirname(f"{root}/{e.path}")
+        if d not in dirs:
+            st = os.lstat(d)
+            dirs[d] = (stat.S_IMODE(st.st_mode), (st.st_atime_ns, st.st_mtime_ns))
+    results: list[tuple[int, int, int]] = []
+    try:
+        proc_fd: int | None = os.open("/proc/self/fd", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        proc_fd = None
+    try:
+        for d, (mode, _) in dirs.items():
+            os.chmod(d, mode | stat.S_IWUSR)
+        batches = [entries[i:i + BATCH] for i in range(0, len(entries), BATCH)]
+        if len(batches) == 1:
+            results = [_share_batch(root, pool, batches[0], proc_fd)]
+        else:
+            from concurrent.futures import ThreadPoolExecutor
+
+            with ThreadPoolExecutor(THREADS) as workers:
+                results = list(workers.map(lambda b: _share_batch(root, pool, b, proc_fd), batches))
     finally:
-        if opened is not None:
-            _restore(*opened)
+        for d, (mode, times) in dirs.items():
+            os.chmod(d, mode)
+            os.utime(d, ns=times, follow_symlinks=False)
+        if proc_fd is not None:
+            os.close(proc_fd)
+    files = sum(r[0] for r in results)
+    saved = sum(r[1] for r in results)
+    pooled = sum(r[2] for r in results)
     if files or pooled:
-        say(f"shared {files} file(s) with other store paths ({saved / 1e6:.1f} MB not stored twice)")
+        say(f"shared {files} file(s) with other store paths ({saved / 1e6:.1f} MB not stored twice) "
+            f"in {time.monotonic() - started:.1f}s")
     return Shared(files, saved, pooled)
 
 
-def _restore(directory: str, mode: int, times: tuple[int, int]) -> None:
-    os.chmod(directory, mode)
-    os.utime(directory, ns=times, follow_symlinks=False)
+def _share_batch(root: str, pool: str, entries: list[manifest.Entry], proc_fd: int | None) -> tuple[int, int, int]:
+    files = saved = pooled = 0
+    for e in entries:
+        try:
+            done = _share_one(f"{root}/{e.path}", f"{pool}/{e.digest}-{e.kind}", e, proc_fd)
+        except OSError as exc:
+            if exc.errno not in (errno.EMLINK, errno.ENOSPC, errno.ENOENT, errno.EEXIST, errno.EDQUOT):
+                say(f"could not share {e.path} ({exc.strerror}); it keeps its own copy")
+            continue
+        if done is None:
+            pooled += 1
+        elif done:
+            files += 1
+            saved += done
+    return files, saved, pooled
 
 
-def _share_one(path: str, entry: Path, e: manifest.Entry) -> int | None:
+_temp_serial = itertools.count()  # next() on a count is atomic under the GIL: one name per link
+_PID = os.getpid()
+
+
+def _share_one(path: str, entry: str, e: manifest.Entry, proc_fd: int | None) -> int | None:
     """Bytes freed (st_blocks) once `path` is a link to the pool's identical copy; None if `path`
     became the pool's copy; 0 if nothing was done."""
     st = os.lstat(path)
@@ -144,28 +184,31 @@ def _share_one(path: str, entry: Path, e: manifest.Entry) -> int | None:
             _drop(entry, pst)  # damaged since it was pooled: never linked into a new path
             os.link(path, entry)
             return None
-        tmp = _temp_name(path)
-        os.link(entry, tmp)
+        tmp = f"{os.path.dirname(path)}/.llmgw-share-{_PID}-{next(_temp_serial)}"
+        _link_checked(fd, pst, entry, tmp, proc_fd)
         try:
-            lst = os.lstat(tmp)
-            if (lst.st_dev, lst.st_ino) != (pst.st_dev, pst.st_ino):
-                return 0  # the pool name was swapped since it was checked: not this inode
             # Atomic: `path` names the new file or the identical, checked pool inode.
             os.rename(tmp, path)
-        finally:
-            if os.path.lexists(tmp):
-                os.unlink(tmp)
+        except BaseException:
+            os.unlink(tmp)
+            raise
         return st.st_blocks * 512
     finally:
         os.close(fd)
 
 
-def _temp_name(path: str) -> str:
-    base = f"{os.path.dirname(path)}/.llmgw-share-{os.getpid()}"
-    n = 0
-    while os.path.lexists(f"{base}-{n}"):
-        n += 1
-    return f"{base}-{n}"
+def _link_checked(fd: int, pst: os.stat_result, entry: str, tmp: str, proc_fd: int | None) -> None:
+    """Link, at `tmp`, the very inode open as `fd` (the one just hashed): through /proc/self/fd
+    (`proc_fd`, linkat with AT_SYMLINK_FOLLOW), which names the open file, not whatever the pool
+    name holds now; where /proc is missing, by the pool name, then checked to be that inode."""
+    if proc_fd is not None:
+        os.link(str(fd), tmp, src_dir_fd=proc_fd, follow_symlinks=True)
+        return
+    os.link(entry, tmp)
+    lst = os.lstat(tmp)
+    if (lst.st_dev, lst.st_ino) != (pst.st_dev, pst.st_ino):
+        os.unlink(tmp)
+        raise OSError(errno.ESTALE, "the pool entry was replaced while it was checked", entry)
 
 
 def _drop(entry: Path, checked: os.stat_result | None) -> None:

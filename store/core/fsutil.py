@@ -37,11 +37,14 @@ def force_rmtree(root: Path) -> None:
     if os.path.islink(root) or not os.path.isdir(root):
         os.unlink(root)
         return
-    for dirpath, dirnames, _ in os.walk(root):
-        os.chmod(dirpath, stat.S_IMODE(os.lstat(dirpath).st_mode) | stat.S_IWUSR | stat.S_IXUSR | stat.S_IRUSR)
     import shutil
 
-    shutil.rmtree(root)
+    from llmgw_store.core.report import heartbeat
+
+    with heartbeat(f"deleting {Path(root).name}"):  # a vLLM tree is 100k entries: seconds
+        for dirpath, dirnames, _ in os.walk(root):
+            os.chmod(dirpath, stat.S_IMODE(os.lstat(dirpath).st_mode) | stat.S_IWUSR | stat.S_IXUSR | stat.S_IRUSR)
+        shutil.rmtree(root)
 
 
 def sha256_of(path: Path) -> str:

@@ -198,7 +198,7 @@ class Heartbeat:
     _LINE = re.compile(rb"llmgw-progress: (?:\+([0-9]{1,9})|total ([0-9]{1,12}) ([a-z]{1,16}))")
 
     def __init__(self, fd: int, step: str) -> None:
-        self.fd, self.step, self.offset = fd, step, 0
+        self.fd, self.step, self.offset, self.started = fd, step, 0, time.monotonic()
         self.done, self.total, self.unit, self.counted = 0, None, "", False
         self.last = self.shown = b""
 
@@ -222,7 +222,7 @@ class Heartbeat:
             else:
                 self.total, self.unit = int(m.group(2)), m.group(3).decode()
         if self.counted:
-            report.progress(self.step, self.done, self.total, self.unit)
+            report.progress(self.step, self.done, self.total, self.unit, since=self.started)
             return None
         text = (self.last.strip() or self.shown).decode("utf-8", "replace")
         return text[: self.DETAIL_MAX] if text else ""

@@ -22,9 +22,7 @@ and a terminal must never receive an escape sequence from either.
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 import sys
 import threading
 import time
@@ -50,6 +48,7 @@ class Update:
     eta: float | None = None
     detail: str = ""
     final: bool = False
+    idle: bool = False  # from the watchdog: the announced step, still running
 
 
 class Reporter:
@@ -85,20 +84,28 @@ _reporter: Reporter = Reporter()
 _lock = threading.RLock()  # guards _steps and every renderer's output
 _steps: dict[str, _Step] = {}
 _MAX_STEPS = 256  # a step never ended (an exception) must not grow this forever
+_beating = threading.local()  # depth: whether this thread is inside a heartbeat
+_announced: tuple[str, float] | None = None  # the last step `say` announced, and when
+WATCHDOG_S = 1.5  # silence after which the announced step is said to be still running
 
 
 def say(message: str) -> None:
-    """Report one line of progress (`$ cmd` lines are the commands run: shown with -v)."""
+    """Report one line of progress (`$ cmd` lines are the commands run: shown with -v). The line
+    names the step now under way: if nothing else is reported for WATCHDOG_S, the watchdog says
+    that this step is still running (see `reporting_to`)."""
+    global _announced
     with _lock:
         _reporter.message(message)
+        if not message.startswith("$ "):
+            _announced = (message, time.monotonic())
 
 
-def progress(step: str, done: int, total: int | None, unit: str = "") -> None:
+def progress(step: str, done: int, total: int | None, unit: str = "", *, since: float | None = None) -> None:
     """Report that `step` has done `done` of `total` (None: unknown) `unit`s ("files", "modules";
     "B" for bytes, shown in IEC units). Cheap enough to call per item: updates closer together than
     the renderer's interval are dropped, except the first and the last. `done == total` ends the
     step (its last line says how long it took); a `done` lower than the previous one starts it
-    again (a retry)."""
+    again (a retry). `since` is when the step began (time.monotonic()), if before its first report."""
     now = time.monotonic()
     with _lock:
         if not _reporter.active:
@@ -107,7 +114,8 @@ def progress(step: str, done: int, total: int | None, unit: str = "") -> None:
         if state is None or done < state.last_done:
             if len(_steps) >= _MAX_STEPS:
                 _steps.clear()
-            state = _steps[step] = _Step(now, done, now, done, False)
+            began = now if since is None else min(since, now)
+            state = _steps[step] = _Step(began, done, began, done, False)
         final = total is not None and done >= total
         state.last_done = done
         # A step shows itself once it has run for an interval, then at most once per interval,
@@ -132,10 +140,12 @@ def progress(step: str, done: int, total: int | None, unit: str = "") -> None:
 def heartbeat(step: str, *, tail: Callable[[], str] | None = None, every: float = HEARTBEAT_S) -> Iterator[None]:
     """While the block runs, report `step` with the seconds it has taken, every `every` seconds,
     from a timer thread (with `tail()`, e.g. the last line a child printed, as its detail). A block
-    shorter than `every` reports nothing; a longer one ends with a line saying how long it took."""
-    if not _reporter.active:
+    shorter than `every` reports nothing; a longer one ends with a line saying how long it took.
+    Inside another heartbeat of the same thread it says nothing: the outer step speaks for it."""
+    if not _reporter.active or getattr(_beating, "depth", 0):
         yield
         return
+    _beating.depth = 1
     started = time.monotonic()
     stop = threading.Event()
     beats = 0
@@ -164,6 +174,7 @@ def heartbeat(step: str, *, tail: Callable[[], str] | None = None, every: float 
     try:
         yield
     finally:
+        _beating.depth = 0
         stop.set()
         thread.join()
         if beats:
@@ -177,20 +188,47 @@ def heartbeat(step: str, *, tail: Callable[[], str] | None = None, every: float 
 def reporting_to(sink: Reporter | Callable[[str], None]) -> Iterator[Reporter]:
     """Send progress to `sink` while the block runs (the CLI wraps each command in this): a
     Reporter, or a function taking each message and each progress update as one line of text."""
-    global _reporter
+    global _reporter, _announced
     reporter = sink if isinstance(sink, Reporter) else _Lines(sink)
     with _lock:
         previous, _reporter = _reporter, reporter
         _steps.clear()
+        _announced = None
+    stop = threading.Event()
+    watchdog = None
+    if isinstance(reporter, _Text):
+        watchdog = threading.Thread(target=_watch, args=(reporter, stop), name="progress watchdog", daemon=True)
+        watchdog.start()
     try:
         yield reporter
     finally:
+        stop.set()
+        if watchdog is not None:
+            watchdog.join()
         with _lock:
             try:
                 reporter.close()
             finally:
                 _reporter = previous
                 _steps.clear()
+                _announced = None
+
+
+def _watch(reporter: "_Text", stop: threading.Event) -> None:
+    """The promise that a running command says something at least every 2 s, whatever it is doing
+    (a lock wait, a slow import, a query, Python-side work between two children): after WATCHDOG_S
+    of silence, the step last announced by `say` is reported as still running. Before any step is
+    announced it says nothing (a command that fails early prints its error alone)."""
+    while not stop.wait(0.25):
+        with _lock:
+            if _announced is None or _reporter is not reporter:
+                continue
+            now = time.monotonic()
+            if now - reporter.last_write < WATCHDOG_S:
+                continue
+            text, since = _announced
+            elapsed = now - since
+            reporter.show(Update(text, int(elapsed), None, "s", elapsed, idle=True))
 
 
 # -- renderers -------------------------------------------------------------------------------
@@ -250,6 +288,7 @@ class _Text(Reporter):
         self.stream = stream if stream is not None else sys.stderr
         self.verbose = verbose
         self.started = time.monotonic() if started is None else started
+        self.last_write = self.started
 
     def wanted(self, text: str) -> bool:
         return self.verbose >= 1 or not text.startswith("$ ")
@@ -258,6 +297,7 @@ class _Text(Reporter):
         return f"[{time.monotonic() - self.started:6.1f}s] {_printable(text)}"
 
     def write(self, text: str) -> None:
+        self.last_write = time.monotonic()
         try:
             self.stream.write(text)
             self.stream.flush()
@@ -297,6 +337,8 @@ class Tty(_Text):
         self.live = {k: v for k, v in self.live.items() if now - v[0] < self.STALE_S}
         if not self.live:
             return
+        import shutil
+
         width = max(20, shutil.get_terminal_size((100, 24)).columns - 1)
         line = _printable(" | ".join(text for _, text in self.live.values()))
         if len(line) > width:
@@ -306,9 +348,12 @@ class Tty(_Text):
 
     def message(self, text: str) -> None:
         if self.wanted(text):
+            self.live.pop(self.IDLE, None)  # a new step: the previous one is no longer "still running"
             self._clear()
             self.write(self.stamp(text) + "\n")
             self._draw()
+
+    IDLE = "\0idle"  # the live line's key for the watchdog's update (no step has this name)
 
     def show(self, update: Update) -> None:
         if update.final:
@@ -316,7 +361,7 @@ class Tty(_Text):
             self._clear()
             self.write(self.stamp(describe(update)) + "\n")
         else:
-            self.live[update.step] = (time.monotonic(), describe(update))
+            self.live[self.IDLE if update.idle else update.step] = (time.monotonic(), describe(update))
         self._draw()
 
     def end(self, step: str) -> None:
@@ -346,9 +391,13 @@ class JsonLines(_Text):
             doc["detail"] = u.detail
         if u.final:
             doc["end"] = True
+        if u.idle:
+            doc["idle"] = True
         self._emit(doc)
 
     def _emit(self, doc: dict) -> None:
+        import json
+
         self.write(json.dumps({"t": round(time.time(), 3), **doc}) + "\n")
 
 

@@ -128,6 +128,7 @@ def verify(
                 memo.clear()  # the repair made and deleted files: inode numbers may be reused
                 r["ok_after_repair"] = check_path(store, store.index.path_by_name(row["name"]))["ok"]
             results.append(r)
+        progress("verifying", len(rows), len(rows), "paths")
         damaged = [r["name"] for r in results if not r["ok"] and not r.get("ok_after_repair")]
         return VerifyReport(tuple(results), len(results), tuple(damaged))
 

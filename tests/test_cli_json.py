@@ -1,0 +1,86 @@
+"""`--json` on every command prints exactly one JSON document on stdout, and progress only on stderr
+(issue 16). Every command of the click app is run; a command added without a case here fails
+`test_every_command_has_a_case`, so a new one cannot skip the contract."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from llmgw_store.cli.main import cli
+from tests.conftest import build_store, copy_store, run_cli
+
+# `run` replaces itself with the command it runs: its stdout is that command's.
+NO_DOCUMENT = {"run"}
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory, wheels):
+    t = build_store(tmp_path_factory.mktemp("json"), wheels, "2024-02-02", "2024-03-03")
+    yield t
+    t["index"].stop()
+
+
+def cases(t, tmp) -> list[list[str]]:
+    """Every command, in an order that works on one store (each leaves what the next needs)."""
+    a, b = t["paths"]
+    keys, cache = tmp / "keys", f"file://{tmp / 'cache'}"
+    return [
+        ["build", str(t["recipe"]), "--as-of", "2024-02-02", "--index-url", t["index"].url, "--uv", str(t["uv"])],
+        ["list"],
+        ["info", a],
+        ["activate", "p", a],
+        ["activate", "p", b],
+        ["generations", "p"],
+        ["generations", "p", "--delete", "1", "--dry-run"],
+        ["list-profiles"],
+        ["rollback", "p"],
+        ["pin", "keep", "p@2"],
+        ["unpin", "keep"],
+        ["diff", "p@1", "p@2"],
+        ["env", "p"],
+        ["verify", "p"],
+        ["doctor"],
+        ["optimise", "--dry-run"],
+        ["optimise"],
+        ["stats"],
+        ["keygen", "k", "--out", str(keys)],
+        ["push", "p", "--to", cache, "--secret-key", str(keys / "k.secret")],
+        ["pull", t["names"][0], "--from", cache, "--trusted-key", str(keys / "k.public")],
+        ["gc", "--print-roots"],
+        ["gc", "--dry-run"],
+        ["gc"],
+    ]
+
+
+def test_every_command_prints_one_json_document(template, tmp_path, uv_bin):
+    t = {**template, "uv": uv_bin}
+    root = copy_store(template["root"], tmp_path / "root")
+    for args in cases(t, tmp_path):
+        proc = run_cli(root, "--json", "--progress=plain", *args)
+        assert proc.returncode == 0, (args, proc.stderr)
+        json.loads(proc.stdout)  # the whole of stdout is one document: a second one would not parse
+        assert proc.stdout.strip()[0] in "{[" and "[ " not in proc.stdout.splitlines()[0], args
+        # progress went to stderr, as plain lines
+        assert all(line.startswith("[") for line in proc.stderr.splitlines()), (args, proc.stderr)
+
+
+def test_progress_json_and_json_output_do_not_mix(template, tmp_path, uv_bin):
+    root = copy_store(template["root"], tmp_path / "root")
+    proc = run_cli(root, "--json", "--progress=json", "verify")
+    assert proc.returncode == 0, proc.stderr
+    assert set(json.loads(proc.stdout)) >= {"paths", "damaged"}
+    assert all("t" in json.loads(line) for line in proc.stderr.splitlines())
+
+
+def test_a_failing_command_prints_no_document_and_one_error_line(template, tmp_path):
+    root = copy_store(template["root"], tmp_path / "root")
+    proc = run_cli(root, "--json", "--progress=none", "info", "nothing")
+    assert (proc.returncode, proc.stdout) == (2, "")
+    assert proc.stderr.startswith("llmgw-store: error: ") and proc.stderr.count("\n") == 1
+
+
+def test_every_command_has_a_case(template, tmp_path):
+    covered = {args[0] for args in cases({**template, "uv": "uv"}, tmp_path)}
+    assert set(cli.commands) - NO_DOCUMENT - covered == set()

@@ -1,0 +1,153 @@
+"""Docs that run (issue 16): every ```sh block of README.md and docs/*.md that calls `llmgw-store` is
+executed, so a documented command can never break unnoticed.
+
+How a block runs: `bash -e`, the blocks of one page in order in one working directory and one
+store (a page's later examples use what its earlier ones built), with
+    PATH                        the installed `llmgw-store` first
+    LLMGW_STORE_ROOT            a fresh store root (examples that pass --root keep theirs)
+    LLMGW_STORE_INDEX_URL       a package index on 127.0.0.1 serving stand-ins of the engines the
+                                docs name (black, vllm, sglang, uvicorn: small wheels whose console
+                                script prints its name and version), with dated releases
+    LLMGW_STORE_UV              the uv of the test environment (nothing is fetched from PyPI)
+    examples/*.toml             stand-in recipes under the same names as the repository's, for
+                                those engines, CPU-only, pointing at nothing but that index
+A block whose first line is `# not run: <reason>` is skipped (it needs a GPU, the real PyPI, a
+real S3 bucket, systemd); keep those few. To add an example: write it as a ```sh block; it must
+run as written against the stand-ins, and a failure names the page and line.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import PYTHON, REPO, real_uv
+from tests.support.index_server import PackageIndex
+from tests.support.wheels import build_wheel
+
+NOT_RUN = re.compile(r"# not run: \S.*")
+FENCE = re.compile(r"^```sh\n(.*?)^```", re.DOTALL | re.MULTILINE)
+
+# Stand-in engines: (name, version, release date). The newest release of each is what a recipe
+# without a fixed version builds; older ones are there for examples that pin or diff versions.
+RELEASES = [
+    ("black", "24.4.2", "2024-04-25T00:00:00Z"),
+    ("vllm", "0.6.2", "2024-09-25T00:00:00Z"),
+    ("vllm", "0.6.3", "2024-10-14T00:00:00Z"),
+    ("sglang", "0.4.0", "2024-12-01T00:00:00Z"),
+    ("uvicorn", "0.30.0", "2024-06-01T00:00:00Z"),
+    ("tinyengine", "1.0", "2024-02-01T00:00:00Z"),
+    ("tinyengine", "1.1", "2024-07-01T00:00:00Z"),
+]
+DEPENDENCY = ("tinydep", "1.0", "2024-01-01T00:00:00Z")
+
+
+def recipe(engine: str, variants: tuple[str, ...] = ("cpu",), version: str | None = None) -> str:
+    """A stand-in recipe: one [[build]] per variant, the first for any GPU (and for none)."""
+    text = f'[engine]\nname = "{engine}"\nbinary = "{engine}"\n'
+    for variant in variants:
+        text += (f'\n[[build]]\nvariant = "{variant}"\npython = "{PYTHON}"\n'
+                 + (f'version = "{version}"\n' if version else "")
+                 + f'requirements = ["{engine}=={{version}}"]\nverify = ["{engine}", "--version"]\n')
+    return text
+
+
+# The repository's examples/ by file name, as stand-ins.
+RECIPES = {
+    "black.toml": recipe("black", version="24.4.2"),
+    "tiny-cpu.toml": recipe("uvicorn"),
+    "vllm.toml": recipe("vllm", ("cu130", "cu128")),
+    "sglang.toml": recipe("sglang"),
+    "tiny.toml": recipe("tinyengine", version="1.0"),
+}
+
+
+def pages() -> list[Path]:
+    return [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+
+
+def blocks(page: Path) -> list[tuple[int, str]]:
+    """(line, text) of each ```sh block of `page` that calls llmgw-store."""
+    text = page.read_text()
+    return [(text[: m.start()].count("\n") + 1, m.group(1)) for m in FENCE.finditer(text)
+            if "llmgw-store" in m.group(1)]
+
+
+def runnable(page: Path) -> list[tuple[int, str]]:
+    return [(line, text) for line, text in blocks(page) if not NOT_RUN.match(text.lstrip())]
+
+
+@pytest.fixture(scope="module")
+def docs_index(tmp_path_factory):
+    d = tmp_path_factory.mktemp("docs-wheels")
+    idx = PackageIndex()
+    idx.add(DEPENDENCY[0], build_wheel(d, DEPENDENCY[0], DEPENDENCY[1]), DEPENDENCY[2])
+    for name, version, date in RELEASES:
+        wheel = build_wheel(d, name, version, requires=(DEPENDENCY[0],), scripts={name: f"{name}:main"})
+        idx.add(name, wheel, date)
+    idx.start()
+    yield idx
+    idx.stop()
+
+
+def workdir(tmp_path: Path) -> Path:
+    (tmp_path / "examples").mkdir()
+    for name, text in RECIPES.items():
+        (tmp_path / "examples" / name).write_text(text)
+    return tmp_path
+
+
+def block_env(tmp_path: Path, index: PackageIndex) -> dict[str, str]:
+    bin_dir = str(Path(sys.executable).parent)
+    return {
+        **os.environ,
+        "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""),
+        "LLMGW_STORE_ROOT": str(tmp_path / "root"),
+        "LLMGW_STORE_INDEX_URL": index.url,
+        "LLMGW_STORE_UV": str(real_uv()),
+        "LLMGW_STORE_PYTHON_PREFERENCE": "only-system",
+        "LLMGW_STORE_PROGRESS": "plain",
+    }
+
+
+PAGES_WITH_EXAMPLES = [p for p in pages() if runnable(p)]
+
+
+@pytest.mark.parametrize("page", PAGES_WITH_EXAMPLES, ids=lambda p: str(p.relative_to(REPO)))
+def test_the_examples_of_a_page_run(page, docs_index, tmp_path):
+    cwd = workdir(tmp_path)
+    env = block_env(tmp_path, docs_index)
+    for line, text in runnable(page):
+        proc = subprocess.run(["bash", "-e", "-c", text], cwd=cwd, env=env, capture_output=True, text=True, check=False,
+                              timeout=600)
+        assert proc.returncode == 0, (
+            f"{page.relative_to(REPO)}:{line}: the example exits {proc.returncode}\n--- block\n{text}"
+            f"--- stdout\n{proc.stdout}--- stderr\n{proc.stderr}")
+
+
+def test_skipped_examples_say_why_and_stay_few():
+    skipped = [(p, line, text.lstrip().splitlines()[0]) for p in pages() for line, text in blocks(p)
+               if text.lstrip().startswith("# not run")]
+    for page, line, first in skipped:
+        assert NOT_RUN.fullmatch(first), f"{page.relative_to(REPO)}:{line}: write `# not run: <reason>`"
+    total = sum(len(blocks(p)) for p in pages())
+    assert len(skipped) <= max(4, total // 3), [f"{p.relative_to(REPO)}:{line}" for p, line, _ in skipped]
+
+
+def test_the_readme_quick_start_runs_as_documented():
+    """The quick start's build is a runnable block (the first command a new operator types)."""
+    readme = REPO / "README.md"
+    assert any("build examples/black.toml" in text for _, text in runnable(readme))
+
+
+def test_a_failing_example_is_caught(docs_index, tmp_path):
+    """The runner itself: a block whose command fails makes the page fail (bash -e)."""
+    cwd = workdir(tmp_path)
+    proc = subprocess.run(["bash", "-e", "-c", "llmgw-store info no-such-profile\necho not reached"], cwd=cwd,
+                          env=block_env(tmp_path, docs_index), capture_output=True, text=True, check=False, timeout=60)
+    assert proc.returncode == 2 and "not reached" not in proc.stdout
