@@ -176,22 +176,30 @@ def _build_check(obj: Context, recipe: str, kw: dict) -> None:
     if r.identical:
         obj.emit(r.to_json(), f"identical: {r.path} ({r.files} entries, content hash {r.content_hash})")
         return
-    n = len(r.differences)
+    n = len(r.differences) + len(r.problems)
     lines = [f"{r.path}: {n} entr{'y differs' if n == 1 else 'ies differ'}"]
+    lines += [f"  {msg}" for msg in r.problems]
     for d in r.differences:
         store, rebuilt = d["store"], d["rebuilt"]
-        lines.append(f"  {d['path']}  store: {_side(store)}  rebuilt: {_side(rebuilt)}")
+        lines.append(f"  {_quoted(d['path'])}  store: {_side(store)}  rebuilt: {_side(rebuilt)}")
     obj.emit(r.to_json(), "\n".join(lines))
     click.echo(f"{PROG}: {r.name} differs from its rebuild in {n} entr{'y' if n == 1 else 'ies'} "
                "(not reproducible, or changed since it was built: `verify` tells which)", err=True)
     obj.exit(1)
 
 
+def _quoted(name: str) -> str:
+    """A file name on one line of human output: as it is when printable, else repr (a newline in a
+    name cannot start a line of its own, such as a forged `identical:`)."""
+    return name if name.isprintable() else repr(name)
+
+
 def _side(s: dict | None) -> str:
     if s is None:
         return "absent"
-    what = s.get("target") or (s["digest"][:12] if "digest" in s else "")
-    return " ".join(str(x) for x in (s["kind"], s.get("mode", ""), what) if x)
+    what = _quoted(s["target"]) if "target" in s else (s["digest"][:12] if "digest" in s else "")
+    extra = [f"uid {s['uid']}"] + ([f"xattrs {','.join(map(_quoted, s['xattrs']))}"] if s.get("xattrs") else [])
+    return " ".join(str(x) for x in (s["kind"], s.get("mode", ""), what, *extra) if x)
 
 
 @cli.command(name="list")
@@ -587,7 +595,10 @@ def verify(obj: Context, paths: tuple[str, ...], repair: bool, uv_path: str | No
         state = "ok" if p["ok"] else ("repaired" if p.get("ok_after_repair") else "DAMAGED")
         lines.append(f"{state:8s} {p['path']}")
         for kind in ("modified", "missing", "extra", "writable"):
-            lines += [f"           {kind}: {f}" for f in p[kind]]
+            lines += [f"           {kind}: {_quoted(f)}" for f in p[kind]]
+        lines += [f"           foreign: {_quoted(f['path'])} (owner uid {f['uid']}"
+                  + (f", xattrs {', '.join(map(_quoted, f['xattrs']))}" if f["xattrs"] else "") + ")"
+                  for f in p.get("foreign", [])]
         lines += [f"           {msg}" for msg in p["problems"]]
     obj.emit(r.to_json(), "\n".join(lines))
     if r.damaged:

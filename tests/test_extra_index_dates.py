@@ -210,3 +210,41 @@ def test_the_lock_is_checked_against_every_pin():
         indexpins.check_lock(lock, {"tinytorch": indexpins.Pin("tinytorch", "2.0+cu126", (good,))})
     with pytest.raises(IntegrityError, match="resolved tinydep to nothing"):
         indexpins.check_lock(lock, {"tinydep": indexpins.Pin("tinydep", "1.0")})
+
+
+@pytest.mark.parametrize("requirement", [
+    "tinytorch==1.0+cu126; python_version<'3'",  # an exact pin the marker turns off on every host
+    "tinytorch==1.0+cu126; sys_platform == 'linux'",  # on today, off on another host of the fleet
+    "tinytorch>=1; python_version<'3'",
+])
+def test_a_marker_on_an_index_packages_requirement_is_refused(tmp_path, indexes, uv_bin, requirement):
+    """`tinytorch==1.0+cu126; python_version<'3'` looked like an exact pin (so the date filter was
+    lifted) while uv skipped it and took tinytorch from the main index instead."""
+    main, extra, _ = indexes
+    root = tmp_path / "root"
+    recipe = _recipe(tmp_path, extra, requirements=("tinyengine=={version}", requirement))
+    proc = run_cli(root, "build", recipe.as_posix(), "--index-url", main.url, "--uv", str(uv_bin))
+    assert proc.returncode == 2, proc.stderr
+    line = proc.stderr.strip().splitlines()[-1]
+    assert line.startswith("llmgw-store: error: ") and "build[0].requirements" in line
+    assert "names tinytorch" in line and "environment marker" in line
+    assert _store_names(root) == []
+
+
+def test_a_marker_on_another_package_is_kept(tmp_path, indexes, uv_bin):
+    main, extra, _ = indexes
+    recipe = _recipe(tmp_path, extra, requirements=("tinyengine=={version}", "tinytorch==1.0+cu126",
+                                                    "tinydep; python_version>='3'"))
+    doc = build_json(tmp_path / "a", recipe, main, uv_bin)
+    assert run_in_env(Path(doc["path"]), "tinyengine") == "tinyengine 1.0 tinytorch 1.0+cu126 tinydep 1.0"
+
+
+def test_an_invalid_requirement_is_a_one_line_error(tmp_path, indexes, uv_bin):
+    main, extra, _ = indexes
+    recipe = _recipe(tmp_path, extra, 'index_pins = { tinytorch = "1.0+cu126" }',
+                     requirements=("tinyengine=={version}", "accel>=2.0+cu"))
+    proc = run_cli(tmp_path / "root", "build", recipe.as_posix(), "--index-url", main.url, "--uv", str(uv_bin))
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert lines[-1].startswith("llmgw-store: error: ") and "'accel>=2.0+cu' is not a requirement" in lines[-1]
+    assert not any(ln.strip().startswith("~") or ln.strip() == "accel>=2.0+cu" for ln in lines)

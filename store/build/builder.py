@@ -369,7 +369,7 @@ def check_requirements(plan: BuildPlan) -> list[str]:
         try:
             req = Requirement(line)
         except InvalidRequirement as exc:
-            raise RecipeError(plan.origin, where, f"{line!r} is not a requirement: {exc}") from None
+            raise RecipeError(plan.origin, where, f"{line!r} is not a requirement: {str(exc).splitlines()[0]}") from None
         if req.url:
             raise RecipeError(plan.origin, where, f"{line!r} is a direct reference; only PyPI packages are allowed")
         out.append(str(req))

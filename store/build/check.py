@@ -5,7 +5,10 @@
     the lock the path records      (proved: listing -> manifest -> index; never resolved again)
     make_env into ROOT/var/tmp/check-<pid>-<ns>/env   with private, empty uv and bytecode caches
     make it canonical and frozen, as a build does
-    compare with the store path as it is now: kind, bytes (blake3), size, mode, symlink target
+    compare with the store path as it is now: kind, bytes (blake3), size, mode, symlink target,
+                                   owner and xattrs, the store path's own directory (".") too;
+                                   and its .llmgw/manifest.json and contents: read-only, the
+                                   store's owner, no xattrs, inputs that hash to its key
     remove the temporary tree      (on every way out; a SIGKILLed check's is removed by the next)
 
 The store path is only read: nothing here writes under store/ or takes the key's lock, so a check
@@ -60,6 +63,7 @@ class CheckResult(Result):
     rebuilt_content_hash: str
     files: int
     differences: tuple[dict[str, Any], ...]
+    problems: tuple[str, ...]  # of the store path's metadata (.llmgw/manifest.json, contents)
     seconds: float
 
 
@@ -89,6 +93,7 @@ def check(recipe_file: str | Path, options: BuildOptions = BuildOptions(), *,
         lock_text = recorded_lock(final, plan.name, row["content_hash"])
         _sweep_stale(layout.tmp)
         scratch = layout.tmp / f"check-{os.getpid()}-{time.monotonic_ns()}"
+        problems: list[str] = []
         with _terminate_as_interrupt():
             scratch.mkdir(mode=0o700)
             try:
@@ -100,15 +105,19 @@ def check(recipe_file: str | Path, options: BuildOptions = BuildOptions(), *,
                 builder.make_env(store, rebuild, tree, Deadline(rebuild))
                 freeze(tree)
                 say("comparing the rebuilt tree with the store path")
-                ours, theirs = describe(tree), describe(final)
+                ours, theirs = describe(tree), describe(final, problems)
             finally:
                 force_rmtree(scratch)
+    try:
+        problems += manifest.problems_of(manifest.read(final), plan.name)
+    except ValueError as exc:
+        problems.append(f"the manifest cannot be read: {exc}")
     differences = tuple(compare(theirs, ours))
-    rebuilt_hash = manifest.content_hash([d.entry for d in ours.values()])
+    rebuilt_hash = manifest.content_hash([d.entry for p, d in ours.items() if p != ROOT])
     return CheckResult(
-        path=str(final), name=plan.name, key=plan.key, identical=not differences,
-        content_hash=row["content_hash"], rebuilt_content_hash=rebuilt_hash, files=len(ours),
-        differences=differences, seconds=round(time.monotonic() - started, 3),
+        path=str(final), name=plan.name, key=plan.key, identical=not differences and not problems,
+        content_hash=row["content_hash"], rebuilt_content_hash=rebuilt_hash, files=len(ours) - 1,
+        differences=differences, problems=tuple(problems), seconds=round(time.monotonic() - started, 3),
     )
 
 
@@ -154,15 +163,29 @@ def recorded_lock(env: Path, name: str, recorded_hash: str) -> str:
 class Described:
     entry: manifest.Entry
     mode: int | None  # permission bits; None for a symlink (its mode means nothing on Linux)
+    uid: int  # a build's entries are all the euid's (the store's owner)
+    xattrs: tuple[str, ...]  # a build makes none
 
 
-def describe(tree: Path) -> dict[str, Described]:
-    """Every entry of `tree` (as the contents listing has them) with its permission bits."""
-    entries = manifest.scan(tree)
+ROOT = "."  # the store path's own directory, compared as an entry
+
+
+def describe(tree: Path, problems: list[str] | None = None) -> dict[str, Described]:
+    """Every entry of `tree` (as the contents listing has them, and `tree` itself as ".") with its
+    permission bits, owner and xattr names. With `problems`, what is wrong with the metadata files
+    the listing leaves out is appended to it (manifest.metadata_problems)."""
+    foreign: list[dict[str, Any]] = []
+    entries = manifest.scan(tree, foreign=foreign)
+    alien = {f["path"]: f for f in foreign}
+    euid = os.geteuid()
     out = {}
-    for e in entries:
+    for e in [manifest.Entry(ROOT, "d", 0, ""), *entries]:
         st = os.lstat(tree / e.path)
-        out[e.path] = Described(e, None if stat.S_ISLNK(st.st_mode) else stat.S_IMODE(st.st_mode))
+        f = alien.get(e.path)
+        out[e.path] = Described(e, None if stat.S_ISLNK(st.st_mode) else stat.S_IMODE(st.st_mode),
+                                f["uid"] if f else euid, tuple(f["xattrs"]) if f else ())
+    if problems is not None:
+        problems += manifest.metadata_problems(tree, foreign)
     return out
 
 
@@ -177,19 +200,22 @@ def _side(d: Described | None) -> dict[str, Any] | None:
     if e.kind in "fx":
         out.update(size=e.size, digest=e.digest)
     if e.kind == "l":
-        out["target"] = e.digest
+        out["target"] = manifest.shown_path(e.digest)
     if d.mode is not None:
         out["mode"] = f"{d.mode:04o}"
+    out["uid"] = d.uid
+    if d.xattrs:
+        out["xattrs"] = list(d.xattrs)
     return out
 
 
 def compare(store: dict[str, Described], rebuilt: dict[str, Described]) -> Iterator[dict[str, Any]]:
-    """The entries that differ in kind, bytes, size, mode or target, or exist on one side only,
-    in path order."""
+    """The entries that differ in kind, bytes, size, mode, target, owner or xattrs, or exist on one
+    side only, in path order (names that are not UTF-8 shown with backslash escapes)."""
     for path in sorted(store.keys() | rebuilt.keys()):
         a, b = store.get(path), rebuilt.get(path)
         if a != b:
-            yield {"path": path, "store": _side(a), "rebuilt": _side(b)}
+            yield {"path": manifest.shown_path(path), "store": _side(a), "rebuilt": _side(b)}
 
 
 def _sweep_stale(tmp: Path) -> None:

@@ -177,7 +177,7 @@ def source_requirements(tree: Path, rel: str, recipe_file, where: str) -> list[s
         try:
             req = Requirement(line)
         except InvalidRequirement as exc:
-            raise RecipeError(recipe_file, field, f"{what}: {exc}") from None
+            raise RecipeError(recipe_file, field, f"{what}: {str(exc).splitlines()[0]}") from None
         if req.url:
             raise RecipeError(recipe_file, field, f"{what}: direct references are not allowed")
         out.append(str(req))

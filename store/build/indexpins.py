@@ -84,6 +84,13 @@ def pinned(fields: dict, requirements: list[str], origin, where: str,
     for line in requirements:
         req = Requirement(line)
         name = normalize(req.name)
+        if name in packages and req.marker is not None:
+            # A marker can make the pin inactive (`dual==1.0; python_version<'3'`): uv then takes
+            # the package from the main index, unpinned and unbounded by the date. Refused.
+            raise RecipeError(origin, f"{where}.requirements", f"{shown(line, 120)} names {name}, one of "
+                              "index_packages, with an environment marker; a requirement of an index package "
+                              f"must hold on every host: drop the marker or pin it with index_pins = {{ {name} = "
+                              "\"VERSION\" }")
         specs = list(req.specifier)
         if name in packages and len(specs) == 1 and specs[0].operator in ("==", "===") and "*" not in specs[0].version:
             out[name] = Pin(name, specs[0].version, from_requirements=True)

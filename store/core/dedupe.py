@@ -95,23 +95,21 @@ def _share_all(layout: Layout, tree: Path, entries: list[manifest.Entry], starte
     root = os.fspath(tree)
     # The directories that hold files, writable by their owner while their files are swapped, then
     # frozen again; the tree is `.partial` and its key locked, so no one else sees them meanwhile.
-    # Their times are put back too: a rename into a directory sets its mtime, and the tree's times
-    # are canonical (the build's as_of: build/canonical.py) before it is shared.
-    dirs: dict[str, int] = {}
-    times: dict[str, tuple[int, int]] = {}
+    # Their times are put back too: a rename in a directory moves its mtime, and a build's
+    # directories carry the resolution date (canonical.py) whether or not a file was shared.
+    dirs: dict[str, tuple[int, tuple[int, int]]] = {}
     for e in entries:
         d = os.path.dirname(f"{root}/{e.path}")
         if d not in dirs:
             st = os.lstat(d)
-            dirs[d] = stat.S_IMODE(st.st_mode)
-            times[d] = (st.st_atime_ns, st.st_mtime_ns)
+            dirs[d] = (stat.S_IMODE(st.st_mode), (st.st_atime_ns, st.st_mtime_ns))
     results: list[tuple[int, int, int]] = []
     try:
         proc_fd: int | None = os.open("/proc/self/fd", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError:
         proc_fd = None
     try:
-        for d, mode in dirs.items():
+        for d, (mode, _) in dirs.items():
             os.chmod(d, mode | stat.S_IWUSR)
         batches = [entries[i:i + BATCH] for i in range(0, len(entries), BATCH)]
         if len(batches) == 1:
@@ -122,9 +120,9 @@ def _share_all(layout: Layout, tree: Path, entries: list[manifest.Entry], starte
             with ThreadPoolExecutor(THREADS) as workers:
                 results = list(workers.map(lambda b: _share_batch(root, pool, b, proc_fd), batches))
     finally:
-        for d, mode in dirs.items():
+        for d, (mode, times) in dirs.items():
             os.chmod(d, mode)
-            os.utime(d, ns=times[d], follow_symlinks=False)
+            os.utime(d, ns=times, follow_symlinks=False)
         if proc_fd is not None:
             os.close(proc_fd)
     files = sum(r[0] for r in results)

@@ -213,7 +213,8 @@ class _Pool:
         return self.done
 
 
-def scan(root: Path, writable: list[str] | None = None, *, memo: dict | None = None) -> list[Entry]:
+def scan(root: Path, writable: list[str] | None = None, *, memo: dict | None = None,
+         foreign: list[dict[str, Any]] | None = None) -> list[Entry]:
     """Every entry under `root` (manifest and listing excluded), in canonical order, files hashed.
     A depth-first walk over sorted names yields the component-wise sorted order directly. With
     `writable`, the paths of entries that have a write bit are appended to it (root itself as ".").
@@ -222,7 +223,12 @@ def scan(root: Path, writable: list[str] | None = None, *, memo: dict | None = N
     as one when it is hashed (swapped for a link or a FIFO meanwhile: never followed).
     `memo` (one dict for the paths of one verify run) maps the identity of an inode with several
     links (device, inode, size, mtime, ctime) to its digest: a file shared between store paths is
-    hashed once per run."""
+    hashed once per run.
+    With `foreign`, each entry (root as ".", the manifest and listing included) not owned by the
+    euid that runs the store, or carrying any extended attribute, is appended to it as
+    {"path", "uid", "xattrs"}: a build makes neither, so either is a change made after it (a
+    chown, a hardlink to an outside file, setcap). One listxattr per entry, skipped for the rest of
+    the tree once the filesystem says it has none (ENOTSUP)."""
     entries: list[Any] = []
     batch_idx: list[int] = []
     batch_paths: list[str] = []
@@ -230,8 +236,25 @@ def scan(root: Path, writable: list[str] | None = None, *, memo: dict | None = N
     pending: list[tuple[int, tuple]] = []  # shared inodes hashed in this scan, for the memo
     check_w = writable is not None
     step, hashed = f"hashing {root.name}", [0]
-    if check_w and os.lstat(root).st_mode & _WRITE:
+    root_st = os.lstat(root)
+    if check_w and root_st.st_mode & _WRITE:
         writable.append(".")
+    euid, xattrs_ok = os.geteuid(), [True]
+
+    def alien(path: str, rel: str, uid: int) -> None:
+        names: list[str] = []
+        if xattrs_ok[0]:
+            try:
+                names = os.listxattr(path, follow_symlinks=False)
+            except OSError as exc:
+                if exc.errno not in (errno.ENOTSUP, errno.EOPNOTSUPP):
+                    raise
+                xattrs_ok[0] = False
+        if uid != euid or names:
+            foreign.append({"path": rel, "uid": uid, "xattrs": sorted(names)})
+
+    if foreign is not None:
+        alien(os.fspath(root), ".", root_st.st_uid)
     S_ISREG, S_ISDIR, S_ISLNK, S_IXUSR = stat.S_ISREG, stat.S_ISDIR, stat.S_ISLNK, stat.S_IXUSR
     pool = _Pool()
 
@@ -247,12 +270,14 @@ def scan(root: Path, writable: list[str] | None = None, *, memo: dict | None = N
             children = sorted(it, key=lambda e: e.name)
         for e in children:
             rel = prefix + e.name
-            if rel in _EXCLUDED:
-                continue
             st = e.stat(follow_symlinks=False)
             mode = st.st_mode
             if check_w and mode & _WRITE and not S_ISLNK(mode):
                 writable.append(rel)
+            if foreign is not None:
+                alien(e.path, rel, st.st_uid)
+            if rel in _EXCLUDED:
+                continue
             if S_ISREG(mode):
                 size = st.st_size
                 hashed[0] += size
@@ -302,7 +327,15 @@ def scan(root: Path, writable: list[str] | None = None, *, memo: dict | None = N
 
 
 def listing(entries: list[Entry]) -> bytes:
-    return "".join(e.line() + "\n" for e in entries).encode()
+    # surrogateescape: a name that is not UTF-8 (os.scandir gives it as lone surrogates) is listed
+    # as its own bytes, and parses back to the same str; UTF-8 names are unchanged by it.
+    return "".join(e.line() + "\n" for e in entries).encode("utf-8", "surrogateescape")
+
+
+def shown_path(name: str) -> str:
+    """A file name as valid UTF-8 for a report (JSON has no lone surrogates): bytes that are not
+    UTF-8 become backslash escapes (b'\\xff' -> '\\xff')."""
+    return os.fsencode(name).decode("utf-8", "backslashreplace")
 
 
 def content_hash(entries: list[Entry]) -> str:
@@ -315,8 +348,14 @@ def tree_hash(root: Path) -> tuple[str, int, int]:
     return content_hash(entries), sum(e.size for e in entries if e.kind in "fx"), len(entries)
 
 
+# The metadata files' mode is set, not left to the builder's umask (077 would make them 0600, frozen
+# 0400, and two builds of one key would differ): 0644, frozen to 0444 as every other file.
+META_MODE = 0o644
+
+
 def write_contents(env: Path, entries: list[Entry]) -> None:
     (env / CONTENTS).write_bytes(listing(entries))
+    os.chmod(env / CONTENTS, META_MODE)  # a file this build just wrote in its .partial
 
 
 def read_contents(env: Path) -> list[Entry]:
@@ -331,7 +370,7 @@ def read_contents_bytes(env: Path) -> bytes:
 
 def parse_contents(raw: bytes) -> list[Entry]:
     # bytes, decoded here: read_text() would translate "\r" and "\r\n" (universal newlines)
-    return _parse_listing(raw.decode())
+    return _parse_listing(raw.decode("utf-8", "surrogateescape"))
 
 
 def _parse_listing(text: str) -> list[Entry]:
@@ -364,6 +403,7 @@ def compare(recorded: list[Entry], actual: list[Entry]) -> dict[str, list[str]]:
 def write(env: Path, manifest: dict[str, Any]) -> None:
     (env / MANIFEST_DIR).mkdir(exist_ok=True)
     (env / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    os.chmod(env / MANIFEST, META_MODE)
 
 
 def read(env: Path) -> dict[str, Any]:
@@ -436,7 +476,7 @@ def check_complete(env: Path, name: str, *, rehash: bool) -> dict[str, Any]:
     raw = _read_meta_file(env, "contents", CONTENTS_MAX)
     try:
         doc = json.loads(doc_bytes)
-        entries = _parse_listing(raw.decode())
+        entries = _parse_listing(raw.decode("utf-8", "surrogateescape"))
     except ValueError as exc:  # JSON, UTF-8 and listing lines alike
         raise ValueError(f"its manifest or contents listing is malformed ({exc})") from exc
     if not isinstance(doc, dict) or doc.get("name") != name or doc.get("key") != key_of_name(name):
@@ -455,3 +495,43 @@ def check_complete(env: Path, name: str, *, rehash: bool) -> dict[str, Any]:
             if paths:
                 raise ValueError(f"its tree differs from its listing ({kind}: {paths[0]})")
     return doc
+
+
+def problems_of(doc: Any, name: str) -> list[str]:
+    """What the manifest says that the name of its path contradicts: its recorded inputs
+    must hash to the key of the path's name (every key is store_key of its inputs), so a rewritten
+    input (a build's health command, its requirements) is seen even when the listing is intact."""
+    from llmgw_store.core.keys import key_of_name, store_key
+
+    if not isinstance(doc, dict):
+        return ["the manifest is not a JSON object"]
+    out = []
+    inputs = doc.get("inputs")
+    if not isinstance(inputs, dict):
+        out.append("the manifest records no inputs")
+    elif store_key(inputs) != key_of_name(name):
+        out.append("the manifest's recorded inputs do not hash to the path's key (they were changed)")
+    if doc.get("name") != name:
+        out.append("the manifest names another store path")
+    return out
+
+
+def metadata_problems(env: Path, foreign: list[dict[str, Any]]) -> list[str]:
+    """`.llmgw/manifest.json` and `.llmgw/contents` must be regular files no one can write (the
+    listing leaves them out, so its hash cannot speak for their modes), owned by the store's euid
+    and without xattrs (`foreign`, as scan found them)."""
+    out = []
+    for rel in (MANIFEST, CONTENTS):
+        try:
+            st = os.lstat(env / rel)
+        except FileNotFoundError:
+            continue  # read() and read_contents() say so
+        if not stat.S_ISREG(st.st_mode):
+            out.append(f"{rel} is not a regular file")
+        elif st.st_mode & _WRITE:
+            out.append(f"{rel} is writable (mode {stat.S_IMODE(st.st_mode):04o})")
+    for f in foreign:
+        if f["path"] in _EXCLUDED:
+            out.append(f"{f['path']} is owned by uid {f['uid']}" + (f" and has xattrs {', '.join(f['xattrs'])}"
+                                                                      if f["xattrs"] else ""))
+    return out

@@ -51,7 +51,7 @@ def check_path(store: Store, row: dict[str, Any], memo: dict | None = None) -> d
     name = row["name"]
     env = store.layout.path_of(name)
     r: dict[str, Any] = {"name": name, "path": str(env), "ok": False, "modified": [], "missing": [], "extra": [],
-                         "writable": [], "problems": []}
+                         "writable": [], "foreign": [], "problems": []}
     try:
         is_dir = stat.S_ISDIR(os.lstat(env).st_mode)  # never through a link put in its place
     except FileNotFoundError:
@@ -71,9 +71,12 @@ def check_path(store: Store, row: dict[str, Any], memo: dict | None = None) -> d
         recorded = manifest.parse_contents(raw)
     except (OSError, ValueError) as exc:
         r["problems"].append(f"the contents listing cannot be read: {exc}")
+    if doc is not None:
+        r["problems"] += manifest.problems_of(doc, name)
     writable: list[str] = []
+    foreign: list[dict[str, Any]] = []
     try:
-        actual = manifest.scan(env, writable, memo=memo)
+        actual = manifest.scan(env, writable, memo=memo, foreign=foreign)
     except OSError as exc:
         r["problems"].append(f"the tree cannot be read: {exc}")
         return r
@@ -92,8 +95,12 @@ def check_path(store: Store, row: dict[str, Any], memo: dict | None = None) -> d
             and not (r["modified"] or r["missing"] or r["extra"]):
         r["problems"].append("the tree's content hash differs from the index")
     r["writable"] = sorted(writable)
-    r["ok"] = not (r["modified"] or r["missing"] or r["extra"] or r["writable"] or r["problems"])
+    r["foreign"] = [{**f, "path": manifest.shown_path(f["path"])} for f in sorted(foreign, key=lambda f: f["path"])]
+    for kind in ("modified", "missing", "extra", "writable"):
+        r[kind] = [manifest.shown_path(p) for p in r[kind]]
+    r["ok"] = not (r["modified"] or r["missing"] or r["extra"] or r["writable"] or r["foreign"] or r["problems"])
     return r
+
 
 
 def verify(
