@@ -78,8 +78,23 @@ def blocks(page: Path) -> list[tuple[int, str]]:
             if "llmgw-store" in m.group(1)]
 
 
+# A walk-through that needs a setup of its own (store paths of given versions, a profile's history)
+# is run by the test named on its first line, `# run by tests/test_X.py`, against that setup.
+RUN_BY = re.compile(r"# run by (tests/test_\w+\.py)\b.*")
+
+
 def runnable(page: Path) -> list[tuple[int, str]]:
-    return [(line, text) for line, text in blocks(page) if not NOT_RUN.match(text.lstrip())]
+    return [(line, text) for line, text in blocks(page)
+            if not NOT_RUN.match(text.lstrip()) and not RUN_BY.match(text.lstrip())]
+
+
+def test_examples_run_elsewhere_name_a_test_that_runs_their_page():
+    for page in pages():
+        for line, text in blocks(page):
+            m = RUN_BY.match(text.lstrip())
+            if m:
+                test = REPO / m.group(1)
+                assert test.is_file() and page.name in test.read_text(), f"{page.relative_to(REPO)}:{line}"
 
 
 @pytest.fixture(scope="module")
