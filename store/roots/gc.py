@@ -158,11 +158,6 @@ def collect(
     started = time.monotonic()
     report: dict[str, Any] = {"dry_run": dry_run, "deleted": [], "generations_deleted": {}, "freed": {}, "kept": {},
                               "kept_by_grace": [], "rounds": 0}
-    if not Layout.at(root).store.exists():
-        # A node whose timer runs before its first build: nothing to collect, and nothing created.
-        say(f"no store at {Layout.at(root).root}: nothing to collect")
-        report["seconds"] = round(time.monotonic() - started, 3)
-        return _report(report)
     with Store.open(root, lock_timeout) as store:
         layout = store.layout
         report["free_before"] = free_bytes(layout.store)
