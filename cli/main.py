@@ -14,7 +14,7 @@ from typing import Any
 import click
 
 from llmgw_store.core import defaults, locks, report
-from llmgw_store.core.errors import CommandError, StoreError
+from llmgw_store.core.errors import StoreError
 
 PROG = "llmgw-store"
 
@@ -55,7 +55,7 @@ class StoreGroup(click.Group):
             _end_progress(ctx)
             click.echo(f"{PROG}: error: {err}", err=True)
             obj = ctx.find_object(Context)
-            if isinstance(err, CommandError) and err.output_tail and obj is not None and obj.verbose:
+            if getattr(err, "output_tail", None) and obj is not None and obj.verbose:
                 click.echo(err.output_tail, err=True)
             ctx.exit(err.exit_code)
         except KeyboardInterrupt:
