@@ -58,10 +58,10 @@ class StoreGroup(click.Group):
             if getattr(err, "output_tail", None) and obj is not None and obj.verbose:
                 click.echo(err.output_tail, err=True)
             ctx.exit(err.exit_code)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:  # ^C; or SIGTERM/SIGHUP where handled as ^C (exit_code 143/129)
             _end_progress(ctx)
             click.echo(f"{PROG}: interrupted", err=True)
-            ctx.exit(130)
+            ctx.exit(getattr(exc, "exit_code", 130))
         except (click.exceptions.Exit, click.exceptions.ClickException, click.exceptions.Abort):
             raise
         except Exception as exc:  # a bug: still one line, the traceback with -v
@@ -233,6 +233,15 @@ def info(obj: Context, path: str) -> None:
     obj.emit(r.to_json(), text)
 
 
+def _check_timeout(ctx: click.Context, param: click.Parameter, value: float) -> float:
+    """Finite, more than 0, at most a day: checked before anything is built or switched."""
+    import math
+
+    if not (math.isfinite(value) and 0 < value <= 86400):
+        raise click.BadParameter(f"{value!r} is not a number of seconds more than 0 and at most 86400")
+    return value
+
+
 @cli.command()
 @click.argument("profile")
 @click.argument("target")
@@ -240,8 +249,9 @@ def info(obj: Context, path: str) -> None:
 @click.option("--check", "check", metavar="'CMD ...'",
               help="Run this command in TARGET's environment first; switch only if it exits 0 "
                    "(default: the recipe's `health` command, if it has one).")
-@click.option("--check-timeout", type=click.FloatRange(min=0, min_open=True), default=120.0, show_default=True,
-              help="Seconds the check may run; then it is killed with its children and counts as failed.")
+@click.option("--check-timeout", type=float, default=120.0, show_default=True, callback=_check_timeout,
+              help="Seconds the check may run (more than 0, at most 86400); then it is killed with its "
+                   "children and counts as failed.")
 @click.option("--then-check", is_flag=True,
               help="Switch first, then run the check; switch back by itself if it fails or times out.")
 @click.option("--no-check", is_flag=True, help="Do not run the recipe's `health` command.")

@@ -25,6 +25,7 @@ from llmgw_store.core.report import say
 from llmgw_store.core.results import Result
 
 DEFAULT_TIMEOUT_S = 120.0
+MAX_TIMEOUT_S = 86400.0  # a day: inf, nan and 1e300 are refused before anything changes
 TAIL_LINES = 20
 TAIL_CHARS = 4000
 ARGV_MAX = 256
