@@ -15,6 +15,7 @@ import click
 
 from llmgw_store.core import defaults, locks, report
 from llmgw_store.core.errors import StoreError
+from llmgw_store.core.names import printable
 
 PROG = "llmgw-store"
 
@@ -53,10 +54,10 @@ class StoreGroup(click.Group):
             return super().invoke(ctx)
         except StoreError as err:
             _end_progress(ctx)
-            click.echo(f"{PROG}: error: {err}", err=True)
+            click.echo(f"{PROG}: error: {printable(str(err))}", err=True)  # one line, whatever it quotes
             obj = ctx.find_object(Context)
             if getattr(err, "output_tail", None) and obj is not None and obj.verbose:
-                click.echo(err.output_tail, err=True)
+                click.echo("\n".join(printable(ln) for ln in err.output_tail.splitlines()), err=True)
             ctx.exit(err.exit_code)
         except KeyboardInterrupt as exc:  # ^C; or SIGTERM/SIGHUP where handled as ^C (exit_code 143/129)
             _end_progress(ctx)
@@ -387,8 +388,9 @@ def generations(obj: Context, profile: str, delete: tuple[int, ...], older_than:
     ]
     if history:
         lines.append("history:")
-        lines += [f"  {e.get('at', '?')[:19]}Z  {e.get('event')}  {_event_text(e)}" for e in r.history]
-    obj.emit(r.to_json(), "\n".join(lines))
+        lines += [f"  {str(e.get('at', '?'))[:19]}Z  {e.get('event')}  {_event_text(e)}" for e in r.history]
+    # One line per generation or event, whatever a check's argv or a hand-edited history holds.
+    obj.emit(r.to_json(), "\n".join(printable(line) for line in lines))
 
 
 def _event_text(e: dict) -> str:
@@ -396,8 +398,10 @@ def _event_text(e: dict) -> str:
     parts = [f"{k} {e[k]}" for k in ("from", "to", "generation", "name") if e.get(k) is not None]
     check = e.get("check")
     if isinstance(check, dict):
-        parts.append(f"check `{' '.join(check.get('argv', []))}` {check.get('result')}")
-    who = by.get("user", "?") + (f" (sudo by {by['sudo_user']})" if by.get("sudo_user") else "")
+        argv = check.get("argv")
+        parts.append(f"check `{' '.join(map(str, argv)) if isinstance(argv, list) else '?'}` {check.get('result')}")
+    by = by if isinstance(by, dict) else {}
+    who = str(by.get("user", "?")) + (f" (sudo by {by['sudo_user']})" if by.get("sudo_user") else "")
     return ", ".join(parts) + f"  by {who}"
 
 
