@@ -134,6 +134,14 @@ def _realise_record(rec: Record, substituters: tuple[str, ...], trusted_keys: tu
     from llmgw_store.core.report import say
 
     what = f"generation {rec.generation} of {rec.profile} ({rec.name})"
+    with Store.open(root, lock_timeout, readonly=True) as store:
+        # Only the link went: the recorded path is still here, registered with the recorded key and
+        # content hash. Nothing to bring back (profiles.rollback checks it again under its locks).
+        row = store.index.path_by_name(rec.name)
+        if row is not None and row["key"] == rec.key and row["content_hash"] == rec.content_hash \
+                and store.layout.path_of(rec.name).is_dir():
+            say(f"{what}: its store path is still there, as recorded")
+            return "hit"
     substituter = None
     if substituters:
         from llmgw_store.cache.pull import CacheSubstituter

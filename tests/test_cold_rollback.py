@@ -247,6 +247,22 @@ def test_records_key_is_private_and_made_by_the_store(cold):
     assert proc.returncode == 1 and "is not the store owner's private 32-byte file" in proc.stderr
 
 
+def test_a_deleted_generation_whose_path_is_still_there_is_switched_to_without_a_rebuild(warm):
+    # L7: only the link went; the recorded path is present and registered with the recorded content
+    # hash, so it is relinked and switched to — no rebuild, not even a lock needed (none recorded).
+    root, old, new = warm["root"], warm["old"], warm["new"]
+    act(root, "p", old)
+    act(root, "p", new)
+    run_cli(root, "generations", "p", "--delete", "1", check=True)
+    _edit(root / "profiles" / ".p-1.record", lambda d: d.update(lock=None, lock_format=None, lock_blake3=None),
+          keyed=True)
+    proc = run_cli(root, "--json", "rollback", "p", "--to", "1")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["generation"] == 1 and out["rebuilt"] is None and "bringing it back" not in proc.stderr
+    assert os.readlink(root / "profiles" / "p") == "p-1-link" and os.path.realpath(root / "profiles" / "p") == old
+
+
 def test_forget_removes_the_record_and_the_way_back(cold):
     root = cold["root"]
     out = json.loads(run_cli(root, "--json", "generations", "p", "--forget", "1", check=True).stdout)
