@@ -14,7 +14,8 @@ from typing import Any
 import click
 
 from llmgw_store.core import defaults, locks, report
-from llmgw_store.core.errors import CommandError, StoreError
+from llmgw_store.core.errors import StoreError
+from llmgw_store.core.names import printable
 
 PROG = "llmgw-store"
 
@@ -53,15 +54,15 @@ class StoreGroup(click.Group):
             return super().invoke(ctx)
         except StoreError as err:
             _end_progress(ctx)
-            click.echo(f"{PROG}: error: {err}", err=True)
+            click.echo(f"{PROG}: error: {printable(str(err))}", err=True)  # one line, whatever it quotes
             obj = ctx.find_object(Context)
-            if isinstance(err, CommandError) and err.output_tail and obj is not None and obj.verbose:
-                click.echo(err.output_tail, err=True)
+            if getattr(err, "output_tail", None) and obj is not None and obj.verbose:
+                click.echo("\n".join(printable(ln) for ln in err.output_tail.splitlines()), err=True)
             ctx.exit(err.exit_code)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:  # ^C; or SIGTERM/SIGHUP where handled as ^C (exit_code 143/129)
             _end_progress(ctx)
             click.echo(f"{PROG}: interrupted", err=True)
-            ctx.exit(130)
+            ctx.exit(getattr(exc, "exit_code", 130))
         except (click.exceptions.Exit, click.exceptions.ClickException, click.exceptions.Abort):
             raise
         except Exception as exc:  # a bug: still one line, the traceback with -v
@@ -241,6 +242,15 @@ def info(obj: Context, path: str) -> None:
     obj.emit(r.to_json(), text)
 
 
+def _check_timeout(ctx: click.Context, param: click.Parameter, value: float) -> float:
+    """Finite, more than 0, at most a day: checked before anything is built or switched."""
+    import math
+
+    if not (math.isfinite(value) and 0 < value <= 86400):
+        raise click.BadParameter(f"{value!r} is not a number of seconds more than 0 and at most 86400")
+    return value
+
+
 @cli.command()
 @click.argument("profile")
 @click.argument("target")
@@ -248,8 +258,9 @@ def info(obj: Context, path: str) -> None:
 @click.option("--check", "check", metavar="'CMD ...'",
               help="Run this command in TARGET's environment first; switch only if it exits 0 "
                    "(default: the recipe's `health` command, if it has one).")
-@click.option("--check-timeout", type=click.FloatRange(min=0, min_open=True), default=120.0, show_default=True,
-              help="Seconds the check may run; then it is killed with its children and counts as failed.")
+@click.option("--check-timeout", type=float, default=120.0, show_default=True, callback=_check_timeout,
+              help="Seconds the check may run (more than 0, at most 86400); then it is killed with its "
+                   "children and counts as failed.")
 @click.option("--then-check", is_flag=True,
               help="Switch first, then run the check; switch back by itself if it fails or times out.")
 @click.option("--no-check", is_flag=True, help="Do not run the recipe's `health` command.")
@@ -385,8 +396,9 @@ def generations(obj: Context, profile: str, delete: tuple[int, ...], older_than:
     ]
     if history:
         lines.append("history:")
-        lines += [f"  {e.get('at', '?')[:19]}Z  {e.get('event')}  {_event_text(e)}" for e in r.history]
-    obj.emit(r.to_json(), "\n".join(lines))
+        lines += [f"  {str(e.get('at', '?'))[:19]}Z  {e.get('event')}  {_event_text(e)}" for e in r.history]
+    # One line per generation or event, whatever a check's argv or a hand-edited history holds.
+    obj.emit(r.to_json(), "\n".join(printable(line) for line in lines))
 
 
 def _event_text(e: dict) -> str:
@@ -394,8 +406,10 @@ def _event_text(e: dict) -> str:
     parts = [f"{k} {e[k]}" for k in ("from", "to", "generation", "name") if e.get(k) is not None]
     check = e.get("check")
     if isinstance(check, dict):
-        parts.append(f"check `{' '.join(check.get('argv', []))}` {check.get('result')}")
-    who = by.get("user", "?") + (f" (sudo by {by['sudo_user']})" if by.get("sudo_user") else "")
+        argv = check.get("argv")
+        parts.append(f"check `{' '.join(map(str, argv)) if isinstance(argv, list) else '?'}` {check.get('result')}")
+    by = by if isinstance(by, dict) else {}
+    who = str(by.get("user", "?")) + (f" (sudo by {by['sudo_user']})" if by.get("sudo_user") else "")
     return ", ".join(parts) + f"  by {who}"
 
 

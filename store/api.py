@@ -134,6 +134,14 @@ def _realise_record(rec: Record, substituters: tuple[str, ...], trusted_keys: tu
     from llmgw_store.core.report import say
 
     what = f"generation {rec.generation} of {rec.profile} ({rec.name})"
+    with Store.open(root, lock_timeout, readonly=True) as store:
+        # Only the link went: the recorded path is still here, registered with the recorded key and
+        # content hash. Nothing to bring back (profiles.rollback checks it again under its locks).
+        row = store.index.path_by_name(rec.name)
+        if row is not None and row["key"] == rec.key and row["content_hash"] == rec.content_hash \
+                and store.layout.path_of(rec.name).is_dir():
+            say(f"{what}: its store path is still there, as recorded")
+            return "hit"
     substituter = None
     if substituters:
         from llmgw_store.cache.pull import CacheSubstituter
@@ -187,10 +195,13 @@ def _realise_record(rec: Record, substituters: tuple[str, ...], trusted_keys: tu
             def expect(tree) -> None:
                 # Runs on the frozen tree before it is registered (realise's verify step): the tree
                 # must hash to the recorded content hash, or it never becomes a store path.
+                # The hash got is not in the one line (a forger of records would need it); -v shows it.
                 got = manifest.content_hash(manifest.scan(tree))
                 if got != rec.content_hash:
-                    raise IntegrityError(f"the rebuild of {what} gives content hash {got}, not the recorded "
-                                         f"{rec.content_hash}; it is not registered and nothing switched")
+                    err = IntegrityError(f"the rebuild of {what} gives a content hash other than the recorded one; "
+                                         "it is not registered and nothing switched (-v shows both)")
+                    err.output_tail = f"rebuilt: {got}\nrecorded: {rec.content_hash}"
+                    raise err
 
             def attempt(p: builder.BuildPlan) -> str:
                 deadline = builder.Deadline(p)
@@ -210,8 +221,9 @@ def _realise_record(rec: Record, substituters: tuple[str, ...], trusted_keys: tu
                 how = attempt(replace(plan, offline=False))
         row = store.index.path_by_name(rec.name)
         if row is None or row["key"] != rec.key or row["content_hash"] != rec.content_hash:
-            got = row["content_hash"] if row else "nothing"
-            raise IntegrityError(f"{rec.name} came back with content hash {got}, not the {rec.content_hash} "
-                                 f"{what} recorded; nothing switched (`llmgw-store verify {rec.name}`)")
+            err = IntegrityError(f"{rec.name} came back with a content hash other than the one {what} recorded; "
+                                 f"nothing switched (`llmgw-store verify {rec.name}`; -v shows both)")
+            err.output_tail = f"in the store: {row['content_hash'] if row else 'nothing'}\nrecorded: {rec.content_hash}"
+            raise err
         say(f"{rec.name}: back in the store ({how}), content hash {rec.content_hash[:16]}… as recorded")
         return how

@@ -140,15 +140,26 @@ def test_cold_generation_is_pulled_from_a_binary_cache(tmp_path, wheels):
     assert content_hash(root, Path(old).name) == c["hash"] and os.readlink(root / "profiles" / "p") == "p-1-link"
 
 
-def _edit(record: Path, change) -> None:
-    """Change a record as an attacker who also recomputes its digests would."""
+def _edit(record: Path, change, keyed: bool = False) -> None:
+    """Change a record as an attacker who also recomputes its digests would: unkeyed (who can write
+    profiles/ but not read var/), or `keyed` with the store's records key (to reach the checks
+    behind the key)."""
     doc = json.loads(record.read_text())
     change(doc)
     if doc.get("lock") is not None:
         doc["lock_blake3"] = blake3(doc["lock"].encode()).hexdigest()
     body = {k: v for k, v in doc.items() if k != "digest"}
-    doc["digest"] = blake3(canonical_json(body)).hexdigest()
+    if keyed:
+        key = (record.parent.parent / "var" / "records.key").read_bytes()
+        doc["digest"] = blake3(canonical_json(body), key=key).hexdigest()
+    else:
+        doc["digest"] = blake3(canonical_json(body)).hexdigest()
     record.write_text(json.dumps(doc))
+
+
+def _evil_lock(doc) -> None:
+    """F3: arbitrary code under the existing key — a direct reference in the lock."""
+    doc["lock"] = "tinyengine @ file:///tmp/evil.whl \\\n    --hash=sha256:" + "ab" * 32 + "\n"
 
 
 def _other_hash(doc) -> None:
@@ -160,18 +171,34 @@ def _other_hash(doc) -> None:
 TAMPERING = {
     # the lock's text alone changed: its digest no longer matches
     "lock-hash": (lambda p: p.write_text(p.read_text().replace("--hash=sha256:", "--hash=sha256:0", 1)),
-                  "its lock does not hash to its lock digest (the lock was changed)"),
-    "name-traversal": (lambda p: _edit(p, lambda d: d.update(name="../../../etc/cron.d/x")),
+                  "its digest does not match its contents under the store's records key"),
+    "name-traversal": (lambda p: _edit(p, lambda d: d.update(name="../../../etc/cron.d/x"), keyed=True),
                        "'../../../etc/cron.d/x' is not a store path name"),
-    "inputs": (lambda p: _edit(p, lambda d: d["inputs"].update(as_of="2024-06-02T00:00:00Z")),
+    "inputs": (lambda p: _edit(p, lambda d: d["inputs"].update(as_of="2024-06-02T00:00:00Z"), keyed=True),
                "its inputs do not hash to its key (they were changed)"),
     "digest": (lambda p: p.write_text(p.read_text().replace('"created": "', '"created": "1', 1)),
-               "its digest does not match its contents (it was changed)"),
+               "its digest does not match its contents under the store's records key"),
+    # F3: resealed with the unkeyed digests, the forged lock is refused before any field is used
+    "forged-lock-unkeyed": (lambda p: _edit(p, _evil_lock),
+                            "its digest does not match its contents under the store's records key"),
+    "inputs-unkeyed": (lambda p: _edit(p, lambda d: d["inputs"].update(as_of="2024-06-02T00:00:00Z")),
+                       "its digest does not match its contents under the store's records key"),
+    # F3, behind the key: a lock installs only from the index
+    "forged-lock-keyed": (lambda p: _edit(p, _evil_lock, keyed=True),
+                          "its lock has a line that is not a pinned requirement with hashes from the index"),
+    "index-option-keyed": (lambda p: _edit(p, lambda d: d.update(lock="--index-url http://evil/simple\n" + d["lock"]),
+                                           keyed=True),
+                           "its lock has a line that is not a pinned requirement"),
+    # F4: a record others can write, or that has a second name, is not used
+    "group-writable": (lambda p: p.chmod(0o664), "is writable by group or others (mode 664)"),
+    "world-writable": (lambda p: p.chmod(0o666), "is writable by group or others (mode 666)"),
+    "hard-link": (lambda p: os.link(p, p.with_name("elsewhere")), "has 2 hard links"),
     "symlink": (lambda p: (p.rename(p.with_name("elsewhere")), p.symlink_to("elsewhere")),
                 "cannot be read as a record"),
     "huge": (lambda p: os.truncate(p, 64 << 20), "is larger than"),
     "not-json": (lambda p: p.write_text("{"), "not JSON"),
-    "other-generation": (lambda p: _edit(p, lambda d: d.update(generation=2)), "it names profile 'p' generation 2"),
+    "other-generation": (lambda p: _edit(p, lambda d: d.update(generation=2), keyed=True),
+                         "it names profile 'p' generation 2"),
 }
 
 
@@ -190,14 +217,50 @@ def test_a_tampered_record_is_refused_before_anything_is_built(cold, how):
 
 
 def test_a_record_whose_lock_was_changed_consistently_never_becomes_a_store_path(cold):
-    """Digests recomputed, so only the rebuild can tell: uv refuses the wheel whose hash the lock no
-    longer names, offline and online alike; nothing is registered, nothing switched."""
+    """Digests recomputed with the store's own key (a thief of var/), so only the rebuild can tell: uv
+    refuses the wheel whose hash the lock no longer names, offline and online alike; nothing is
+    registered, nothing switched."""
     root, old = cold["root"], cold["old"]
-    _edit(root / "profiles" / ".p-1.record", _other_hash)
+    _edit(root / "profiles" / ".p-1.record", _other_hash, keyed=True)
     proc = rollback(root, "--to", "1", check=False)
     assert proc.returncode == 1 and "uv pip install failed" in proc.stderr
     assert os.readlink(root / "profiles" / "p") == "p-2-link" and not (root / "profiles" / "p-1-link").exists()
     assert not Path(old).exists() and content_hash(root, Path(old).name) is None
+
+
+def test_a_rebuild_with_another_content_hash_does_not_print_the_hash_a_forger_needs(cold):
+    root, old = cold["root"], cold["old"]
+    _edit(root / "profiles" / ".p-1.record", lambda d: d.update(content_hash="0" * 64), keyed=True)
+    proc = rollback(root, "--to", "1", check=False)
+    assert proc.returncode == 1 and "gives a content hash other than the recorded one" in proc.stderr, proc.stderr
+    assert cold["hash"] not in proc.stderr, proc.stderr
+    assert os.readlink(root / "profiles" / "p") == "p-2-link" and content_hash(root, Path(old).name) is None
+    verbose = run_cli(root, "-v", "rollback", "p", "--to", "1", "--uv", str(real_uv()))
+    assert verbose.returncode == 1 and f"rebuilt: {cold['hash']}" in verbose.stderr
+
+
+def test_records_key_is_private_and_made_by_the_store(cold):
+    key = cold["root"] / "var" / "records.key"
+    assert oct(key.stat().st_mode & 0o777) == "0o600" and len(key.read_bytes()) == 32
+    key.chmod(0o644)  # a key others could read is no secret: no record is trusted
+    proc = rollback(cold["root"], "--to", "1", check=False)
+    assert proc.returncode == 1 and "is not the store owner's private 32-byte file" in proc.stderr
+
+
+def test_a_deleted_generation_whose_path_is_still_there_is_switched_to_without_a_rebuild(warm):
+    # L7: only the link went; the recorded path is present and registered with the recorded content
+    # hash, so it is relinked and switched to — no rebuild, not even a lock needed (none recorded).
+    root, old, new = warm["root"], warm["old"], warm["new"]
+    act(root, "p", old)
+    act(root, "p", new)
+    run_cli(root, "generations", "p", "--delete", "1", check=True)
+    _edit(root / "profiles" / ".p-1.record", lambda d: d.update(lock=None, lock_format=None, lock_blake3=None),
+          keyed=True)
+    proc = run_cli(root, "--json", "rollback", "p", "--to", "1")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["generation"] == 1 and out["rebuilt"] is None and "bringing it back" not in proc.stderr
+    assert os.readlink(root / "profiles" / "p") == "p-1-link" and os.path.realpath(root / "profiles" / "p") == old
 
 
 def test_forget_removes_the_record_and_the_way_back(cold):

@@ -236,3 +236,65 @@ def test_a_check_command_that_does_not_exist_fails_the_check(built):
     proc = act(root, "g11", new, "--check", "no-such-health-probe", check=False)
     assert proc.returncode == 1 and "failed (exit 127)" in proc.stderr and "no-such-health-probe" in proc.stderr
     assert current_link(root, "g11") == "g11-1-link"
+
+
+def test_a_check_child_that_left_the_group_with_setsid_does_not_outlive_the_check(built, tmp_path):
+    # F1: setsid puts the sleep out of the check's process group; the keeper (a child subreaper)
+    # still finds it among its descendants and kills it when the check ends.
+    root, old, new = built["root"], built["old"], built["new"]
+    act(root, "g12", old)
+    pid = tmp_path / "pid"
+    r = json.loads(act(root, "g12", new, "--check", f"sh -c 'setsid sleep 300 & echo $! > {pid}; exit 0'").stdout)
+    assert r["check"]["result"] == "passed" and current_link(root, "g12") == "g12-2-link"
+    wait_for(lambda: not alive(int(pid.read_text())), "the setsid sleep dies with the check", seconds=10)
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGHUP, 129)])
+def test_sigterm_or_sighup_during_then_check_rolls_back(built, tmp_path, sig, code):
+    # F2: a service manager stopping the activation (SIGTERM), or its terminal going (SIGHUP), is an
+    # interruption like ^C: the profile goes back before the process exits.
+    root, old, new = built["root"], built["old"], built["new"]
+    profile = f"g13{sig.name.lower()}"
+    act(root, profile, old)
+    started = tmp_path / "started"
+    check = f"sh -c 'echo $$ > {started}; sleep 600'"
+    victim = subprocess.Popen(cli_cmd(root, "activate", profile, new, "--check", check, "--then-check"),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: started.exists() and started.read_text().strip(), "the check starts")
+    victim.send_signal(sig)
+    _, err = victim.communicate(timeout=60)
+    assert victim.returncode == code, err
+    assert current_link(root, profile) == f"{profile}-1-link"
+    gens = generations(root, profile)
+    assert gens["history"][-1]["event"] == "auto-rollback" and gens["generations"][1]["check"]["result"] == "interrupted"
+    wait_for(lambda: not alive(int(started.read_text())), "the check dies")
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "1e300", "-inf", "0", "86401"])
+def test_a_check_timeout_out_of_range_is_refused_before_anything_changes(built, value):
+    # L1: inf and nan used to pass `> 0` and crash after the switch.
+    root, old, new = built["root"], built["old"], built["new"]
+    profile = "g14" + value.replace("-", "m").replace("+", "")
+    act(root, profile, old)
+    before = sorted(os.listdir(root / "profiles"))
+    proc = act(root, profile, new, "--check", "true", "--then-check", "--check-timeout", value, check=False)
+    assert proc.returncode == 2 and "--check-timeout" in proc.stderr and "86400" in proc.stderr, proc.stderr
+    assert sorted(os.listdir(root / "profiles")) == before and current_link(root, profile) == f"{profile}-1-link"
+    ok = json.loads(act(root, profile, new, "--check", "true", "--check-timeout", "86400").stdout)  # the bound
+    assert ok["generation"] == 2
+
+
+def test_control_characters_of_a_check_never_reach_the_terminal(built):
+    # L2/L3: the check's output (an OSC sequence that retitles or worse) and its arguments (a newline
+    # that forges a line of the history) are shown escaped.
+    root, old, new = built["root"], built["old"], built["new"]
+    act(root, "g15", old)
+    osc = "python -c \"import sys; sys.stdout.write('\\x1b]0;owned\\x07\\x1b[2J boom\\n'); raise SystemExit(5)\""
+    proc = act(root, "g15", new, "--check", osc, check=False)
+    assert proc.returncode == 1 and "boom" in proc.stderr
+    assert "\x1b" not in proc.stderr and "\x07" not in proc.stderr, repr(proc.stderr)
+    forged = "true 'x\ngeneration 99 passed by root'"
+    act(root, "g15", new, "--check", forged)
+    text = run_cli(root, "generations", "g15", "--history", check=True).stdout
+    assert "\ngeneration 99 passed by root" not in text and "\x1b" not in text, text
+    assert "generation 99 passed by root" in text  # shown, escaped

@@ -95,6 +95,18 @@ def test_grandchildren_are_killed_when_the_command_ends(mark):
     assert procscan.mentioning(mark) == []
 
 
+@pytest.mark.parametrize("how", ["exits", "times out"])
+def test_a_child_that_left_the_group_with_setsid_is_killed_too(mark, how):
+    # F1: `setsid` puts the sleep in a session and group of its own, out of the group kill's reach;
+    # the keeper is a child subreaper, so the orphaned sleep becomes its child and is killed by the
+    # descendant walk. Double forks (the sleep's parent shell gone) included.
+    script = "setsid sh -c 'sleep 300 & sleep 300' & exit 0" if how == "exits" else \
+        "setsid sleep 300 & sleep 100"
+    done = procs.run(["sh", "-c", script], env=env_with(mark), timeout=None if how == "exits" else 0.5)
+    assert done.timed_out == (how == "times out")
+    assert procscan.gone_within(mark, 5) == [], "a setsid child outlived the run"
+
+
 def test_output_and_exit_status(tmp_path, mark):
     done = procs.run(["sh", "-c", "echo out; echo err >&2; printf 'a\\r\\nb'; exit 3"], env=env_with(mark), cwd=tmp_path)
     assert (done.returncode, done.output) == (3, "out\nerr\na\nb")

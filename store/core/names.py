@@ -28,6 +28,14 @@ def shown(value: object, limit: int = 60) -> str:
     return s if len(s) <= limit else s[: limit - 20] + f"...' ({len(str(value))} characters)"
 
 
+def printable(text: str) -> str:
+    """`text` with every control character (ESC, BEL, \\r, \\n, DEL, C1 ...) shown as an escape, so
+    what a hostile command printed or was given can never drive the terminal it is shown on."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def check(kind: str, text: object, pattern: re.Pattern[str] = NAME_RE, max_len: int = USER_NAME_MAX,
           rule: str = "use [a-z0-9._-], starting with a letter or digit") -> str:
     """`text` if it is a valid `kind` name, else UsageError naming the rule it breaks."""

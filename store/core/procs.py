@@ -40,9 +40,14 @@ Which signal, which group, and why it cannot hit an unrelated process:
   keeper's pid) only while that keeper is its own unreaped child — alive or a zombie — and a pid
   that is still held by a process or zombie is never handed out again, so that group cannot be
   someone else's.
-- What escapes the group (a child calling setsid) is reached through `reap` below; a descendant
-  that both left the group and replaced its whole environment is out of reach (only a cgroup
-  would hold it; the store does not assume it may create one).
+- What escapes the group (a child calling setsid) is still the keeper's descendant: the keeper is
+  a child subreaper (PR_SET_CHILD_SUBREAPER), so an orphan below it is reparented to it, never to
+  init. Before its group kill the keeper walks /proc/*/stat for every live process whose parent
+  chain reaches it and SIGKILLs them, reaping and walking again until none is left (bounded: 5 s).
+  A descendant killed there has its pid held by a zombie of ours or its parent's until reaped. Only
+  a process that escaped while the keeper itself was SIGKILLed is out of its reach; `reap` below
+  is the backstop for builds (a cgroup would be the complete answer; the store does not assume
+  it may create one).
 
 Recording (`recording`, `reap`): while a build holds its key's lock, `recording(path)` writes
 `path` (ROOT/var/locks/<key>.pgids): a random token, and one line per child started (its pgid) and
@@ -111,6 +116,70 @@ except Exception:
     except Exception:  # no ctypes: the group kill below still reaches the command
         prctl = None
 keeper = os.getpid()
+if prctl is not None:
+    prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER: orphans below us (setsid'd ones too) become ours
+
+def descendants():
+    # Live processes whose parent chain reaches the keeper (read from /proc/*/stat), zombies left out.
+    parents, alive = {}, set()
+    for e in os.listdir("/proc"):
+        if not e.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % e, "rb") as f:
+                raw = f.read()
+        except OSError:
+            continue
+        fields = raw[raw.rfind(b")") + 2:].split()
+        if len(fields) < 2:
+            continue
+        parents.setdefault(int(fields[1]), []).append(int(e))
+        if fields[0] not in (b"Z", b"X"):
+            alive.add(int(e))
+    out, todo = [], [keeper]
+    while todo and len(out) < 100000:
+        for child in parents.get(todo.pop(), ()):
+            out.append(child)
+            todo.append(child)
+    return [p for p in out if p in alive]
+
+def kill_descendants():
+    # Bounded: at most 5 s, or until none is left; orphans of the killed come back to us (subreaper).
+    import time
+    deadline = time.monotonic() + 5
+    while True:
+        try:
+            while os.waitpid(-1, os.WNOHANG)[0]:
+                pass
+        except ChildProcessError:
+            pass
+        left = descendants()
+        if not left or time.monotonic() >= deadline:
+            return
+        mine = set(left) | {keeper}
+        for p in left:
+            # Pinned by a pidfd, then its parent read again: a pid that died and was given to
+            # someone else meanwhile is not ours to signal.
+            try:
+                fd = os.pidfd_open(p)
+            except (AttributeError, OSError):
+                fd = None
+            try:
+                with open("/proc/%d/stat" % p, "rb") as f:
+                    raw = f.read()
+                if int(raw[raw.rfind(b")") + 2:].split()[1]) not in mine:
+                    continue
+                if fd is not None and _signal is not None:
+                    _signal.pidfd_send_signal(fd, SIGKILL)
+                else:
+                    os.kill(p, SIGKILL)
+            except (OSError, ValueError, IndexError):
+                pass
+            finally:
+                if fd is not None:
+                    os.close(fd)
+        time.sleep(0.005)
+
 pid = os.fork()
 if pid == 0:
     try:
@@ -144,7 +213,10 @@ try:
                 done = True
                 os.write(fd, b"%d\n" % os.waitstatus_to_exitcode(status))
 finally:
-    os.killpg(0, SIGKILL)  # the whole group: the command, its children, this keeper
+    try:
+        kill_descendants()  # what left the group (setsid), reparented to us as the subreaper
+    finally:
+        os.killpg(0, SIGKILL)  # the whole group: the command, its children, this keeper
 """
 
 

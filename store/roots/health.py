@@ -20,11 +20,12 @@ from typing import Any
 
 from llmgw_store.core import procs
 from llmgw_store.core.errors import CommandError, UsageError
-from llmgw_store.core.names import shown
+from llmgw_store.core.names import printable, shown
 from llmgw_store.core.report import say
 from llmgw_store.core.results import Result
 
 DEFAULT_TIMEOUT_S = 120.0
+MAX_TIMEOUT_S = 86400.0  # a day: inf, nan and 1e300 are refused before anything changes
 TAIL_LINES = 20
 TAIL_CHARS = 4000
 ARGV_MAX = 256
@@ -101,14 +102,16 @@ def run(argv: list[str], env_dir: Path, timeout: float) -> CheckResult:
 
 
 def _tail(output: str) -> str:
-    lines = [ln[:300] for ln in output.splitlines() if ln.strip()][-TAIL_LINES:]
+    """The last lines, each with its control characters escaped (an OSC or CSI sequence the check
+    printed is shown, never sent to a terminal)."""
+    lines = [printable(ln[:300]) for ln in output.splitlines() if ln.strip()][-TAIL_LINES:]
     return "\n".join(lines)[-TAIL_CHARS:]
 
 
 def failure(result: CheckResult, what: str) -> CommandError:
     """The error for a failed check: one line ending in its last output lines (all of them with -v)."""
     last = " | ".join(result.tail.splitlines()[-5:])
-    message = f"the check `{shlex.join(result.argv)}` {result.summary()}; {what}"
+    message = f"the check `{printable(shlex.join(result.argv))}` {result.summary()}; {what}"
     if last:
         message += f"; its last lines: {last}"
     err = CommandError(message)  # the lines are in the message already; -v prints all of them

@@ -31,8 +31,11 @@ Invariants:
 
 from __future__ import annotations
 
+import math
 import os
 import re
+import signal
+import threading
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -124,6 +127,57 @@ def profile_lock(store: Store, profile: str, timeout: float = locks.LOCK_TIMEOUT
     return locks.hold(store.layout.locks, f"profile-{profile}", f"changing profile {profile}", timeout)
 
 
+class Signalled(KeyboardInterrupt):
+    """SIGTERM or SIGHUP arrived during a `--then-check`: handled as ^C is (the profile goes back),
+    then the process exits 128 + the signal's number (143, 129), as a process killed by it would."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum, self.exit_code = signum, 128 + signum
+
+
+_GUARDED = (signal.SIGTERM, signal.SIGHUP)
+
+
+class _Guard:
+    """SIGTERM and SIGHUP while the profile is at an unchecked generation. `hold` (before the switch)
+    installs a handler that raises Signalled (once; a second signal is ignored while the first is
+    being handled) and blocks both signals, so none lands between the switch and the `try` that
+    switches back; `arm` (inside that `try`) unblocks them; `block` (first thing when switching
+    back) keeps the switch back from being interrupted; `restore` puts the old handlers back.
+    Signal handlers exist only in the main thread: elsewhere this does nothing."""
+
+    def __init__(self) -> None:
+        self.active = threading.current_thread() is threading.main_thread()
+        self.old: dict[int, Any] = {}
+        self.raised = False
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        if not self.raised:
+            self.raised = True
+            raise Signalled(signum)
+
+    def hold(self) -> None:
+        if self.active:
+            signal.pthread_sigmask(signal.SIG_BLOCK, _GUARDED)
+            self.old = {s: signal.signal(s, self._handler) for s in _GUARDED}
+
+    def arm(self) -> None:
+        if self.active:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, _GUARDED)
+
+    def block(self) -> None:
+        if self.active:
+            self.raised = True  # what arrives now is not raised: the switch back is under way
+            signal.pthread_sigmask(signal.SIG_BLOCK, _GUARDED)
+
+    def restore(self) -> None:
+        if self.active and self.old:
+            for s, handler in self.old.items():
+                signal.signal(s, handler)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, _GUARDED)
+
+
 def _switch(store: Store, profile: str, number: int) -> None:
     symlink_atomically(f"{profile}-{number}-link", store.layout.profiles / profile)
     debug.pause("AFTER_SWITCH")  # switched, index not yet told
@@ -154,8 +208,10 @@ def activate(
     check_profile(profile)
     if check is not None:
         check = health.checked_argv(check, "--check")
-    if check_timeout <= 0:
-        raise UsageError("--check-timeout must be more than 0 seconds")
+    if not (isinstance(check_timeout, (int, float)) and math.isfinite(check_timeout)
+            and 0 < check_timeout <= health.MAX_TIMEOUT_S):
+        raise UsageError(f"--check-timeout must be a number of seconds more than 0 and at most "
+                         f"{health.MAX_TIMEOUT_S:g} (86400: a day)")
     if keep_records < 1:
         raise UsageError("--keep-records must be at least 1")
     with Store.open(root, lock_timeout) as store:
@@ -203,7 +259,14 @@ def activate(
             # The record is on disk before the profile points at the generation.
             rec = records.write(layout, records.make(profile, number, described, activation))
             debug.pause("BEFORE_SWITCH")  # the new generation exists, the profile not yet switched
-            _switch(store, profile, number)
+            guard = _Guard()
+            if then_check:
+                guard.hold()  # SIGTERM/SIGHUP from here on switch back (see _then_check)
+            try:
+                _switch(store, profile, number)
+            except BaseException:
+                guard.restore()
+                raise
             store.index.record_generation(profile, number, name, _link_time(gen_link(layout, profile, number)))
             store.index.record_switch(profile, current, number, "activate")
             records.add_event(layout, profile, "activate", **{"from": current}, to=number, name=name,
@@ -212,17 +275,23 @@ def activate(
             say(f"profile {profile}: generation {number} -> {name}")
             if not then_check:
                 return Switch(profile, number, current, str(env_dir), True, check=activation["check"])
-            return _then_check(store, profile, rec, current, argv, env_dir, check_timeout)
+            try:
+                return _then_check(store, profile, rec, current, argv, env_dir, check_timeout, guard)
+            finally:
+                guard.restore()
 
 
 def _then_check(store: Store, profile: str, rec: records.Record, previous: int, argv: list[str], env_dir: Path,
-                timeout: float) -> Switch:
+                timeout: float, guard: _Guard) -> Switch:
     """With the profile's lock held and the profile at `rec.generation`: run the check; if it does not
-    pass (or this process is interrupted), switch back to `previous` before the lock is let go."""
+    pass (or this process is interrupted: ^C, SIGTERM, SIGHUP), switch back to `previous` before the
+    lock is let go."""
     layout, number = store.layout, rec.generation
     try:
+        guard.arm()
         result = health.run(argv, env_dir, timeout)
     except BaseException:
+        guard.block()
         _switch(store, profile, previous)
         store.index.record_switch(profile, number, previous, "auto-rollback")
         records.write(layout, records.with_activation(rec, {**rec.activation, "rolled_back_to": previous,

@@ -26,11 +26,20 @@ Invariants:
   checked field by field, every name checked (core/names), its key recomputed from its inputs, its
   lock checked against the lock digest and the whole document against its digest. What fails is
   refused (IntegrityError) and never used.
+- The digest is a keyed hash (blake3 with the store's private records key, ROOT/var/records.key,
+  32 random bytes made 0600 by the store's owner on first use; var/ is private): who can write
+  profiles/ but not read var/ cannot forge a record. It is checked before any other field is used.
+  A record file must be the store owner's, without write bits for group or others, and have one
+  link (a hard link elsewhere is a second way to change it).
+- A record's lock installs only from the recorded index: every requirement line is a plain
+  `name==version` with hashes (no `@ URL`, no `-e`/`-i`/`--find-links` or other option), every
+  file a pylock.toml names is an http(s) URL (no path, directory, VCS or archive source).
 """
 
 from __future__ import annotations
 
 import getpass
+import hmac
 import json
 import os
 import re
@@ -59,6 +68,8 @@ LOCK_FORMATS = ("requirements.lock", "pylock.toml")
 HEX64 = re.compile(r"[0-9a-f]{64}")
 _SHORT = 200  # bound on the free-text strings of a record (dates, user names, check results)
 _LIST_MAX = 10_000  # bound on lists (requirements, argv)
+SECRET_BYTES = 32
+SECRET_FILE = "records.key"  # in ROOT/var (private)
 
 _FIELDS = {
     "format": int, "profile": str, "generation": int, "name": str, "key": str, "content_hash": str,
@@ -236,10 +247,53 @@ def _write_atomically(layout: Layout, filename: str, data: bytes) -> None:
         os.close(dfd)
 
 
+def secret(layout: Layout) -> bytes:
+    """The store's records key: 32 random bytes in ROOT/var/records.key, made on first use (0600,
+    O_EXCL, never through a link), as core/layout's bytecode secret is. A key file that is not the
+    store owner's private 32-byte regular file is refused (IntegrityError): no record is then
+    written or trusted."""
+    path = layout.var / SECRET_FILE
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise IntegrityError(f"cannot make the records key {path} ({exc.strerror}); records cannot be "
+                             "written or checked") from None
+    else:
+        try:
+            data = os.urandom(SECRET_BYTES)
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise IntegrityError(f"cannot read the records key {path} ({exc.strerror}); records cannot be "
+                             "checked") from None
+    try:
+        st = os.fstat(fd)
+        data = os.read(fd, SECRET_BYTES + 1)
+    finally:
+        os.close(fd)
+    if (not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) & 0o077
+            or st.st_nlink != 1 or len(data) != SECRET_BYTES):
+        raise IntegrityError(f"the records key {path} is not the store owner's private {SECRET_BYTES}-byte "
+                             "file; no record is trusted until it is removed (records written with it are "
+                             "then refused)")
+    return data
+
+
+def seal(key: bytes, body: dict[str, Any]) -> str:
+    """The record's digest: blake3 keyed with the store's records key over its canonical body."""
+    return blake3(canonical_json(body), key=key).hexdigest()
+
+
 def write(layout: Layout, rec: Record) -> Record:
     """Write (or replace) generation `rec.generation`'s record; returns it with its digest."""
     body = rec.body()
-    digest = blake3(canonical_json(body)).hexdigest()
+    digest = seal(secret(layout), body)
     doc = {**body, "digest": digest}
     _write_atomically(layout, record_file(rec.profile, rec.generation),
                       json.dumps(doc, indent=1, sort_keys=True).encode() + b"\n")
@@ -299,9 +353,15 @@ def _read_bounded(layout: Layout, filename: str, limit: int) -> bytes | None:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
                 raise IntegrityError(f"{layout.profiles / filename} is not a plain file; remove it")
-            if st.st_uid not in (os.geteuid(), 0):
+            if st.st_uid != os.geteuid():
                 raise IntegrityError(f"{layout.profiles / filename} is owned by uid {st.st_uid}, not by the store's "
                                      "owner; it is not used: remove it")
+            if stat.S_IMODE(st.st_mode) & 0o022:
+                raise IntegrityError(f"{layout.profiles / filename} is writable by group or others (mode "
+                                     f"{stat.S_IMODE(st.st_mode):o}); it is not used: remove it")
+            if st.st_nlink != 1:
+                raise IntegrityError(f"{layout.profiles / filename} has {st.st_nlink} hard links; it is not used: "
+                                     "remove it")
             if st.st_size > limit:
                 raise IntegrityError(f"{layout.profiles / filename} is larger than {limit} bytes; it is not used")
             chunks, left = [], limit + 1
@@ -327,7 +387,7 @@ def load(layout: Layout, profile: str, number: int) -> Record | None:
         return None
     where = layout.profiles / record_file(profile, number)
     try:
-        return _checked(json.loads(raw.decode()), profile, number)
+        return _checked(json.loads(raw.decode()), profile, number, secret(layout))
     except _Bad as exc:
         raise IntegrityError(f"{where} is not a valid generation record ({exc}); it is not used: restore it from "
                              f"a backup or forget it (`llmgw-store generations {profile} --forget {number}`)") from None
@@ -346,9 +406,15 @@ def _short(value: Any, what: str) -> str:
     return value
 
 
-def _checked(doc: Any, profile: str, number: int) -> Record:
+def _checked(doc: Any, profile: str, number: int, key: bytes) -> Record:
     if not isinstance(doc, dict):
         raise _Bad("not a JSON object")
+    # First, before any field is used: the keyed digest proves this store wrote these bytes.
+    digest = doc.get("digest")
+    body = {k: v for k, v in doc.items() if k != "digest"}
+    if not isinstance(digest, str) or not hmac.compare_digest(seal(key, body), digest):
+        raise _Bad("its digest does not match its contents under the store's records key (it was changed, "
+                   "or not written by this store)")
     unknown = set(doc) - set(_FIELDS)
     if unknown:
         raise _Bad(f"unknown field {min(unknown)[:40]!r}")
@@ -387,21 +453,66 @@ def _checked(doc: Any, profile: str, number: int) -> Record:
             raise _Bad(f"lock_format must be one of {', '.join(LOCK_FORMATS)}")
         if blake3(lock.encode()).hexdigest() != lock_digest:
             raise _Bad("its lock does not hash to its lock digest (the lock was changed)")
+        _check_lock_sources(lock, fmt)
     _short(doc["created"], "created")
     by = doc["by"]
     if not isinstance(by.get("uid"), int) or any(not isinstance(v, (str, int)) or len(str(v)) > 64 for v in by.values()) \
             or len(by) > 8:
         raise _Bad("'by' must say a uid and a user")
     _check_activation(doc["activation"])
-    body = {k: v for k, v in doc.items() if k != "digest"}
-    if blake3(canonical_json(body)).hexdigest() != doc["digest"]:
-        raise _Bad("its digest does not match its contents (it was changed)")
     return Record(
         profile=profile, generation=number, name=name, key=key, content_hash=doc["content_hash"],
         engine=doc["engine"], version=doc["version"], variant=doc["variant"], inputs=doc["inputs"],
         requirements=tuple(reqs), lock_format=fmt, lock=lock, created=doc["created"], by=by,
         activation=doc["activation"], digest=doc["digest"],
     )
+
+
+_PIN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}(\[[A-Za-z0-9._,-]{1,200}\])?==[A-Za-z0-9.+!_-]{1,100}"
+                  r"( ?;[^@\\]{1,500})?")
+_HASH = re.compile(r"--hash=(sha256|sha384|sha512):[0-9a-f]{64,128}")
+_LOCK_LINES_MAX = 200_000
+
+
+def _check_lock_sources(lock: str, fmt: str) -> None:
+    """A recorded lock may install only from the recorded index (see the module docstring)."""
+    if fmt == "pylock.toml":
+        import tomllib
+
+        try:
+            doc = tomllib.loads(lock)
+        except ValueError:
+            raise _Bad("its pylock.toml is not TOML") from None
+        packages = doc.get("packages", [])
+        if not isinstance(packages, list) or len(packages) > _LIST_MAX:
+            raise _Bad("its pylock.toml packages must be a list")
+        for p in packages:
+            if not isinstance(p, dict) or any(k in p for k in ("vcs", "directory", "archive")):
+                raise _Bad("its lock names a package not from an index (vcs, directory or archive source)")
+            files = list(p.get("wheels", [])) if isinstance(p.get("wheels", []), list) else [None]
+            if "sdist" in p:
+                files.append(p["sdist"])
+            for f in files:
+                url = f.get("url") if isinstance(f, dict) else None
+                if not isinstance(url, str) or "path" in f or not re.match(r"https?://[^/@\s]+/", url):
+                    raise _Bad("its lock names a file that is not an http(s) URL of an index")
+        return
+    lines = lock.replace("\\\n", " ").splitlines()
+    if len(lines) > _LOCK_LINES_MAX:
+        raise _Bad("its lock is too long")
+    for line in lines:
+        text = line.split(" #", 1)[0].strip() if not line.lstrip().startswith("#") else ""
+        if not text:
+            continue
+        words = text.split()
+        reqs = [w for w in words if not _HASH.fullmatch(w)]
+        if not reqs or reqs[0].startswith("-") or not _PIN.fullmatch(" ".join(reqs)):
+            raise _Bad(f"its lock has a line that is not a pinned requirement with hashes from the index "
+                       f"({shown_line(text)})")
+
+
+def shown_line(text: str) -> str:
+    return repr(text[:60])
 
 
 def _check_activation(act: dict[str, Any]) -> None:
