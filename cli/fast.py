@@ -35,11 +35,12 @@ VALUE_OPTIONS = {"--version": "version", "--variant": "variant", "--as-of": "as_
 MULTI_OPTIONS = ("--substituter", "--trusted-key")
 
 
-def parse(argv: list[str]) -> dict | None:
-    """The build's options from argv, or None when argv is not a plain `build` this path handles."""
+def group_options(argv: list[str]) -> tuple[dict, int] | None:
+    """The group's options this path knows (--root, --json, -v) and where the command starts, or
+    None when there is another (click's, then)."""
     opts: dict = {"root": None, "json": False, "verbose": 0}
     i = 0
-    while i < len(argv) and argv[i].startswith("-"):  # group options
+    while i < len(argv) and argv[i].startswith("-"):
         a = argv[i]
         if a == "--json" and not opts["json"]:
             opts["json"] = True
@@ -53,6 +54,15 @@ def parse(argv: list[str]) -> dict | None:
         else:
             return None
         i += 1
+    return opts, i
+
+
+def parse(argv: list[str]) -> dict | None:
+    """The build's options from argv, or None when argv is not a plain `build` this path handles."""
+    found = group_options(argv)
+    if found is None:
+        return None
+    opts, i = found
     if i >= len(argv) or argv[i] != "build":
         return None
     i += 1
@@ -171,22 +181,10 @@ def try_hit(argv: list[str], started: float) -> bool:
 def parse_switch(argv: list[str]) -> dict | None:
     """`activate PROFILE STORE-PATH` or `rollback PROFILE [--to N]`, each with [--lock-timeout S]:
     the options, or None (left to click). A recipe target, any build option, --help: click's."""
-    opts: dict = {"root": None, "json": False, "verbose": 0}
-    i = 0
-    while i < len(argv) and argv[i].startswith("-"):
-        a = argv[i]
-        if a == "--json" and not opts["json"]:
-            opts["json"] = True
-        elif a in ("-v", "--verbose"):
-            opts["verbose"] += 1
-        elif a == "--root" and i + 1 < len(argv) and opts["root"] is None:
-            i += 1
-            opts["root"] = argv[i]
-        elif a.startswith("--root=") and opts["root"] is None:
-            opts["root"] = a[len("--root="):]
-        else:
-            return None
-        i += 1
+    found = group_options(argv)
+    if found is None:
+        return None
+    opts, i = found
     if i >= len(argv) or argv[i] not in ("activate", "rollback"):
         return None
     opts["command"] = argv[i]

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import stat
 import sqlite3
+import stat
 import subprocess
 import time
 from pathlib import Path
