@@ -154,10 +154,19 @@ def test_skipped_examples_say_why_and_stay_few():
     assert len(skipped) <= max(4, total // 3), [f"{p.relative_to(REPO)}:{line}" for p, line, _ in skipped]
 
 
-def test_the_readme_quick_start_runs_as_documented():
-    """The quick start's build is a runnable block (the first command a new operator types)."""
-    readme = REPO / "README.md"
-    assert any("build examples/black.toml" in text for _, text in runnable(readme))
+def test_the_readme_quick_start_runs_as_documented(docs_index, tmp_path):
+    """The quick start's first command (the first a new operator types), as written but for the
+    venv it sets up (this test runs installed): its build, and the environment's black."""
+    quick = next(text for _, text in blocks(REPO / "README.md") if "build examples/black.toml" in text)
+    first = next(line for line in quick.splitlines() if "build examples/black.toml" in line)
+    run = first[first.index('"$('):].replace(".venv/bin/llmgw-store", "llmgw-store")
+    assert run.startswith('"$(llmgw-store --root .llmgw-store build examples/black.toml)/bin/black"'), run
+    proc = subprocess.run(["bash", "-e", "-c", run], cwd=workdir(tmp_path), env=block_env(tmp_path, docs_index),
+                          capture_output=True, text=True, check=False, timeout=600)
+    assert proc.returncode == 0 and proc.stdout.startswith("black"), proc.stderr
+    # the second command is the one .ci/run runs
+    assert "python3 -m venv .venv && .venv/bin/pip install -q -e '.[test]' && .venv/bin/python -m pytest" in quick
+    assert "python3 -m venv .venv && .venv/bin/pip install -q -e '.[test]'" in (REPO / ".ci" / "run").read_text()
 
 
 def test_a_failing_example_is_caught(docs_index, tmp_path):
