@@ -204,3 +204,66 @@ def test_a_push_during_a_gc_waits_for_it_then_uploads_what_it_deleted(fleet, tmp
     got = json.loads(run_cli(w["node"], "--json", "pull", b, "--from", url, "--trusted-key",
                              str(w["keys"] / "builder-1.public"), check=True).stdout)
     assert got["pulled"] == [b] and run_cli(w["node"], "verify").returncode == 0
+
+
+@pytest.mark.parametrize("folder", ["blobs", "pending", "gc", "roots"])
+def test_gc_refuses_a_cache_folder_that_is_a_link_and_deletes_nothing_outside(fleet, tmp_path, folder):
+    """A folder of a file:// cache replaced by a link to a victim directory: gc (root on a node)
+    must neither list nor delete through it, whatever the victim's files are named."""
+    w, (a, b) = fleet, fleet["names"]
+    cache_dir = tmp_path / "cache"
+    url = f"file://{cache_dir}"
+    push2(w, a, url)
+    push2(w, b, url)
+    publish_roots(w, url, a)
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    planted = {"0" * 64, "passwd", f"{a[:32]}-1-deadbeef.json", "0123456789abcdef.json", "node-9.json"}
+    for n in planted:
+        (victim / n).write_text("precious")
+        os.utime(victim / n, (1, 1))
+    real = cache_dir / folder
+    if real.exists():
+        for f in real.iterdir():
+            f.rename(victim / f.name)
+        real.rmdir()
+    real.symlink_to(victim)
+    before = set(os.listdir(victim))
+    proc = cache_gc(w, url, "--grace", "0s", check=False)
+    assert proc.returncode == 1 and "is a link or not a directory" in proc.stderr, proc.stderr
+    assert set(os.listdir(victim)) == before and all((victim / n).read_text() == "precious" for n in planted)
+
+
+def test_gc_never_deletes_a_file_whose_name_it_does_not_write(fleet, tmp_path):
+    w, (a, b) = fleet, fleet["names"]
+    cache_dir = tmp_path / "cache"
+    url = f"file://{cache_dir}"
+    push2(w, a, url)
+    publish_roots(w, url, a)
+    odd = [cache_dir / "blobs" / ("A" * 64), cache_dir / "blobs" / "notes.txt", cache_dir / "README",
+           cache_dir / "pending" / "x.json", cache_dir / "gc" / "old.json"]
+    for p in odd:
+        p.parent.mkdir(exist_ok=True)
+        p.write_text("keep me")
+        os.utime(p, (1, 1))
+    push2(w, b, url)  # positive: unrooted b goes, odd names stay
+    done = cache_gc(w, url, "--grace", "0s")
+    assert done["deleted_objects"] == [f"{b[:32]}.json"]
+    assert all(p.read_text() == "keep me" for p in odd)
+
+
+def test_push_refuses_to_write_through_a_linked_cache_folder(fleet, tmp_path):
+    w, (a, _) = fleet, fleet["names"]
+    cache_dir = tmp_path / "cache"
+    cache_dir.mkdir()
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (cache_dir / "blobs").symlink_to(victim)
+    proc = run_cli(w["root"], "push", a, "--to", f"file://{cache_dir}", "--secret-key",
+                   str(w["keys"] / "builder-1.secret"))
+    assert proc.returncode != 0 and "is a link or not a directory" in proc.stderr, proc.stderr
+    assert os.listdir(victim) == []
+    (cache_dir / "roots").symlink_to(victim)
+    proc = run_cli(w["root"], "push-roots", "--to", f"file://{cache_dir}", "--secret-key",
+                   str(w["keys"] / "node-1.secret"), "--node", "node-1")
+    assert proc.returncode != 0 and os.listdir(victim) == []
