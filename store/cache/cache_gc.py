@@ -11,7 +11,7 @@ pull never finds metadata whose blobs were deleted by design.
 No roots document at all stops the gc too (unless `allow_no_roots`): with none, everything older
 than the grace would be deleted, which is far more often a wrong URL than the intent.
 
-A roots document that is not signed by a key of `--keep-from`, is malformed, or is bound to another
+A roots document that is not signed by the `--keep-from` key named after its node, is malformed, or is bound to another
 node name than its object name, stops the gc before anything is deleted: a gc that ignored a node's
 roots would delete what that node runs. A live object whose plan cannot be read stops it too.
 
