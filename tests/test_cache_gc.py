@@ -308,7 +308,7 @@ def test_a_gc_whose_marker_expired_stops_before_deleting(fleet, tmp_path):
     """The gc ran past its marker's expiry (simulated: the marker is rewritten as an hour old while
     the gc is paused before its deletes): a push may have trusted the blobs, so it deletes nothing."""
     w = fleet
-    url, a, b, a_blobs = _race_setup(w, tmp_path)
+    url, a, _, _ = _race_setup(w, tmp_path)
     before = names_in(url)
     gc_proc = subprocess.Popen(cli_cmd(w["root"], "--json", "cache", "gc", url, "--keep-from",
                                        str(w["keys"] / "node-1.public"), "--grace", "0s", "--allow-no-roots"),
@@ -319,7 +319,7 @@ def test_a_gc_whose_marker_expired_stops_before_deleting(fleet, tmp_path):
         time.sleep(1)  # past its listing: it is in its pause, with A doomed
         for m in (tmp_path / "cache" / "gc").glob("*.json"):
             m.write_text(json.dumps({"time": time.time() - 3700, "expires": time.time() - 100}))
-        out, err = gc_proc.communicate(timeout=120)
+        _, err = gc_proc.communicate(timeout=120)
     finally:
         gc_proc.kill()
         gc_proc.wait()
@@ -332,7 +332,7 @@ def test_a_gc_whose_marker_expired_stops_before_deleting(fleet, tmp_path):
 
 def test_a_planted_gc_marker_blocks_a_push_only_for_its_lock_timeout(fleet, tmp_path):
     w = fleet
-    url, a, b, _ = _race_setup(w, tmp_path)
+    url, _, b, _ = _race_setup(w, tmp_path)
     planted = tmp_path / "cache" / "gc" / "0123456789abcdef.json"
     planted.parent.mkdir(exist_ok=True)
     planted.write_text(json.dumps({"time": time.time(), "expires": time.time() + 10 ** 9}))

@@ -157,13 +157,12 @@ def _renew(backend, marker: str) -> float:
 
 def _delete_while_marked(backend, marker: str, names: list[str]) -> None:
     """Delete `names` in order, renewing the gc marker before each batch (see _renew)."""
-    expires, renewed, count = 0.0, 0.0, 0
-    for name in names:
+    expires, renewed = 0.0, 0.0
+    for count, name in enumerate(names):
         now = time.time()
         if count % GC_RENEW_BATCH == 0 or now - renewed > GC_RENEW_MARGIN / 5 or expires - now < GC_RENEW_MARGIN:
             expires, renewed = _renew(backend, marker), now
         backend.delete(name)
-        count += 1
 
 
 @dataclass(frozen=True)
