@@ -707,8 +707,9 @@ def keygen(obj: Context, name: str, out_dir: str) -> None:
 @click.option("--secret-key", required=True, envvar="LLMGW_STORE_SECRET_KEY", help="Signing key file (from keygen).")
 @click.option("--format", "format_", type=click.IntRange(1, 2), default=2, show_default=True,
               help="Object format: 2 = files as shared blobs (delta pulls), 1 = one archive (older nodes).")
+@lock_timeout_option(locks.LOCK_TIMEOUT_S, "the store's locks and a running cache gc's marker")
 @click.pass_obj
-def push(obj: Context, paths: tuple[str, ...], to: str, secret_key: str, format_: int) -> None:
+def push(obj: Context, paths: tuple[str, ...], to: str, secret_key: str, format_: int, lock_timeout: float) -> None:
     """Upload store PATHS and what they reference to a binary cache, signed.
 
     \b
@@ -717,7 +718,7 @@ def push(obj: Context, paths: tuple[str, ...], to: str, secret_key: str, format_
     """
     from llmgw_store.api import push as do_push
 
-    r = do_push(list(paths), to, secret_key, root=obj.root, format=format_)
+    r = do_push(list(paths), to, secret_key, root=obj.root, format=format_, lock_timeout=lock_timeout)
     obj.emit(r.to_json(), f"pushed {len(r.pushed)}, already there {len(r.already_there)}")
 
 
@@ -748,7 +749,7 @@ def main() -> None:
 @click.option("--to", "to", required=True, help="Cache URL: file:///dir, http(s)://host/prefix or s3://bucket/prefix.")
 @click.option("--secret-key", required=True, envvar="LLMGW_STORE_NODE_SECRET_KEY",
               help="This node's signing key file (from keygen); the cache gc trusts its .public with --keep-from.")
-@click.option("--node", help="The node's name in the cache (default: this host's short name).")
+@click.option("--node", help="The node's name in the cache: the secret key's name (the default); another is refused.")
 @click.pass_obj
 def push_roots(obj: Context, to: str, secret_key: str, node: str | None) -> None:
     """Publish the keys this node's roots hold (profiles, pins, paths in use) as a signed roots

@@ -55,7 +55,7 @@ def activate(profile: str, target: str | Path, options: BuildOptions | None = No
 
 
 def push(targets: list[str], to: str, secret_key: str, *, root: str | Path | None = None,
-         format: int = 2) -> PushResult:
+         format: int = 2, lock_timeout: float | None = None) -> PushResult:
     """Push store paths given as PROFILE, PROFILE@N, a store name, a key or a path (object `format`
     2: shared blobs; 1: one archive)."""
     from llmgw_store.cache.push import push as push_names
@@ -64,7 +64,8 @@ def push(targets: list[str], to: str, secret_key: str, *, root: str | Path | Non
 
     with Store.open(root) as store:
         names = [reference(store, t)["name"] for t in targets]
-    return push_names(names, to, secret_key, root=root, format=format)
+    extra = {} if lock_timeout is None else {"lock_timeout": lock_timeout}
+    return push_names(names, to, secret_key, root=root, format=format, **extra)
 
 
 def push_roots(to: str, secret_key: str, *, node: str | None = None, root: str | Path | None = None):

@@ -40,12 +40,12 @@ def fleet(world):
     return world
 
 
-def publish_roots(w, url, *targets, signer="node-1", node="node-1"):
-    """node-1 holds `targets` in a profile and publishes its roots."""
+def publish_roots(w, url, *targets, signer="node-1", keys=None):
+    """node-1 holds `targets` in a profile and publishes its roots (signed by the key `signer`)."""
     for t in targets:
         run_cli(w["root"], "activate", "app", t, check=True)
     return json.loads(run_cli(w["root"], "--json", "push-roots", "--to", url, "--secret-key",
-                              str(w["keys"] / f"{signer}.secret"), "--node", node, check=True).stdout)
+                              str((keys or w["keys"]) / f"{signer}.secret"), check=True).stdout)
 
 
 def cache_gc(w, url, *extra, check=True):
@@ -97,8 +97,12 @@ def test_a_roots_document_it_cannot_trust_stops_gc_before_anything_is_deleted(fl
     url = f"file://{tmp_path / 'cache'}"
     push2(w, a, url)
     push2(w, b, url)
-    publish_roots(w, url, a, signer="intruder" if how == "untrusted" else "node-1",
-                  node="node-2" if how == "other-node" else "node-1")
+    if how == "untrusted":  # a key named node-1, but not the one gc trusts
+        run_cli(w["root"], "keygen", "node-1", "--out", str(tmp_path / "evil"), check=True)
+    if how == "other-node":
+        run_cli(w["root"], "keygen", "node-2", "--out", str(w["keys"]), check=True)
+    publish_roots(w, url, a, signer="node-2" if how == "other-node" else "node-1",
+                  keys=tmp_path / "evil" if how == "untrusted" else None)
     doc_path = tmp_path / "cache" / "roots" / ("node-2.json" if how == "other-node" else "node-1.json")
     if how == "tampered":
         doc = json.loads(doc_path.read_text())
@@ -204,3 +208,139 @@ def test_a_push_during_a_gc_waits_for_it_then_uploads_what_it_deleted(fleet, tmp
     got = json.loads(run_cli(w["node"], "--json", "pull", b, "--from", url, "--trusted-key",
                              str(w["keys"] / "builder-1.public"), check=True).stdout)
     assert got["pulled"] == [b] and run_cli(w["node"], "verify").returncode == 0
+
+
+@pytest.mark.parametrize("folder", ["blobs", "pending", "gc", "roots"])
+def test_gc_refuses_a_cache_folder_that_is_a_link_and_deletes_nothing_outside(fleet, tmp_path, folder):
+    """A folder of a file:// cache replaced by a link to a victim directory: gc (root on a node)
+    must neither list nor delete through it, whatever the victim's files are named."""
+    w, (a, b) = fleet, fleet["names"]
+    cache_dir = tmp_path / "cache"
+    url = f"file://{cache_dir}"
+    push2(w, a, url)
+    push2(w, b, url)
+    publish_roots(w, url, a)
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    planted = {"0" * 64, "passwd", f"{a[:32]}-1-deadbeef.json", "0123456789abcdef.json", "node-9.json"}
+    for n in planted:
+        (victim / n).write_text("precious")
+        os.utime(victim / n, (1, 1))
+    real = cache_dir / folder
+    if real.exists():
+        for f in real.iterdir():
+            f.rename(victim / f.name)
+        real.rmdir()
+    real.symlink_to(victim)
+    before = set(os.listdir(victim))
+    proc = cache_gc(w, url, "--grace", "0s", check=False)
+    assert proc.returncode == 1 and "is a link or not a directory" in proc.stderr, proc.stderr
+    assert set(os.listdir(victim)) == before and all((victim / n).read_text() == "precious" for n in planted)
+
+
+def test_gc_never_deletes_a_file_whose_name_it_does_not_write(fleet, tmp_path):
+    w, (a, b) = fleet, fleet["names"]
+    cache_dir = tmp_path / "cache"
+    url = f"file://{cache_dir}"
+    push2(w, a, url)
+    publish_roots(w, url, a)
+    odd = [cache_dir / "blobs" / ("A" * 64), cache_dir / "blobs" / "notes.txt", cache_dir / "README",
+           cache_dir / "pending" / "x.json", cache_dir / "gc" / "old.json"]
+    for p in odd:
+        p.parent.mkdir(exist_ok=True)
+        p.write_text("keep me")
+        os.utime(p, (1, 1))
+    push2(w, b, url)  # positive: unrooted b goes, odd names stay
+    done = cache_gc(w, url, "--grace", "0s")
+    assert done["deleted_objects"] == [f"{b[:32]}.json"]
+    assert all(p.read_text() == "keep me" for p in odd)
+
+
+def test_push_refuses_to_write_through_a_linked_cache_folder(fleet, tmp_path):
+    w, (a, _) = fleet, fleet["names"]
+    cache_dir = tmp_path / "cache"
+    cache_dir.mkdir()
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (cache_dir / "blobs").symlink_to(victim)
+    proc = run_cli(w["root"], "push", a, "--to", f"file://{cache_dir}", "--secret-key",
+                   str(w["keys"] / "builder-1.secret"))
+    assert proc.returncode != 0 and "is a link or not a directory" in proc.stderr, proc.stderr
+    assert os.listdir(victim) == []
+    (cache_dir / "roots").symlink_to(victim)
+    proc = run_cli(w["root"], "push-roots", "--to", f"file://{cache_dir}", "--secret-key",
+                   str(w["keys"] / "node-1.secret"), "--node", "node-1")
+    assert proc.returncode != 0 and os.listdir(victim) == []
+
+
+def test_a_node_key_cannot_publish_another_nodes_roots(fleet, tmp_path):
+    """node-1's key signs a roots document for node-2 (both keys trusted): gc stops; push-roots
+    refuses --node other than its key's name, and refuses a .public key."""
+    from llmgw_store.cache import signing
+    from llmgw_store.core.keys import canonical_json
+
+    w, (a, b) = fleet, fleet["names"]
+    url = f"file://{tmp_path / 'cache'}"
+    run_cli(w["root"], "keygen", "node-2", "--out", str(w["keys"]), check=True)
+    push2(w, a, url)
+    push2(w, b, url)
+    assert publish_roots(w, url, a)["node"] == "node-1"  # positive: the node is the key's name
+    proc = run_cli(w["root"], "push-roots", "--to", url, "--secret-key", str(w["keys"] / "node-1.secret"),
+                   "--node", "node-2")
+    assert proc.returncode == 2 and "differs from the secret key's name" in proc.stderr, proc.stderr
+    pub = run_cli(w["root"], "push-roots", "--to", url, "--secret-key", str(w["keys"] / "node-1.public"))
+    errors = [line for line in pub.stderr.splitlines() if "error:" in line]
+    assert pub.returncode == 2 and len(errors) == 1 and "public key" in errors[0], pub.stderr
+    doc = {"format": "llmgw-roots-1", "node": "node-2", "time": time.time(), "keys": []}
+    signing.sign(doc, str(w["keys"] / "node-1.secret"))
+    (tmp_path / "cache" / "roots" / "node-2.json").write_bytes(canonical_json(doc))
+    before = names_in(url)
+    proc = run_cli(w["root"], "--json", "cache", "gc", url, "--keep-from", str(w["keys"]), "--grace", "0s")
+    assert proc.returncode == 1 and "signed by: node-1" in proc.stderr and "gc stopped" in proc.stderr, proc.stderr
+    assert names_in(url) == before
+    (tmp_path / "cache" / "roots" / "node-2.json").unlink()  # positive: node-1's own document, both keys trusted
+    done = json.loads(run_cli(w["root"], "--json", "cache", "gc", url, "--keep-from", str(w["keys"]), "--grace",
+                              "0s", check=True).stdout)
+    assert done["roots"] == {"node-1": 1} and done["deleted_objects"] == [f"{b[:32]}.json"]
+
+
+def test_a_gc_whose_marker_expired_stops_before_deleting(fleet, tmp_path):
+    """The gc ran past its marker's expiry (simulated: the marker is rewritten as an hour old while
+    the gc is paused before its deletes): a push may have trusted the blobs, so it deletes nothing."""
+    w = fleet
+    url, a, _, _ = _race_setup(w, tmp_path)
+    before = names_in(url)
+    gc_proc = subprocess.Popen(cli_cmd(w["root"], "--json", "cache", "gc", url, "--keep-from",
+                                       str(w["keys"] / "node-1.public"), "--grace", "0s", "--allow-no-roots"),
+                               env={**os.environ, "LLMGW_STORE_DEBUG_CACHE_GC_PAUSE": "5"},
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for(lambda: any((tmp_path / "cache" / "gc").glob("*.json")), gc_proc, "the gc marker")
+        time.sleep(1)  # past its listing: it is in its pause, with A doomed
+        for m in (tmp_path / "cache" / "gc").glob("*.json"):
+            m.write_text(json.dumps({"time": time.time() - 3700, "expires": time.time() - 100}))
+        _, err = gc_proc.communicate(timeout=120)
+    finally:
+        gc_proc.kill()
+        gc_proc.wait()
+    errors = [line for line in err.splitlines() if "error:" in line]
+    assert gc_proc.returncode == 1 and len(errors) == 1 and "stopped deleting" in errors[0], err
+    assert names_in(url) == before
+    done = cache_gc(w, url, "--grace", "0s", "--allow-no-roots")  # positive: unpaused, it renews and deletes
+    assert done["deleted_objects"] == [f"{a[:32]}.json"] and names_in(url) == set()
+
+
+def test_a_planted_gc_marker_blocks_a_push_only_for_its_lock_timeout(fleet, tmp_path):
+    w = fleet
+    url, _, b, _ = _race_setup(w, tmp_path)
+    planted = tmp_path / "cache" / "gc" / "0123456789abcdef.json"
+    planted.parent.mkdir(exist_ok=True)
+    planted.write_text(json.dumps({"time": time.time(), "expires": time.time() + 10 ** 9}))
+    proc = run_cli(w["root"], "push", b, "--to", url, "--secret-key", str(w["keys"] / "builder-1.secret"),
+                   "--lock-timeout", "1")
+    errors = [line for line in proc.stderr.splitlines() if "error:" in line]
+    assert proc.returncode == 75 and len(errors) == 1 and "0123456789abcdef.json" in errors[0], proc.stderr
+    os.utime(planted, (time.time() - 7200, time.time() - 7200))  # unwritten for 2h: dead, whatever it claims
+    run_cli(w["root"], "push", b, "--to", url, "--secret-key", str(w["keys"] / "builder-1.secret"),
+            "--lock-timeout", "1", check=True)
+    assert blobs_of(url, b[:32]) <= names_in(url)

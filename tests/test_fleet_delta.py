@@ -323,3 +323,42 @@ def test_a_streamed_blob_stops_at_its_signed_size_and_a_declared_size_is_checked
     ok = zstandard.ZstdCompressor().compress(b"hello")
     (tmp_path / "blobs" / digest).write_bytes(ok)
     assert inflate_whole(backend, BlobRef(digest, 5, len(ok)), "x.json") == (b"hello", len(ok))
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGKILL"])
+def test_a_killed_pull_leaves_no_scratch_tree_behind(world, tmp_path, sig):
+    """SIGTERM: the pull cleans up as on ^C and exits 143. SIGKILL: it cannot, and the next pull
+    removes the pull-<pid>-* tree of the dead pid. A pull then succeeds (the positive case)."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    from tests.conftest import cli_cmd
+
+    a, _ = world["names"]
+    url = f"file://{tmp_path / 'cache'}"
+    push2(world, a, url)
+    run_cli(world["node"], "verify")  # creates the node's store
+    tmp = world["node"] / "var" / "tmp"
+    proc = subprocess.Popen(cli_cmd(world["node"], "pull", a, "--from", url, "--trusted-key",
+                                    str(world["keys"] / "builder-1.public")),
+                            env={**os.environ, "LLMGW_STORE_DEBUG_PULL_PAUSE": "60"},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp.is_dir() and any(p.name.startswith(f"pull-{proc.pid}-") for p in tmp.iterdir())):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.05)
+        proc.send_signal(getattr(signal, sig))
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+        proc.wait()
+    if sig == "SIGTERM":
+        assert proc.returncode == 143 and "interrupted" in err, err
+        assert not [p for p in tmp.iterdir() if p.name.startswith("pull-")]
+    else:
+        assert [p for p in tmp.iterdir() if p.name.startswith(f"pull-{proc.pid}-")]
+    got = pull2(world, a, url)
+    assert got["pulled"] == [a] and not [p for p in tmp.iterdir() if p.name.startswith("pull-")]

@@ -34,6 +34,16 @@ CHUNK = 1 << 20
 FOLDERS = ("blobs", "roots", "pending", "gc")
 OBJECT_NAME_RE = re.compile(r"(?:(?:blobs|roots|pending|gc)/)?[A-Za-z0-9][A-Za-z0-9._+-]{0,254}")
 MAX_LISTED = 10_000_000  # entries one listing may return: past it the cache is refused
+# The only names a listing returns, per folder: the names this code writes. Whatever else a cache
+# holds (a planted file, another tool's) is never listed, so never deleted by a cache gc.
+_KEY = "[0123456789abcdfghijklmnpqrsvwxyz]{32}"
+LISTED_NAME_RE = {
+    "": re.compile(rf"{_KEY}\.(?:json|tar\.zst)"),
+    "blobs": re.compile(r"[0-9a-f]{64}"),
+    "pending": re.compile(rf"{_KEY}-[0-9]{{1,10}}-[0-9a-f]{{8}}\.json"),
+    "gc": re.compile(r"[0-9a-f]{16}\.json"),
+    "roots": re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}\.json"),
+}
 
 
 @dataclass(frozen=True)
@@ -63,7 +73,7 @@ def _listed(folder: str, name: object, size: object, mtime: object) -> Listed | 
     if not isinstance(name, str) or not isinstance(size, int) or not isinstance(mtime, (int, float)):
         return None
     full = f"{folder}/{name}" if folder else name
-    if "/" in name or not OBJECT_NAME_RE.fullmatch(full):
+    if "/" in name or not LISTED_NAME_RE[folder].fullmatch(name) or not OBJECT_NAME_RE.fullmatch(full):
         return None
     return Listed(full, size, float(mtime))
 
@@ -148,66 +158,140 @@ def _reader(chunks: Iterator[bytes]) -> Callable[[int], bytes]:
 
 
 class FileBackend(_Backend):
+    """Every access goes through directory fds opened with O_NOFOLLOW|O_DIRECTORY: the cache root
+    and its folders are refused when they are links (a `blobs/` linked to /etc must not make a gc,
+    running as root, delete or overwrite files there), and names are used relative to those fds."""
+
     def __init__(self, root: Path):
         self.root = root
 
     def where(self, name: str) -> str:
         return str(self.root / name)
 
+    def _dir_fd(self, folder: str, *, create: bool = False) -> int | None:
+        """An fd of the cache root (folder "") or of one of its folders; None when absent."""
+        flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+        if create:
+            self.root.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.mkdir(self.root, 0o755)
+            except FileExistsError:
+                pass
+        try:
+            root = os.open(self.root, flags)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                raise IntegrityError(f"{self.root}: the cache root is a link or not a directory; refusing it") from None
+            raise NetworkError(f"{self.root}: {exc.strerror}") from None
+        if not folder:
+            return root
+        try:
+            if create:
+                try:
+                    os.mkdir(folder, 0o755, dir_fd=root)
+                except FileExistsError:
+                    pass
+            try:
+                return os.open(folder, flags, dir_fd=root)
+            except FileNotFoundError:
+                return None
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise IntegrityError(f"{self.root / folder}: is a link or not a directory; refusing it") from None
+                raise NetworkError(f"{self.root / folder}: {exc.strerror}") from None
+        finally:
+            os.close(root)
+
+    @contextmanager
+    def _dir(self, folder: str, *, create: bool = False):
+        fd = self._dir_fd(folder, create=create)
+        try:
+            yield fd
+        finally:
+            if fd is not None:
+                os.close(fd)
+
     @contextmanager
     def _open(self, name: str):
         path = self.root / name
-        try:
-            # O_NONBLOCK: a FIFO planted in the cache must not hang the open; O_NOFOLLOW: a link
-            # planted there must not make this process (root) read a file of its choosing.
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-        except FileNotFoundError:
-            yield None
-            return
-        except OSError as exc:
-            if exc.errno == errno.ELOOP:
-                raise IntegrityError(f"{path}: is not a regular file (a link); refusing it") from None
-            raise NetworkError(f"{path}: {exc.strerror}") from None
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise IntegrityError(f"{path}: is not a regular file; refusing it")
-            yield st.st_size, lambda n: os.read(fd, n)
-        finally:
-            os.close(fd)
+        folder, _, base = name.rpartition("/")
+        with self._dir(folder) as dfd:
+            if dfd is None:
+                yield None
+                return
+            try:
+                # O_NONBLOCK: a FIFO planted in the cache must not hang the open; O_NOFOLLOW: a link
+                # planted there must not make this process (root) read a file of its choosing.
+                fd = os.open(base, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
+            except FileNotFoundError:
+                yield None
+                return
+            except OSError as exc:
+                if exc.errno == errno.ELOOP:
+                    raise IntegrityError(f"{path}: is not a regular file (a link); refusing it") from None
+                raise NetworkError(f"{path}: {exc.strerror}") from None
+            try:
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode):
+                    raise IntegrityError(f"{path}: is not a regular file; refusing it")
+                yield st.st_size, lambda n: os.read(fd, n)
+            finally:
+                os.close(fd)
 
     def put(self, name: str, src: Path | bytes) -> None:
         _object_name(name)
         folder, _, base = name.rpartition("/")
-        where = self.root / folder if folder else self.root
-        where.mkdir(parents=True, exist_ok=True)
-        tmp = where / f".{base}.{os.getpid()}.{threading.get_ident()}.tmp"
-        if isinstance(src, bytes):
-            tmp.write_bytes(src)
-        else:
-            import shutil
-
-            shutil.copyfile(src, tmp)
-        os.replace(tmp, self.root / name)  # readers see the whole object or none
+        tmp = f".{base}.{os.getpid()}.{threading.get_ident()}.tmp"
+        with self._dir(folder, create=True) as dfd:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
+                         dir_fd=dfd)
+            try:
+                with os.fdopen(fd, "wb") as out:
+                    if isinstance(src, bytes):
+                        out.write(src)
+                    else:
+                        with open(src, "rb") as f:
+                            while chunk := f.read(CHUNK):
+                                out.write(chunk)
+                # Within one directory fd: readers see the whole object or none.
+                os.replace(tmp, base, src_dir_fd=dfd, dst_dir_fd=dfd)
+            except BaseException:
+                try:
+                    os.unlink(tmp, dir_fd=dfd)
+                except FileNotFoundError:
+                    pass
+                raise
 
     def size(self, name: str) -> int | None:
-        try:
-            st = os.lstat(self.root / _object_name(name))
-        except FileNotFoundError:
-            return None
+        folder, _, base = _object_name(name).rpartition("/")
+        with self._dir(folder) as dfd:
+            if dfd is None:
+                return None
+            try:
+                st = os.stat(base, dir_fd=dfd, follow_symlinks=False)
+            except FileNotFoundError:
+                return None
         return st.st_size if stat.S_ISREG(st.st_mode) else None
 
     def delete(self, name: str) -> None:
-        try:
-            os.unlink(self.root / _object_name(name))  # unlink never follows a link
-        except FileNotFoundError:
-            pass
+        folder, _, base = _object_name(name).rpartition("/")
+        with self._dir(folder) as dfd:
+            if dfd is None:
+                return
+            try:
+                os.unlink(base, dir_fd=dfd)  # unlink never follows a link, and dfd is no link
+            except FileNotFoundError:
+                pass
 
     def list(self, folder: str = "") -> list[Listed]:
         where = self.root / _folder(folder) if folder else self.root
         out: list[Listed] = []
-        try:
-            with os.scandir(where) as it:
+        with self._dir(folder) as dfd:
+            if dfd is None:
+                return out
+            with os.scandir(dfd) as it:
                 for e in it:
                     st = e.stat(follow_symlinks=False)
                     if stat.S_ISREG(st.st_mode) and not e.name.startswith("."):
@@ -216,8 +300,6 @@ class FileBackend(_Backend):
                             out.append(item)
                     if len(out) > MAX_LISTED:
                         raise IntegrityError(f"{where}: lists more than {MAX_LISTED} objects; refusing it")
-        except FileNotFoundError:
-            pass
         return out
 
 

@@ -11,7 +11,7 @@ pull never finds metadata whose blobs were deleted by design.
 No roots document at all stops the gc too (unless `allow_no_roots`): with none, everything older
 than the grace would be deleted, which is far more often a wrong URL than the intent.
 
-A roots document that is not signed by a key of `--keep-from`, is malformed, or is bound to another
+A roots document that is not signed by the `--keep-from` key named after its node, is malformed, or is bound to another
 node name than its object name, stops the gc before anything is deleted: a gc that ignored a node's
 roots would delete what that node runs. A live object whose plan cannot be read stops it too.
 
@@ -26,7 +26,6 @@ import json
 import os
 import re
 import secrets
-import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,7 +34,7 @@ from typing import Any
 from llmgw_store.cache.backends import backend_for
 from llmgw_store.cache.fastpull import BlobRef, fetch_small
 from llmgw_store.cache.objects import HEX64
-from llmgw_store.cache.signing import METADATA_MAX_BYTES, check_signature, sign, trusted_keys
+from llmgw_store.cache.signing import METADATA_MAX_BYTES, check_signature, key_text, parse_key, sign, trusted_keys
 from llmgw_store.core import debug
 from llmgw_store.core.errors import IntegrityError, StoreError, UsageError
 from llmgw_store.core.keys import KEY_RE, canonical_json, key_of_name
@@ -46,6 +45,8 @@ NODE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 ROOTS_FORMAT = "llmgw-roots-1"
 MAX_ROOT_KEYS = 100_000
 GC_MAX_SECONDS = 3600  # a gc marker expires after this: a killed gc does not block pushes forever
+GC_RENEW_MARGIN = 300  # gc stops deleting when its marker expires sooner than this: a push may then go ahead
+GC_RENEW_BATCH = 256  # deletes between two renewals of the marker (and at most GC_RENEW_MARGIN / 5 seconds)
 PENDING_STALE = 24 * 3600  # a pending marker older than this is a push that died
 PENDING_MAX_BYTES = 64 << 20
 _OBJECT = re.compile(r"([0-9a-z]{32})\.(json|tar\.zst)")
@@ -66,8 +67,16 @@ class PushRootsResult(Result):
 
 
 def push_roots(keys: list[str], to: str, secret_key: str, node: str | None = None) -> PushRootsResult:
-    """Publish the signed roots document of `node` (default: this host's name) holding `keys`."""
-    node = check_node(node or socket.gethostname().split(".")[0])
+    """Publish the signed roots document of `node` holding `keys`. One key per node, named after
+    it: the node is the secret key's name (gc refuses a document whose signer is named otherwise,
+    so one node's key cannot publish another node's roots)."""
+    if str(secret_key).endswith(".public"):
+        raise UsageError(f"{str(secret_key)[:200]}: is a public key; push-roots signs with the node's .secret key")
+    key_name, _ = parse_key(key_text(secret_key), "the secret key")
+    if node is not None and node != key_name:
+        raise UsageError(f"--node {node[:64]!r} differs from the secret key's name {key_name[:64]!r}: a node "
+                         "publishes its roots with its own key, named after it (keygen NODE)")
+    node = check_node(key_name)
     keys = sorted(set(keys))
     if not all(KEY_RE.match(k) for k in keys):
         raise UsageError("a roots document holds store keys only")
@@ -91,8 +100,13 @@ def _read_roots(backend, item, trusted: dict[str, bytes]) -> tuple[str, list[str
     if not isinstance(doc, dict) or doc.get("format") != ROOTS_FORMAT or not isinstance(doc.get("keys"), list) \
             or not isinstance(doc.get("node"), str):
         raise IntegrityError(f"{label}: not a roots document; refusing it (gc stopped, nothing deleted)")
+    node = doc["node"]
     try:
-        check_signature(doc, trusted, label)
+        # Only the key named after the node may sign its roots: node-1's key cannot publish node-2's.
+        if node not in trusted:
+            raise IntegrityError(f"{label}: not signed by a trusted key named {node[:64]!r} (one key per node, "
+                                 "named after it); refusing it")
+        check_signature(doc, {node: trusted[node]}, label)
     except IntegrityError as exc:
         raise IntegrityError(f"{exc} (gc stopped, nothing deleted: trust the node's key with --keep-from, or "
                              "remove the document of a retired node)") from None
@@ -120,6 +134,35 @@ def _blobs_of(backend, key: str, doc: dict[str, Any]) -> set[str]:
     if not all(isinstance(d, str) and HEX64.fullmatch(d) for d in held):
         raise IntegrityError(f"{label}: a kept object whose plan names something other than blobs; gc stopped")
     return held
+
+
+def _renew(backend, marker: str) -> float:
+    """Rewrite this gc's marker with a new expiry; that expiry. Only while the marker as the cache
+    holds it is unexpired by GC_RENEW_MARGIN at least: once it may have expired (gc paused or
+    slow, or the marker gone or tampered with), a push may have trusted blobs this gc meant to
+    delete, so gc deletes nothing more."""
+    data = backend.get(marker, max_bytes=4096)
+    try:
+        expires = float(json.loads(data)["expires"]) if data else 0.0
+    except (ValueError, KeyError, TypeError):
+        expires = 0.0
+    now = time.time()
+    if expires - now < GC_RENEW_MARGIN:
+        raise StoreError(f"cache gc: its marker {marker} expired or is about to ({expires - now:.0f}s left); "
+                         "stopped deleting (a push may be going ahead): run the gc again")
+    new = now + GC_MAX_SECONDS
+    backend.put(marker, canonical_json({"time": now, "expires": new}))
+    return new
+
+
+def _delete_while_marked(backend, marker: str, names: list[str]) -> None:
+    """Delete `names` in order, renewing the gc marker before each batch (see _renew)."""
+    expires, renewed = 0.0, 0.0
+    for count, name in enumerate(names):
+        now = time.time()
+        if count % GC_RENEW_BATCH == 0 or now - renewed > GC_RENEW_MARGIN / 5 or expires - now < GC_RENEW_MARGIN:
+            expires, renewed = _renew(backend, marker), now
+        backend.delete(name)
 
 
 @dataclass(frozen=True)
@@ -229,12 +272,9 @@ def gc(url: str, keep_from: list[str], *, grace: float, dry_run: bool = False,
             f"keeping {len(live & objects.keys())} object(s) held by {len(roots)} node(s) or younger than the grace")
         if not dry_run:
             # Metadata before archives and blobs: an object is gone before any of its bytes are.
-            for item in sorted(doomed_objects, key=lambda i: not i.name.endswith(".json")):
-                backend.delete(item.name)
-            for b in doomed_blobs:
-                backend.delete(b.name)
-            for item in stale_markers:
-                backend.delete(item.name)
+            doomed = [i.name for i in sorted(doomed_objects, key=lambda i: not i.name.endswith(".json"))]
+            doomed += [b.name for b in doomed_blobs] + [i.name for i in stale_markers]
+            _delete_while_marked(backend, marker, doomed)
         return CacheGcResult(dry_run, tuple(sorted(i.name for i in doomed_objects)), len(doomed_blobs), freed,
                              len(live & objects.keys()), len(blobs) - len(doomed_blobs), roots,
                              round(time.monotonic() - started, 3))

@@ -25,6 +25,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -35,7 +37,7 @@ from llmgw_store.cache.backends import backend_for
 from llmgw_store.cache.fastpull import BlobRef, MetaV2, Stats, build_tree
 from llmgw_store.cache.objects import FORMAT, shape_v2
 from llmgw_store.cache.signing import METADATA_MAX_BYTES, check_signature, trusted_keys
-from llmgw_store.core import locks, manifest
+from llmgw_store.core import debug, locks, manifest
 from llmgw_store.core.errors import IntegrityError, NotFoundError, StoreError, UsageError
 from llmgw_store.core.fsutil import force_rmtree
 from llmgw_store.core.index import row_from_manifest
@@ -348,6 +350,7 @@ def fetch_v2_into_store(store: Store, backend, meta: MetaV2) -> tuple[Path, Stat
         scratch.mkdir(mode=0o700, parents=True)
         tree = scratch / meta.name
         tree.mkdir(mode=0o755)
+        debug.pause("PULL_PAUSE")
         doc, stats = build_tree(backend, meta, store, tree)
         _check_relocatable(tree, meta.name)
         os.rename(tree, final)  # atomic, same filesystem: complete or absent
@@ -387,6 +390,60 @@ def _local_path(store: Store, key: str) -> Path | None:
     return path if path is not None and path.is_dir() else None
 
 
+SCRATCH_RE = re.compile(r"pull-([0-9]{1,7})-[0-9a-z]{32}(?:\.tar\.zst)?")  # Linux pids are at most 2^22
+MAX_STALE_SCAN = 100_000
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM during a pull: handled as ^C (its scratch tree is removed), exit 143."""
+
+    exit_code = 143
+
+
+@contextmanager
+def terminate_as_interrupt():
+    """While a pull's scratch trees may exist, SIGTERM (systemd stopping a unit, a timeout's kill)
+    raises Terminated, so the `finally` that removes them runs. Only the main thread can take a
+    signal handler; elsewhere the default stays (and the next pull or gc sweeps what is left)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminate(signum, frame):
+        raise Terminated("SIGTERM")
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def sweep_stale_pulls(tmp: Path) -> None:
+    """Remove what a pull killed by SIGKILL left in ROOT/var/tmp: `pull-<pid>-<key>[.tar.zst]` of
+    a pid that no longer runs. (A pid reused since is taken as alive: its tree waits for the next.)"""
+    try:
+        with os.scandir(tmp) as it:
+            names = [e.name for _, e in zip(range(MAX_STALE_SCAN), it)]
+    except FileNotFoundError:
+        return
+    for n in names:
+        m = SCRATCH_RE.fullmatch(n)
+        if m and int(m.group(1)) != os.getpid() and not _alive(int(m.group(1))):
+            say(f"removing {n}, left by a pull that did not finish")
+            force_rmtree(tmp / n)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def pull(target: str, from_: list[str], trusted: list[str], *, root: str | Path | None = None,
          lock_timeout: float = locks.BUILD_LOCK_TIMEOUT_S) -> PullResult:
     started = time.monotonic()
@@ -397,7 +454,8 @@ def pull(target: str, from_: list[str], trusted: list[str], *, root: str | Path 
     objects = _closure(backends, key, name, keys)
     pulled, present = [], []
     total = Stats()
-    with Store.open(root, lock_timeout, create=True) as store:
+    with Store.open(root, lock_timeout, create=True) as store, terminate_as_interrupt():
+        sweep_stale_pulls(store.layout.tmp)
         for backend, meta in objects:
             local = _local_path(store, meta.key)
             if local is None:

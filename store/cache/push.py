@@ -115,12 +115,16 @@ def _wait_for_gc(backend, lock_timeout: float) -> None:
                 expires = float(json.loads(data)["expires"]) if data else 0.0
             except (ValueError, KeyError, TypeError):
                 expires = item.mtime + 3600
+            # A gc renews its marker (rewrites it) at least every few minutes: a marker unwritten
+            # for an hour is a dead or planted one, whatever expiry it claims.
+            expires = min(expires, item.mtime + 3600 + 60)
             if expires > time.time():
                 running.append(item.name)
         if not running:
             return
         if time.monotonic() > deadline:
-            raise LockTimeout(f"a cache gc is running on {backend.where(running[0])}; push again once it is done")
+            raise LockTimeout(f"a cache gc is running (its marker {backend.where(running[0])}); waited "
+                              f"{lock_timeout:g}s (--lock-timeout): push again once it is done")
         say(f"waiting for the cache gc ({running[0]}) to finish")
         time.sleep(GC_WAIT_POLL)
 

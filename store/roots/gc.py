@@ -160,6 +160,10 @@ def collect(
                               "kept_by_grace": [], "rounds": 0}
     with Store.open(root, lock_timeout) as store:
         layout = store.layout
+        if not dry_run:
+            from llmgw_store.cache.pull import sweep_stale_pulls
+
+            sweep_stale_pulls(layout.tmp)  # scratch trees of pulls killed by SIGKILL
         report["free_before"] = free_bytes(layout.store)
         if min_free is not None and report["free_before"] >= min_free:
             say(f"{human_size(report['free_before'])} free, at least --min-free: nothing to do")
