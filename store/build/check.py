@@ -24,12 +24,9 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-import signal
 import stat
-import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,6 +42,7 @@ from llmgw_store.core.fsutil import force_rmtree, freeze
 from llmgw_store.core.local_store import Store
 from llmgw_store.core.report import say
 from llmgw_store.core.results import Result
+from llmgw_store.core.scratch import sigterm_raises, sweep_dead
 
 SCRATCH_RE = re.compile(r"check-([0-9]{1,7})-[0-9]{1,20}")  # Linux pids are at most 2^22
 MAX_STALE_SCAN = 10_000  # names of ROOT/var/tmp looked at for a dead check's leftovers
@@ -91,10 +89,10 @@ def check(recipe_file: str | Path, options: BuildOptions = BuildOptions(), *,
         if row is None or not final.is_dir():
             raise NotFoundError(f"{plan.name} was collected while the check started; build it again")
         lock_text = recorded_lock(final, plan.name, row["content_hash"])
-        _sweep_stale(layout.tmp)
+        sweep_dead(layout.tmp, SCRATCH_RE, MAX_STALE_SCAN, "a check")
         scratch = layout.tmp / f"check-{os.getpid()}-{time.monotonic_ns()}"
         problems: list[str] = []
-        with _terminate_as_interrupt():
+        with sigterm_raises(KeyboardInterrupt):
             scratch.mkdir(mode=0o700)
             try:
                 tree = scratch / "env"
@@ -218,45 +216,3 @@ def compare(store: dict[str, Described], rebuilt: dict[str, Described]) -> Itera
             yield {"path": manifest.shown_path(path), "store": _side(a), "rebuilt": _side(b)}
 
 
-def _sweep_stale(tmp: Path) -> None:
-    """Remove what a check killed by SIGKILL left in ROOT/var/tmp: `check-<pid>-*` of a pid that no
-    longer runs. (A pid reused since is taken as alive: its tree waits for the next check.)"""
-    try:
-        with os.scandir(tmp) as it:
-            names = [e.name for _, e in zip(range(MAX_STALE_SCAN), it)]
-    except FileNotFoundError:
-        return
-    for n in names:
-        m = SCRATCH_RE.fullmatch(n)
-        if m and int(m.group(1)) != os.getpid() and not _alive(int(m.group(1))):
-            say(f"removing {n}, left by a check that did not finish")
-            force_rmtree(tmp / n)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-@contextmanager
-def _terminate_as_interrupt() -> Iterator[None]:
-    """While the temporary tree exists, SIGTERM (systemd stopping a unit, a timeout's kill) raises
-    KeyboardInterrupt, so the `finally` that removes the tree runs. Only the main thread can take
-    a signal handler; elsewhere the default stays (and the next check sweeps what is left)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)

@@ -25,8 +25,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
-import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -45,6 +43,7 @@ from llmgw_store.core.keys import KEY_RE, is_store_name, key_of_name
 from llmgw_store.core.local_store import Store
 from llmgw_store.core.report import say
 from llmgw_store.core.results import Result
+from llmgw_store.core.scratch import sigterm_raises, sweep_dead
 from llmgw_store.core.temproots import TempRoots
 
 MAX_REFERENCES = 64  # of one object
@@ -103,12 +102,16 @@ def _shape(doc: Any, label: str) -> dict[str, Any]:
     return doc
 
 
-def _bound(doc: dict[str, Any], key: str, name: str | None, signer: str, label: str) -> Meta:
-    """Bind signed metadata to what was asked and check every value before it is used."""
-
+def _refusal(label: str):
     def refuse(problem: str) -> IntegrityError:
         return IntegrityError(f"{label}: {problem}; refusing it")
 
+    return refuse
+
+
+def _bind_name_and_references(doc: dict[str, Any], key: str, name: str | None, refuse) -> list[str]:
+    """What both formats bind: the signed key is the key asked for, the signed name a store path
+    name of it (and the name asked for, if one was); the references, store path names."""
     if doc["key"] != key:
         raise refuse("it is signed for another key")
     if not is_store_name(doc["name"]) or key_of_name(doc["name"]) != key:
@@ -118,6 +121,13 @@ def _bound(doc: dict[str, Any], key: str, name: str | None, signer: str, label: 
     refs = doc["references"]
     if len(refs) > MAX_REFERENCES or not all(is_store_name(r) for r in refs):
         raise refuse(f"its references are not a list of at most {MAX_REFERENCES} store path names")
+    return refs
+
+
+def _bound(doc: dict[str, Any], key: str, name: str | None, signer: str, label: str) -> Meta:
+    """Bind signed metadata to what was asked and check every value before it is used."""
+    refuse = _refusal(label)
+    refs = _bind_name_and_references(doc, key, name, refuse)
     if doc["archive"] != f"{key}.tar.zst":
         raise refuse(f"its archive is not {key}.tar.zst")
     if not _HEX64.fullmatch(doc["archive_sha256"]) or not _HEX64.fullmatch(doc["content_hash"]):
@@ -133,18 +143,8 @@ def _bound(doc: dict[str, Any], key: str, name: str | None, signer: str, label: 
 
 def _bound_v2(doc: dict[str, Any], key: str, name: str | None, signer: str, label: str) -> MetaV2:
     """`_bound` for a content-addressed (format 2) object: the same bindings, its blobs' digests."""
-    def refuse(problem: str) -> IntegrityError:
-        return IntegrityError(f"{label}: {problem}; refusing it")
-
-    if doc["key"] != key:
-        raise refuse("it is signed for another key")
-    if not is_store_name(doc["name"]) or key_of_name(doc["name"]) != key:
-        raise refuse("its signed name is not a store path name of that key")
-    if name is not None and doc["name"] != name:
-        raise refuse(f"it is signed for {doc['name']}, not {name}")
-    refs = doc["references"]
-    if len(refs) > MAX_REFERENCES or not all(is_store_name(r) for r in refs):
-        raise refuse(f"its references are not a list of at most {MAX_REFERENCES} store path names")
+    refuse = _refusal(label)
+    refs = _bind_name_and_references(doc, key, name, refuse)
     if not _HEX64.fullmatch(doc["content_hash"]):
         raise refuse("its content hash is not 64 hex digits")
     if not all(0 <= doc[f] <= MAX_BYTES for f in ("size", "files")):
@@ -400,48 +400,10 @@ class Terminated(KeyboardInterrupt):
     exit_code = 143
 
 
-@contextmanager
-def terminate_as_interrupt():
-    """While a pull's scratch trees may exist, SIGTERM (systemd stopping a unit, a timeout's kill)
-    raises Terminated, so the `finally` that removes them runs. Only the main thread can take a
-    signal handler; elsewhere the default stays (and the next pull or gc sweeps what is left)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def terminate(signum, frame):
-        raise Terminated("SIGTERM")
-
-    previous = signal.signal(signal.SIGTERM, terminate)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def sweep_stale_pulls(tmp: Path) -> None:
     """Remove what a pull killed by SIGKILL left in ROOT/var/tmp: `pull-<pid>-<key>[.tar.zst]` of
-    a pid that no longer runs. (A pid reused since is taken as alive: its tree waits for the next.)"""
-    try:
-        with os.scandir(tmp) as it:
-            names = [e.name for _, e in zip(range(MAX_STALE_SCAN), it)]
-    except FileNotFoundError:
-        return
-    for n in names:
-        m = SCRATCH_RE.fullmatch(n)
-        if m and int(m.group(1)) != os.getpid() and not _alive(int(m.group(1))):
-            say(f"removing {n}, left by a pull that did not finish")
-            force_rmtree(tmp / n)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    a pid that no longer runs."""
+    sweep_dead(tmp, SCRATCH_RE, MAX_STALE_SCAN, "a pull")
 
 
 def pull(target: str, from_: list[str], trusted: list[str], *, root: str | Path | None = None,
@@ -454,7 +416,7 @@ def pull(target: str, from_: list[str], trusted: list[str], *, root: str | Path 
     objects = _closure(backends, key, name, keys)
     pulled, present = [], []
     total = Stats()
-    with Store.open(root, lock_timeout, create=True) as store, terminate_as_interrupt():
+    with Store.open(root, lock_timeout, create=True) as store, sigterm_raises(lambda: Terminated("SIGTERM")):
         sweep_stale_pulls(store.layout.tmp)
         for backend, meta in objects:
             local = _local_path(store, meta.key)

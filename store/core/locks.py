@@ -62,18 +62,15 @@ def _owner_text(path: Path, default: str) -> str:
             info = json.loads(f.read(4096))
         pid, host = int(info["pid"]), str(info["host"])[:64]
         age = int(time.time() - info["since"])
-        if host == _hostname() and not _alive(pid):
+        if host == _hostname() and not pid_alive(pid):
             return default  # a note left by a holder that was killed; whoever holds it now left none
         return f"pid {pid} on {host} ({str(info['what'])[:200]}, for {age}s)"
     except (OSError, ValueError, KeyError, TypeError):
         return default
 
 
-def _hostname() -> str:
-    return os.uname().nodename  # socket.gethostname()'s answer, without importing socket
-
-
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether `pid` names a running process (one we may not signal counts as running)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -81,6 +78,10 @@ def _alive(pid: int) -> bool:
     except (PermissionError, OverflowError, ValueError):
         pass
     return True
+
+
+def _hostname() -> str:
+    return os.uname().nodename  # socket.gethostname()'s answer, without importing socket
 
 
 def _write_note(owner: Path, what: str) -> None:

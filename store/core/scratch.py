@@ -1,0 +1,52 @@
+"""Scratch trees under ROOT/var/tmp named after the process that made them (`check-<pid>-…`,
+`pull-<pid>-…`): removed by their maker on every way out it can see, SIGTERM included, and by the
+next command of their kind when the maker was killed by SIGKILL."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from llmgw_store.core.fsutil import force_rmtree
+from llmgw_store.core.locks import pid_alive
+from llmgw_store.core.report import say
+
+
+def sweep_dead(tmp: Path, pattern: re.Pattern[str], max_scan: int, what: str) -> None:
+    """Remove the entries of `tmp` whose name `pattern` matches whole with the maker's pid as group 1,
+    when that pid is not this process and no longer runs; at most `max_scan` names are looked at.
+    (A pid reused since is taken as alive: its tree waits for the next sweep.)"""
+    try:
+        with os.scandir(tmp) as it:
+            names = [e.name for _, e in zip(range(max_scan), it)]
+    except FileNotFoundError:
+        return
+    for n in names:
+        m = pattern.fullmatch(n)
+        if m and int(m.group(1)) != os.getpid() and not pid_alive(int(m.group(1))):
+            say(f"removing {n}, left by {what} that did not finish")
+            force_rmtree(tmp / n)
+
+
+@contextmanager
+def sigterm_raises(exception: Callable[[], BaseException]) -> Iterator[None]:
+    """While the block runs, SIGTERM (systemd stopping a unit, a timeout's kill) raises
+    `exception()`, so the `finally` that removes a scratch tree runs. Only the main thread can take
+    a signal handler; elsewhere the default stays (and the next sweep removes what is left)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        raise exception()
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
