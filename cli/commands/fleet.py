@@ -1,0 +1,101 @@
+"""Binary caches: `keygen`, `push`, `pull`, `push-roots`, `cache gc`."""
+
+from __future__ import annotations
+
+import click
+
+from llmgw_store.cli.app import Context, cli, lock_timeout_option
+from llmgw_store.core import locks
+
+
+@cli.command()
+@click.argument("paths", nargs=-1, required=True)
+@click.option("--to", "to", required=True, help="Cache URL: file:///dir or http(s)://host/prefix (PUT).")
+@click.option("--secret-key", required=True, envvar="LLMGW_STORE_SECRET_KEY", help="Signing key file (from keygen).")
+@click.option("--format", "format_", type=click.IntRange(1, 2), default=2, show_default=True,
+              help="Object format: 2 = files as shared blobs (delta pulls), 1 = one archive (older nodes).")
+@lock_timeout_option(locks.LOCK_TIMEOUT_S, "the store's locks and a running cache gc's marker")
+@click.pass_obj
+def push(obj: Context, paths: tuple[str, ...], to: str, secret_key: str, format_: int, lock_timeout: float) -> None:
+    """Upload store PATHS and what they reference to a binary cache, signed.
+
+    \b
+    Example:
+      llmgw-store push vllm --to file:///srv/llmgw-cache --secret-key /etc/llmgw-store/builder-1.secret
+    """
+    from llmgw_store.api import push as do_push
+
+    r = do_push(list(paths), to, secret_key, root=obj.root, format=format_, lock_timeout=lock_timeout)
+    obj.emit(r.to_json(), f"pushed {len(r.pushed)}, already there {len(r.already_there)}")
+
+
+@cli.command()
+@click.argument("target")
+@click.option("--from", "from_", multiple=True, required=True, help="Cache URL; repeatable (asked in order).")
+@click.option("--trusted-key", "trusted_keys", multiple=True, help="Public key accepted (name:base64 or a .public file).")
+@lock_timeout_option(locks.BUILD_LOCK_TIMEOUT_S, "each lock (another process fetching the same key, a gc)")
+@click.pass_obj
+def pull(obj: Context, target: str, from_: tuple[str, ...], trusted_keys: tuple[str, ...], lock_timeout: float) -> None:
+    """Fetch a store path (by key or store path name) and its references from a binary cache.
+
+    \b
+    Example:
+      llmgw-store pull 5x...-vllm-0.33.0-cu130 --from https://cache.internal/llmgw --trusted-key builder-1.public
+    """
+    from llmgw_store.cache.pull import pull as do_pull
+
+    r = do_pull(target, list(from_), list(trusted_keys), root=obj.root, lock_timeout=lock_timeout)
+    obj.emit(r.to_json(), r.path)
+
+
+@cli.command("push-roots")
+@click.option("--to", "to", required=True, help="Cache URL: file:///dir, http(s)://host/prefix or s3://bucket/prefix.")
+@click.option("--secret-key", required=True, envvar="LLMGW_STORE_NODE_SECRET_KEY",
+              help="This node's signing key file (from keygen); the cache gc trusts its .public with --keep-from.")
+@click.option("--node", help="The node's name in the cache: the secret key's name (the default); another is refused.")
+@click.pass_obj
+def push_roots(obj: Context, to: str, secret_key: str, node: str | None) -> None:
+    """Publish the keys this node's roots hold (profiles, pins, paths in use) as a signed roots
+    document, which `cache gc` keeps.
+
+    \b
+    Example:
+      llmgw-store push-roots --to s3://llmgw-cache/prod --secret-key /etc/llmgw-store/node-7.secret
+    """
+    from llmgw_store.api import push_roots as do_push_roots
+
+    r = do_push_roots(to, secret_key, node=node, root=obj.root)
+    obj.emit(r.to_json(), f"{r.object}: {len(r.keys)} store path(s)")
+
+
+@cli.group()
+def cache() -> None:
+    """Binary-cache maintenance."""
+
+
+@cache.command("gc")
+@click.argument("url")
+@click.option("--keep-from", "keep_from", multiple=True, required=True,
+              help="Public key (name:base64 or a .public file) of a node whose roots document is honoured; repeatable.")
+@click.option("--grace", default="1d", show_default=True,
+              help="Keep whatever was written more recently than this (pushes not yet in a roots document).")
+@click.option("--dry-run", is_flag=True, help="List what would be deleted; delete nothing.")
+@click.option("--allow-no-roots", is_flag=True,
+              help="Go on when the cache holds no roots document (deletes every object older than the grace).")
+@click.pass_obj
+def cache_gc(obj: Context, url: str, keep_from: tuple[str, ...], grace: str, dry_run: bool,
+             allow_no_roots: bool) -> None:
+    """Delete the objects and blobs of the cache URL that no published roots document holds.
+
+    \b
+    Example:
+      llmgw-store cache gc s3://llmgw-cache/prod --keep-from /etc/llmgw-store/nodes/ --grace 7d --dry-run
+    """
+    from llmgw_store.api import cache_gc as do_cache_gc
+
+    r = do_cache_gc(url, list(keep_from), grace=grace, dry_run=dry_run, allow_no_roots=allow_no_roots)
+    verb = "would delete" if r.dry_run else "deleted"
+    summary = (f"{verb} {len(r.deleted_objects)} object file(s), {r.deleted_blobs} blob(s), "
+               f"{r.freed_bytes / 1e6:.1f} MB; kept {r.kept_objects} object(s), {r.kept_blobs} blob(s) for "
+               f"{len(r.roots)} node(s)")
+    obj.emit(r.to_json(), "\n".join([*r.deleted_objects, summary]))

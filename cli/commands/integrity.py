@@ -1,0 +1,128 @@
+"""`verify`, `doctor`, `optimise`, `stats`."""
+
+from __future__ import annotations
+
+import click
+
+from llmgw_store.cli.app import Context, cli, lock_timeout_option, quoted
+from llmgw_store.core import defaults, locks
+
+
+@cli.command()
+@click.argument("paths", nargs=-1)
+@click.option("--repair", is_flag=True, help="Rebuild each damaged path from its recorded inputs and swap it in if the result checks out.")
+@click.option("--uv", "uv_path", type=click.Path(dir_okay=False), envvar="LLMGW_STORE_UV", help="uv for --repair (must be the version the path was built with).")
+@click.option("--python-preference", envvar="LLMGW_STORE_PYTHON_PREFERENCE", default=defaults.PYTHON_PREFERENCE, show_default=True,
+              type=click.Choice(defaults.PYTHON_PREFERENCES), help="For --repair: where the interpreter may come from.")
+@lock_timeout_option(locks.BUILD_LOCK_TIMEOUT_S, "each lock --repair takes (the gc lock, the key's)")
+@click.pass_obj
+def verify(obj: Context, paths: tuple[str, ...], repair: bool, uv_path: str | None, python_preference: str,
+           lock_timeout: float) -> None:
+    """Recompute the content hash of PATHS (store paths, names, keys, PROFILE or PROFILE@N; default:
+    every store path) and compare with the manifest
+    and the index; name modified, missing, extra and writable files. Exit 1 if any path is damaged.
+
+    \b
+    Examples:
+      llmgw-store verify
+      llmgw-store verify vllm@7 --repair
+    """
+    from llmgw_store.integrity.verify import verify as do_verify
+
+    r = do_verify(list(paths) or None, root=obj.root, repair=repair, uv=uv_path,
+                  python_preference=python_preference, lock_timeout=lock_timeout)
+    lines = []
+    for p in r.paths:
+        state = "ok" if p["ok"] else ("repaired" if p.get("ok_after_repair") else "DAMAGED")
+        lines.append(f"{state:8s} {p['path']}")
+        for kind in ("modified", "missing", "extra", "writable"):
+            lines += [f"           {kind}: {quoted(f)}" for f in p[kind]]
+        lines += [f"           foreign: {quoted(f['path'])} (owner uid {f['uid']}"
+                  + (f", xattrs {', '.join(map(quoted, f['xattrs']))}" if f["xattrs"] else "") + ")"
+                  for f in p.get("foreign", [])]
+        lines += [f"           {msg}" for msg in p["problems"]]
+    obj.emit(r.to_json(), "\n".join(lines))
+    if r.damaged:
+        obj.exit(1)
+
+
+@cli.command()
+@click.option("--rebuild-index", is_flag=True, help="Recreate the index from the manifests, profile links and pins (the old one is kept as a backup).")
+@lock_timeout_option(locks.LOCK_TIMEOUT_S, "the gc lock (--rebuild-index)")
+@click.pass_obj
+def doctor(obj: Context, rebuild_index: bool, lock_timeout: float) -> None:
+    """Check the index against the disk; exit 1 if they disagree. --rebuild-index recreates it.
+
+    \b
+    Examples:
+      llmgw-store doctor
+      llmgw-store doctor --rebuild-index
+    """
+    from llmgw_store.integrity.doctor import doctor as do_doctor
+
+    r = do_doctor(root=obj.root, rebuild_index=rebuild_index, lock_timeout=lock_timeout)
+    if rebuild_index:
+        obj.emit(r.to_json(), f"index rebuilt: {len(r.registered)} path(s), {r.generations} generation(s), "
+                              f"{r.pins} pin(s); {len(r.skipped)} directory(ies) left unregistered; "
+                              + (f"old index kept in {r.backup}" if r.backup else "there was no old index"))
+        return
+    lines = [f"{kind.replace('_', ' ')}: {item}" for kind, items in r.problems.items() for item in items]
+    obj.emit(r.to_json(), "\n".join(lines) or "index and disk agree")
+    if not r.ok:
+        obj.exit(1)
+
+
+@cli.command()
+@click.option("--dry-run", is_flag=True, help="Count what would be linked and freed; change nothing.")
+@lock_timeout_option(locks.LOCK_TIMEOUT_S, "a gc to let go of the gc lock")
+@click.pass_obj
+def optimise(obj: Context, dry_run: bool, lock_timeout: float) -> None:
+    """Hardlink identical files across store paths (through ROOT/store/.links) and report the bytes saved."""
+    from llmgw_store.core.units import human_size
+    from llmgw_store.integrity.optimise import optimise as do_optimise
+
+    r = do_optimise(root=obj.root, dry_run=dry_run, lock_timeout=lock_timeout)
+    obj.emit(r.to_json(), f"{r.files_linked} of {r.files_examined} file(s) {'would be ' if dry_run else ''}linked, "
+                          f"{human_size(r.bytes_saved)} {'would be ' if dry_run else ''}freed")
+
+
+@cli.command()
+@click.option("--prometheus", type=click.Path(dir_okay=False), help="Also write the figures as a Prometheus textfile (atomically).")
+@click.pass_obj
+def stats(obj: Context, prometheus: str | None) -> None:
+    """Paths, bytes (apparent and on disk after dedup), profiles, generations, cache sizes.
+
+    \b
+    Example (node_exporter's textfile collector, after each cron gc):
+      llmgw-store stats --prometheus /var/lib/node_exporter/textfile/llmgw_store.prom
+    """
+    from llmgw_store.core.units import human_size
+    from llmgw_store.integrity.stats import stats as do_stats
+
+    r = do_stats(root=obj.root, prometheus=prometheus)
+    obj.emit(r.to_json(), "\n".join([
+        f"paths:        {r.paths} ({human_size(r.bytes_apparent)} apparent, {human_size(r.bytes_on_disk)} on disk)",
+        f"profiles:     {r.profiles} with {r.generations} generation(s); {r.pins} pin(s)",
+        f"uv cache:     {human_size(r.uv_cache_bytes)} apparent ({human_size(r.uv_cache_bytes_unshared)} on disk, not shared with environments)",
+        f"pyc cache:    {human_size(r.pyc_cache_bytes)} on disk (caches together: {human_size(r.cache_bytes_on_disk)}, what gc --max-cache counts)",
+        f"downloads:    {human_size(r.downloads_bytes)} on disk",
+        f"free:         {human_size(r.free_bytes)}",
+    ]))
+
+
+@cli.command()
+@click.argument("name")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=".", show_default=True,
+              help="Directory for NAME.secret (mode 600) and NAME.public.")
+@click.pass_obj
+def keygen(obj: Context, name: str, out_dir: str) -> None:
+    """Make an ed25519 key pair for signing pushes (NAME.secret) and trusting them (NAME.public).
+
+    \b
+    Example:
+      llmgw-store keygen builder-1 --out /etc/llmgw-store
+    """
+    from llmgw_store.cache.signing import keygen as do_keygen
+
+    r = do_keygen(name, out_dir)
+    obj.emit(r.to_json(), f"secret key: {r.secret}\npublic key: {r.public} ({r.public_key})")

@@ -1,0 +1,251 @@
+"""Profiles and what runs from them: `activate`, `rollback`, `generations`, `list-profiles`,
+`pin`, `unpin`, `env`, `run`."""
+
+from __future__ import annotations
+
+import click
+
+from llmgw_store.cli.app import Context, build_options, caches_from, cli, lock_timeout_option, options_from
+from llmgw_store.core import defaults, locks
+from llmgw_store.core.names import printable
+
+
+def _check_timeout(ctx: click.Context, param: click.Parameter, value: float) -> float:
+    """Finite, more than 0, at most a day: checked before anything is built or switched."""
+    import math
+
+    if not (math.isfinite(value) and 0 < value <= 86400):
+        raise click.BadParameter(f"{value!r} is not a number of seconds more than 0 and at most 86400")
+    return value
+
+
+@cli.command()
+@click.argument("profile")
+@click.argument("target")
+@build_options
+@click.option("--check", "check", metavar="'CMD ...'",
+              help="Run this command in TARGET's environment first; switch only if it exits 0 "
+                   "(default: the recipe's `health` command, if it has one).")
+@click.option("--check-timeout", type=float, default=120.0, show_default=True, callback=_check_timeout,
+              help="Seconds the check may run (more than 0, at most 86400); then it is killed with its "
+                   "children and counts as failed.")
+@click.option("--then-check", is_flag=True,
+              help="Switch first, then run the check; switch back by itself if it fails or times out.")
+@click.option("--no-check", is_flag=True, help="Do not run the recipe's `health` command.")
+@click.option("--keep-records", type=click.IntRange(min=1), default=100, show_default=True,
+              help="Records of generations kept for this profile (the oldest cold ones are dropped beyond it).")
+@click.pass_obj
+def activate(obj: Context, profile: str, target: str, **kw) -> None:
+    """Make TARGET the current generation of PROFILE (atomically).
+
+    TARGET is a store path (or its name or key), or a RECIPE.toml that is built first if needed
+    (the build options apply to it). Activating what is already current makes no new generation.
+    With a check (--check, or the recipe's `health`), the profile switches only if the check
+    passes; else it is left as it was and the command exits 1 with the check's last lines.
+
+    \b
+    Examples:
+      llmgw-store activate vllm /var/lib/llmgw-store/store/5x...-vllm-0.6.3-cu128
+      llmgw-store activate vllm examples/vllm.toml --variant cu128
+      llmgw-store activate vllm examples/vllm.toml --check 'vllm --version' --check-timeout 60
+      llmgw-store activate vllm vllm@7 --check 'systemctl restart vllm' --then-check
+    """
+    from llmgw_store.api import activate as do_activate
+    from llmgw_store.roots.health import parse as parse_check
+
+    if kw["no_check"] and kw["check"] is not None:
+        raise click.UsageError("--no-check and --check exclude each other")
+    # Build options are made (and the builder loaded) only for a recipe.
+    options = options_from(kw) if target.endswith(".toml") else None
+    r = do_activate(profile, target, options, **caches_from(kw), root=obj.root, lock_timeout=kw["lock_timeout"],
+                    check=parse_check(kw["check"]) if kw["check"] is not None else None, no_check=kw["no_check"],
+                    check_timeout=kw["check_timeout"], then_check=kw["then_check"], keep_records=kw["keep_records"])
+    checked = f" (check {r.check['result']})" if r.check else ""
+    text = (f"{profile}: generation {r.generation} -> {r.path}{checked}" if r.changed
+            else f"{profile}: already at generation {r.generation} -> {r.path}")
+    obj.emit(r.to_json(), text)
+
+
+@cli.command()
+@click.argument("profile")
+@click.option("--to", "to", type=int, help="Generation number to switch to (default: the previous one). A cold "
+                                           "generation is rebuilt from its record (or pulled) first.")
+@click.option("--substituter", "substituters", multiple=True, envvar="LLMGW_STORE_SUBSTITUTERS",
+              help="Binary cache to pull a cold generation's store path from; repeatable.")
+@click.option("--trusted-key", "trusted_keys", multiple=True, help="Public key whose signatures are accepted; repeatable.")
+@click.option("--uv", "uv_path", type=click.Path(dir_okay=False), envvar="LLMGW_STORE_UV",
+              help="A uv binary of the version the cold generation was built with (default: the store's).")
+@click.option("--python-preference", envvar="LLMGW_STORE_PYTHON_PREFERENCE", default=defaults.PYTHON_PREFERENCE,
+              show_default=True, type=click.Choice(defaults.PYTHON_PREFERENCES),
+              help="Where the interpreter of a rebuild may come from.")
+@lock_timeout_option(locks.LOCK_TIMEOUT_S, "the profile's lock (and a rebuild's locks)")
+@click.pass_obj
+def rollback(obj: Context, profile: str, to: int | None, substituters: tuple[str, ...], trusted_keys: tuple[str, ...],
+             uv_path: str | None, python_preference: str, lock_timeout: float) -> None:
+    """Switch PROFILE back to its previous generation, or to generation N with --to N.
+
+    A cold generation N (deleted, its store path collected) comes back from its record: pulled
+    from a --substituter, else rebuilt from its recorded lock (offline from uv's cache when it
+    can be: same hashes, no re-resolution), and switched to only if it has the recorded content hash.
+
+    \b
+    Example:
+      llmgw-store rollback vllm          # the generation before the current one
+      llmgw-store rollback vllm --to 3
+    """
+    from llmgw_store.api import rollback as do_rollback
+
+    r = do_rollback(profile, to=to, substituters=substituters, trusted_keys=trusted_keys, uv=uv_path,
+                    python_preference=python_preference, root=obj.root, lock_timeout=lock_timeout)
+    back = f" (cold: {r.rebuilt})" if r.rebuilt else ""
+    obj.emit(r.to_json(), f"{profile}: generation {r.previous} -> {r.generation} ({r.path}){back}")
+
+
+@cli.command()
+@click.argument("profile")
+@click.option("--delete", "delete", type=int, multiple=True, help="Delete generation N (repeatable). Never the current "
+                                                                 "one. Its record stays: the generation becomes cold.")
+@click.option("--older-than", help="Delete generations older than this (30d, 12h, ...), except the current one.")
+@click.option("--keep", type=int, help="Keep the newest N generations (and the current one), delete the rest.")
+@click.option("--forget", "forget", type=int, multiple=True,
+              help="Delete generation N and its record too: it can no longer be rolled back to (repeatable).")
+@click.option("--keep-records", type=click.IntRange(min=1), help="Drop the oldest records of cold generations beyond N.")
+@click.option("--history", is_flag=True, help="Also print the profile's recent events (switches, checks, rollbacks).")
+@click.option("--dry-run", is_flag=True, help="Say what would be deleted, delete nothing.")
+@lock_timeout_option(locks.LOCK_TIMEOUT_S, "the profile's lock")
+@click.pass_obj
+def generations(obj: Context, profile: str, delete: tuple[int, ...], older_than: str | None, keep: int | None,
+                forget: tuple[int, ...], keep_records: int | None, history: bool, dry_run: bool,
+                lock_timeout: float) -> None:
+    """List PROFILE's generations (number, date, hot or cold, engine version, store path, current),
+    or delete some.
+
+    A generation is hot while its store path is on disk, cold once it is gone (deleted, then
+    collected); a cold generation can still be rolled back to from its record.
+
+    \b
+    Examples:
+      llmgw-store generations vllm
+      llmgw-store generations vllm --delete 3 --delete 4
+      llmgw-store generations vllm --older-than 30d
+      llmgw-store generations vllm --forget 2 --keep-records 50
+    """
+    from llmgw_store.roots import profiles
+
+    if delete or older_than or keep is not None or forget or keep_records is not None:
+        from llmgw_store.core.units import parse_duration
+
+        r = profiles.delete_generations(profile, numbers=list(delete), keep=keep, dry_run=dry_run, root=obj.root,
+                                        older_than=parse_duration(older_than) if older_than else None,
+                                        forget=list(forget), keep_records=keep_records, lock_timeout=lock_timeout)
+        verb = "would delete" if dry_run else "deleted"
+        text = f"{profile}: {verb} generation(s) {', '.join(map(str, r.deleted)) or 'none'}"
+        if r.forgotten:
+            text += f"; {'would forget' if dry_run else 'forgot'} {', '.join(map(str, r.forgotten))}"
+        if r.records_dropped:
+            text += f"; dropped the records of {', '.join(map(str, r.records_dropped))}"
+        obj.emit(r.to_json(), text)
+        return
+    r = profiles.generations(profile, root=obj.root, lock_timeout=lock_timeout)
+    for line in r.index_differs:
+        obj.progress(f"index differs: {line} (the next change of the profile records it)")
+    for line in r.records_refused:
+        obj.progress(f"record refused: {line}")
+
+    def check_note(g) -> str:
+        if g.rolled_back_to is not None:
+            return f"  (check failed: rolled back to {g.rolled_back_to})"
+        return f"  (check {g.check['result']})" if g.check else ""
+
+    lines = [
+        f"{g.number:5d}  {g.created[:20]}  {g.state:4s}  {g.engine or '?'} {g.version or '?'} ({g.variant or '?'})  "
+        f"{g.path}{'  (current)' if g.current else ''}{check_note(g)}"
+        for g in r.generations
+    ]
+    if history:
+        lines.append("history:")
+        lines += [f"  {str(e.get('at', '?'))[:19]}Z  {e.get('event')}  {_event_text(e)}" for e in r.history]
+    # One line per generation or event, whatever a check's argv or a hand-edited history holds.
+    obj.emit(r.to_json(), "\n".join(printable(line) for line in lines))
+
+
+def _event_text(e: dict) -> str:
+    by = e.get("by") or {}
+    parts = [f"{k} {e[k]}" for k in ("from", "to", "generation", "name") if e.get(k) is not None]
+    check = e.get("check")
+    if isinstance(check, dict):
+        argv = check.get("argv")
+        parts.append(f"check `{' '.join(map(str, argv)) if isinstance(argv, list) else '?'}` {check.get('result')}")
+    by = by if isinstance(by, dict) else {}
+    who = str(by.get("user", "?")) + (f" (sudo by {by['sudo_user']})" if by.get("sudo_user") else "")
+    return ", ".join(parts) + f"  by {who}"
+
+
+@cli.command(name="list-profiles")
+@click.pass_obj
+def list_profiles(obj: Context) -> None:
+    """List profiles with their current generation and store path."""
+    from llmgw_store.roots.profiles import list_profiles as do_list
+
+    r = do_list(root=obj.root)
+    obj.emit(r.to_json(), "\n".join(f"{p.profile}  generation {p.current} of {p.generations}  {p.path}" for p in r.profiles))
+
+
+@cli.command()
+@click.argument("name")
+@click.argument("path")
+@lock_timeout_option(locks.LOCK_TIMEOUT_S, "a gc to let go of the gc lock")
+@click.pass_obj
+def pin(obj: Context, name: str, path: str, lock_timeout: float) -> None:
+    """Keep PATH from gc under the pin NAME (ROOT/gcroots/NAME).
+
+    \b
+    Example:
+      llmgw-store pin vllm-known-good /var/lib/llmgw-store/store/5x...-vllm-0.6.3-cu128
+    """
+    from llmgw_store.roots.pins import pin as do_pin
+
+    r = do_pin(name, path, root=obj.root, lock_timeout=lock_timeout)
+    obj.emit(r.to_json(), f"pinned {r.path} as {name}")
+
+
+@cli.command()
+@click.argument("name")
+@lock_timeout_option(locks.LOCK_TIMEOUT_S, "the index")
+@click.pass_obj
+def unpin(obj: Context, name: str, lock_timeout: float) -> None:
+    """Remove the pin NAME (the store path stays until a gc finds nothing else holds it)."""
+    from llmgw_store.roots.pins import unpin as do_unpin
+
+    r = do_unpin(name, root=obj.root, lock_timeout=lock_timeout)
+    obj.emit(r.to_json(), f"unpinned {name} ({r.path})")
+
+
+@cli.command()
+@click.argument("target", metavar="PROFILE|PATH")
+@click.pass_obj
+def env(obj: Context, target: str) -> None:
+    """Print shell lines (PATH, VIRTUAL_ENV) for a profile (following its later switches), or for
+    PROFILE@N or a store path (its name, its key): eval "$(llmgw-store env vllm)"."""
+    from llmgw_store.roots.runenv import env_lines, shell_text
+
+    variables = env_lines(target, root=obj.root).variables
+    obj.emit(variables, shell_text(variables).rstrip("\n"))
+
+
+@cli.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.argument("target", metavar="PROFILE|PATH")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+@click.pass_obj
+def run(obj: Context, target: str, command: tuple[str, ...]) -> None:
+    """Run COMMAND in a profile's current generation (for service units), or in PROFILE@N or a
+    store path (its name, its key).
+
+    \b
+    Example:
+      llmgw-store run vllm -- vllm serve Qwen/Qwen2.5-7B-Instruct --port 8000
+    """
+    from llmgw_store.roots.runenv import exec_in
+
+    argv = list(command[1:] if command[:1] == ("--",) else command)
+    exec_in(target, argv, root=obj.root)
