@@ -223,10 +223,19 @@ CACHE = None
 
 def work(args):
     root, cache_dir, chunk = args
-    pause = os.environ.get("LLMGW_STORE_DEBUG_COMPILE_PAUSE")  # a test hook, see debug.py
+    pause = os.environ.get("LLMGW_STORE_DEBUG_COMPILE_PAUSE")  # a test hook, as debug.pause does
     if pause:
         import time
-        time.sleep(float(pause))
+        if pause.startswith("wait:"):
+            base = os.path.join(pause[5:], "compile_pause")
+            with open("%%s.reached.%%d" %% (base, os.getpid()), "w") as f:
+                f.write(str(os.getpid()))
+            os.replace("%%s.reached.%%d" %% (base, os.getpid()), base + ".reached")
+            deadline = time.monotonic() + 300
+            while not os.path.exists(base + ".go") and time.monotonic() < deadline:
+                time.sleep(0.005)
+        else:
+            time.sleep(float(pause))
     global CACHE
     if CACHE is None:
         CACHE = Cache(cache_dir)  # one per process: its shard listings serve every chunk
