@@ -39,6 +39,11 @@ if TYPE_CHECKING:
     from llmgw_store.core.local_store import Store
 
 DEFAULT_LOCK_TIMEOUT_S = locks.BUILD_LOCK_TIMEOUT_S
+# A key `make` may return beside the manifest's fields: what the install step knows of the tree it
+# made (build/wheelhome.Handoff): `memo`, digests of files it has just hashed (manifest.scan's
+# memo: nothing is hashed twice), and `check(listing)`, run on the tree's listing before anything
+# is written (it raises if a file linked from the wheel home does not hash to its seal's digest).
+HANDOFF = "handoff"
 
 
 def realise(
@@ -242,13 +247,16 @@ def _produce(store: "Store", key, name, inputs, meta, make, verify, build_id: in
     try:
         partial.mkdir()
         extra = make(partial)
+        handoff = extra.pop(HANDOFF, None)
         # Frozen before verify: the environment must work read-only, as it will in the store, and
         # nothing verify runs can change the bytes being hashed meanwhile. .llmgw/ stays writable
         # until the manifest is in.
         meta_dir = partial / manifest.MANIFEST_DIR
         meta_dir.mkdir(exist_ok=True)
         freeze(partial, keep_writable=meta_dir)
-        entries = _scan_while(verify, partial)
+        entries = _scan_while(verify, partial, handoff.memo if handoff is not None else None)
+        if handoff is not None:
+            handoff.check(entries)
         manifest.write_contents(partial, entries)
         doc = {
             **meta,
@@ -272,13 +280,13 @@ def _produce(store: "Store", key, name, inputs, meta, make, verify, build_id: in
         raise
 
 
-def _scan_while(verify: Callable[[Path], None] | None, tree: Path) -> list:
+def _scan_while(verify: Callable[[Path], None] | None, tree: Path, memo: dict | None = None) -> list:
     """Hash `tree` in a thread while `verify` runs (a subprocess, mostly waiting): the two overlap."""
     from concurrent.futures import ThreadPoolExecutor
 
     say("hashing the tree" + (" while verifying" if verify else ""))
     with ThreadPoolExecutor(max_workers=1) as pool:
-        hashed = pool.submit(manifest.scan, tree)
+        hashed = pool.submit(manifest.scan, tree, memo=memo)
         if verify is not None:
             verify(tree)
         return hashed.result()

@@ -44,6 +44,7 @@ from llmgw_store.core.results import Result
 from llmgw_store.core.temproots import gc_lock, read_all
 from llmgw_store.core.units import human_size
 from llmgw_store.roots.accounting import Tally, inodes_of, listed_files, on_disk, remove_tree, walk
+from llmgw_store.roots.cachelog import prune_wheel_home, wheel_home_inodes
 
 
 def runtime_roots(layout: Layout) -> dict[str, set[str]]:
@@ -188,8 +189,9 @@ def collect(
                 break
             dead, live = _sweep(store, excluded, budget, keep_dead_for, dry_run, lock_timeout, report)
             if dry_run:
-                # and what the pool prune would free that no path links already
-                report["freed"]["store_paths"] = sum(d["freed"] for d in dead) + _prune_pool(layout.links_pool, dry_run=True)
+                # and what the pool and wheel home prunes would free that no path links already
+                report["freed"]["store_paths"] = (sum(d["freed"] for d in dead) + _prune_pool(layout.links_pool, dry_run=True)
+                                                  + prune_wheel_home(store, dry_run=True, timeout=0)[1])
                 break
             # The lock is released: builds and activations go on while the trash is deleted.
             debug.pause("GC_BEFORE_EMPTY_TRASH")
@@ -202,6 +204,11 @@ def collect(
             with gc_lock(layout, shared=False, timeout=lock_timeout):
                 whole = max_cache is not None or pooled is None
                 report["freed"]["store_paths"] += _prune_pool(layout.links_pool, names=None if whole else pooled)
+            # The wheels only the deleted paths linked: freed with them. Under uv's cache lock, not
+            # the gc lock (removing an entry changes no store path; what matters is that no uv
+            # process links from it meanwhile), so a build's uv run delays only this step.
+            report["freed"]["store_paths"] += prune_wheel_home(store, dry_run=False,
+                                                               timeout=min(lock_timeout, WHEEL_HOME_LOCK_S))[1]
             if budget is None or not dead:
                 break
         if not dry_run:
@@ -264,7 +271,9 @@ def _sweep(store: Store, excluded, budget, keep_dead_for, dry_run, lock_timeout,
             # gc deleted: rooted until a moment ago) was rooted at `now`.
             just_unrooted = _names_of_generations(layout, excluded)
             store.index.mark_rooted({n for n in live | just_unrooted if not n.endswith(".partial")}, now_iso())
-        pooled = inodes_of(layout.links_pool) if (budget is not None or dry_run) else frozenset()
+        # A link in optimise's pool or the wheel home is one gc removes once no path links the file.
+        pooled = (inodes_of(layout.links_pool) | wheel_home_inodes(store)) if (budget is not None or dry_run) \
+            else frozenset()
         dead = _choose(store, live, budget, checked=not dry_run, keep_dead_for=keep_dead_for, now=now,
                        pooled=pooled, report=report, predict=dry_run or budget is not None)
         for item in dead:
@@ -546,21 +555,37 @@ def _unlink(path: str, st: os.stat_result) -> int:
 
 
 UV_CACHE_TIMEOUT_S = 120.0
+WHEEL_HOME_LOCK_S = 10.0  # gc waits this long (at most --lock-timeout) for uv's cache lock to prune the wheel home
 
 
 def _prune_uv_cache(store: Store, dry_run: bool) -> int:
-    """`uv cache prune`: what nothing in uv's cache points at any more (unreferenced archives,
+    """uv's pointers to archives that are gone, where its archive bucket is the wheel home (never
+    `uv cache prune` there: it would take the store's link to the wheel home for a stale bucket);
+    else `uv cache prune`: what nothing in uv's cache points at any more (unreferenced archives,
     stale buckets). Entries a path was built from are pointed at, so they stay; `--max-cache`
     (cachelog.py) removes entries by live use. uv takes its own cache lock, so builds in flight are
     safe; the wait for it is bounded and a busy cache is skipped until the next gc."""
     from llmgw_store.build import uv as uvmod
-    from llmgw_store.core.errors import CommandError
+    from llmgw_store.build.cacheuse import bucket_dir, uv_cache_lock
+    from llmgw_store.core.errors import CommandError, LockTimeout
+    from llmgw_store.roots.cachelog import prune_uv_pointers
 
     cache = store.layout.uv_cache
     if dry_run:
-        say("would run `uv cache prune`")
+        say("would prune uv's cache")
         return 0
     before = _cost(cache)
+    if bucket_dir(cache) == store.layout.wheel_home:
+        try:
+            with uv_cache_lock(cache, UV_CACHE_TIMEOUT_S):
+                present = {n for n in os.listdir(store.layout.wheel_home)}
+                gone = prune_uv_pointers(store, present)
+        except (OSError, LockTimeout) as exc:
+            say(f"left the uv cache alone this time: {exc}")
+            return 0
+        freed = max(0, before - _cost(cache))
+        say(f"uv's pointers to {gone} archive(s) no longer unpacked: freed {human_size(freed)}")
+        return freed
     pinned = [r for r in store.index.paths() if r["engine"] == "uv" and r["version"] == uvmod.UV_VERSION]
     if pinned:
         binary = store.layout.path_of(pinned[0]["name"]) / "bin" / "uv"
