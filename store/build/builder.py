@@ -480,6 +480,7 @@ def make_env(store: Store, plan: BuildPlan, partial: Path, deadline: Deadline,
          "--python", python, "--link-mode", "hardlink" if linking else "copy"],  # not --quiet: progress detail
         "uv pip install",
     )
+    debug.pause("WHEELS_LINKED")  # uv has linked the wheel home's files into the .partial
     handoff = wheelhome.adopt(layout, partial) if linking else None
     # what gc keeps for repair and cold rollback
     cacheuse.record(store, plan.name, partial, plan.uv_cache, set(handoff.entries) if handoff else None)

@@ -254,9 +254,7 @@ def _produce(store: "Store", key, name, inputs, meta, make, verify, build_id: in
         meta_dir = partial / manifest.MANIFEST_DIR
         meta_dir.mkdir(exist_ok=True)
         freeze(partial, keep_writable=meta_dir)
-        entries = _scan_while(verify, partial, handoff.memo if handoff is not None else None)
-        if handoff is not None:
-            handoff.check(entries)
+        entries = _scan_while(verify, partial, handoff)
         manifest.write_contents(partial, entries)
         doc = {
             **meta,
@@ -280,13 +278,24 @@ def _produce(store: "Store", key, name, inputs, meta, make, verify, build_id: in
         raise
 
 
-def _scan_while(verify: Callable[[Path], None] | None, tree: Path, memo: dict | None = None) -> list:
-    """Hash `tree` in a thread while `verify` runs (a subprocess, mostly waiting): the two overlap."""
+def _scan_while(verify: Callable[[Path], None] | None, tree: Path, handoff: Any = None) -> list:
+    """Hash `tree` in a thread while `verify` runs (a subprocess, mostly waiting): the two overlap.
+    With the install step's `handoff` (HANDOFF), its memo spares the scan what it hashed, and its
+    check runs on the listing — also when `verify` failed: a file linked from the wheel home that
+    changed since it was sealed explains the failure, and is what the build must say (and retry)."""
     from concurrent.futures import ThreadPoolExecutor
 
     say("hashing the tree" + (" while verifying" if verify else ""))
     with ThreadPoolExecutor(max_workers=1) as pool:
-        hashed = pool.submit(manifest.scan, tree, memo=memo)
-        if verify is not None:
-            verify(tree)
-        return hashed.result()
+        hashed = pool.submit(manifest.scan, tree, memo=handoff.memo if handoff is not None else None)
+        try:
+            if verify is not None:
+                verify(tree)
+        except Exception:
+            if handoff is not None:
+                handoff.check(hashed.result())
+            raise
+        entries = hashed.result()
+    if handoff is not None:
+        handoff.check(entries)
+    return entries

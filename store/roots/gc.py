@@ -83,8 +83,10 @@ def runtime_roots(layout: Layout) -> dict[str, set[str]]:
     return found
 
 
-def roots(store: Store, excluded_generations: set[tuple[str, int]] = frozenset()) -> dict[str, list[str]]:
-    """root description -> store path names it holds directly."""
+def roots(store: Store, excluded_generations: set[tuple[str, int]] = frozenset(),
+          temp: set[str] | None = None) -> dict[str, list[str]]:
+    """root description -> store path names it holds directly. `temp`: the names live temp roots
+    hold, when the caller has read them (under the gc lock) already."""
     from llmgw_store.build.uv import UV_VERSION
     from llmgw_store.roots.pins import list_pins
 
@@ -96,7 +98,7 @@ def roots(store: Store, excluded_generations: set[tuple[str, int]] = frozenset()
             out[f"profile {m.group(1)} generation {m.group(2)}"] = [Path(os.readlink(entry.path)).name]
     for pin, name in list_pins(layout).items():
         out[f"pin {pin}"] = [name]
-    live, _ = read_all(layout)
+    live = read_all(layout)[0] if temp is None else temp
     if live:
         out["temp roots of live processes"] = sorted(live)
     for name, pids in runtime_roots(layout).items():
@@ -253,12 +255,12 @@ def _sweep(store: Store, excluded, budget, keep_dead_for, dry_run, lock_timeout,
     first = report["rounds"] == 1
     with gc_lock(layout, shared=False, timeout=lock_timeout):
         # From here until the lock is released no process can add a temp root: the roots read
-        # below are all the roots there are.
-        if first and not dry_run:
-            report["registered"] = _adopt_unregistered(store, read_all(layout)[0])
-        root_map = roots(store, excluded)
-        live = _closure(store, {n for names in root_map.values() for n in names})
+        # below are all the roots there are, and the temp-roots files are read once.
         live_temp, stale = read_all(layout)
+        if first and not dry_run:
+            report["registered"] = _adopt_unregistered(store, live_temp)
+        root_map = roots(store, excluded, temp=live_temp)
+        live = _closure(store, {n for names in root_map.values() for n in names})
         if first:
             report["kept"] = {desc: names for desc, names in root_map.items()}
             if not dry_run:
