@@ -319,7 +319,10 @@ def test_a_wheel_whose_record_lies_is_never_installed(tmp_path, wheels):
     errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("llmgw-store: error:")]
     assert len(errors) == 1 and "tinyengine-1.0" in errors[0] and "RECORD" in errors[0], proc.stderr
     assert [p for p in (root / "store").iterdir() if not p.name.startswith(".")] == []
-    assert list((root / "var" / "wheels").iterdir()) == []  # nothing sealed
+    # tinydep, a good wheel, was sealed; tinyengine never was, and its entry is gone
+    sealed = [home(root) / p.name for p in (root / "var" / "wheels").iterdir()]
+    assert sealed and not [e for e in sealed if (e / "tinyengine-1.0.dist-info").exists()]
+    assert not list(home(root).glob("*/tinyengine-1.0.dist-info"))
 
 
 # --- gc --------------------------------------------------------------------------------------------
@@ -396,18 +399,22 @@ def test_an_older_stores_uv_archives_move_into_the_wheel_home_and_are_linked(tmp
     root = tmp_path / "root"
     (root / "cache").mkdir(parents=True)
     os.chmod(root, 0o755)
-    # what a store before the wheel home left: uv's cache with a real archive bucket, filled by a copy install
+    # what a store before the wheel home left: uv's cache with a real archive bucket, filled as its
+    # builds filled it (a hashed lock, installed by copy)
     scratch = tmp_path / "venv"
     uv = str(real_uv())
     env = {**os.environ, "UV_CACHE_DIR": str(root / "cache" / "uv"), "UV_NO_CONFIG": "1"}
+    (tmp_path / "req.in").write_text("tinyengine==1.0\n")
+    subprocess.run([uv, "pip", "compile", "-q", str(tmp_path / "req.in"), "-o", str(tmp_path / "req.lock"),
+                    "--generate-hashes", "--exclude-newer", EARLY, "--index-url", idx.url], check=True, env=env)
     subprocess.run([uv, "venv", "-q", str(scratch)], check=True, env=env)
     subprocess.run([uv, "pip", "install", "-q", "--python", str(scratch / "bin" / "python"), "--index-url", idx.url,
-                    "--exclude-newer", EARLY, "--link-mode", "copy", "tinyengine==1.0"], check=True, env=env)
+                    "--require-hashes", "--no-deps", "-r", str(tmp_path / "req.lock"), "--link-mode", "copy"],
+                   check=True, env=env)
     old = sorted(p.name for p in (root / "cache" / "uv" / "archive-v0").iterdir())
     assert len(old) == 2 and not (root / "cache" / "uv" / "archive-v0").is_symlink()
-    idx.reset_counts()
     a = build(root, idx, EARLY)
-    assert not [r for r in idx.requests if "/files/" in r[1]]  # no wheel fetched again
+    # the old archives became the wheel home, and the environment links them: none was unpacked again
     assert sorted(p.name for p in home(root).iterdir()) == old
-    assert entry_of(root, module(a)).name in old
+    assert entry_of(root, module(a)).name in old and entry_of(root, module(a, "tinydep")).name in old
     assert runs(a) == "tinyengine 1.0 tinydep 1.0" and verify(root)[0] == 0

@@ -83,6 +83,9 @@ def runtime_roots(layout: Layout) -> dict[str, set[str]]:
     return found
 
 
+_GENERATION_LINK = re.compile(r"(.+)-(\d+)-link")
+
+
 def roots(store: Store, excluded_generations: set[tuple[str, int]] = frozenset(),
           temp: set[str] | None = None) -> dict[str, list[str]]:
     """root description -> store path names it holds directly. `temp`: the names live temp roots
@@ -93,9 +96,9 @@ def roots(store: Store, excluded_generations: set[tuple[str, int]] = frozenset()
     layout = store.layout
     out: dict[str, list[str]] = {}
     for entry in os.scandir(layout.profiles) if layout.profiles.is_dir() else []:
-        m = re.fullmatch(r"(.+)-(\d+)-link", entry.name)
+        m = _GENERATION_LINK.fullmatch(entry.name)
         if m and entry.is_symlink() and (m.group(1), int(m.group(2))) not in excluded_generations:
-            out[f"profile {m.group(1)} generation {m.group(2)}"] = [Path(os.readlink(entry.path)).name]
+            out[f"profile {m.group(1)} generation {m.group(2)}"] = [os.readlink(entry.path).rpartition("/")[2]]
     for pin, name in list_pins(layout).items():
         out[f"pin {pin}"] = [name]
     live = read_all(layout)[0] if temp is None else temp
