@@ -161,7 +161,8 @@ class Handoff:
     (canonical.normalise leaves them alone: they are canonical already, and shared)."""
 
     layout: Layout
-    expected: dict[str, tuple[str, str]] = field(default_factory=dict)  # tree path -> (entry id, blake3)
+    tree: Path | None = None
+    expected: dict[str, tuple[str, str, tuple[int, int]]] = field(default_factory=dict)  # path -> (entry id, blake3, inode)
     memo: dict = field(default_factory=dict)
     inodes: set[tuple[int, int]] = field(default_factory=set)
     entries: dict[str, str] = field(default_factory=dict)  # entry id -> the wheel's dist-info name
@@ -172,7 +173,7 @@ class Handoff:
         bad: dict[str, list[str]] = {}
         for e in listing:
             want = self.expected.get(e.path)
-            if want is not None and e.digest != want[1]:
+            if want is not None and e.digest != want[1] and self._still_linked(e.path, want[2]):
                 bad.setdefault(want[0], []).append(e.path)
         if bad:
             evict(self.layout, bad)
@@ -184,11 +185,22 @@ class Handoff:
                 "store paths that link the damaged file")
 
 
+    def _still_linked(self, path: str, ino: tuple[int, int]) -> bool:
+        """Whether `path` is still the wheel home's inode: a later step of the build may have put a
+        file of its own at that name (a wheel that ships a .pyc the bytecode step compiles again,
+        renaming a new file over it), which is no edit of the wheel home."""
+        try:
+            st = os.lstat(os.path.join(self.tree, path))
+        except OSError:
+            return True
+        return (st.st_dev, st.st_ino) == ino
+
+
 def adopt(layout: Layout, tree: Path) -> Handoff:
     """Seal or check every wheel home entry `tree` (a `.partial` under its key's lock, uv done)
     links, and map the tree's linked files to their entries (see the module's docstring)."""
     started = time.monotonic()
-    handoff = Handoff(layout)
+    handoff = Handoff(layout, tree)
     wanted = _linked_dist_infos(tree)
     if not wanted:
         return handoff
@@ -286,7 +298,7 @@ def _map_tree(tree: Path, inode_map: dict[tuple[int, int], tuple[str, str, str]]
                     ino = (st.st_dev, st.st_ino)
                     hit = inode_map.get(ino)
                     if hit is not None:
-                        handoff.expected[prefix + e.name] = (hit[0], hit[2])
+                        handoff.expected[prefix + e.name] = (hit[0], hit[2], ino)
                         handoff.inodes.add(ino)
                     else:
                         others.setdefault(ino, []).append(prefix + e.name)
