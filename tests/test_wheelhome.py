@@ -418,3 +418,29 @@ def test_an_older_stores_uv_archives_move_into_the_wheel_home_and_are_linked(tmp
     assert sorted(p.name for p in home(root).iterdir()) == old
     assert entry_of(root, module(a)).name in old and entry_of(root, module(a, "tinydep")).name in old
     assert runs(a) == "tinyengine 1.0 tinydep 1.0" and verify(root)[0] == 0
+
+
+def test_a_wheel_that_ships_bytecode_is_compiled_over_without_damage(tmp_path, wheels):
+    """numpy 1.26's wheel ships a .pyc: the bytecode step renames its own over that name, a new file
+    of the environment's, which is no edit of the wheel home's (found on a real transformers build)."""
+    import sys
+
+    shipped = f"tinyengine/__pycache__/__init__.{sys.implementation.cache_tag}.pyc"
+    w = build_wheel(tmp_path / "w", "tinyengine", "1.0", requires=("tinydep",), scripts={"tinyengine": "tinyengine:main"},
+                    extra_files={shipped: b"not bytecode"})
+    i = PackageIndex()
+    i.add("tinyengine", w, RELEASE_DATES["tinyengine-1.0"])
+    i.add("tinydep", wheels["tinydep-1.0"], RELEASE_DATES["tinydep-1.0"])
+    i.start()
+    try:
+        root = tmp_path / "root"
+        a = build(root, i, EARLY)
+        b = build(root, i, LATE)  # a second build checks the sealed entry, and links it again
+    finally:
+        i.stop()
+    entry = entry_of(root, module(a))
+    assert (entry / shipped).read_bytes() == b"not bytecode"  # the wheel home's copy, as the wheel has it
+    for env in (a, b):
+        pyc = site(env) / shipped
+        assert pyc.read_bytes() != b"not bytecode" and ino(pyc) != ino(entry / shipped)
+    assert runs(a) == "tinyengine 1.0 tinydep 1.0" and verify(root)[0] == 0
