@@ -102,27 +102,29 @@ def _mappable(st: os.stat_result) -> bool:
     return st.st_uid in (0, os.geteuid()) and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
 
 
-def digest_fd(fd: int, st: os.stat_result) -> str:
+def digest_fd(fd: int, st: os.stat_result, threads: bool = True) -> str:
     """blake3 of the open regular file `fd` (`st` its fstat): a small file in one read, a large one
     through mmap with blake3's own threads (no Python loop over chunks; the GIL is released while
-    hashing, so the pool's other threads go on)."""
+    hashing, so the pool's other threads go on). `threads=False`: one thread (a forked process,
+    where blake3's thread pool must not be used)."""
     size = st.st_size
+    auto = blake3.AUTO if threads else 1
     if size < MMAP_MIN:
         data = os.read(fd, size + 1)
         if len(data) == size:
             return blake3(data).hexdigest()
         h = blake3(data)  # a short read, or it grew since fstat: hash the rest too
     elif _mappable(st):
-        h = blake3(max_threads=blake3.AUTO)
+        h = blake3(max_threads=auto)
         try:
             with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as m:
                 h.update(m)
             return h.hexdigest()
         except (OSError, ValueError):  # a filesystem without mmap: read it instead
-            h = blake3(max_threads=blake3.AUTO)
+            h = blake3(max_threads=auto)
             os.lseek(fd, 0, os.SEEK_SET)
     else:
-        h = blake3(max_threads=blake3.AUTO)
+        h = blake3(max_threads=auto)
     while chunk := os.read(fd, CHUNK):
         h.update(chunk)
     return h.hexdigest()
@@ -259,63 +261,185 @@ def scan(root: Path, writable: list[str] | None = None, *, memo: dict | None = N
         big.finish()
         raise
     debug.pause("HASH_PAUSE")  # tests: the walk has listed files that are not hashed yet
-    step, hashed = f"hashing {root.name}", 0
-    pending: list[tuple[int, tuple]] = []  # inodes with other links hashed here, for the memo
-    first_error: OSError | None = None
+    step = f"hashing {root.name}"
+    want_xattrs = xattrs_ok if foreign is not None else None
+    # A large tree's files are shared with one forked helper (every other file): the Python
+    # around each small file is most of their cost, and one process holds one core (threads would
+    # contend for the GIL). The helper hashes its large files itself, in one thread.
+    child = _fork_helper(files[1::2], memo, want_xattrs) if len(files) >= FORK_MIN_FILES and CORES > 1 else None
+    mine = files[0::2] if child is not None else files
     try:
-        for n, (i, path) in enumerate(files):
-            if n % 64 == 0:
-                progress(step, hashed, None, "B")
-            rel = entries[i]
-            fd = os.open(path, _OPEN_FLAGS)
-            handed = False
-            try:
-                st = os.fstat(fd)
-                mode = st.st_mode
-                if not S_ISREG(mode):
-                    raise OSError(errno.EINVAL, "not a regular file", path)
-                if check_w and mode & _WRITE:
-                    writable.append(rel)
-                if foreign is not None:
-                    alien(rel, st.st_uid, xattrs_of(fd))
-                size = st.st_size
-                hashed += size
-                kind = "x" if mode & S_IXUSR else "f"
-                known = None
-                if memo is not None and st.st_nlink > 1:
-                    ident = (st.st_dev, st.st_ino, size, st.st_mtime_ns, st.st_ctime_ns)
-                    known = memo.get(ident)
-                    if known is None:
-                        pending.append((i, ident))
-                if known is not None:
-                    entries[i] = Entry(rel, kind, size, known)
-                elif size < MMAP_MIN and len(data := os.read(fd, size + 1)) == size:
-                    entries[i] = Entry(rel, kind, size, blake3(data).hexdigest())
-                else:
-                    entries[i] = (rel, kind, size)
-                    os.lseek(fd, 0, os.SEEK_SET)
-                    big.submit(i, fd, st)
-                    handed = True
-            finally:
-                if not handed:
-                    os.close(fd)
-    except OSError as exc:
-        first_error = exc
+        results = _hash_files(mine, memo, want_xattrs, big, step)
     finally:
         digests = big.finish()
-    if first_error is not None:
-        raise first_error
-    for i in sorted(digests):
-        d = digests[i]
-        if isinstance(d, OSError):
-            raise d
-        rel, kind, size = entries[i]
-        entries[i] = Entry(rel, kind, size, d)
+        theirs = _helper_results(child) if child is not None else []
+    if child is not None and theirs is None:  # the helper failed: its share is hashed here
+        again = _BigFiles()
+        try:
+            theirs = _hash_files(files[1::2], memo, want_xattrs, again, step)
+        finally:
+            digests.update(again.finish())
+    errors = [r for r in results + theirs if r[0] == "err"]
+    if errors:
+        _, _, no, why, path = min(errors, key=lambda r: r[1])
+        raise OSError(no, why, path)
+    pending: list[tuple[int, tuple]] = []  # inodes with other links hashed here, for the memo
+    hashed = 0
+    for _, i, kind, size, digest, w, uid, names, ident in sorted(results + theirs, key=lambda r: r[1]):
+        rel = entries[i]
+        if digest is None:  # a large file, hashed by _BigFiles
+            digest = digests[i]
+            if isinstance(digest, OSError):
+                raise digest
+        entries[i] = Entry(rel, kind, size, digest)
+        hashed += size
+        if check_w and w:
+            writable.append(rel)
+        if foreign is not None and (uid != euid or names):
+            foreign.append({"path": rel, "uid": uid, "xattrs": sorted(names)})
+        if ident is not None:
+            pending.append((i, ident))
     if memo is not None:
         for i, ident in pending:
-            memo[ident] = entries[i].digest
+            memo.setdefault(ident, entries[i].digest)
     progress(step, hashed, hashed, "B")
     return entries
+
+
+FORK_MIN_FILES = 4096  # below this a helper process costs more than it saves
+CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def _hash_files(files: list[tuple[int, str]], memo: dict | None, xattrs: list[bool] | None,
+                big: _BigFiles | None, step: str | None) -> list[tuple]:
+    """("ok", index, kind, size, digest, writable, uid, xattr names, memo identity or None) of each
+    file, or ("err", index, errno, strerror, path): each opened O_NOFOLLOW|O_NONBLOCK, checked to be
+    a regular file by its descriptor and fstat-ed; a small one read and hashed here, a large one
+    handed to `big` (digest None: _BigFiles has it), or hashed here in one thread when `big` is None
+    (the forked helper, where blake3's thread pool must not run). `memo` gives the digest of an
+    inode with other links hashed before in this run. Plain tuples: the helper sends them through
+    marshal."""
+    out: list[tuple] = []
+    append = out.append
+    hashed = 0
+    for n, (i, path) in enumerate(files):
+        if step is not None and n % 64 == 0:
+            progress(step, hashed, None, "B")
+        try:
+            fd = os.open(path, _OPEN_FLAGS)
+        except OSError as exc:
+            append(("err", i, exc.errno, exc.strerror, path))
+            continue
+        handed = False
+        try:
+            st = os.fstat(fd)
+            mode = st.st_mode
+            if not stat.S_ISREG(mode):
+                append(("err", i, errno.EINVAL, "not a regular file", path))
+                continue
+            names: list[str] = []
+            if xattrs is not None and xattrs[0]:
+                try:
+                    names = os.listxattr(fd)
+                except OSError as exc:
+                    if exc.errno not in (errno.ENOTSUP, errno.EOPNOTSUPP):
+                        raise
+                    xattrs[0] = False
+            size = st.st_size
+            hashed += size
+            ident = digest = None
+            if memo is not None and st.st_nlink > 1:
+                ident = (st.st_dev, st.st_ino, size, st.st_mtime_ns, st.st_ctime_ns)
+                digest = memo.get(ident)
+            if digest is not None:
+                pass
+            elif size < MMAP_MIN and len(data := os.read(fd, size + 1)) == size:
+                digest = blake3(data).hexdigest()
+            elif big is not None:
+                os.lseek(fd, 0, os.SEEK_SET)
+                big.submit(i, fd, st)
+                handed = True
+            else:
+                os.lseek(fd, 0, os.SEEK_SET)
+                digest = digest_fd(fd, st, threads=False)
+            append(("ok", i, "x" if mode & stat.S_IXUSR else "f", size, digest, bool(mode & _WRITE), st.st_uid,
+                    names, ident))
+        except OSError as exc:
+            append(("err", i, exc.errno, exc.strerror, path))
+        finally:
+            if not handed:
+                os.close(fd)
+    return out
+
+
+def _fork_helper(files: list[tuple[int, str]], memo: dict | None, xattrs: list[bool] | None) -> tuple[int, int] | None:
+    """(pid, read end of its pipe) of a forked process hashing `files` (_hash_files, one thread),
+    which writes its results, marshalled, to the pipe and exits; None when fork fails (the caller
+    hashes them itself). The helper reads only what the walk listed and writes only the pipe; it
+    stops if its parent dies (it checks every 64 files; the parent also kills it on any exit path)."""
+    import marshal
+
+    try:
+        r, w = os.pipe()
+    except OSError:
+        return None
+    parent = os.getpid()
+    try:
+        pid = os.fork()
+    except OSError:
+        os.close(r)
+        os.close(w)
+        return None
+    if pid == 0:  # the helper: nothing here may raise past os._exit
+        code = 1
+        try:
+            os.close(r)
+            results = []
+            for n in range(0, len(files), 64):
+                debug.pause("SCAN_HELPER")  # tests: a slow helper, to see it stop when its parent dies
+                if os.getppid() != parent:
+                    break
+                results += _hash_files(files[n:n + 64], memo, xattrs, None, None)
+            else:
+                data = memoryview(marshal.dumps(results))
+                while data:
+                    data = data[os.write(w, data):]
+                code = 0
+        except BaseException:  # noqa: BLE001 - the parent sees the exit code and hashes the share itself
+            pass
+        finally:
+            os._exit(code)
+    os.close(w)
+    return pid, r
+
+
+def _helper_results(child: tuple[int, int]) -> list[tuple] | None:
+    """The helper's results, or None if it failed (it is killed and reaped in any case)."""
+    import marshal
+    import signal
+
+    pid, r = child
+    chunks = []
+    try:
+        while chunk := os.read(r, 1 << 20):
+            chunks.append(chunk)
+    except BaseException:
+        os.kill(pid, signal.SIGKILL)
+        raise
+    finally:
+        os.close(r)
+        try:
+            os.kill(pid, signal.SIGKILL)  # done already, unless this parent is unwinding
+        except ProcessLookupError:
+            pass
+        _, status = os.waitpid(pid, 0)
+    if not os.WIFEXITED(status) or os.WEXITSTATUS(status) != 0:
+        return None
+    try:
+        out = marshal.loads(b"".join(chunks))
+    except (ValueError, EOFError, TypeError):
+        return None
+    return out if isinstance(out, list) else None
 
 
 def listing(entries: list[Entry]) -> bytes:
