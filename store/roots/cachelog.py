@@ -3,8 +3,10 @@ paths use (`gc --max-cache SIZE`).
 
 The wheel home (`store/.wheels`, uv's archive bucket: build/wheelhome.py) holds the unpacked
 wheels environments link. Every gc removes the entries no file outside links any more — no store
-path and no build in flight — with their seals and uv's pointers to them (`prune_wheel_home`):
-keeping uv's cache after a build costs nothing but those pointers.
+path and no build in flight — and no cold generation's path was installed from, with their seals
+and uv's pointers to them (`prune_wheel_home`): keeping uv's cache after a build costs nothing but
+those pointers, and the wheels of cold generations (rolled back to offline) while their records
+stay.
 
 Entries, and what says a live path uses one:
 - uv: an unpacked wheel, `cache/uv/archive-v0/<id>/` (the wheel home's `<id>`). Each build records
@@ -208,8 +210,9 @@ def wheel_home_inodes(store: Store) -> set[tuple[int, int]]:
 
 def prune_wheel_home(store: Store, *, dry_run: bool, timeout: float) -> tuple[int, int]:
     """Remove the wheel home's entries no file outside links any more (no store path, no build in
-    flight: wheelhome.linked), with their seals and uv's pointers to them; and seals whose entry is
-    gone. Returns (entries, bytes freed on disk; with `dry_run`, what removing them would free).
+    flight: wheelhome.linked) and no path a generation record names was installed from (its
+    cache-use records stay while the record does), with their seals and uv's pointers to them; and
+    seals whose entry is gone. Returns (entries, bytes freed on disk; with `dry_run`, what removing them would free).
     Holds uv's cache lock exclusively (every uv command holds it shared while it runs, so none is
     linking from an entry meanwhile); a lock not had within `timeout` leaves the wheel home as it is."""
     from llmgw_store.build import wheelhome
@@ -225,7 +228,10 @@ def prune_wheel_home(store: Store, *, dry_run: bool, timeout: float) -> tuple[in
         # From here (the lock held) no uv process runs: an entry nothing links now cannot be about
         # to be linked by one; a build that has linked one keeps its links until it registers.
         entries = _wheel_entries(store)
-        dead = [e for e in entries if not wheelhome.linked(e.path)]
+        # What a generation record names (a cold generation, rolled back to offline from uv's
+        # cache) keeps its entries: gc keeps its cache-use records when it deletes the path.
+        recorded = {str(r["entry"]) for r in store.index.cache_uses(cacheuse.CACHE)}
+        dead = [e for e in entries if e.name not in recorded and not wheelhome.linked(e.path)]
         freed = 0
         for e in dead:
             if dry_run:
