@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from llmgw_store.core.errors import IntegrityError, UsageError
+from llmgw_store.core.files import write_outside
 from llmgw_store.core.keys import canonical_json
 from llmgw_store.core.names import check_signing_key_name
 from llmgw_store.core.results import Result
@@ -38,13 +39,15 @@ def keygen(name: str, out_dir: str | Path) -> dict[str, str]:
     out.mkdir(parents=True, exist_ok=True)
     sk = SigningKey.generate()
     secret, public = out / f"{name}.secret", out / f"{name}.public"
-    if secret.exists():
-        raise UsageError(f"{secret} exists; refusing to overwrite a secret key")
-    fd = os.open(secret, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(f"{name}:{base64.b64encode(bytes(sk)).decode()}\n")
-    public.write_text(f"{name}:{base64.b64encode(bytes(sk.verify_key)).decode()}\n")
-    return KeyPair(str(secret), str(public), public.read_text().strip())
+    public_text = f"{name}:{base64.b64encode(bytes(sk.verify_key)).decode()}"
+    # Both files outside the root the safe way (core/files.write_outside: a checked directory, a
+    # random O_EXCL name, renamed over); the secret never replaces anything, a link included.
+    try:
+        write_outside(secret, f"{name}:{base64.b64encode(bytes(sk)).decode()}\n".encode(), mode=0o600, exclusive=True)
+    except FileExistsError:
+        raise UsageError(f"{secret} exists; refusing to overwrite a secret key") from None
+    write_outside(public, (public_text + "\n").encode(), mode=0o644)
+    return KeyPair(str(secret), str(public), public_text)
 
 
 def key_text(value: str) -> str:
