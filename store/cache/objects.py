@@ -188,8 +188,9 @@ def parse_listing(data: bytes, meta_size: int, meta_files: int, label: str) -> l
                           "listed before it (a link, a file, or nothing)")
         if e.path in (MANIFEST, CONTENTS) or (e.path == MANIFEST_DIR and e.kind != "d"):
             raise _refuse(label, f"its listing names the store's own {e.path}")
-        if refused_entry(e):  # a link (or anything but a file) where the store writes or reads a file
-            raise _refuse(label, f"its listing makes {refused_entry(e)}")
+        why = refused_entry(e)  # a link (or anything but a file) where the store writes or reads a file
+        if why:
+            raise _refuse(label, f"in its listing, {why}")
         if e.kind == "d":
             if e.size != 0 or e.digest:
                 raise _refuse(label, f"its listing gives the directory {e.path[:200]!r} a size or digest")

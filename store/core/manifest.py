@@ -402,7 +402,17 @@ def write(env: Path, manifest: dict[str, Any]) -> None:
 
 def read(env: Path) -> dict[str, Any]:
     """The manifest of `env`, read without following a link at any step (ValueError otherwise)."""
-    return json.loads(_read_meta_file(env, "manifest.json", MANIFEST_MAX))
+    return json.loads(read_manifest_bytes(env))
+
+
+def read_manifest_bytes(env: Path) -> bytes:
+    """`.llmgw/manifest.json` as it is on disk: no link followed, no FIFO waited on, bounded."""
+    return _read_meta_file(env, "manifest.json", MANIFEST_MAX)
+
+
+def read_meta_file(env: Path, name: str, limit: int | None = None) -> bytes:
+    """Another file of `.llmgw/` (a lock file), read as the manifest is (at most MANIFEST_MAX bytes)."""
+    return _read_meta_file(env, name, MANIFEST_MAX if limit is None else limit)
 
 
 PYVENV_CFG = "pyvenv.cfg"
