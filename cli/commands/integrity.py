@@ -69,7 +69,8 @@ def doctor(obj: Context, rebuild_index: bool, lock_timeout: float) -> None:
                               + (f"old index kept in {r.backup}" if r.backup else "there was no old index"))
         return
     lines = [f"{kind.replace('_', ' ')}: {item}" for kind, items in r.problems.items() for item in items]
-    obj.emit(r.to_json(), "\n".join(lines) or "index and disk agree")
+    contained = f"children contained by: {r.containment['kind']} ({r.containment['detail']})"
+    obj.emit(r.to_json(), "\n".join([*lines, contained]) if lines else f"index and disk agree\n{contained}")
     if not r.ok:
         obj.exit(1)
 

@@ -80,6 +80,7 @@ class DoctorReport(Result):
 
     problems: dict[str, list[str]] = field(default_factory=dict)
     ok: bool = True
+    containment: dict[str, str] = field(default_factory=dict)  # how children are contained (core/cgroups.py)
     registered: tuple[str, ...] = ()
     skipped: tuple[str, ...] = ()
     generations: int = 0
@@ -92,9 +93,13 @@ class DoctorReport(Result):
 def doctor(*, root: str | Path | None = None, rebuild_index: bool = False,
            lock_timeout: float = LOCK_TIMEOUT_S) -> DoctorReport:
     if not rebuild_index:
+        from llmgw_store.core.cgroups import containment
+
         with Store.open(root, lock_timeout) as store:
             found = check(store)
-            return DoctorReport(problems=found, ok=not any(found.values()))
+            kind, detail = containment()
+            return DoctorReport(problems=found, ok=not any(found.values()),
+                                containment={"kind": kind, "detail": detail})
     # The old index is not opened where it lies: it may be damaged in any way (opening fails), and
     # SQLite writes to a file it opens (it replays or drops a WAL), where the operator may want the
     # damaged bytes as they were.
