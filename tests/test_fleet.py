@@ -215,8 +215,8 @@ def test_gc_racing_a_push_keeps_the_path_being_pushed(builder, tmp_path):
                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 60
-        mine = root / "var" / "temproots" / str(pusher.pid)
-        while not (mine.exists() and name in mine.read_text()):
+        temproots = root / "var" / "temproots"
+        while not any(name in f.read_text() for f in temproots.glob(f"{pusher.pid}-*")):  # <pid>-<token>
             assert pusher.poll() is None and time.monotonic() < deadline, "push never held its path"
             time.sleep(0.05)
         gc = json.loads(run_cli(root, "--json", "gc", check=True).stdout)
