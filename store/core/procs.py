@@ -328,10 +328,11 @@ def recording(path: Path) -> Iterator[str]:
     beside, after `reap(path)`. The file is removed when the block ends, however it ends (`run`
     returns only once a child's group is dead), so a file found by the next holder of the lock was
     left by a process that died holding it."""
+    from llmgw_store.core.files import write_atomic
+
     token = secrets.token_hex(16)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    tmp.write_text(json.dumps({"token": token, "pid": os.getpid(), "since": time.time()}) + "\n")
-    os.replace(tmp, path)
+    write_atomic(path, (json.dumps({"token": token, "pid": os.getpid(), "since": time.time()}) + "\n").encode(),
+                 mode=0o600, fsync=False)
     record = _Record(path, token)
     with _lock:
         _records.append(record)
