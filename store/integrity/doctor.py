@@ -31,6 +31,7 @@ from llmgw_store.core.temproots import gc_lock, read_all
 
 HISTORY_TABLES = ("builds", "switches", "releases", "latest", "tools", "generations", "cache_uses", "gc_rooted")
 MAX_BACKUPS_PER_SECOND = 100
+MAX_OLD_DB_BYTES = 4 << 30  # an index this large is not one a store made: its history is not copied
 
 
 def _store_dirs(layout: Layout) -> list[str]:
@@ -158,7 +159,8 @@ def _rebuild(layout: Layout, backup: Path | None) -> dict[str, Any]:
             else:
                 skipped.append(name)
                 say(f"{name}: not a complete store path ({why}); left unregistered (gc will remove it)")
-        copied = _copy_history(layout, store.index, backup) if backup is not None else {}
+        # The disk first (the links are the truth): whatever the old file does, generations and
+        # pins are recorded; the history copied after them cannot override them (INSERT OR IGNORE).
         index = store.index
         gens, pins = _links(layout)
         for (profile, number), target in gens.items():
@@ -168,6 +170,7 @@ def _rebuild(layout: Layout, backup: Path | None) -> dict[str, Any]:
                 index.record_generation(profile, number, target, created)
         for pin, target in pins.items():
             index.record_pin(pin, target)
+        copied = _copy_history(layout, store.index, backup) if backup is not None else {}
     finally:
         store.close()
     say(f"index rebuilt: {len(registered)} path(s), {len(gens)} generation(s), {len(pins)} pin(s)")
@@ -176,7 +179,17 @@ def _rebuild(layout: Layout, backup: Path | None) -> dict[str, Any]:
 
 
 def _copy_history(layout: Layout, index: Index, backup: Path) -> dict[str, int]:
-    """History from the files moved aside, read through a scratch copy so they stay as they were."""
+    """History from the files moved aside, read through a scratch copy so they stay as they were.
+    The old file is hostile: a file larger than MAX_OLD_DB_BYTES is not copied (a sparse one could
+    fill the disk), and Index.copy_history_from bounds what it reads in rows, bytes and time."""
+    for name in (layout.db.name, f"{layout.db.name}-wal"):
+        try:
+            st = os.lstat(backup / name)
+        except FileNotFoundError:
+            continue
+        if st.st_size > MAX_OLD_DB_BYTES:
+            say(f"{backup / name} is larger than {MAX_OLD_DB_BYTES >> 30} GiB; its history is not copied (it is kept)")
+            return {}
     scratch = layout.tmp / f"doctor-{os.getpid()}-{time.monotonic_ns()}"
     scratch.mkdir(mode=0o700)
     try:
