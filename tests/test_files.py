@@ -67,6 +67,8 @@ def test_owner_mode_and_links_are_checked_and_old_modes_closed_up(tmp_path):
         files.read_bounded(p, 10, deny_mode=0o022)
     with pytest.raises(files.FileRefused, match="owned by uid"):
         files.read_bounded(p, 10, owner=os.geteuid() + 1)
+    assert p.stat().st_mode & 0o777 == 0o666  # refused, and left as it was
+    p.chmod(0o644)  # readable by all, as an older version left it: closed up once it passes
     assert files.read_bounded(p, 10, deny_mode=0o022, tighten=0o077) == b"x"
     assert p.stat().st_mode & 0o777 == 0o600
     os.link(p, tmp_path / "g")

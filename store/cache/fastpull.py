@@ -264,10 +264,6 @@ def local_sources(store, wanted: set[str]) -> dict[str, LocalSource]:
     `.llmgw/contents` could be a link to /dev/zero; the bytes are checked when used)."""
     found: dict[str, LocalSource] = {}
     pool = store.layout.links_pool
-    try:
-        store.layout.ensure_pool()  # a reused inode enters it (see _link_local); checked like every store dir
-    except (OSError, StoreError) as exc:
-        say(f"files reused from store paths here are copied, not linked (optimise's pool: {exc})")
     for row in store.index.paths():
         if len(found) == len(wanted):
             break
@@ -279,6 +275,11 @@ def local_sources(store, wanted: set[str]) -> dict[str, LocalSource]:
         for e in entries:
             if e.kind in "fx" and e.digest in wanted and e.digest not in found:
                 found[e.digest] = LocalSource(env, e, pool)
+    if found:
+        try:
+            store.layout.ensure_pool()  # a reused inode enters it (see _link_local); checked like every store dir
+        except (OSError, StoreError) as exc:
+            say(f"files reused from store paths here are copied, not linked (optimise's pool: {exc})")
     return found
 
 

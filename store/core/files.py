@@ -164,19 +164,20 @@ def read_bounded(path: str | os.PathLike, limit: int, *, dir_fd: int | None = No
     """The bytes of the regular file `path`, at most `limit` of them: never through a link (see
     `open_dir`), never a FIFO, device, socket or directory. With `owner`, only a file of that uid;
     `deny_mode`, only one without those mode bits; `one_link`, only one with no other hard link.
-    `tighten`: mode bits taken off a file of ours that has them (closing up what an older version
-    made), before `deny_mode` is checked. FileRefused otherwise; FileNotFoundError when absent."""
+    `tighten`: mode bits taken off a file of ours that passed those checks (closing up what an older
+    version made readable, say). FileRefused otherwise; FileNotFoundError when absent."""
     fd, st = open_regular(path, dir_fd=dir_fd)
     try:
         if owner is not None and st.st_uid != owner:
             raise FileRefused(path, f"is owned by uid {st.st_uid}, not {owner}")
-        if tighten and st.st_mode & tighten and st.st_uid == os.geteuid():
-            os.fchmod(fd, stat.S_IMODE(st.st_mode) & ~tighten)
-            st = os.fstat(fd)
         if st.st_mode & deny_mode:
+            if not deny_mode & ~_GROUP_OTHER_WRITE:
+                raise FileRefused(path, f"is writable by group or others (mode {stat.S_IMODE(st.st_mode):o})")
             raise FileRefused(path, f"has mode {stat.S_IMODE(st.st_mode):04o} (it must not have {deny_mode:04o})")
         if one_link and st.st_nlink != 1:
             raise FileRefused(path, f"has {st.st_nlink} hard links")
+        if tighten and st.st_mode & tighten and st.st_uid == os.geteuid():
+            os.fchmod(fd, stat.S_IMODE(st.st_mode) & ~tighten)
         return read_fd(fd, limit, path, st.st_size)
     finally:
         os.close(fd)

@@ -311,12 +311,15 @@ def _read_bounded(layout: Layout, filename: str, limit: int) -> bytes | None:
     dfd = _dir_fd(layout)
     try:
         return files.read_bounded(filename, limit, dir_fd=dfd, owner=os.geteuid(), deny_mode=0o022, one_link=True,
-                                  tighten=0o077)
+                                  tighten=0o044)
     except FileNotFoundError:
         return None
     except OSError as exc:
-        reason = exc.reason if isinstance(exc, files.FileRefused) else f"cannot be read ({exc.strerror})"
-        raise IntegrityError(f"{layout.profiles / filename}: {reason}; it is not used: remove it") from None
+        if isinstance(exc, files.FileRefused) and "link" not in exc.reason and "regular" not in exc.reason:
+            raise IntegrityError(f"{layout.profiles / filename} {exc.reason}; it is not used: remove it") from None
+        why = exc.reason if isinstance(exc, files.FileRefused) else exc.strerror
+        raise IntegrityError(f"{layout.profiles / filename} cannot be read as a record ({why}); it is not a plain "
+                             "file: remove it") from None
     finally:
         os.close(dfd)
 
