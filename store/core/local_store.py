@@ -60,7 +60,7 @@ class Store:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def adopt(self, name: str, *, rehash: bool = True) -> str | None:
+    def adopt(self, name: str, *, rehash: bool = True, _seen: frozenset[str] = frozenset()) -> str | None:
         """Register `store/<name>`, a directory the index does not know, from its own manifest
         (references included) when it is a complete store path (manifest.check_complete); return
         None once it is registered, else why it is not complete. The index is a cache of the
@@ -83,5 +83,13 @@ class Store:
         if not (isinstance(refs, list) and len(refs) <= MAX_REFERENCES
                 and all(isinstance(r, str) and "/" not in r and key_of_name(r) for r in refs)):
             refs = manifest.references_of(env, self.layout.store)
+        # A path is registered after its references (the index's foreign keys): adopt those the
+        # index lost first. `_seen` ends a cycle of references, which no registration can make.
+        for ref in refs:
+            if ref != name and self.index.path_by_name(ref) is None:
+                why = "its references make a cycle" if ref in _seen | {name} else \
+                    self.adopt(ref, rehash=rehash, _seen=_seen | {name})
+                if why is not None:
+                    return f"it references {ref}, which is not a complete store path ({why})"
         self.index.insert_path(row, refs)
         return None

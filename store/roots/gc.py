@@ -33,7 +33,7 @@ from typing import Any
 from llmgw_store.core import debug
 from llmgw_store.core.errors import IndexError_, UsageError
 from llmgw_store.core.fsutil import free_bytes
-from llmgw_store.core.index import now_iso
+from llmgw_store.core.index import ReferencedError, now_iso
 from llmgw_store.core.keys import is_store_name
 from llmgw_store.core.layout import Layout
 from llmgw_store.core.local_store import Store
@@ -267,11 +267,17 @@ def _sweep(store: Store, excluded, budget, keep_dead_for, dry_run, lock_timeout,
         pooled = inodes_of(layout.links_pool) if (budget is not None or dry_run) else frozenset()
         dead = _choose(store, live, budget, checked=not dry_run, keep_dead_for=keep_dead_for, now=now,
                        pooled=pooled, report=report, predict=dry_run or budget is not None)
-        for item in dead:
+        order = {n: i for i, n in enumerate(store.index.referrers_first(item["name"] for item in dead))}
+        for item in sorted(dead, key=lambda item: order[item["name"]]):
             say(f"{'would delete' if dry_run else 'deleting'} {item['name']} ({human_size(item['size'])}, {item['reason']})")
             if dry_run:
                 continue
-            store.index.forget(item["name"])
+            try:
+                store.index.forget(item["name"])
+            except ReferencedError:  # a kept path (over the budget, in its grace) references it
+                say(f"keeping {item['name']}: a path gc keeps references it")
+                item["kept"] = True
+                continue
             store.index.forget_rooted(item["name"])
             if item["name"] not in store.index.generation_path_names():
                 store.index.forget_cache_uses(item["name"])  # no cold rollback can want its entries
@@ -280,6 +286,7 @@ def _sweep(store: Store, excluded, budget, keep_dead_for, dry_run, lock_timeout,
             if os.path.lexists(src):
                 item["trash"] = layout.trash / f"{item['name']}.{os.getpid()}.{time.monotonic_ns()}"
                 os.rename(src, item["trash"])
+        dead = [item for item in dead if not item.get("kept")]
         report["deleted"] += dead
     return dead, live
 

@@ -268,7 +268,6 @@ def activate(
                 guard.restore()
                 raise
             store.index.record_generation(profile, number, name, _link_time(gen_link(layout, profile, number)))
-            store.index.record_switch(profile, current, number, "activate")
             records.add_event(layout, profile, "activate", **{"from": current}, to=number, name=name,
                               check=activation["check"])
             records.prune(layout, profile, keep_records, disk_generations(layout, profile))
@@ -293,7 +292,6 @@ def _then_check(store: Store, profile: str, rec: records.Record, previous: int, 
     except BaseException:
         guard.block()
         _switch(store, profile, previous)
-        store.index.record_switch(profile, number, previous, "auto-rollback")
         records.write(layout, records.with_activation(rec, {**rec.activation, "rolled_back_to": previous,
                                                             "check": {**rec.activation["check"], "result": "interrupted"}}))
         records.add_event(layout, profile, "auto-rollback", **{"from": number}, to=previous, why="interrupted")
@@ -304,7 +302,6 @@ def _then_check(store: Store, profile: str, rec: records.Record, previous: int, 
         records.add_event(layout, profile, "check-passed", generation=number, check=done)
         return Switch(profile, number, previous, str(env_dir), True, check=done)
     _switch(store, profile, previous)
-    store.index.record_switch(profile, number, previous, "auto-rollback")
     records.write(layout, records.with_activation(rec, {**rec.activation, "check": done, "rolled_back_to": previous}))
     records.add_event(layout, profile, "auto-rollback", **{"from": number}, to=previous, check=done)
     say(f"profile {profile}: check failed, back to generation {previous}")
@@ -393,7 +390,6 @@ def rollback(profile: str, *, to: int | None = None, root: str | Path | None = N
                 name = gens[to]
             if to != current:
                 _switch(store, profile, to)
-                store.index.record_switch(profile, current, to, "rollback")
                 records.add_event(layout, profile, "rollback", **{"from": current}, to=to, name=name, cold=cold)
                 say(f"profile {profile}: generation {current} -> {to} ({name})")
             return Switch(profile, to, current, str(layout.path_of(name)), to != current)
