@@ -8,8 +8,10 @@ A build of tinyengine 1.0 resolves as of 2024-02-02 and must get tinydep 1.0, no
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +22,49 @@ from tests.support.index_server import PackageIndex
 from tests.support.wheels import build_wheel
 
 REPO = Path(__file__).resolve().parent.parent
+
+# A suite started in the background by a shell without job control (`pytest &`, CI, nohup) inherits
+# SIGINT ignored, and an ignored signal stays ignored across exec: every store process a test starts
+# would then ignore the ^C the interrupt tests send it. A handler (not an ignore) is reset to the
+# default by exec, so each child starts as it would from a terminal.
+signal.signal(signal.SIGINT, signal.default_int_handler)
+
+# --- the quick loop: `pytest -m "not system"` ------------------------------------------------------
+# A test is `system` when it takes a fixture that builds or serves (the package index, the wheels,
+# uv, a store root, a binary cache) or when it, or a helper of the tests it calls, runs the CLI or a
+# build. Decided from the fixtures it takes and the names its code (and its helpers' code) uses, so
+# a new test is classified without anyone remembering to mark it.
+SYSTEM_FIXTURES = frozenset({"index", "wheels", "uv_bin", "root", "recipe", "delta_wheels", "cache", "s3_server"})
+SYSTEM_CALLS = frozenset({"run_cli", "cli_cmd", "build_json", "build_store", "copy_store", "real_uv", "start_index",
+                          "CliRunner", "Popen"})
+
+
+def _uses_system(fn, seen: set) -> bool:
+    """Whether `fn`'s code, its nested functions', or a test helper's it names, uses SYSTEM_CALLS."""
+    fn = inspect.unwrap(fn)
+    code = getattr(fn, "__code__", None)
+    if code is None or fn in seen:
+        return False
+    seen.add(fn)
+    scope = getattr(fn, "__globals__", {})
+    stack = [code]
+    while stack:
+        c = stack.pop()
+        for name in c.co_names:
+            if name in SYSTEM_CALLS:
+                return True
+            helper = scope.get(name)
+            if inspect.isfunction(helper) and helper.__module__.startswith("tests") and _uses_system(helper, seen):
+                return True
+        stack += [k for k in c.co_consts if inspect.iscode(k)]
+    return False
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        fn = getattr(item, "function", None)
+        if SYSTEM_FIXTURES & set(getattr(item, "fixturenames", ())) or (fn is not None and _uses_system(fn, set())):
+            item.add_marker(pytest.mark.system)
 
 
 def real_uv() -> Path:

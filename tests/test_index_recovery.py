@@ -101,7 +101,7 @@ def test_rebuild_index_whatever_state_the_file_is_in(store, how):
     assert run_cli(root, "doctor").returncode == 0
     assert list_names(root) >= {a.name, b.name}
     if how == "garbage_wal":  # the main file is intact: its history is all still there
-        assert r["history_copied"]["builds"] >= 2 and r["history_copied"]["switches"] >= 2
+        assert r["history_copied"]["builds"] >= 2 and r["history_copied"]["generations"] >= 2
 
 
 def test_history_is_salvaged_from_a_file_sqlite_can_still_partly_read(store, tmp_path):
