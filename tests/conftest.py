@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.index_server import PackageIndex
+from tests.support.recipes import PYTHON, TINY_RECIPE, tiny_recipe, write_recipe  # noqa: F401  (importable from here)
 from tests.support.wheels import build_wheel
 
 REPO = Path(__file__).resolve().parent.parent
@@ -124,29 +125,6 @@ def _store_env(monkeypatch):
 @pytest.fixture
 def root(tmp_path) -> Path:
     return tmp_path / "store-root"
-
-
-TINY_RECIPE = """
-[engine]
-name = "tinyengine"
-pypi = "tinyengine"
-binary = "tinyengine"
-
-[[build]]
-variant = "cpu"
-python = "{python}"
-requirements = ["tinyengine=={{version}}"]
-verify = ["tinyengine"]
-{extra}
-"""
-
-PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"
-
-
-def write_recipe(dir: Path, extra: str = "", name: str = "tiny.toml") -> Path:
-    p = dir / name
-    p.write_text(TINY_RECIPE.format(python=PYTHON, extra=extra))
-    return p
 
 
 @pytest.fixture

@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import PYTHON, TINY_RECIPE, build_json, cli_cmd, run_cli, run_in_env
+from tests.conftest import build_json, cli_cmd, run_cli, run_in_env
 from tests.support import procscan
 from tests.support.barrier import Barrier
+from tests.support.recipes import write_recipe
 
 
 def outcomes(root: Path) -> list[str]:
@@ -204,10 +205,8 @@ def test_a_child_that_left_its_group_dies_with_the_build(root, tmp_path, index, 
     subreaper, so the escaped process is still its descendant and is killed with the rest when the
     build is SIGKILLed (before: only the next build of the key found it, by its token)."""
     flag = tmp_path / "escape"
-    verify = f'["sh", "-c", "if [ -e {flag} ]; then setsid sleep 300 & sleep 300; fi"]'
-    recipe = tmp_path / "escaping.toml"
-    recipe.write_text(TINY_RECIPE.format(python=PYTHON, extra='version = "1.0"')
-                      .replace('verify = ["tinyengine"]', f"verify = {verify}"))
+    recipe = write_recipe(tmp_path, 'version = "1.0"', "escaping.toml",
+                          verify=["sh", "-c", f"if [ -e {flag} ]; then setsid sleep 300 & sleep 300; fi"])
     flag.touch()
     cmd = cli_cmd(root, "build", str(recipe), "--index-url", index.url, "--uv", str(uv_bin))
     victim = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

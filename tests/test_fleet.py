@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import build_store, copy_store, run_cli, run_in_env
+from tests.support.caches import cache, push, s3_server  # noqa: F401  (fixtures: the three real backends)
 from tests.support.object_server import ObjectServer
 
 
@@ -28,45 +29,6 @@ def builder(template, tmp_path):
     run_cli(root, "keygen", "builder-1", "--out", str(keys), check=True)
     run_cli(root, "keygen", "intruder", "--out", str(keys), check=True)
     return root, Path(template["paths"][0]).name, keys
-
-
-@pytest.fixture(scope="module")
-def s3_server():
-    """A real S3-protocol server (moto's server mode) on 127.0.0.1."""
-    from moto.server import ThreadedMotoServer
-
-    srv = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    srv.start()
-    host, port = srv.get_host_and_port()
-    yield f"http://{host}:{port}"
-    srv.stop()
-
-
-@pytest.fixture(params=["file", "http", "s3"])
-def cache(request, tmp_path, monkeypatch):
-    if request.param == "file":
-        yield f"file://{tmp_path / 'cache'}"
-    elif request.param == "http":
-        srv = ObjectServer()
-        yield srv.url
-        srv.stop()
-    else:
-        import boto3
-
-        endpoint = request.getfixturevalue("s3_server")
-        for k, v in {"LLMGW_STORE_S3_ENDPOINT": endpoint, "AWS_ACCESS_KEY_ID": "test",
-                     "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1"}.items():
-            monkeypatch.setenv(k, v)
-        bucket = f"llmgw-{tmp_path.name.lower().replace('_', '-')[:40]}"
-        boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket=bucket)
-        yield f"s3://{bucket}/nodes"
-
-
-def push(root, name, cache, secret, format="1"):
-    """Push as format 1 (one archive) unless told: the v1 tests here and in test_cache_trust keep
-    the monolithic path covered; tests/test_fleet_delta.py covers format 2."""
-    return json.loads(run_cli(root, "--json", "push", str(root / "store" / name), "--to", cache,
-                              "--secret-key", str(secret), "--format", format, check=True).stdout)
 
 
 def test_push_then_pull_into_another_store(builder, cache, tmp_path):

@@ -16,27 +16,12 @@ import threading
 import pytest
 
 from llmgw_store.core import procs, report
-from tests.conftest import PYTHON, run_cli
+from tests.conftest import run_cli
+from tests.support import recipes
 
 SLOW = {"LLMGW_STORE_DEBUG_COMPILE_PAUSE": "3"}
-RECIPE = """
-[engine]
-name = "tinyengine"
-binary = "tinyengine"
-
-[[build]]
-variant = "cpu"
-python = "%s"
-version = "1.0"
-requirements = ["tinyengine=={version}"]
-verify = ["sh", "-c", %s]
-"""
-
-
 def write_recipe(tmp_path, verify: str, name: str):
-    p = tmp_path / name
-    p.write_text(RECIPE % (PYTHON, json.dumps(verify)))
-    return p
+    return recipes.write_recipe(tmp_path, 'version = "1.0"', name, verify=["sh", "-c", verify])
 
 
 def slow_recipe(tmp_path):

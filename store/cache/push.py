@@ -126,6 +126,7 @@ def _wait_for_gc(backend, lock_timeout: float) -> None:
             raise LockTimeout(f"a cache gc is running (its marker {backend.where(running[0])}); waited "
                               f"{lock_timeout:g}s (--lock-timeout): push again once it is done")
         say(f"waiting for the cache gc ({running[0]}) to finish")
+        debug.pause("PUSH_WAITS_FOR_GC")  # tests: the push has seen the gc's marker and waits
         time.sleep(GC_WAIT_POLL)
 
 
