@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import build_store, copy_store, run_cli, run_in_env
+from tests.support.barrier import Barrier
 from tests.support.caches import cache, push, s3_server  # noqa: F401  (fixtures: the three real backends)
 from tests.support.object_server import ObjectServer
 
@@ -166,21 +167,17 @@ def test_gc_racing_a_push_keeps_the_path_being_pushed(builder, tmp_path):
     otherwise) keeps it, and the pushed object is whole. The positive control: once the push is
     done, the same gc deletes the path."""
     import subprocess
-    import time
 
     from tests.conftest import cli_cmd
 
     root, name, keys = builder
     cache = f"file://{tmp_path / 'cache'}"
-    env = {**os.environ, "LLMGW_STORE_DEBUG_PUSH_PAUSE": "30"}
+    gate = Barrier(tmp_path)
     pusher = subprocess.Popen(cli_cmd(root, "push", name, "--to", cache, "--secret-key", str(keys / "builder-1.secret")),
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                              env={**os.environ, **gate.env("PUSH_PAUSE")}, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 60
-        mine = root / "var" / "temproots" / str(pusher.pid)
-        while not (mine.exists() and name in mine.read_text()):
-            assert pusher.poll() is None and time.monotonic() < deadline, "push never held its path"
-            time.sleep(0.05)
+        gate.reached("PUSH_PAUSE", pusher)  # its temp root holds the path
         gc = json.loads(run_cli(root, "--json", "gc", check=True).stdout)
         assert name not in [d["name"] for d in gc["deleted"]]
         assert (root / "store" / name).is_dir()

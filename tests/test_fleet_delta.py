@@ -15,6 +15,7 @@ from llmgw_store.cache import signing
 from llmgw_store.cache.objects import pack_digest
 from llmgw_store.core.keys import canonical_json
 from tests.conftest import run_cli, run_in_env
+from tests.support.barrier import Barrier
 from tests.support.caches import cache, s3_server  # noqa: F401  (fixtures: the three real backends)
 from tests.support.delta import delta_wheels, pull2, push2, template, world  # noqa: F401  (fixtures)
 
@@ -277,7 +278,6 @@ def test_a_killed_pull_leaves_no_scratch_tree_behind(world, tmp_path, sig):
     import os
     import signal
     import subprocess
-    import time
 
     from tests.conftest import cli_cmd
 
@@ -286,15 +286,14 @@ def test_a_killed_pull_leaves_no_scratch_tree_behind(world, tmp_path, sig):
     push2(world, a, url)
     run_cli(world["node"], "verify")  # creates the node's store
     tmp = world["node"] / "var" / "tmp"
+    gate = Barrier(tmp_path)
     proc = subprocess.Popen(cli_cmd(world["node"], "pull", a, "--from", url, "--trusted-key",
                                     str(world["keys"] / "builder-1.public")),
-                            env={**os.environ, "LLMGW_STORE_DEBUG_PULL_PAUSE": "60"},
+                            env={**os.environ, **gate.env("PULL_PAUSE")},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 60
-        while not (tmp.is_dir() and any(p.name.startswith(f"pull-{proc.pid}-") for p in tmp.iterdir())):
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-            time.sleep(0.05)
+        gate.reached("PULL_PAUSE", proc)
+        assert any(p.name.startswith(f"pull-{proc.pid}-") for p in tmp.iterdir())  # its scratch tree exists
         proc.send_signal(getattr(signal, sig))
         _, err = proc.communicate(timeout=60)
     finally:

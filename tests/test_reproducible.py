@@ -13,11 +13,11 @@ import os
 import signal
 import stat
 import subprocess
-import time
 from datetime import datetime
 from pathlib import Path
 
 from tests.conftest import PYTHON, build_json, cli_cmd, run_cli, run_in_env
+from tests.support.barrier import Barrier
 from tests.support.indexes import two_indexes  # noqa: F401  (fixture)
 from tests.support.recipes import write_recipe
 from tests.support.wheels import build_wheel
@@ -205,19 +205,15 @@ def test_check_leaves_no_temporary_tree_when_terminated_and_sweeps_a_killed_ones
     (stale / "env" / "f").write_text("x")
     os.chmod(stale / "env", 0o555)
     # SIGTERM while the rebuild is paused just after its venv exists.
+    gate = Barrier(tmp_path)
     proc = subprocess.Popen(cli_cmd(root, "build", str(recipe), "--check", "--index-url", index.url, "--uv", str(uv_bin)),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "LLMGW_STORE_DEBUG_BUILD_PAUSE": "60"})
+                            env={**os.environ, **gate.env("BUILD_PAUSE")})
     tmp = root / "var" / "tmp"
     try:
-        for _ in range(600):
-            mine = [n for n in _tmp_entries(root) if n.startswith(f"check-{proc.pid}-")]
-            if mine and (tmp / mine[0] / "env" / "pyvenv.cfg").exists():
-                break
-            assert proc.poll() is None, proc.communicate()
-            time.sleep(0.1)
-        else:
-            raise AssertionError("the check never reached its rebuild")
+        gate.reached("BUILD_PAUSE", proc)
+        mine = [n for n in _tmp_entries(root) if n.startswith(f"check-{proc.pid}-")]
+        assert mine and (tmp / mine[0] / "env" / "pyvenv.cfg").exists()  # inside its rebuild
         assert not stale.exists()  # swept before this check made its own
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=60)
