@@ -18,7 +18,6 @@ from tests.support.recipes import write_recipe
 from tests.support.wheels import build_wheel
 
 
-
 @pytest.fixture(scope="module")
 def indexes(tmp_path_factory):
     """Main index (with dates): tinyengine 1.0 (needs tinytorch and tinydep), tinydep 1.0 and a

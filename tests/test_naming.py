@@ -11,6 +11,7 @@ from pathlib import Path
 from tests.conftest import run_cli, run_in_env
 from tests.support.recipes import write_recipe
 
+
 def _recipe(tmp_path: Path, requirement: str) -> Path:
     return write_recipe(tmp_path, name="bare.toml", requirements=[requirement])
 

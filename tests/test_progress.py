@@ -21,6 +21,7 @@ from tests.conftest import cli_cmd, run_cli
 from tests.support import recipes
 from tests.support.barrier import Barrier
 
+
 def write_recipe(tmp_path, verify: str, name: str):
     return recipes.write_recipe(tmp_path, 'version = "1.0"', name, verify=["sh", "-c", verify])
 

@@ -23,7 +23,6 @@ from tests.support.recipes import write_recipe
 from tests.support.wheels import build_wheel
 
 
-
 def _info(root: Path, name: str) -> dict:
     return json.loads(run_cli(root, "--json", "info", name, check=True).stdout)
 

@@ -24,10 +24,11 @@ import re
 import sqlite3
 import time
 import urllib.parse
+from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from llmgw_store.core.errors import DiskFullError, IndexError_, LockTimeout, ReadOnlyError, StoreError
 from llmgw_store.core.keys import is_store_name
@@ -70,7 +71,7 @@ def _well_formed(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def now_iso() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def schema_steps(text: str | None = None) -> dict[int, list[str]]:
@@ -311,7 +312,7 @@ class Index:
         changed = 0
         with self.transaction(f"index {self.path}: cannot record uses") as conn:
             for name, when in used.items():
-                iso = datetime.fromtimestamp(when, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+                iso = datetime.fromtimestamp(when, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
                 changed += conn.execute(
                     "UPDATE paths SET last_used = ? WHERE name = ? AND (last_used IS NULL OR last_used < ?)",
                     (iso, name, iso)).rowcount
