@@ -38,6 +38,8 @@ def peak_rss_mb(argv: list[str], env: dict | None = None) -> float | None:
 def clone_registered(root: Path, src_name: str, n: int, tag: str = "") -> list[str]:
     """n copies of store path `src_name`, registered under fresh keys (`tag` makes another set)."""
     sys.path.insert(0, str(REPO))
+    import dataclasses
+
     from llmgw_store.core.index import Index
     from llmgw_store.core.keys import store_key
 
@@ -49,7 +51,7 @@ def clone_registered(root: Path, src_name: str, n: int, tag: str = "") -> list[s
         name = f"{key}-{src_name.split('-', 1)[1]}"
         subprocess.run(["cp", "-a", str(root / "store" / src_name), str(root / "store" / name)], check=True)
         b = idx.start_build(key, name)
-        idx.register({**row, "name": name, "key": key}, b, 0.0)
+        idx.register(dataclasses.replace(row, name=name, key=key), b, 0.0)
         names.append(name)
     idx.close()
     return names

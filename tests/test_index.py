@@ -6,12 +6,13 @@ import multiprocessing
 import sqlite3
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from llmgw_store.core.errors import DiskFullError, IndexError_, LockTimeout, ReadOnlyError
-from llmgw_store.core.index import SCHEMA_VERSION, Index, ReferencedError, schema_steps
+from llmgw_store.core.index import SCHEMA_VERSION, Index, ReferencedError, RegisteredPath, schema_steps
 from tests.support.tmpfs import fill, remount_readonly, tmpfs
 
 
@@ -53,10 +54,10 @@ def test_newer_schema_is_refused(tmp_path):
         Index(tmp_path / "db.sqlite")
 
 
-def _row(name: str, key: str) -> dict:
-    return {"name": name, "key": key, "engine": "e", "version": "1", "variant": "cpu", "as_of": "x",
-            "uv_version": "0.13.9", "python": "3.11.7", "inputs": "{}", "content_hash": "h", "size": 1,
-            "files": 1, "build_seconds": 0.1, "created": "t", "last_used": "t"}
+def _row(name: str, key: str) -> RegisteredPath:
+    return RegisteredPath(name=name, key=key, engine="e", version="1", variant="cpu", as_of="x", uv_version="0.13.9",
+                          python="3.11.7", inputs="{}", content_hash="h", size=1, files=1, build_seconds=0.1,
+                          created="t", last_used="t")
 
 
 K1 = "1" * 32  # rows carry well-formed store path names (the index hands out no other)
@@ -66,14 +67,14 @@ def test_register_writes_path_and_log_in_one_transaction(tmp_path):
     idx = Index(tmp_path / "db.sqlite")
     b1 = idx.start_build(K1, f"{K1}-e")
     idx.register(_row(f"{K1}-e", K1), b1, 0.1)
-    assert idx.path_by_key(K1)["name"] == f"{K1}-e"
-    assert idx.builds(K1)[0]["outcome"] == "built"
+    assert idx.path_by_key(K1).name == f"{K1}-e"
+    assert idx.builds(K1)[0].outcome == "built"
     # A second path with the same key violates the unique index: neither the row nor the log changes.
     b2 = idx.start_build(K1, f"{K1}-other")
     with pytest.raises(IndexError_):
-        idx.register({**_row(f"{K1}-other", K1)}, b2, 0.1)
+        idx.register(_row(f"{K1}-other", K1), b2, 0.1)
     assert idx.path_by_name(f"{K1}-other") is None
-    assert [b["outcome"] for b in idx.builds(K1)] == ["built", "running"]
+    assert [b.outcome for b in idx.builds(K1)] == ["built", "running"]
 
 
 def test_latest_memo_expires(tmp_path):
@@ -131,16 +132,16 @@ def test_migration_from_every_schema_version_in_the_wild(tmp_path, version):
     if version == 0:
         return
     # Every row an old version held is still there, but the references version 5's foreign keys refuse.
-    assert {r["name"] for r in idx.paths()} == {A, B}
-    assert [b["outcome"] for b in idx.builds()] == ["built", "running"]
+    assert {r.name for r in idx.paths()} == {A, B}
+    assert [b.outcome for b in idx.builds()] == ["built", "running"]
     assert idx.published("https://pypi.org/simple", "tinyengine", "1.0") == "2024-02-01T00:00:00Z"
     assert idx.tool_info("uv", "/usr/bin/uv") == {"stamp": "1:2:3", "version": "0.13.9"}
     if version >= 2:
-        assert idx.live_generations() == {("p", 1)} and idx.pins()["good"]["path_name"] == A
+        assert idx.live_generations() == {("p", 1)} and idx.pins()["good"].path_name == A
     assert idx.references(B) == ([A] if version >= 3 else [])
     assert idx.references(A) == []
     if version >= 4:
-        assert {(u["path_name"], u["entry"]) for u in idx.cache_uses("uv")} == {(A, "wheels-v5/tinydep")}
+        assert {(u.path_name, u.entry) for u in idx.cache_uses("uv")} == {(A, "wheels-v5/tinydep")}
         assert idx.last_rooted()[A] == "2024-03-04T00:00:00Z"
     tables = {r[0] for r in idx.conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     assert "switches" not in tables  # written, never read: dropped
@@ -205,7 +206,7 @@ def test_a_path_is_registered_only_after_its_references(tmp_path):
     with pytest.raises(ReferencedError):
         _registered(idx, B, [A])
     assert idx.path_by_name(B) is None  # the row, its references and its log entry: none of them
-    assert [b["outcome"] for b in idx.builds()] == ["running"]
+    assert [b.outcome for b in idx.builds()] == ["running"]
     _registered(idx, A)
     _registered(idx, B, [A, B])  # a self-reference is not recorded: it would pin the row forever
     assert idx.references(B) == [A]
@@ -217,8 +218,8 @@ def test_registering_a_referenced_path_again_keeps_its_referrers(tmp_path):
     idx = Index(tmp_path / "db.sqlite")
     _registered(idx, A)
     _registered(idx, B, [A])
-    idx.insert_path({**_row(A, A[:32]), "size": 7}, [])
-    assert idx.path_by_name(A)["size"] == 7 and idx.references(B) == [A]
+    idx.insert_path(replace(_row(A, A[:32]), size=7), [])
+    assert idx.path_by_name(A).size == 7 and idx.references(B) == [A]
 
 
 # --- every write maps SQLite's errors to the store's ---------------------------------------------

@@ -88,7 +88,7 @@ def check(recipe_file: str | Path, options: BuildOptions = BuildOptions(), *,
         row = store.index.path_by_key(plan.key)
         if row is None or not final.is_dir():
             raise NotFoundError(f"{plan.name} was collected while the check started; build it again")
-        lock_text = recorded_lock(final, plan.name, row["content_hash"])
+        lock_text = recorded_lock(final, plan.name, row.content_hash)
         sweep_dead(layout.tmp, SCRATCH_RE, MAX_STALE_SCAN, "a check")
         scratch = layout.tmp / f"check-{os.getpid()}-{time.monotonic_ns()}"
         problems: list[str] = []
@@ -114,7 +114,7 @@ def check(recipe_file: str | Path, options: BuildOptions = BuildOptions(), *,
     rebuilt_hash = manifest.content_hash([d.entry for p, d in ours.items() if p != ROOT])
     return CheckResult(
         path=str(final), name=plan.name, key=plan.key, identical=not differences and not problems,
-        content_hash=row["content_hash"], rebuilt_content_hash=rebuilt_hash, files=len(ours) - 1,
+        content_hash=row.content_hash, rebuilt_content_hash=rebuilt_hash, files=len(ours) - 1,
         differences=differences, problems=tuple(problems), seconds=round(time.monotonic() - started, 3),
     )
 

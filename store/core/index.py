@@ -26,6 +26,7 @@ import time
 import urllib.parse
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import astuple, dataclass, fields
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -64,10 +65,83 @@ def _private_db_files(db: Path) -> None:
             os.close(fd)
 
 
-def _well_formed(row: dict[str, Any]) -> dict[str, Any]:
+# --- rows: what the tables hold, typed ----------------------------------------------------------
+
+@dataclass(frozen=True)
+class RegisteredPath:
+    """A store path the index holds (`paths`): what its manifest said when it was registered."""
+
+    name: str
+    key: str
+    engine: str
+    version: str
+    variant: str
+    as_of: str | None
+    uv_version: str | None
+    python: str | None
+    inputs: str  # the key's inputs, canonical JSON
+    content_hash: str
+    size: int
+    files: int
+    build_seconds: float
+    created: str
+    last_used: str
+
+
+@dataclass(frozen=True)
+class BuildLogEntry:
+    """One build, pull or repair of a key (`builds`), from start to its outcome."""
+
+    id: int
+    key: str
+    name: str
+    pid: int
+    host: str
+    started: str
+    finished: str | None
+    outcome: str  # running, built, substituted, repaired, failed, abandoned
+    seconds: float | None
+    error: str | None
+
+
+@dataclass(frozen=True)
+class GenerationRow:
+    """A profile's generation as last recorded (`generations`); the links on disk are the truth."""
+
+    profile: str
+    number: int
+    name: str | None
+    created: str | None
+    created_by: str | None
+    deleted: str | None
+
+
+@dataclass(frozen=True)
+class PinRow:
+    """A pin as last recorded (`pins`); gcroots/ is the truth."""
+
+    name: str
+    path_name: str
+    created: str
+
+
+@dataclass(frozen=True)
+class CacheUse:
+    """A cache entry a store path was built from (`cache_uses` of one cache)."""
+
+    path_name: str
+    entry: str
+    used_at: str
+
+
+def _row(cls, row: sqlite3.Row):
+    return cls(**{f.name: row[f.name] for f in fields(cls)})
+
+
+def _well_formed(row: sqlite3.Row) -> RegisteredPath:
     if not is_store_name(row["name"]):
         raise malformed_name(row["name"])
-    return row
+    return _row(RegisteredPath, row)
 
 
 def now_iso() -> str:
@@ -103,27 +177,27 @@ def schema_steps(text: str | None = None) -> dict[int, list[str]]:
     return steps
 
 
-def row_from_manifest(doc: dict[str, Any]) -> dict[str, Any]:
+def row_from_manifest(doc: dict[str, Any]) -> RegisteredPath:
     """The `paths` row of a store path, from its manifest (a build's, a pull's or doctor's)."""
     inputs = doc.get("inputs") or {}
     python = inputs.get("python") or {}
-    return {
-        "name": doc["name"],
-        "key": doc["key"],
-        "engine": doc["engine"],
-        "version": doc["version"],
-        "variant": doc["variant"],
-        "as_of": inputs.get("as_of"),
-        "uv_version": inputs.get("uv", inputs.get("version")),
-        "python": python.get("version"),
-        "inputs": json.dumps(inputs, sort_keys=True),
-        "content_hash": doc["content_hash"],
-        "size": doc["size"],
-        "files": doc["files"],
-        "build_seconds": doc["build_seconds"],
-        "created": doc["installed"],
-        "last_used": doc["installed"],
-    }
+    return RegisteredPath(
+        name=doc["name"],
+        key=doc["key"],
+        engine=doc["engine"],
+        version=doc["version"],
+        variant=doc["variant"],
+        as_of=inputs.get("as_of"),
+        uv_version=inputs.get("uv", inputs.get("version")),
+        python=python.get("version"),
+        inputs=json.dumps(inputs, sort_keys=True),
+        content_hash=doc["content_hash"],
+        size=doc["size"],
+        files=doc["files"],
+        build_seconds=doc["build_seconds"],
+        created=doc["installed"],
+        last_used=doc["installed"],
+    )
 
 
 def store_error(path: Path, what: str, exc: sqlite3.Error, busy_timeout: float = BUSY_TIMEOUT_S) -> StoreError:
@@ -283,21 +357,21 @@ class Index:
     # --- store paths -------------------------------------------------------------------------
     # Every row handed out names a well-formed store path (keys.is_store_name): the index is a file
     # on disk, and a planted `../x` or `/x` row must never become a path (Layout.path_of refuses it too).
-    def path_by_key(self, key: str) -> dict[str, Any] | None:
+    def path_by_key(self, key: str) -> RegisteredPath | None:
         row = self._sql("SELECT * FROM paths WHERE key = ?", (key,)).fetchone()
-        return _well_formed(dict(row)) if row else None
+        return _well_formed(row) if row else None
 
-    def path_by_name(self, name: str) -> dict[str, Any] | None:
+    def path_by_name(self, name: str) -> RegisteredPath | None:
         row = self._sql("SELECT * FROM paths WHERE name = ?", (name,)).fetchone()
-        return _well_formed(dict(row)) if row else None
+        return _well_formed(row) if row else None
 
-    def paths(self) -> list[dict[str, Any]]:
+    def paths(self) -> list[RegisteredPath]:
         """Every row with a well-formed name; a malformed one is reported and left out (gc and
         verify never act on it; `doctor --rebuild-index` drops it)."""
         out = []
         for r in self._sql("SELECT * FROM paths ORDER BY engine, version, variant, created"):
             if is_store_name(r["name"]):
-                out.append(dict(r))
+                out.append(_row(RegisteredPath, r))
             else:
                 say(f"skipping a malformed row of the index ({str(r['name'])[:80]!r}): "
                     "run `llmgw-store doctor --rebuild-index`")
@@ -318,15 +392,14 @@ class Index:
                     (iso, name, iso)).rowcount
         return changed
 
-    def register(self, row: dict[str, Any], build_id: int, seconds: float, references: list[str] = (),
+    def register(self, row: RegisteredPath, build_id: int, seconds: float, references: list[str] = (),
                  outcome: str = "built") -> None:
         """Record a finished build: its path row, its references and its log entry, in one transaction.
         Each reference must be registered already (references are registered first)."""
-        with self.transaction(f"index {self.path}: cannot register {row['name']}") as conn:
-            cols = ", ".join(row)
-            marks = ", ".join("?" for _ in row)
-            conn.execute(f"INSERT INTO paths ({cols}) VALUES ({marks})", tuple(row.values()))
-            self._set_references(row["name"], references)
+        cols = [f.name for f in fields(row)]
+        with self.transaction(f"index {self.path}: cannot register {row.name}") as conn:
+            conn.execute(f"INSERT INTO paths ({', '.join(cols)}) VALUES ({', '.join('?' for _ in cols)})", astuple(row))
+            self._set_references(row.name, references)
             self._finish_build(build_id, outcome, seconds, None)
 
     def _set_references(self, name: str, references) -> None:
@@ -346,16 +419,16 @@ class Index:
         wanted = set(names)
         return [n for n in reversed(self.closure(wanted)) if n in wanted]
 
-    def insert_path(self, row: dict[str, Any], references: list[str]) -> None:
+    def insert_path(self, row: RegisteredPath, references: list[str]) -> None:
         """A path row and its references without a build-log entry (adoption, doctor rebuilding the
         index). An existing row of the name is updated in place: a delete and insert (INSERT OR
         REPLACE) would be refused while another path references it."""
-        cols = ", ".join(row)
-        updates = ", ".join(f"{c} = excluded.{c}" for c in row if c != "name")
-        with self.transaction(f"index {self.path}: cannot register {row['name']}") as conn:
-            conn.execute(f"INSERT INTO paths ({cols}) VALUES ({', '.join('?' for _ in row)}) "
-                         f"ON CONFLICT (name) DO UPDATE SET {updates}", tuple(row.values()))
-            self._set_references(row["name"], references)
+        cols = [f.name for f in fields(row)]
+        updates = ", ".join(f"{c} = excluded.{c}" for c in cols if c != "name")
+        with self.transaction(f"index {self.path}: cannot register {row.name}") as conn:
+            conn.execute(f"INSERT INTO paths ({', '.join(cols)}) VALUES ({', '.join('?' for _ in cols)}) "
+                         f"ON CONFLICT (name) DO UPDATE SET {updates}", astuple(row))
+            self._set_references(row.name, references)
 
     def copy_history_from(self, other: Path, tables: tuple[str, ...] | list[str]) -> dict[str, int]:
         """Copy the rows of `tables` that a damaged or old index file still yields (doctor), row by
@@ -463,12 +536,12 @@ class Index:
             (now_iso(), seconds, error[:4000], build_id),
         )
 
-    def builds(self, key: str | None = None) -> list[dict[str, Any]]:
+    def builds(self, key: str | None = None) -> list[BuildLogEntry]:
         if key is None:
             rows = self._sql("SELECT * FROM builds ORDER BY id")
         else:
             rows = self._sql("SELECT * FROM builds WHERE key = ? ORDER BY id", (key,))
-        return [dict(r) for r in rows]
+        return [_row(BuildLogEntry, r) for r in rows]
 
     # --- memos of slow facts -----------------------------------------------------------------
     def published(self, index_url: str, project: str, version: str) -> str | None:
@@ -509,9 +582,9 @@ class Index:
 
 
     # --- profiles (the links on disk are the truth; these rows follow them) -----------------
-    def generation_rows(self, profile: str) -> dict[int, dict[str, Any]]:
+    def generation_rows(self, profile: str) -> dict[int, GenerationRow]:
         rows = self._sql("SELECT * FROM generations WHERE profile = ?", (profile,))
-        return {r["number"]: dict(r) for r in rows}
+        return {r["number"]: _row(GenerationRow, r) for r in rows}
 
     def max_generation(self, profile: str) -> int:
         row = self._sql("SELECT max(number) FROM generations WHERE profile = ?", (profile,)).fetchone()
@@ -527,8 +600,8 @@ class Index:
     def mark_generation_deleted(self, profile: str, number: int) -> None:
         self._sql("UPDATE generations SET deleted = ? WHERE profile = ? AND number = ?", (now_iso(), profile, number))
 
-    def pins(self) -> dict[str, dict[str, Any]]:
-        return {r["name"]: dict(r) for r in self._sql("SELECT * FROM pins")}
+    def pins(self) -> dict[str, PinRow]:
+        return {r["name"]: _row(PinRow, r) for r in self._sql("SELECT * FROM pins")}
 
     def record_pin(self, name: str, path_name: str | None) -> None:
         if path_name is None:
@@ -544,9 +617,10 @@ class Index:
             conn.executemany("INSERT OR REPLACE INTO cache_uses VALUES (?, ?, ?, ?)",
                              [(name, cache, e, at) for e in sorted(entries)])
 
-    def cache_uses(self, cache: str) -> list[dict[str, Any]]:
-        """Every recorded use of an entry of `cache` (path_name, entry, used_at); the caller checks entries."""
-        return [dict(r) for r in self._sql("SELECT path_name, entry, used_at FROM cache_uses WHERE cache = ?", (cache,))]
+    def cache_uses(self, cache: str) -> list[CacheUse]:
+        """Every recorded use of an entry of `cache`; the caller checks entries."""
+        return [_row(CacheUse, r) for r in self._sql("SELECT path_name, entry, used_at FROM cache_uses WHERE cache = ?",
+                                                     (cache,))]
 
     def forget_cache_uses(self, name: str) -> None:
         self._sql("DELETE FROM cache_uses WHERE path_name = ?", (name,))

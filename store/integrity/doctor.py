@@ -51,14 +51,14 @@ def _links(layout: Layout) -> tuple[dict[tuple[str, int], str], dict[str, str]]:
 
 def check(store: Store) -> dict[str, list[str]]:
     layout, index = store.layout, store.index
-    rows = {r["name"]: r for r in index.paths()}
+    rows = {r.name: r for r in index.paths()}
     dirs = set(_store_dirs(layout))
     gens, pins = _links(layout)
     known_gens = index.live_generations()
     mismatched = []
     for name in sorted(dirs & rows.keys()):
         try:
-            if manifest.read(layout.path_of(name)).get("content_hash") != rows[name]["content_hash"]:
+            if manifest.read(layout.path_of(name)).get("content_hash") != rows[name].content_hash:
                 mismatched.append(name)
         except (OSError, ValueError):
             mismatched.append(name)

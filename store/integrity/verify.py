@@ -28,6 +28,7 @@ from blake3 import blake3
 from llmgw_store.core import locks, manifest
 from llmgw_store.core.errors import NotFoundError, UsageError
 from llmgw_store.core.fsutil import force_rmtree
+from llmgw_store.core.index import RegisteredPath
 from llmgw_store.core.local_store import Store
 from llmgw_store.core.report import progress, say
 from llmgw_store.core.results import Result
@@ -44,11 +45,11 @@ class VerifyReport(Result):
     damaged: tuple[str, ...]
 
 
-def check_path(store: Store, row: dict[str, Any], memo: dict | None = None) -> dict[str, Any]:
+def check_path(store: Store, row: RegisteredPath, memo: dict | None = None) -> dict[str, Any]:
     """What differs between the path of `row` and what was recorded for it. `memo` (one dict per
     run) lets a file shared with a path checked before in this run be hashed once: both are named
     if it is damaged."""
-    name = row["name"]
+    name = row.name
     env = store.layout.path_of(name)
     r: dict[str, Any] = {"name": name, "path": str(env), "ok": False, "modified": [], "missing": [], "extra": [],
                          "writable": [], "foreign": [], "problems": []}
@@ -85,13 +86,13 @@ def check_path(store: Store, row: dict[str, Any], memo: dict | None = None) -> d
         r.update(manifest.compare(recorded, actual))
         if doc is not None and listed_hash != doc.get("content_hash"):
             r["problems"].append("the contents listing does not match the manifest's hash")
-    if doc is not None and doc.get("content_hash") != row["content_hash"]:
+    if doc is not None and doc.get("content_hash") != row.content_hash:
         r["problems"].append("the manifest and the index record different content hashes")
     # The listing's own bytes hash to the recorded content hash only if they are the listing the
     # build wrote (blake3 is collision resistant); if the tree parses back to exactly those entries,
     # the tree's listing is those bytes, and its hash need not be computed again.
-    same = listed_hash == row["content_hash"] and recorded == actual
-    if not same and manifest.content_hash(actual) != row["content_hash"] \
+    same = listed_hash == row.content_hash and recorded == actual
+    if not same and manifest.content_hash(actual) != row.content_hash \
             and not (r["modified"] or r["missing"] or r["extra"]):
         r["problems"].append("the tree's content hash differs from the index")
     r["writable"] = sorted(writable)
@@ -122,28 +123,28 @@ def verify(
         for n, row in enumerate(rows):
             progress("verifying", n, len(rows), "paths")
             r = check_path(store, row, memo)
-            say(f"{row['name']}: {'ok' if r['ok'] else 'DAMAGED'}")
+            say(f"{row.name}: {'ok' if r['ok'] else 'DAMAGED'}")
             if not r["ok"] and repair:
                 r["repair"] = _repair(store, row, uv, python_preference, lock_timeout)
                 memo.clear()  # the repair made and deleted files: inode numbers may be reused
-                r["ok_after_repair"] = check_path(store, store.index.path_by_name(row["name"]))["ok"]
+                r["ok_after_repair"] = check_path(store, store.index.path_by_name(row.name))["ok"]
             results.append(r)
         progress("verifying", len(rows), len(rows), "paths")
         damaged = [r["name"] for r in results if not r["ok"] and not r.get("ok_after_repair")]
         return VerifyReport(tuple(results), len(results), tuple(damaged))
 
 
-def _repair(store: Store, row: dict[str, Any], uv_path, python_preference, lock_timeout) -> dict[str, Any]:
+def _repair(store: Store, row: RegisteredPath, uv_path, python_preference, lock_timeout) -> dict[str, Any]:
     from llmgw_store.build import builder, interpreters
     from llmgw_store.build import uv as uvmod
     from llmgw_store.build.realise import replace
 
-    name = row["name"]
-    inputs = json.loads(row["inputs"])
+    name = row.name
+    inputs = json.loads(row.inputs)
     if "build" not in inputs:
         raise UsageError(f"{name} was not built from a recipe ({inputs.get('tool', 'unknown')}); remove it and let the store reinstall it")
     env = store.layout.path_of(name)
-    lock_text = _recorded_lock(env, row["content_hash"])
+    lock_text = _recorded_lock(env, row.content_hash)
     say(f"repairing {name} from its recorded inputs" + (" and lock" if lock_text else " (resolving again)"))
     uv = uvmod.resolve(store, uv_path, inputs["index_url"])
     if uv.version != inputs["uv"]:
@@ -157,9 +158,9 @@ def _repair(store: Store, row: dict[str, Any], uv_path, python_preference, lock_
     # every module compiled again.
     private = store.layout.tmp / f"repair-{os.getpid()}-{time.monotonic_ns()}"
     plan = builder.BuildPlan(
-        key=row["key"], name=name, inputs=inputs, version=row["version"], fields=inputs["build"], uv=uv,
+        key=row.key, name=name, inputs=inputs, version=row.version, fields=inputs["build"], uv=uv,
         interpreter=interp, index_url=inputs["index_url"],
-        meta={"engine": row["engine"], "version": row["version"], "variant": row["variant"], "binary": inputs["binary"]},
+        meta={"engine": row.engine, "version": row.version, "variant": row.variant, "binary": inputs["binary"]},
         origin=f"the recorded inputs of {name}", lock_text=lock_text,
         uv_cache=private / "uv", pyc_cache=private / "pyc",
     )
@@ -167,13 +168,13 @@ def _repair(store: Store, row: dict[str, Any], uv_path, python_preference, lock_
     try:
         new = replace(store, plan.key, name, inputs, plan.meta,
                       lambda partial: builder.make_env(store, plan, partial, deadline),
-                      expect=row["content_hash"],
+                      expect=row.content_hash,
                       verify=lambda tree: builder.verify_env(store, plan, tree, deadline),
                       lock_timeout=lock_timeout)
     finally:
         force_rmtree(private)
     say(f"repaired {name}: byte-identical to what was built")
-    return {"content_hash": new["content_hash"], "identical": new["content_hash"] == row["content_hash"]}
+    return {"content_hash": new["content_hash"], "identical": new["content_hash"] == row.content_hash}
 
 
 def _recorded_lock(env: Path, recorded_hash: str) -> str | None:

@@ -100,7 +100,7 @@ def roots(store: Store, excluded_generations: set[tuple[str, int]] = frozenset()
         out["temp roots of live processes"] = sorted(live)
     for name, pids in runtime_roots(layout).items():
         out[f"in use by pid {', '.join(sorted(pids, key=int))}"] = [name]
-    uv = [r["name"] for r in store.index.paths() if r["engine"] == "uv" and r["version"] == UV_VERSION]
+    uv = [r.name for r in store.index.paths() if r.engine == "uv" and r.version == UV_VERSION]
     if uv:
         out["the store's pinned uv"] = uv
     return out
@@ -368,7 +368,7 @@ def _adopt_unregistered(store: Store, busy: set[str]) -> list[str]:
     when a root holds it, collected when none does. Called with the gc lock held exclusively: no
     temp root can be added, so a directory no live temp root names has no builder (a builder adds
     its temp root before it takes the key's lock) and nothing else writes it meanwhile."""
-    known = {r["name"] for r in store.index.paths()}
+    known = {r.name for r in store.index.paths()}
     adopted = []
     for entry in os.scandir(store.layout.store):
         name = entry.name
@@ -397,7 +397,7 @@ def _choose(store: Store, live: set[str], budget: int | None, *, checked: bool =
     disk, predicted by accounting.Tally). With `checked`, every unregistered directory left is one
     `_adopt_unregistered` found incomplete. With `keep_dead_for`, a registered dead path rooted
     (as a gc last saw it, or a generation record says) or used less than that long ago is kept."""
-    rows = {r["name"]: r for r in store.index.paths()}
+    rows = {r.name: r for r in store.index.paths()}
     rooted = store.index.last_rooted() if keep_dead_for is not None else {}
     leftovers, registered = [], []
     on_disk = set()
@@ -409,13 +409,13 @@ def _choose(store: Store, live: set[str], budget: int | None, *, checked: bool =
         if name in rows:
             row = rows[name]
             if keep_dead_for is not None:
-                last = max(_ts(rooted.get(name)), _ts(row["last_used"]))
+                last = max(_ts(rooted.get(name)), _ts(row.last_used))
                 if now - last < keep_dead_for:
                     if report is not None and name not in report["kept_by_grace"]:
                         report["kept_by_grace"].append(name)
                     continue
-            registered.append({"name": name, "size": row["size"], "reason": "no root holds it",
-                               "last_used": row["last_used"]})
+            registered.append({"name": name, "size": row.size, "reason": "no root holds it",
+                               "last_used": row.last_used})
         else:
             if name.endswith(".partial"):
                 what = "an unfinished build"
@@ -568,9 +568,9 @@ def _prune_uv_cache(store: Store, dry_run: bool) -> int:
         say("would run `uv cache prune`")
         return 0
     before = _cost(cache)
-    pinned = [r for r in store.index.paths() if r["engine"] == "uv" and r["version"] == uvmod.UV_VERSION]
+    pinned = [r for r in store.index.paths() if r.engine == "uv" and r.version == uvmod.UV_VERSION]
     if pinned:
-        binary = store.layout.path_of(pinned[0]["name"]) / "bin" / "uv"
+        binary = store.layout.path_of(pinned[0].name) / "bin" / "uv"
     else:
         from uv import find_uv_bin
 
