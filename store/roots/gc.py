@@ -375,7 +375,7 @@ def _adopt_unregistered(store: Store, busy: set[str]) -> list[str]:
         if (name in known or name in busy or not is_store_name(name)
                 or not entry.is_dir(follow_symlinks=False)):
             continue
-        if store.adopt(name, rehash=True) is None:
+        if store.adopt(name, rehash=True, busy=busy) is None:
             say(f"registered {name} again from its manifest (complete, but not in the index)")
             adopted.append(name)
     return adopted
