@@ -36,7 +36,7 @@ class PathRow(Result):
     last_used: str
 
     @classmethod
-    def of(cls, store: Store, row: RegisteredPath) -> "PathRow":
+    def of(cls, store: Store, row: RegisteredPath) -> PathRow:
         fields = {k: getattr(row, k) for k in cls.__dataclass_fields__ if k not in ("path", "inputs")}
         return cls(path=str(store.layout.path_of(row.name)), inputs=json.loads(row.inputs), **fields)
 
