@@ -24,7 +24,7 @@ import re
 import sqlite3
 import time
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import astuple, dataclass, fields
 from datetime import UTC, datetime
@@ -392,7 +392,7 @@ class Index:
                     (iso, name, iso)).rowcount
         return changed
 
-    def register(self, row: RegisteredPath, build_id: int, seconds: float, references: list[str] = (),
+    def register(self, row: RegisteredPath, build_id: int, seconds: float, references: Sequence[str] = (),
                  outcome: str = "built") -> None:
         """Record a finished build: its path row, its references and its log entry, in one transaction.
         Each reference must be registered already (references are registered first)."""
@@ -419,7 +419,7 @@ class Index:
         wanted = set(names)
         return [n for n in reversed(self.closure(wanted)) if n in wanted]
 
-    def insert_path(self, row: RegisteredPath, references: list[str]) -> None:
+    def insert_path(self, row: RegisteredPath, references: Sequence[str]) -> None:
         """A path row and its references without a build-log entry (adoption, doctor rebuilding the
         index). An existing row of the name is updated in place: a delete and insert (INSERT OR
         REPLACE) would be refused while another path references it."""
@@ -522,7 +522,8 @@ class Index:
             cur = conn.execute(
                 "INSERT INTO builds (key, name, pid, host, started, outcome) VALUES (?, ?, ?, ?, ?, 'running')",
                 (key, name, os.getpid(), socket.gethostname(), now_iso()))
-        return int(cur.lastrowid)
+        assert cur.lastrowid is not None  # an INSERT into a rowid table
+        return cur.lastrowid
 
     def _finish_build(self, build_id: int, outcome: str, seconds: float, error: str | None) -> None:
         self.conn.execute(
