@@ -31,8 +31,8 @@ def slow_recipe(tmp_path):
 
 
 def build(root, recipe, index, uv_bin, *global_opts) -> subprocess.CompletedProcess:
-    """A build whose bytecode compile is held (COMPILE_PAUSE) until its progress has said, on its
-    own, that the compile is under way: a step that lasts, whatever the machine's speed."""
+    """A build whose bytecode compile is held (COMPILE_PAUSE) until its progress has reported the
+    compile's count (the heartbeat of a step that lasts), whatever the machine's speed."""
     gate = Barrier(root.parent / f"gate-{root.name}")
     cmd = cli_cmd(root, *global_opts, "build", str(recipe), "--index-url", index.url, "--uv", str(uv_bin))
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -42,7 +42,7 @@ def build(root, recipe, index, uv_bin, *global_opts) -> subprocess.CompletedProc
         gate.reached("COMPILE_PAUSE", proc)
         for line in proc.stderr:  # the build's own word, line by line (bounded: it ends when the build does)
             seen.append(line)
-            if "compiling bytecode" in line:
+            if "compiling bytecode" in line and "modules" in line:  # `0/N modules`, or its JSON event
                 break
         gate.go("COMPILE_PAUSE")
         out, err = proc.communicate(timeout=300)
