@@ -346,21 +346,18 @@ def git_commit() -> dict:
 
 def install_kind() -> str:
     """'regular' or 'editable': how llmgw-store is installed for this interpreter (pip's
-    direct_url.json), 'unknown' where that cannot be told."""
-    from importlib import metadata
-
-    try:
-        dist = metadata.distribution("llmgw-store")
-    except metadata.PackageNotFoundError:
+    direct_url.json, read by a clean `python -I` outside the checkout, whose egg-info would
+    otherwise answer), 'unknown' where that cannot be told."""
+    probe = ("from importlib import metadata as m\n"
+             "try:\n    print(m.distribution('llmgw-store').read_text('direct_url.json') or '{}')\n"
+             "except m.PackageNotFoundError:\n    print('')\n")
+    out = subprocess.run([str(PY), "-I", "-c", probe], capture_output=True, text=True, cwd="/").stdout.strip()
+    if not out:
         return "unknown"
-    text = dist.read_text("direct_url.json")
-    if text:
-        try:
-            if json.loads(text).get("dir_info", {}).get("editable"):
-                return "editable"
-        except ValueError:
-            return "unknown"
-    return "regular"
+    try:
+        return "editable" if json.loads(out).get("dir_info", {}).get("editable") else "regular"
+    except (ValueError, AttributeError):
+        return "unknown"
 
 
 def fs_type(path: Path) -> str:
@@ -526,11 +523,13 @@ class Bench:
         print(f"WARNING: {self._hot_flag}", file=sys.stderr)
         return self._hot_flag
 
-    def compare(self, row: str, subject: Side, baselines: list[Side], *, goal: tuple[str, float] | None = None,
+    def compare(self, row: str, subject: Side, baselines: list[Side], *,
+                goal: tuple[str, float] | list[tuple[str, float] | None] | None = None,
                 rounds: int | None = None, warmup: bool = True, hot: bool = False, note: str | None = None,
                 names: list[str] | None = None) -> list[dict]:
         """Alternate `subject` and `baselines` in fresh processes; one row per baseline (named
-        `names[i]`, else `row` + ' vs ' + its name)."""
+        `names[i]`, else `row` + ' vs ' + its name). `goal`: one for every row, or a list with one
+        (or None) per baseline."""
         sides = [subject, *baselines]
         if warmup:  # the page cache and bytecode warm for every side alike
             for s in sides:
@@ -549,6 +548,7 @@ class Bench:
         a = _summary(subject)
         for j, b_side in enumerate(baselines):
             b = _summary(b_side)
+            g = goal[j] if isinstance(goal, list) else goal
             ratio = _ratio([(x.wall_s, y.wall_s) for x, y in zip(subject.runs, b_side.runs)])
             r = {
                 "row": names[j] if names else f"{row} vs {b_side.name}",
@@ -558,7 +558,7 @@ class Bench:
                 "cpu_ratio": _ratio([(x.cpu_s if x.cpu_s is not None else x.cpu_waited_s,
                                       y.cpu_s if y.cpu_s is not None else y.cpu_waited_s)
                                      for x, y in zip(subject.runs, b_side.runs)]),
-                "goal": _goal_text(goal), "goal_met": _goal_met(goal, ratio),
+                "goal": _goal_text(g), "goal_met": _goal_met(g, ratio),
                 "load": [min(loads), max(loads)], "rounds": len(subject.runs),
                 "subject": a, "against": b,
             }
