@@ -125,6 +125,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def run_all(bench: Bench, args, recipe: Path, index_args: list[str]) -> None:
+    flag = None if args.skip_hit else bench.hot_path()  # refused before any work, not after the warm-up
     uv = uv_bin()
     pick = [*(["--variant", args.variant] if args.variant else []), *(["--version", args.version] if args.version else [])]
     warm = bench.work / "warm"
@@ -146,7 +147,6 @@ def run_all(bench: Bench, args, recipe: Path, index_args: list[str]) -> None:
     print(f"warm-up build: {env.name} (as_of {as_of}, python {request})", file=sys.stderr)
 
     if not args.skip_hit:
-        flag = bench.hot_path()
         hit_argv = cli(warm, "build", recipe, "--uv", uv, *index_args, *pick)
 
         def hit_after(_i, run: Run):

@@ -531,7 +531,7 @@ class Bench:
         `names[i]`, else `row` + ' vs ' + its name). `goal`: one for every row, or a list with one
         (or None) per baseline."""
         sides = [subject, *baselines]
-        if warmup:  # the page cache and bytecode warm for every side alike
+        if warmup and not self.quick:  # the page cache and bytecode warm for every side alike
             for s in sides:
                 s.run_once(self.meter, -1)
         loads = []
@@ -646,8 +646,8 @@ def render_table(doc: dict) -> str:
                   f"{_fmt2(b.get('cpu_s') if b.get('cpu_s') is not None else b.get('cpu_waited_s'))}"
             rss = f"{_fmt2(a.get('rss_mib'), 1)} / {_fmt2(b.get('rss_mib'), 1)}"
         ratio = "–" if r.get("ratio") is None else f"{r['ratio']:.2f}"
-        name = r["row"] + (f" **[{r['flag']}]**" if r.get("flag") else "")
-        lines.append(f"| {name} | {_fmt(r['figure'], r['unit'])} | {r['baseline']}: "
+        name = _cell(r["row"] + (f" **[{r['flag']}]**" if r.get("flag") else ""))
+        lines.append(f"| {name} | {_fmt(r['figure'], r['unit'])} | {_cell(r['baseline'])}: "
                      f"{_fmt(r['baseline_figure'], r['unit'])} | {ratio} | {goal} | {cpu} | {rss} | "
                      f"{r['load'][0]:.1f}–{r['load'][1]:.1f} |")
     lines.append("")
@@ -655,6 +655,10 @@ def render_table(doc: dict) -> str:
     for n in doc.get("notes", []):
         lines.append(f"note: {n}")
     return "\n".join(lines)
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
 
 
 def _fmt2(x: float | None, n: int = 2) -> str:
