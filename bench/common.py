@@ -30,6 +30,7 @@ def cli(root: Path, *args: str) -> list[str]:
 def store_json(meter: Meter, root: Path, *args: str, env: dict | None = None) -> tuple[dict, Run]:
     """Run `llmgw-store --json ARGS` on `root`, measured; its document (read by key: other fields
     come and go as the store changes) and the run."""
+    print(f"running llmgw-store {' '.join(map(str, args))[:200]} (root {root})", file=sys.stderr, flush=True)
     run = meter.run(cli(root, "--json", *args), env=env)
     try:
         return json.loads(run.stdout), run
