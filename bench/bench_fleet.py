@@ -46,7 +46,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import REPO, cli, quick_index, store_json, tiny_recipe, uv_bin  # noqa: E402
-from harness import Bench, BenchError, Side, add_common_args, rmtree  # noqa: E402
+from harness import Bench, BenchError, Side, add_common_args, du_bytes, rmtree  # noqa: E402
 
 NGINX_CONF = """daemon off;
 master_process on;
@@ -241,8 +241,9 @@ def pull_rows(bench: Bench, state: dict, url: str, *, full: bool, index=None) ->
             got = Path(doc.get("path") or nodes / f"pull{fmt}-{i}" / "store" / Path(state["a"]["path"]).name)
             if not got.is_dir():
                 raise BenchError(f"pull reported {doc} but {got} is not there")
+            out = {"disk_env_bytes": du_bytes(got), **{k: doc[k] for k in ("bytes_fetched", "bytes_reused") if k in doc}}
             rmtree(nodes / f"pull{fmt}-{i}")
-            return {k: doc[k] for k in ("bytes_fetched", "bytes_reused") if k in doc}
+            return out
         return after
 
     def pipe_argv(i):
@@ -253,7 +254,9 @@ def pull_rows(bench: Bench, state: dict, url: str, *, full: bool, index=None) ->
                 f"{url}/{state['archive']}", str(dest)]
 
     def pipe_after(i, _run):
+        out = {"disk_env_bytes": du_bytes(nodes / f"pipe-{i}")}
         rmtree(nodes / f"pipe-{i}")
+        return out
 
     pipe_name = "curl | zstd -d | tar -x"
     note = (f"{manifest.get('size', 0) / 1e6:.0f} MB in {manifest.get('files')} entries; format-1 archive "

@@ -133,6 +133,8 @@ def _cgroup2_root() -> tuple[Path | None, str]:
 class Meter:
     """Runs commands and measures them (module docstring: what each figure is)."""
 
+    _made = 0  # meters made by this process: each has a cgroup of its own
+
     def __init__(self, launcher: str | None = None) -> None:
         want = launcher or os.environ.get("LLMGW_BENCH_LAUNCHER", "auto")
         self.launch: Path | None = None
@@ -158,7 +160,8 @@ class Meter:
         if parent is None:
             return f"missing ({where}): CPU seconds are wait4's, children nobody waits for are not counted"
         _sweep_dead(parent)
-        base = parent / f"llmgw-bench-{os.getpid()}"
+        Meter._made += 1
+        base = parent / f"llmgw-bench-{os.getpid()}.{Meter._made}"
         try:
             base.mkdir()
         except OSError as exc:
@@ -243,7 +246,7 @@ def _sweep_dead(parent: Path) -> None:
     """Remove the empty cgroups of benches that died (a SIGKILLed bench cannot remove its own)."""
     for base in parent.glob("llmgw-bench-*"):
         try:
-            os.kill(int(base.name.rsplit("-", 1)[1]), 0)
+            os.kill(int(base.name.split("-")[2].split(".")[0]), 0)
             continue  # its bench is alive
         except ProcessLookupError:
             pass
@@ -434,10 +437,11 @@ def _summary(side: Side) -> dict:
     if any(r.stragglers_killed for r in runs):
         out["stragglers_killed"] = sum(r.stragglers_killed for r in runs)
     keys = {k for e in side.extras for k in e}
-    for k in sorted(keys):  # figures the side's check returned: the median where they are numbers
+    median_run = sorted(range(len(runs)), key=lambda j: runs[j].wall_s)[len(runs) // 2] if runs else 0
+    for k in sorted(keys):  # what the side's check kept: the median of numbers, else the median run's
         vals = [e.get(k) for e in side.extras]
         nums = [v for v in vals if isinstance(v, (int, float)) and not isinstance(v, bool)]
-        out[k] = _median(nums) if len(nums) == len(vals) else vals[len(vals) // 2]
+        out[k] = _median(nums) if len(nums) == len(vals) else vals[median_run]
     return out
 
 
@@ -633,28 +637,38 @@ def render_table(doc: dict) -> str:
              f"{h['load_start']} -> {h['load_end']}; {h['python']} (Python {h['python_version']}, {h['install']} "
              f"install); work on {h['work_fs']}",
              "",
-             "| row | figure | baseline | ratio | goal | CPU s | peak RSS MiB | load |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| row | figure | baseline | ratio | goal | CPU s | peak RSS MiB | disk MiB | load |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in doc["rows"]:
         goal = r.get("goal") or ""
         if r.get("goal_met") is not None:
             goal += " (met)" if r["goal_met"] else " (NOT met)"
         a, b = r.get("subject"), r.get("against")
-        cpu = rss = ""
+        cpu = rss = disk = ""
         if a and b:
+            disk = " / ".join(_fmt2(_disk(x) / 2**20, 1) if _disk(x) is not None else "–" for x in (a, b))
+            disk = "" if disk == "– / –" else disk
             cpu = f"{_fmt2(a.get('cpu_s') if a.get('cpu_s') is not None else a.get('cpu_waited_s'))} / " \
                   f"{_fmt2(b.get('cpu_s') if b.get('cpu_s') is not None else b.get('cpu_waited_s'))}"
             rss = f"{_fmt2(a.get('rss_mib'), 1)} / {_fmt2(b.get('rss_mib'), 1)}"
         ratio = "–" if r.get("ratio") is None else f"{r['ratio']:.2f}"
         name = _cell(r["row"] + (f" **[{r['flag']}]**" if r.get("flag") else ""))
         lines.append(f"| {name} | {_fmt(r['figure'], r['unit'])} | {_cell(r['baseline'])}: "
-                     f"{_fmt(r['baseline_figure'], r['unit'])} | {ratio} | {goal} | {cpu} | {rss} | "
+                     f"{_fmt(r['baseline_figure'], r['unit'])} | {ratio} | {goal} | {cpu} | {rss} | {disk} | "
                      f"{r['load'][0]:.1f}–{r['load'][1]:.1f} |")
     lines.append("")
     lines.append(f"peak RSS: {h['launcher']}; CPU: {h['cpu_accounting']}")
     for n in doc.get("notes", []):
         lines.append(f"note: {n}")
     return "\n".join(lines)
+
+
+def _disk(side: dict) -> float | None:
+    """The bytes on disk a side's check kept (du, each inode once), if it kept any."""
+    for k in ("disk_env_bytes", "disk_bytes", *sorted(side)):
+        if k.startswith("disk") and isinstance(side.get(k), (int, float)):
+            return side[k]
+    return None
 
 
 def _cell(text: str) -> str:
