@@ -46,7 +46,7 @@ import tomllib
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import PY, REPO, cli, quick_index, store_json, tiny_recipe, uv_bin  # noqa: E402
+from common import PY, REPO, cli, packages, store_json, uv_bin  # noqa: E402
 from harness import Bench, BenchError, Run, Side, add_common_args, clean_env, du_bytes, rmtree  # noqa: E402
 
 # The seed's commands, one bash script (one process tree, measured as a whole); each step's start
@@ -109,25 +109,16 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     with Bench(args.name, args) as bench:
         os.environ["LLMGW_STORE_PYTHON_PREFERENCE"] = args.python_preference
-        index = None
-        try:
-            if bench.quick and args.recipe is None:
-                index = quick_index(bench.work / "wheels")
-                recipe = tiny_recipe(bench.work / "tiny.toml")
-                index_args = ["--index-url", index.url]
-            else:
-                recipe, index_args = args.recipe or REPO / "examples" / "black.toml", []
-            run_all(bench, args, recipe, index_args)
-        finally:
-            if index is not None:
-                index.stop()
+        with packages(bench.work, bench.quick, args.recipe, REPO / "examples" / "black.toml") as src:
+            run_all(bench, args, src.recipe, src.index_args)
         bench.finish()
 
 
 def run_all(bench: Bench, args, recipe: Path, index_args: list[str]) -> None:
     flag = None if args.skip_hit else bench.hot_path()  # refused before any work, not after the warm-up
     uv = uv_bin()
-    pick = [*(["--variant", args.variant] if args.variant else []), *(["--version", args.version] if args.version else [])]
+    pick = [*(["--variant", args.variant] if args.variant else []),
+            *(["--version", args.version] if args.version else [])]
     warm = bench.work / "warm"
     first, _ = store_json(bench.meter, warm, "build", recipe, "--uv", uv, *index_args, *pick)
     env = Path(first["path"])

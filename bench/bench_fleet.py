@@ -41,11 +41,12 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import nullcontext
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import REPO, cli, quick_index, store_json, tiny_recipe, uv_bin  # noqa: E402
+from common import REPO, cli, packages, store_json, uv_bin  # noqa: E402
 from harness import Bench, BenchError, Side, add_common_args, du_bytes, rmtree  # noqa: E402
 
 NGINX_CONF = """daemon off;
@@ -165,41 +166,36 @@ def main() -> None:
             raise BenchError(f"{tool} is not installed (the baseline pipe needs curl, zstd and tar)")
     with Bench("fleet-pull" if args.pull_only else "fleet", args) as bench:
         state_file = bench.work / "fleet-state.json"
-        index = server = None
-        try:
-            if args.pull_only:
-                if not state_file.is_file():
-                    raise BenchError(f"{bench.work} holds no full run (no {state_file.name}): run once without "
-                                     f"--pull-only and with --work {bench.work}")
+        if args.pull_only and not state_file.is_file():
+            raise BenchError(f"{bench.work} holds no full run (no {state_file.name}): run once without "
+                             f"--pull-only and with --work {bench.work}")
+        transformers = REPO / "bench" / "recipes" / "transformers.toml"
+        # the recipe's packages stay served through the rows: the cold-build row builds it again
+        with (nullcontext() if args.pull_only else
+              packages(bench.work, bench.quick, args.recipe, transformers, tiny_extra="")) as pk:
+            if pk is None:
                 state = json.loads(state_file.read_text())
             else:
-                if bench.quick and args.recipe is None:  # the index serves the builds and the cold-build row
-                    index = quick_index(bench.work / "wheels")
-                state = prepare(bench, args, index)
+                state = prepare(bench, args, pk)
                 state_file.write_text(json.dumps(state, indent=2) + "\n")
             server = Server(bench.work / "served", bench.work)
-            bench.note(f"served by {server.what}")
-            pull_rows(bench, state, server.url, full=not args.pull_only, index=index)
-        finally:
-            if server is not None:
+            try:
+                bench.note(f"served by {server.what}")
+                pull_rows(bench, state, server.url, full=not args.pull_only, index_args=pk.index_args if pk else [])
+            finally:
                 server.stop()
-            if index is not None:
-                index.stop()
         bench.finish()
 
 
-def prepare(bench: Bench, args, index) -> dict:
+def prepare(bench: Bench, args, pk) -> dict:
     """Build, push: the caches the pull rows read (kept in --work for --pull-only)."""
     work = bench.work
     for d in ("builder", "served", "keys"):
         rmtree(work / d)
-    if index is not None:
-        recipe = tiny_recipe(work / "tiny.toml", extra="")
-        extra = ["--index-url", index.url]
-        version, neighbour = args.version or "1.0", args.neighbour or "1.1"
-    else:
-        recipe, extra = args.recipe or REPO / "bench" / "recipes" / "transformers.toml", []
-        version, neighbour = args.version, args.neighbour or "4.46.2"
+    recipe, extra = pk.recipe, pk.index_args
+    tiny = pk.tiny is not None and recipe == pk.tiny
+    version = args.version or ("1.0" if tiny else None)
+    neighbour = args.neighbour or ("1.1" if tiny else "4.46.2")
     builder = work / "builder"
     vargs = ["--version", version] if version else []
     a, cold = store_json(bench.meter, builder, "build", recipe, "--uv", uv_bin(), *extra, *vargs)
@@ -217,7 +213,7 @@ def prepare(bench: Bench, args, index) -> dict:
     return state
 
 
-def pull_rows(bench: Bench, state: dict, url: str, *, full: bool, index=None) -> None:
+def pull_rows(bench: Bench, state: dict, url: str, *, full: bool, index_args: list[str]) -> None:
     work = bench.work
     key, public = state["a"]["key"], state["public"]
     nodes = work / "nodes"
@@ -241,7 +237,8 @@ def pull_rows(bench: Bench, state: dict, url: str, *, full: bool, index=None) ->
             got = Path(doc.get("path") or nodes / f"pull{fmt}-{i}" / "store" / Path(state["a"]["path"]).name)
             if not got.is_dir():
                 raise BenchError(f"pull reported {doc} but {got} is not there")
-            out = {"disk_env_bytes": du_bytes(got), **{k: doc[k] for k in ("bytes_fetched", "bytes_reused") if k in doc}}
+            out = {"disk_env_bytes": du_bytes(got),
+                   **{k: doc[k] for k in ("bytes_fetched", "bytes_reused") if k in doc}}
             rmtree(nodes / f"pull{fmt}-{i}")
             return out
         return after
@@ -285,24 +282,26 @@ def pull_rows(bench: Bench, state: dict, url: str, *, full: bool, index=None) ->
 
     bench.compare("push", Side("llmgw-store push (format 2)", push_argv), [Side("tar -c | zstd", tar_argv)],
                   names=["push vs tar -c | zstd"])
-    cold_rows(bench, state, pull_argv(2), pull_after(2), index)
+    cold_rows(bench, state, pull_argv(2), pull_after(2), index_args)
     # delta: a node holding A pulls the neighbour B
     full_b = json.loads((work / "served" / "v2" / f"{state['b']['key']}.json").read_text()).get("blobs_csize")
     node = nodes / "delta"
     init_store(node)
     subprocess.run(cli(node, "pull", key, "--from", f"{url}/v2", "--trusted-key", public), check=True,
                    capture_output=True)
-    run = bench.meter.run(cli(node, "--json", "pull", state["b"]["key"], "--from", f"{url}/v2", "--trusted-key", public))
+    run = bench.meter.run(cli(node, "--json", "pull", state["b"]["key"], "--from", f"{url}/v2",
+                              "--trusted-key", public))
     delta = json.loads(run.stdout)
     bench.figure(f"delta pull of the neighbour ({state['neighbour']}): bytes fetched vs its full object",
                  delta.get("bytes_fetched"), "bytes", "full object (compressed blobs)", full_b, goal=("<=", 0.25),
-                 detail={"wall_s": round(run.wall_s, 3), "rss_mib": run.rss_mib, "bytes_reused": delta.get("bytes_reused"),
+                 detail={"wall_s": round(run.wall_s, 3), "rss_mib": run.rss_mib,
+                         "bytes_reused": delta.get("bytes_reused"),
                          "builds_s": state.get("builds_s")})
 
 
-def cold_rows(bench: Bench, state: dict, pull_argv, pull_after, index) -> None:
-    """cold build (empty store, empty uv cache) against the pull, alternating."""
-    extra = state["extra"] if index is None else ["--index-url", index.url]
+def cold_rows(bench: Bench, state: dict, pull_argv, pull_after, extra: list[str]) -> None:
+    """cold build (empty store, empty uv cache) against the pull, alternating (the index the
+    builder used: the same key)."""
     vargs = ["--version", state["version"]] if state.get("version") else []
 
     def build_argv(i):

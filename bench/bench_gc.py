@@ -30,7 +30,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import REPO, cli, clone_registered, quick_index, store_json, tiny_recipe, uv_bin  # noqa: E402
+from common import REPO, cli, clone_registered, packages, store_json, uv_bin  # noqa: E402
 from harness import Bench, BenchError, Side, add_common_args, du_bytes  # noqa: E402
 
 
@@ -84,27 +84,16 @@ def main() -> None:
         counts = args.paths or ([20] if bench.quick else [200, 10_000])
         many = args.generations or (30 if bench.quick else 1000)
         root = bench.work / "root"
-        index = None
-        try:
-            if bench.quick and args.recipe is None:
-                index = quick_index(bench.work / "wheels")
-                recipe = tiny_recipe(bench.work / "tiny.toml")
-                extra = ["--index-url", index.url]
-            else:
-                recipe, extra = args.recipe or REPO / "bench" / "recipes" / "transformers.toml", []
-            src = Path(store_json(bench.meter, root, "build", recipe, "--uv", uv_bin(), *extra)[0]["path"])
+        transformers = REPO / "bench" / "recipes" / "transformers.toml"
+        # the index runs in every mode: the generations rows build two tiny paths, offline
+        with packages(bench.work, bench.quick, args.recipe, transformers, index=True) as pk:
+            src = Path(store_json(bench.meter, root, "build", pk.recipe, "--uv", uv_bin(), *pk.index_args)[0]["path"])
             # the original is held by a profile, so gc deletes exactly the K copies
             subprocess.run(cli(root, "activate", "keep", src), check=True, capture_output=True)
             sweep(bench, root, src, k)
-            if index is None:  # two real paths for the generations rows: the tiny recipe, offline
-                index = quick_index(bench.work / "wheels")
-            tiny = tiny_recipe(bench.work / "tiny.toml")
             groot = bench.work / "gens-small"
-            two = [store_json(bench.meter, groot, "build", tiny, "--index-url", index.url, "--uv", uv_bin(),
+            two = [store_json(bench.meter, groot, "build", pk.tiny, "--index-url", pk.index.url, "--uv", uv_bin(),
                               "--as-of", d)[0]["path"] for d in ("2024-02-02", "2024-06-02")]
-        finally:
-            if index is not None:
-                index.stop()
         scale(bench, src.name, root, counts)
         generations(bench, groot, [Path(p).name for p in two], many)
         bench.finish()
@@ -189,7 +178,8 @@ def generations(bench: Bench, small: Path, names: list[str], many: int) -> None:
                 f.chmod(0o600)
         return dry_run(stale)
 
-    bench.compare(f"generations at {many}", Side(f"generations p, {many} generations", cli(big, "--json", "generations", "p")),
+    bench.compare(f"generations at {many}",
+                  Side(f"generations p, {many} generations", cli(big, "--json", "generations", "p")),
                   [Side("generations p, 10 generations", cli(small, "--json", "generations", "p"))],
                   goal=("<=", 1.3), names=[f"generations, {many} generations vs 10"])
     bench.compare(f"gc --dry-run at {many} generations",

@@ -165,7 +165,8 @@ def bench_verify(bench: Bench, root: Path, name: str) -> None:
     if b3sum:
         version = subprocess.run([b3sum, "--version"], capture_output=True, text=True).stdout.strip()
         base = Side(f"{version} --num-threads {threads}",
-                    ["/bin/sh", "-c", f'find "$0" -type f -print0 | xargs -0 {b3sum} --num-threads {threads} >/dev/null',
+                    ["/bin/sh", "-c",
+                     f'find "$0" -type f -print0 | xargs -0 {b3sum} --num-threads {threads} >/dev/null',
                      str(env)])
     else:
         bench.note("b3sum not installed (Debian: apt-get install b3sum): verify is compared with a blake3 pass "
@@ -202,7 +203,8 @@ def _engine_wheel(dest: Path, name: str, version: str, mb: int, modules: int, se
     small = 0
     for m in range(modules):
         size = int(min(40_000, rnd.lognormvariate(8.3, 1.0)))
-        extra[f"{pkg}/sub{m % 9}/mod{m}.py"] = (f"# {name} {version} module {m}\nX = {m}\n" + "#" * size + "\n").encode()
+        text = f"# {name} {version} module {m}\nX = {m}\n" + "#" * size + "\n"
+        extra[f"{pkg}/sub{m % 9}/mod{m}.py"] = text.encode()
         small += size
     left = (mb << 20) - small
     i = 0
@@ -242,7 +244,7 @@ def bench_share(bench: Bench, engine_mb: int, modules: int, dep_mb: int) -> None
             raise BenchError("verify failed after the second build shared files with the first")
         bench.figure("second version beside the first: disk it adds vs its size", added, "bytes",
                      "its size", size2, goal=("<=", 0.15),
-                     note=f"du of store/ (each inode once) after minus before; verify passes afterwards",
+                     note="du of store/ (each inode once) after minus before; verify passes afterwards",
                      detail={"build_s": [round(r.wall_s, 3) for r in runs], "build_rss_mib": [r.rss_mib for r in runs],
                              "share_s": [_share_seconds(r.stderr) for r in runs], "first_on_disk": before[1]})
     finally:

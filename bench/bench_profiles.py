@@ -30,7 +30,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import PY, cli, quick_index, store_json, tiny_recipe, uv_bin  # noqa: E402
+from common import PY, cli, packages, store_json, uv_bin  # noqa: E402
 from harness import Bench, BenchError, Side, add_common_args  # noqa: E402
 
 
@@ -63,14 +63,10 @@ def main() -> None:
     args = ap.parse_args()
     with Bench("profiles", args) as bench:
         flag = bench.hot_path()
-        index = quick_index(bench.work / "wheels")
-        try:
-            recipe = tiny_recipe(bench.work / "tiny.toml")
-            root = bench.work / "root"
-            paths = [store_json(bench.meter, root, "build", recipe, "--index-url", index.url, "--uv", uv_bin(),
+        root = bench.work / "root"
+        with packages(bench.work, bench.quick) as pk:  # the tiny recipe, offline
+            paths = [store_json(bench.meter, root, "build", pk.recipe, *pk.index_args, "--uv", uv_bin(),
                                 "--as-of", as_of)[0]["path"] for as_of in ("2024-02-02", "2024-06-02")]
-        finally:
-            index.stop()
         a, b = paths
         assert a != b, "the two builds gave one path"
         subprocess.run(cli(root, "activate", "p", a), check=True, capture_output=True)

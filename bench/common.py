@@ -6,13 +6,16 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from harness import CLI, PY, REPO, Meter, Run
 
 sys.path.insert(0, str(REPO))  # tests.support: the loopback index and the wheel builder
 
-__all__ = ["CLI", "PY", "REPO", "cli", "store_json", "quick_index", "tiny_recipe", "clone_registered", "uv_bin"]
+__all__ = ["CLI", "PY", "REPO", "cli", "clone_registered", "packages", "quick_index", "store_json", "tiny_recipe",
+           "uv_bin"]
 
 
 def uv_bin() -> str:
@@ -43,20 +46,6 @@ def store_json(meter: Meter, root: Path, *args: str, env: dict | None = None) ->
 QUICK_RELEASES = [("tinydep", "1.0", "2024-01-01"), ("tinydep", "2.0", "2024-06-01"),
                   ("tinyengine", "1.0", "2024-02-01"), ("tinyengine", "1.1", "2024-07-01")]
 
-TINY_RECIPE = """[engine]
-name = "tinyengine"
-pypi = "tinyengine"
-binary = "tinyengine"
-
-[[build]]
-variant = "cpu"
-python = "{python}"
-requirements = ["tinyengine=={{version}}"]
-verify = ["tinyengine"]
-{extra}
-"""
-
-
 def quick_index(wheels_dir: Path, extra: list[tuple[str, Path, str]] = ()):
     """A started loopback index (tests/support/index_server.py) with the quick releases and
     `extra` (project, wheel, ISO date); the caller stops it."""
@@ -74,8 +63,42 @@ def quick_index(wheels_dir: Path, extra: list[tuple[str, Path, str]] = ()):
 
 
 def tiny_recipe(dest: Path, extra: str = 'version = "1.0"') -> Path:
+    from tests.support.recipes import TINY_RECIPE
+
     dest.write_text(TINY_RECIPE.format(python=f"{sys.version_info.major}.{sys.version_info.minor}", extra=extra))
     return dest
+
+
+@dataclass
+class Packages:
+    """Where a bench's recipe resolves: `recipe` with `index_args` for build; `tiny` (the tiny
+    recipe) and `index` when the loopback index runs."""
+
+    recipe: Path
+    index_args: list[str]
+    index: object | None
+    tiny: Path | None
+
+
+@contextmanager
+def packages(work: Path, quick: bool, recipe: Path | None = None, default: Path | None = None, *,
+             tiny_extra: str = 'version = "1.0"', index: bool = False):
+    """The given recipe (else `default`, from PyPI), or — in --quick without one, or with no
+    default — the tiny recipe on the loopback index. `index=True` starts the index anyway (rows
+    that stay offline); it is stopped on exit."""
+    idx = None
+    try:
+        use_tiny = recipe is None and (quick or default is None)
+        if index or use_tiny:
+            idx = quick_index(work / "wheels")
+        tiny = tiny_recipe(work / "tiny.toml", extra=tiny_extra) if idx else None
+        if use_tiny:
+            yield Packages(tiny, ["--index-url", idx.url], idx, tiny)
+        else:
+            yield Packages(recipe or default, [], idx, tiny)
+    finally:
+        if idx is not None:
+            idx.stop()
 
 
 def clone_registered(root: Path, src_name: str, n: int, tag: str = "") -> list[str]:

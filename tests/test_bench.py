@@ -67,9 +67,13 @@ class QuickRuns:
         self.out = out
         env = {k: v for k, v in os.environ.items() if k not in ("LLMGW_STORE_ROOT", "LLMGW_STORE_UV")}
         env.update(LLMGW_STORE_PYTHON_PREFERENCE="only-system", PYTHON=PY)
+        self.env = env
+        self.fleet_work = out / "fleet-work"  # kept: test_pull_only_reuses_a_full_run pulls from it again
         self.procs = {
-            name: subprocess.Popen([*map(str, argv), "--quick", "--out", str(out / name)], cwd=REPO, env=env,
-                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+            name: subprocess.Popen([*map(str, argv), "--quick", "--out", str(out / name),
+                                    *(["--work", str(self.fleet_work)] if name == "fleet" else [])],
+                                   cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                   start_new_session=True)
             for name, (argv, _) in BENCHES.items()
         }
 
@@ -77,14 +81,15 @@ class QuickRuns:
         proc = self.procs[name]
         stdout, stderr = proc.communicate(timeout=600)
         assert proc.returncode == 0, f"bench {name} --quick exited {proc.returncode}:\n{stderr[-4000:]}"
-        doc_name = {"vllm": "vllm"}.get(name, name)
-        return json.loads((self.out / name / f"{doc_name}.json").read_text()), stdout
+        return json.loads((self.out / name / f"{name}.json").read_text()), stdout
 
     def stop(self) -> None:
         for proc in self.procs.values():
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.communicate()
+        subprocess.run(["chmod", "-R", "u+w", str(self.fleet_work)], check=False, capture_output=True)
+        shutil.rmtree(self.fleet_work, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +109,7 @@ def test_quick_mode_gives_every_row(quick, name):
     want = BENCHES[name][1]
     rows = doc["rows"]
     for prefix in want:
-        assert any(r["row"].startswith(prefix) for r in rows), f"{name}: no row {prefix!r} in {[r['row'] for r in rows]}"
+        assert any(r["row"].startswith(prefix) for r in rows), f"{name}: no {prefix!r} in {[r['row'] for r in rows]}"
     for r in rows:
         assert number(r["figure"]) and r["figure"] >= 0, r
         assert number(r["baseline_figure"]) and r["baseline_figure"] > 0, r
@@ -137,19 +142,16 @@ def test_fleet_says_what_served_the_pull(quick):
     assert served and ("nginx" in served[0]) == bool(shutil.which("nginx") or os.access("/usr/sbin/nginx", os.X_OK))
 
 
-def test_pull_only_reuses_a_full_run(tmp_path):
-    """--pull-only after a full run in the same --work (issue 28's done-when): the full run here is
-    a quick one, kept with --work."""
-    env = {**os.environ, "LLMGW_STORE_PYTHON_PREFERENCE": "only-system"}
-    work = tmp_path / "work"
-    full = subprocess.run([PY, BENCH / "bench_fleet.py", "--quick", "--work", work, "--out", tmp_path / "a"],
-                          capture_output=True, text=True, env=env, timeout=600)
-    assert full.returncode == 0, full.stderr[-3000:]
-    again = subprocess.run([PY, BENCH / "bench_fleet.py", "--quick", "--pull-only", "--work", work, "--out",
-                            tmp_path / "b"], capture_output=True, text=True, env=env, timeout=600)
+def test_pull_only_reuses_a_full_run(quick, tmp_path):
+    """--pull-only after a full run in the same --work (issue 28's done-when): the fixture's fleet
+    run (a quick one) kept its --work."""
+    quick.result("fleet")
+    again = subprocess.run([PY, BENCH / "bench_fleet.py", "--quick", "--pull-only", "--work", quick.fleet_work,
+                            "--out", tmp_path], capture_output=True, text=True, env=quick.env, timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]
-    rows = json.loads((tmp_path / "b" / "fleet-pull.json").read_text())["rows"]
+    rows = json.loads((tmp_path / "fleet-pull.json").read_text())["rows"]
     assert [r["row"] for r in rows] == ["pull vs curl | zstd -d | tar -x", "pull (format 1) vs curl | zstd -d | tar -x"]
+    assert all(number(r["ratio"]) for r in rows)
 
 
 def test_hot_path_bench_refuses_an_editable_install_outside_quick(tmp_path):
