@@ -34,23 +34,23 @@ from common import REPO, cli, clone_registered, packages, store_json, uv_bin  # 
 from harness import Bench, BenchError, Side, add_common_args, du_bytes  # noqa: E402
 
 
-def register_empty(root: Path, src_name: str, n: int, profiles: int) -> None:
-    """`n` registered paths (empty directories, rows copied from `src_name`'s, so no column is named
-    here), and `profiles` profiles of 3 generations each over the first 3 * profiles of them."""
+def register_empty(root: Path, template: dict, n: int, profiles: int) -> int:
+    """A new store with `n` registered paths (empty directories; rows copied from `template`, a
+    real path's row, so no column is named here), and `profiles` profiles of 3 generations each
+    over the first 3 * profiles of them. Returns how many paths no profile holds."""
     from llmgw_store.core.keys import store_key
     from llmgw_store.core.local_store import Store
 
-    with Store.open(root) as store:
-        row = store.index.path_by_name(src_name)
+    with Store.open(root, create=True) as store:
         conn = store.index.conn
         names = []
         with conn:
             conn.execute("BEGIN IMMEDIATE")
             for i in range(n):
                 key = store_key({"bench-scale": i})
-                name = f"{key}-{src_name.split('-', 1)[1]}"
+                name = f"{key}-{template['name'].split('-', 1)[1]}"
                 (store.layout.store / name).mkdir()
-                r = {**row, "name": name, "key": key, "last_used": f"2025-01-01T{i % 24:02d}:00:00Z"}
+                r = {**template, "name": name, "key": key, "last_used": f"2025-01-01T{i % 24:02d}:00:00Z"}
                 conn.execute(f"INSERT INTO paths ({', '.join(r)}) VALUES ({', '.join('?' for _ in r)})",
                              tuple(r.values()))
                 names.append(name)
@@ -58,6 +58,7 @@ def register_empty(root: Path, src_name: str, n: int, profiles: int) -> None:
             for g in range(1, 4):
                 os.symlink(f"../store/{names[(p * 3 + g - 1) % n]}", store.layout.profiles / f"bp{p}-{g}-link")
             os.symlink(f"bp{p}-3-link", store.layout.profiles / f"bp{p}")
+    return n - len({(p * 3 + g - 1) % n for p in range(profiles) for g in range(1, 4)})
 
 
 def make_generations(root: Path, paths: list[str], n: int) -> None:
@@ -141,15 +142,26 @@ def sweep(bench: Bench, root: Path, src: Path, k: int) -> None:
 
 def scale(bench: Bench, src_name: str, built: Path, counts: list[int]) -> None:
     """gc --dry-run at each count of paths against 2 paths."""
-    roots = {}
+    from llmgw_store.core.local_store import Store
+
+    with Store.open(built, readonly=True) as store:
+        template = store.index.path_by_name(src_name)
+    roots, dead = {}, {}
     for n in [2, *counts]:
-        r = bench.work / f"scale-{n}"
-        subprocess.run(["cp", "-a", str(built), str(r)], check=True)  # the built store: its uv, index and env
-        register_empty(r, src_name, n, max(1, n // 9))
-        roots[n] = r
+        roots[n] = bench.work / f"scale-{n}"
+        dead[n] = register_empty(roots[n], template, n, max(1, n // 9))
+
+    def plans(n):
+        def after(_i, run):
+            got = len(json.loads(run.stdout).get("deleted", []))
+            if got != dead[n]:
+                raise BenchError(f"gc --dry-run at {n} paths would delete {got}, not the {dead[n]} no profile holds")
+        return after
+
     for n in counts:
-        bench.compare(f"gc --dry-run at {n} paths", Side(f"gc --dry-run, {n} paths", dry_run(roots[n])),
-                      [Side("gc --dry-run, 2 paths", dry_run(roots[2]))],
+        bench.compare(f"gc --dry-run at {n} paths",
+                      Side(f"gc --dry-run, {n} paths", dry_run(roots[n]), after=plans(n)),
+                      [Side("gc --dry-run, 2 paths", dry_run(roots[2]), after=plans(2))],
                       goal=("<=", 1.3) if n <= 200 else None, names=[f"gc --dry-run, {n} paths vs 2 paths"])
 
 
@@ -178,9 +190,17 @@ def generations(bench: Bench, small: Path, names: list[str], many: int) -> None:
                 f.chmod(0o600)
         return dry_run(stale)
 
+    def lists(n):
+        def after(_i, run):
+            doc = json.loads(run.stdout)
+            got = len(doc.get("generations", []) if isinstance(doc, dict) else doc)
+            if got != n:
+                raise BenchError(f"generations listed {got} generations, not {n}")
+        return after
+
     bench.compare(f"generations at {many}",
-                  Side(f"generations p, {many} generations", cli(big, "--json", "generations", "p")),
-                  [Side("generations p, 10 generations", cli(small, "--json", "generations", "p"))],
+                  Side(f"generations p, {many} generations", cli(big, "--json", "generations", "p"), after=lists(many)),
+                  [Side("generations p, 10 generations", cli(small, "--json", "generations", "p"), after=lists(10))],
                   goal=("<=", 1.3), names=[f"generations, {many} generations vs 10"])
     bench.compare(f"gc --dry-run at {many} generations",
                   Side(f"gc --dry-run, {many} generations", dry_run(big)),

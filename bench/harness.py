@@ -495,6 +495,7 @@ class Bench:
         self.notes: list[str] = []
         self.install = install_kind()
         self.started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        self.commit = git_commit()  # at the start: the code that ran, whatever changes meanwhile
         self.load_start = load1()
         self._hot_flag: str | None = None
         os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
@@ -593,7 +594,7 @@ class Bench:
 
     def document(self) -> dict:
         return {
-            "bench": self.name, "schema": SCHEMA, **git_commit(), "started": self.started,
+            "bench": self.name, "schema": SCHEMA, **self.commit, "started": self.started,
             "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "quick": self.quick,
             "argv": sys.argv,
             "host": {"cpus": os.cpu_count(), "load_start": self.load_start, "load_end": load1(),
