@@ -79,6 +79,8 @@ def main() -> None:
     ap.add_argument("--paths", type=int, nargs="+", help="Path counts for the gc --dry-run rows (default 200 "
                     "10000; --quick 20).")
     ap.add_argument("--generations", type=int, help="Generations of the large profile (default 1000; --quick 30).")
+    ap.add_argument("--profiles", type=int, help="Profiles (of 3 generations) in each gc --dry-run store "
+                    "(default: one per 9 paths).")
     args = ap.parse_args()
     with Bench("gc", args) as bench:
         k = args.k or (2 if bench.quick else 5)
@@ -95,7 +97,7 @@ def main() -> None:
             groot = bench.work / "gens-small"
             two = [store_json(bench.meter, groot, "build", pk.tiny, "--index-url", pk.index.url, "--uv", uv_bin(),
                               "--as-of", d)[0]["path"] for d in ("2024-02-02", "2024-06-02")]
-        scale(bench, src.name, root, counts)
+        scale(bench, src.name, root, counts, args.profiles)
         generations(bench, groot, [Path(p).name for p in two], many)
         bench.finish()
 
@@ -140,7 +142,7 @@ def sweep(bench: Bench, root: Path, src: Path, k: int) -> None:
                   note=f"{k} copies of {src.name} ({entries} entries each); disk_bytes: du of the trees deleted")
 
 
-def scale(bench: Bench, src_name: str, built: Path, counts: list[int]) -> None:
+def scale(bench: Bench, src_name: str, built: Path, counts: list[int], profiles: int | None) -> None:
     """gc --dry-run at each count of paths against 2 paths."""
     from llmgw_store.core.local_store import Store
 
@@ -149,7 +151,7 @@ def scale(bench: Bench, src_name: str, built: Path, counts: list[int]) -> None:
     roots, dead = {}, {}
     for n in [2, *counts]:
         roots[n] = bench.work / f"scale-{n}"
-        dead[n] = register_empty(roots[n], template, n, max(1, n // 9))
+        dead[n] = register_empty(roots[n], template, n, min(profiles or max(1, n // 9), max(1, n // 3)))
 
     def plans(n):
         def after(_i, run):

@@ -267,7 +267,9 @@ def main() -> None:
     ap.add_argument("--name")
     ap.add_argument("--skip-share", action="store_true")
     ap.add_argument("--skip-verify", action="store_true")
+    ap.add_argument("results", nargs="?", type=Path, help="the old form of --out")
     args = ap.parse_args()
+    args.out = args.out or args.results
     with Bench("integrity", args) as bench:
         if not args.skip_verify:
             if args.root:

@@ -469,7 +469,8 @@ def add_common_args(ap: argparse.ArgumentParser, *, rounds: int) -> None:
     ap.add_argument("--work", type=Path,
                     help="Scratch directory (created; default: a new one under $TMPDIR). Its file system is "
                          "reported: the disk rows measure the disk it is on.")
-    ap.add_argument("--rounds", type=int, default=None, help=f"Alternating rounds (default {rounds}; --quick: 2).")
+    ap.add_argument("--rounds", "--repeat", "--reps", dest="rounds", type=int, default=None,
+                    help=f"Alternating rounds (default {rounds}; --quick: 2). --repeat and --reps: the old names.")
     ap.add_argument("--allow-editable", action="store_true",
                     help="Measure hot-path rows from an editable install anyway (flagged in every such row).")
     ap.set_defaults(default_rounds=rounds)
