@@ -107,6 +107,8 @@ def number(x) -> bool:
 def test_quick_mode_gives_every_row(quick, name):
     doc, stdout = quick.result(name)
     want = BENCHES[name][1]
+    if any("the Nix rows are skipped" in n for n in doc["notes"]):  # installed, but unusable here: said so
+        want = [w for w in want if "nix-env" not in w]
     rows = doc["rows"]
     for prefix in want:
         assert any(r["row"].startswith(prefix) for r in rows), f"{name}: no {prefix!r} in {[r['row'] for r in rows]}"
