@@ -430,6 +430,14 @@ class Index:
                          f"ON CONFLICT (name) DO UPDATE SET {updates}", astuple(row))
             self._set_references(row.name, references)
 
+    def insert_paths(self, rows: Sequence[RegisteredPath]) -> None:
+        """Many rows, without references or build-log entries, in one transaction (a bench's store
+        of thousands of paths)."""
+        cols = [f.name for f in fields(RegisteredPath)]
+        with self.transaction(f"index {self.path}: cannot register {len(rows)} paths") as conn:
+            conn.executemany(f"INSERT INTO paths ({', '.join(cols)}) VALUES ({', '.join('?' for _ in cols)})",
+                             [astuple(r) for r in rows])
+
     def copy_history_from(self, other: Path, tables: tuple[str, ...] | list[str]) -> dict[str, int]:
         """Copy the rows of `tables` that a damaged or old index file still yields (doctor), row by
         row: a table is copied up to its first unreadable page, in the columns both files have.

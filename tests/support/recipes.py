@@ -1,5 +1,7 @@
-"""The test engine's recipes (tinyengine from the tests' package indexes), source archives and the
-full recipe with a source, assets and a release wheel: one copy of each, for every test module."""
+"""The test engine's recipes (tinyengine from the tests' package indexes; bench/common.py's index
+serves the benches' quick modes the same packages), source archives and the full recipe with a
+source, assets and a release wheel: one copy of each, for every test module and bench. Importable
+without pytest (standard library only): the benches run from a regular install, which has none."""
 
 from __future__ import annotations
 
