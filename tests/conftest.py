@@ -32,9 +32,9 @@ signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # --- the quick loop: `pytest -m "not system"` ------------------------------------------------------
 # A test is `system` when it takes a fixture that builds or serves (the package index, the wheels,
-# uv, a store root, a binary cache) or when it, or a helper of the tests it calls, runs the CLI or a
-# build. Decided from the fixtures it takes and the names its code (and its helpers' code) uses, so
-# a new test is classified without anyone remembering to mark it.
+# uv, a store root, a binary cache) or when it, a fixture it takes, or a helper of the tests either
+# calls, runs the CLI, a build or another process. Decided from the fixtures it takes and the names
+# their code uses, so a new test is classified without anyone remembering to mark it.
 SYSTEM_FIXTURES = frozenset({"index", "wheels", "uv_bin", "root", "recipe", "delta_wheels", "cache", "s3_server"})
 SYSTEM_CALLS = frozenset({"run_cli", "cli_cmd", "build_json", "build_store", "copy_store", "real_uv", "start_index",
                           "CliRunner", "Popen"})
@@ -55,16 +55,30 @@ def _uses_system(fn, seen: set) -> bool:
             if name in SYSTEM_CALLS:
                 return True
             helper = scope.get(name)
-            if inspect.isfunction(helper) and helper.__module__.startswith("tests") and _uses_system(helper, seen):
+            if not getattr(helper, "__module__", "").startswith("tests"):
+                continue
+            # a test helper: a function, or a class whose methods do the work
+            methods = [helper] if inspect.isfunction(helper) else \
+                [m for m in vars(helper).values() if inspect.isfunction(m)] if inspect.isclass(helper) else []
+            if any(_uses_system(m, seen) for m in methods):
                 return True
         stack += [k for k in c.co_consts if inspect.iscode(k)]
     return False
 
 
+def _fixture_functions(item) -> list:
+    """The functions of every fixture `item` takes, directly or through other fixtures."""
+    info = getattr(item, "_fixtureinfo", None)
+    defs = info.name2fixturedefs.values() if info is not None else ()
+    return [d.func for ds in defs for d in ds]
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         fn = getattr(item, "function", None)
-        if SYSTEM_FIXTURES & set(getattr(item, "fixturenames", ())) or (fn is not None and _uses_system(fn, set())):
+        seen: set = set()
+        if SYSTEM_FIXTURES & set(getattr(item, "fixturenames", ())) or \
+                any(_uses_system(f, seen) for f in ([fn] if fn is not None else []) + _fixture_functions(item)):
             item.add_marker(pytest.mark.system)
 
 
