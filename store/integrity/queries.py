@@ -10,7 +10,7 @@ from typing import Any
 from llmgw_store.core import manifest
 from llmgw_store.core.index import BuildLogEntry, RegisteredPath
 from llmgw_store.core.local_store import Store
-from llmgw_store.core.results import Result
+from llmgw_store.core.results import Result, plain
 from llmgw_store.roots.resolve import reference
 
 
@@ -56,7 +56,7 @@ class PathInfo(Result):
     builds: tuple[BuildLogEntry, ...]
 
     def to_json(self) -> dict[str, Any]:
-        return {**self.row.to_json(), "manifest": self.manifest, "builds": list(self.builds)}
+        return {**self.row.to_json(), "manifest": self.manifest, "builds": plain(self.builds)}
 
 
 def list_paths(root: str | Path | None = None) -> PathList:
