@@ -112,16 +112,20 @@ def test_prometheus_textfile_refuses_a_linked_or_open_directory(place, how):
 
 def test_keygen_public_file_is_never_written_through_a_link(intruder, place):
     """`keygen NAME --out DIR` created the secret exclusively but wrote NAME.public through an
-    existing link: in a shared sticky directory, a link planted there made root overwrite any file."""
+    existing link: in a shared sticky directory, a link planted there made root overwrite any file.
+    Now a planted name is refused (nothing written), and a clean sticky directory works."""
     sticky = place["dir"] / "keys"
     sticky.mkdir()
     sticky.chmod(0o1777)
     as_user(intruder, PLANT.replace('"theirs"', '"keys"'), str(place["victim"]), "k1.public")
     proc = as_pid_1(place["root"], "keygen", "k1", "--out", str(sticky))
     assert place["victim"].read_text() == "root's file\n"
+    assert proc.returncode == 2 and "exists" in proc.stderr, proc.stderr
+    assert sorted(p.name for p in sticky.iterdir()) == ["k1.public"]  # the link, left as it was
+    proc = as_pid_1(place["root"], "keygen", "k2", "--out", str(sticky))
     assert proc.returncode == 0, proc.stderr
-    public, secret = sticky / "k1.public", sticky / "k1.secret"
-    assert not public.is_symlink() and public.read_text().startswith("k1:")
+    public, secret = sticky / "k2.public", sticky / "k2.secret"
+    assert not public.is_symlink() and public.read_text().startswith("k2:")
     assert secret.stat().st_mode & 0o777 == 0o600 and secret.stat().st_uid == 0
 
 

@@ -267,7 +267,7 @@ def local_sources(store, wanted: set[str]) -> dict[str, LocalSource]:
     for row in store.index.paths():
         if len(found) == len(wanted):
             break
-        env = store.layout.path_of(row["name"])
+        env = store.layout.path_of(row.name)
         try:
             entries = read_listing(manifest.read_contents_bytes(env))
         except (OSError, ValueError):

@@ -78,11 +78,11 @@ def optimise(*, root: str | Path | None = None, dry_run: bool = False,
         # activations (also shared) go on.
         with gc_lock(store.layout, shared=True, timeout=lock_timeout, what="optimising"):
             for row in store.index.paths():
-                env = store.layout.path_of(row["name"])
+                env = store.layout.path_of(row.name)
                 try:
                     entries = manifest.read_contents(env)
                 except (OSError, ValueError) as exc:
-                    say(f"{row['name']}: skipped, its contents listing cannot be read ({exc}); run `llmgw-store verify`")
+                    say(f"{row.name}: skipped, its contents listing cannot be read ({exc}); run `llmgw-store verify`")
                     continue
                 n_linked, n_saved = 0, 0
                 for e in entries:
@@ -91,14 +91,14 @@ def optimise(*, root: str | Path | None = None, dry_run: bool = False,
                     examined += 1
                     done, freed = _share(env / e.path, pool / pool_name(e), e, run)
                     if done < 0:
-                        run.damaged.append(f"{row['name']}/{manifest.shown_path(e.path)}")
-                        say(f"{row['name']}: {manifest.shown_path(e.path)} does not hash to its listed digest "
+                        run.damaged.append(f"{row.name}/{manifest.shown_path(e.path)}")
+                        say(f"{row.name}: {manifest.shown_path(e.path)} does not hash to its listed digest "
                             "(modified in place): left as it is; run `llmgw-store verify --repair`")
                         continue
                     n_linked += done
                     n_saved += freed
                 if n_linked:
-                    say(f"{row['name']}: {n_linked} file(s) {'would be ' if dry_run else ''}linked, "
+                    say(f"{row.name}: {n_linked} file(s) {'would be ' if dry_run else ''}linked, "
                              f"{human_size(n_saved)} {'would be ' if dry_run else ''}freed")
                 linked += n_linked
                 saved += n_saved
