@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import sqlite3
 import stat
 import time
 from dataclasses import dataclass, field
@@ -159,8 +160,13 @@ def _rebuild(layout: Layout, backup: Path | None) -> dict[str, Any]:
             else:
                 skipped.append(name)
                 say(f"{name}: not a complete store path ({why}); left unregistered (gc will remove it)")
-        # The disk first (the links are the truth): whatever the old file does, generations and
-        # pins are recorded; the history copied after them cannot override them (INSERT OR IGNORE).
+        # History first (its generation rows carry who made them), bounded and never fatal; then
+        # the disk, which is the truth: a link's generation replaces whatever the old file said.
+        try:
+            copied = _copy_history(layout, store.index, backup) if backup is not None else {}
+        except (sqlite3.Error, OSError, StoreError) as exc:
+            say(f"the old index's history was not copied ({exc}); the index is rebuilt from the disk")
+            copied = {}
         index = store.index
         gens, pins = _links(layout)
         for (profile, number), target in gens.items():
@@ -170,7 +176,6 @@ def _rebuild(layout: Layout, backup: Path | None) -> dict[str, Any]:
                 index.record_generation(profile, number, target, created)
         for pin, target in pins.items():
             index.record_pin(pin, target)
-        copied = _copy_history(layout, store.index, backup) if backup is not None else {}
     finally:
         store.close()
     say(f"index rebuilt: {len(registered)} path(s), {len(gens)} generation(s), {len(pins)} pin(s)")
