@@ -11,8 +11,8 @@ import shutil
 
 import pytest
 
-from tests.conftest import build_store, copy_store, run_cli
-from tests.support.users import as_user, second_user, shared_dir
+from tests.conftest import copy_store, run_cli
+from tests.support.users import as_user, second_user, shared_dir, shared_template
 
 SECRET = "tok_3f9a1c0ffee"  # what a check might print: a bearer token, a URL with credentials
 READ = """
@@ -33,11 +33,8 @@ def intruder():
 
 @pytest.fixture(scope="module")
 def template(wheels):
-    d = shared_dir()
-    t = build_store(d, wheels, "2024-02-02", "2024-06-02")
-    yield t
-    t["index"].stop()
-    shutil.rmtree(d, ignore_errors=True)
+    """tinyengine 1.0 as of two dates (tinydep 1.0, then 2.0): neighbouring environments A and B."""
+    yield from shared_template(wheels, "2024-02-02", "2024-06-02")
 
 
 @pytest.fixture

@@ -139,7 +139,7 @@ def test_private_secret_racing_makers_agree(tmp_path):
     def make():
         try:
             got.append(files.private_secret(p, 32))
-        except Exception as exc:  # noqa: BLE001 - collected for the assertion
+        except Exception as exc:  # collected for the assertion
             errors.append(exc)
     threads = [threading.Thread(target=make) for _ in range(16)]
     for t in threads:

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import PYTHON, build_json, build_store, copy_store, run_cli, run_in_env
-from tests.support.users import as_user, second_user, shared_dir
+from tests.conftest import PYTHON, build_json, copy_store, run_cli, run_in_env
+from tests.support.users import as_user, second_user, shared_dir, shared_template
 
 MODULE = f"lib/python{PYTHON}/site-packages/tinyengine/__init__.py"  # the same bytes in A and B
 
@@ -29,11 +29,7 @@ def intruder():
 @pytest.fixture(scope="module")
 def template(wheels):
     """tinyengine 1.0 as of two dates (tinydep 1.0, then 2.0): neighbouring environments A and B."""
-    d = shared_dir()
-    t = build_store(d, wheels, "2024-02-02", "2024-06-02")
-    yield t
-    t["index"].stop()
-    shutil.rmtree(d, ignore_errors=True)
+    yield from shared_template(wheels, "2024-02-02", "2024-06-02")
 
 
 @pytest.fixture

@@ -111,7 +111,7 @@ def descendants(keeper):
         if not e.isdigit():
             continue
         try:
-            with open("/proc/%s/stat" % e, "rb") as f:
+            with open(f"/proc/{e}/stat", "rb") as f:
                 raw = f.read()
         except OSError:
             continue
@@ -152,7 +152,7 @@ def kill_descendants(keeper):
             except (AttributeError, OSError):
                 fd = None
             try:
-                with open("/proc/%d/stat" % p, "rb") as f:
+                with open(f"/proc/{p}/stat", "rb") as f:
                     raw = f.read()
                 if int(raw[raw.rfind(b")") + 2:].split()[1]) not in mine:
                     continue
@@ -188,7 +188,7 @@ def main(argv):
                     _signal.signal(sig, _signal.SIG_DFL)
             os.execv(exe, args)
         except OSError as exc:
-            os.write(2, ("llmgw-store: cannot run %s: %s\n" % (exe, exc.strerror or exc)).encode())
+            os.write(2, f"llmgw-store: cannot run {exe}: {exc.strerror or exc}\n".encode())
         finally:  # never fall through into the keeper's part
             os._exit(127)
     try:

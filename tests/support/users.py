@@ -48,6 +48,21 @@ def as_user(user, script: str, *args: str, check: bool = True) -> subprocess.Com
     return proc
 
 
+def shared_template(wheels, *as_ofs: str):
+    """Generator for a module-scoped fixture: tests/conftest.build_store's store of tinyengine 1.0
+    built as of each date, in a directory other users may traverse (so a second user can reach
+    its files), removed afterwards."""
+    from tests.conftest import build_store
+
+    d = shared_dir()
+    t = build_store(d, wheels, *as_ofs)
+    try:
+        yield t
+    finally:
+        t["index"].stop()
+        shutil.rmtree(d, ignore_errors=True)
+
+
 def shared_dir(prefix: str = "llmgw-sec-") -> Path:
     """A new directory under /tmp every user may traverse (pytest's tmp_path is private to root)."""
     d = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
