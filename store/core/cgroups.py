@@ -77,7 +77,8 @@ class Scope:
         remove it (a `cgroup` one: systemd collects its scopes); whether it is empty."""
         if self.path is None:
             return True
-        _write(f"{self.path}/cgroup.kill", b"1")
+        if _populated(self.path):  # usually not: the keeper killed it all before it died
+            _write(f"{self.path}/cgroup.kill", b"1")
         deadline = time.monotonic() + KILL_WAIT_S
         while _populated(self.path):
             if time.monotonic() >= deadline:
