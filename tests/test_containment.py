@@ -157,3 +157,13 @@ def test_doctor_says_which_containment_the_node_gets(built):
     assert doc["containment"]["kind"] in ("systemd-scope", "cgroup", "subreaper") and doc["containment"]["detail"]
     text = run_cli(built["root"], "doctor").stdout
     assert f"children contained by: {doc['containment']['kind']}" in text
+
+
+def test_containment_is_chosen_by_name_and_a_bad_name_is_a_usage_error(monkeypatch):
+    from llmgw_store.core.errors import UsageError
+
+    monkeypatch.setattr(cgroups, "_chosen", None)
+    assert cgroups.choose("subreaper")[0] == "subreaper"
+    with pytest.raises(UsageError):
+        cgroups.choose("docker")
+    monkeypatch.setattr(cgroups, "_chosen", None)

@@ -179,12 +179,24 @@ def _systemd_ok() -> str | None:
     return None if probe.returncode == 0 else "systemd-run --scope failed"
 
 
-def containment() -> tuple[str, str]:
+def choose(kind: str) -> tuple[str, str]:
+    """Decide this process's containment now, as `kind` asks (one of KINDS; the library's form of
+    $LLMGW_STORE_CONTAINMENT, which a config file's `containment` key can feed); what it got."""
+    global _chosen
+    if kind not in KINDS:
+        from llmgw_store.core.errors import UsageError
+
+        raise UsageError(f"containment {kind[:40]!r}: use one of {', '.join(KINDS)}")
+    _chosen = None
+    return containment(kind)
+
+
+def containment(asked: str | None = None) -> tuple[str, str]:
     """(kind, what: the cgroup below which children go, or why the fallback) for this process."""
     global _chosen
     if _chosen is not None:
         return _chosen
-    asked = os.environ.get(ENV, "auto").strip() or "auto"
+    asked = asked or os.environ.get(ENV, "auto").strip() or "auto"
     if asked not in KINDS:
         asked = "auto"
     notes = []
