@@ -30,7 +30,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import IO, Callable, Iterator
 
-MODES = ("auto", "tty", "plain", "json", "none")
+from llmgw_store.core import defaults
+from llmgw_store.core.text import printable
+
+MODES = defaults.PROGRESS_MODES
 HEARTBEAT_S = 1.0  # a step that cannot count reports this often; the promise is "at least every 2 s"
 
 
@@ -235,10 +238,7 @@ def _watch(reporter: "_Text", stop: threading.Event) -> None:
 
 
 def _printable(text: str) -> str:
-    """`text` with every control character (ESC, \\r, \\n, DEL, C1 ...) shown as an escape."""
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() or c == "\t" else repr(c)[1:-1] for c in text)
+    return printable(text, tabs=True)
 
 
 def _duration(seconds: float) -> str:
