@@ -136,6 +136,11 @@ def _interspersed(command: click.Command) -> bool:
     return command.context_settings.get("allow_interspersed_args", command.allow_interspersed_args)
 
 
+def _cluster(a: str, flags: set[str]) -> bool:
+    """`a` is short flags together (`-vq`), each one of `flags`."""
+    return len(a) > 2 and a[0] == "-" and a[1] != "-" and all("-" + c in flags for c in a[1:])
+
+
 def split_globals(group: click.Group, args: list[str]) -> tuple[list[str], list[str]]:
     """(the global options in `args`, with their values; the rest, in order). Global options are
     found before the command's name and after it: `build x.toml --json` has `--json`. A command's
@@ -148,7 +153,7 @@ def split_globals(group: click.Group, args: list[str]) -> tuple[list[str], list[
     while i < len(args) and args[i].startswith("-") and args[i] not in ("-", "--"):
         a = args[i]
         i += 1
-        if a.split("=", 1)[0] in g_value | g_plain:
+        if a.split("=", 1)[0] in g_value | g_plain or _cluster(a, g_plain):
             found.append(a)
             if a in g_value and i < len(args):
                 found.append(args[i])
@@ -189,7 +194,7 @@ def split_globals(group: click.Group, args: list[str]) -> tuple[list[str], list[
                 if name in g_value and "=" not in a and i < len(args):
                     found.append(args[i])
                     i += 1
-        elif all("-" + c in g_plain and "-" + c not in own_plain | own_value for c in a[1:]):
+        elif _cluster(a, g_plain - own_plain - own_value):
             found.append(a)  # -vq
         else:
             rest.append(a)

@@ -39,26 +39,36 @@ def main() -> None:
     cli(prog_name=PROG)
 
 
-def run(argv: list[str], started: float) -> int | None:
-    """The exit code of `argv` run here, or None to leave it to the click app (nothing was printed
-    or changed then)."""
+def parse(argv: list[str], environ) -> object | None:
+    """`argv` parsed as click would parse it (cli/spec.py), every parameter's value resolved from
+    argv, `environ`, the config file's cached values and the defaults; None to leave it to click."""
     from llmgw_store.cli import spec
     from llmgw_store.core import config
 
     parsed = spec.parse(argv)
     if parsed is None:
         return None
-    known, file_values = config.read_cached(parsed.given.get("config_file"))  # type: ignore[arg-type]
-    if not known or not spec.resolve(parsed, os.environ, file_values):
+    known, file_values = config.read_cached(parsed.given.get("config_file"), environ)  # type: ignore[arg-type]
+    if not known or not spec.resolve(parsed, environ, file_values):
         return None
-    params = parsed.params
-    if parsed.command == "build" and params["check"]:
+    return parsed
+
+
+def run(argv: list[str], started: float) -> int | None:
+    """The exit code of `argv` run here, or None to leave it to the click app (nothing was printed
+    or changed then)."""
+    parsed = parse(argv, os.environ)
+    if parsed is None:
+        return None
+    params = parsed.params  # type: ignore[attr-defined]
+    command = parsed.command  # type: ignore[attr-defined]
+    if command == "build" and params["check"]:
         return None
     from llmgw_store.cli import handlers, output
 
-    ctx = output.Context(params["root"], params["as_json"], params["verbose"], params["progress"],  # type: ignore[arg-type]
+    ctx = output.Context(params["root"], params["as_json"], params["verbose"], params["progress"],
                          quiet=bool(params["quiet"]), started=started)
-    if parsed.command == "build":
+    if command == "build":
         answered = [False]
 
         def hit() -> None:
@@ -66,4 +76,4 @@ def run(argv: list[str], started: float) -> int | None:
 
         code = output.run(ctx, hit)
         return code if answered[0] or code != 0 else None
-    return output.run(ctx, lambda: handlers.HANDLERS[parsed.command](ctx, params))
+    return output.run(ctx, lambda: handlers.HANDLERS[command](ctx, params))

@@ -63,7 +63,7 @@ def gc(obj: Context, dry_run: bool, delete_older_than: str | None, keep: int | N
 @cli.command(name="systemd-units")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=".", show_default=True,
               help="Directory for llmgw-store-gc.service and llmgw-store-gc.timer (e.g. /etc/systemd/system).")
-@click.option("--keep-dead-for", default="1h", show_default=True, help="The gc's grace period for dead paths.")
+@setting_option("gc.keep_dead_for", "1h", "The gc's grace period for dead paths.")
 @click.option("--on-calendar", default="*-*-* 04:17:00", show_default=True, help="When the timer runs gc (systemd OnCalendar).")
 @click.pass_obj
 def systemd_units(obj: Context, out_dir: str, keep_dead_for: str, on_calendar: str) -> None:

@@ -368,10 +368,13 @@ MAX_CACHE_BYTES = 1 << 17
 
 
 def cache_dir() -> str:
-    """Private to the running user: root's in /var/cache, anyone else's under $XDG_CACHE_HOME."""
-    if os.geteuid() == 0:
-        return "/var/cache/llmgw-store"
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    """Private to the running user: $XDG_CACHE_HOME/llmgw-store, else /var/cache/llmgw-store for
+    root, else ~/.cache/llmgw-store."""
+    base = os.environ.get("XDG_CACHE_HOME")
+    if not base:
+        if os.geteuid() == 0:
+            return "/var/cache/llmgw-store"
+        base = os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "llmgw-store")
 
 
