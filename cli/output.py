@@ -102,7 +102,8 @@ def store_error(err: StoreError, as_json: bool, verbose: int) -> int:
 
 def interrupted(exc: BaseException, as_json: bool) -> int:
     code = signals.exit_code(exc)
-    return fail(as_json, code, "interrupted", "interrupted", signal=getattr(exc, "args", ("",))[0] or "SIGINT")
+    name = exc.args[0] if isinstance(exc, signals.Interrupted) else "SIGINT"
+    return fail(as_json, code, "interrupted", "interrupted", signal=name)
 
 
 def internal(exc: BaseException, as_json: bool, verbose: int) -> int:

@@ -14,15 +14,17 @@ that must clean up even when used without the CLI wraps its work in `raising()`.
 
 A handler exists only in the main thread (Python's rule): elsewhere both are no-ops, the default
 action stays, and what a killed process leaves is removed by the next sweep of its kind.
-Only signal is imported: this module is on the hot path.
+Only _signal is imported (the signal module's enums cost more than a switch): this module is on
+the hot path.
 """
 
 from __future__ import annotations
 
-import signal
+import _signal as signal
 
 ENDING = (signal.SIGTERM, signal.SIGHUP)
 SIGINT_EXIT = 128 + signal.SIGINT  # 130
+NAMES = {signal.SIGTERM: "SIGTERM", signal.SIGHUP: "SIGHUP", signal.SIGINT: "SIGINT"}
 
 
 class Interrupted(KeyboardInterrupt):
@@ -30,7 +32,7 @@ class Interrupted(KeyboardInterrupt):
     process exits `exit_code` (128 + the signal's number)."""
 
     def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
+        super().__init__(NAMES.get(signum, f"signal {signum}"))
         self.signum, self.exit_code = signum, 128 + signum
 
 
