@@ -17,8 +17,6 @@ argv untouched: click then says what is wrong. Imports only core/config and core
 
 from __future__ import annotations
 
-import math
-
 from llmgw_store.core import config, defaults
 from llmgw_store.core.config import GLOBAL
 
@@ -136,7 +134,7 @@ COMMANDS: dict[str, tuple[Param, ...]] = {
 
 def check_timeout(value: float) -> float:
     """--check-timeout: finite, more than 0, at most a day. ValueError otherwise (click: a usage error)."""
-    if not (math.isfinite(value) and 0 < value <= MAX_CHECK_TIMEOUT_S):
+    if not 0 < value <= MAX_CHECK_TIMEOUT_S:  # nan fails both comparisons, inf the second
         raise ValueError(f"{value!r} is not a number of seconds more than 0 and at most {MAX_CHECK_TIMEOUT_S:.0f}")
     return value
 
