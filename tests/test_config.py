@@ -206,3 +206,24 @@ def test_a_uv_that_does_not_exist_yet_is_left_to_the_command_that_runs_it(tmp_pa
     conf = write_config(tmp_path / "config.toml", f'uv = "{tmp_path / "not-yet"}"\n')
     proc = with_config(conf, "--json", "config")
     assert proc.returncode == 0 and json.loads(proc.stdout)["settings"]["uv"]["value"] == str(tmp_path / "not-yet")
+
+
+def test_the_docs_list_every_setting_and_their_example_configs_are_valid(tmp_path):
+    """docs/operations.md's table names each setting's key, flag and variable; its node's and
+    builder's configs pass the file's checks."""
+    import re
+
+    from llmgw_store.core import config
+    from tests.conftest import REPO
+
+    page = (REPO / "docs" / "operations.md").read_text()
+    section = page[page.index("## The config file"):]
+    for s in config.SETTINGS:
+        key = f"`[{s.name.split('.')[0]}] {s.name.split('.')[1]}`" if "." in s.name else f"`{s.name}`"
+        row = next((line for line in section.splitlines() if line.startswith(f"| {key}")), None)
+        assert row is not None and f"`{s.flag}`" in row and f"`{s.env}`" in row, s.name
+    examples = re.findall(r"^```toml\n(.*?)^```", section, re.DOTALL | re.MULTILINE)
+    assert len(examples) == 2
+    for text in examples:
+        values = config.parse(str(tmp_path / "example.toml"), text.encode())
+        assert values["root"] == "/var/lib/llmgw-store"
