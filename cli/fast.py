@@ -76,4 +76,31 @@ def run(argv: list[str], started: float) -> int | None:
 
         code = output.run(ctx, hit)
         return code if answered[0] or code != 0 else None
+    defer("inspect")
     return output.run(ctx, lambda: handlers.HANDLERS[command](ctx, params))
+
+
+def defer(name: str) -> None:
+    """Load the module `name` when something first uses one of its names, not when it is imported
+    (as importlib.util.LazyLoader means to, whose module Python 3.11's `import` statement loads at
+    once). For `inspect`: `dataclasses` imports it at its top (10 ms here, a third of a switch) only
+    to write a docstring for a dataclass that has none, and every dataclass a switch loads has one
+    (tests/test_hot_paths.py checks that a switch loads no inspect). Only when the import happens
+    changes: the first use of any of its names imports the real module, which then takes its
+    place in sys.modules."""
+    if name not in sys.modules:
+        sys.modules[name] = _Deferred(name)
+
+
+class _Deferred(type(sys)):  # a module
+    def __getattr__(self, attr: str) -> object:
+        if sys.modules.get(self.__name__) is self:
+            del sys.modules[self.__name__]
+        import importlib
+
+        return getattr(importlib.import_module(self.__name__), attr)
+
+    def __dir__(self) -> list[str]:
+        import importlib
+
+        return dir(importlib.import_module(self.__name__))

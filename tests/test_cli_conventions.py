@@ -34,7 +34,7 @@ def full(root: Path, *args: str, **kw) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize("before, after", [
     (["--json", "list"], ["list", "--json"]),
     (["-v", "--json", "list-profiles"], ["list-profiles", "--json", "-v"]),
-    (["--progress", "none", "--json", "stats"], ["stats", "--progress=none", "--json"]),
+    (["--progress", "none", "--json", "doctor"], ["doctor", "--progress=none", "--json"]),
     (["--json", "info", "NAME"], ["info", "NAME", "--json"]),
 ], ids=lambda a: " ".join(a))
 def test_global_options_work_after_the_command(store, before, after):

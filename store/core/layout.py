@@ -54,6 +54,8 @@ def default_root() -> Path:
 
 @dataclass(frozen=True)
 class Layout:
+    """Where the store rooted at `root` keeps each thing (see the module docstring)."""
+
     root: Path
 
     @classmethod

@@ -70,6 +70,8 @@ class Switch(Result):
 
 @dataclass(frozen=True)
 class Generation(Result):
+    """One generation of a profile, as `generations` lists it."""
+
     number: int
     path: str
     name: str
@@ -87,6 +89,8 @@ class Generation(Result):
 
 @dataclass(frozen=True)
 class GenerationList(Result):
+    """A profile's generations, and where the index and the records differ from the links."""
+
     profile: str
     current: int
     generations: tuple[Generation, ...]
@@ -97,6 +101,8 @@ class GenerationList(Result):
 
 @dataclass(frozen=True)
 class DeletedGenerations(Result):
+    """What `generations --delete/--older-than/--keep/--forget` deleted (or would)."""
+
     profile: str
     deleted: tuple[int, ...]
     dry_run: bool
@@ -107,6 +113,8 @@ class DeletedGenerations(Result):
 
 @dataclass(frozen=True)
 class ProfileSummary(Result):
+    """One profile: its current generation, how many it has, and the store path."""
+
     profile: str
     current: int
     generations: int
@@ -115,6 +123,8 @@ class ProfileSummary(Result):
 
 @dataclass(frozen=True)
 class ProfileList(Result):
+    """Every profile, as `list-profiles` shows them."""
+
     profiles: tuple[ProfileSummary, ...]
 
     def to_json(self) -> list[dict[str, Any]]:

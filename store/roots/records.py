@@ -38,8 +38,6 @@ Invariants:
 
 from __future__ import annotations
 
-import getpass
-import hmac
 import json
 import os
 import re
@@ -48,6 +46,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from _operator import _compare_digest as compare_digest  # hmac's, without loading OpenSSL (2 ms): a hot path
 from blake3 import blake3
 
 from llmgw_store.core import manifest
@@ -115,6 +114,8 @@ class Record:
 def who() -> dict[str, Any]:
     """Who is changing the profile: uid and user name, and the operator behind sudo when there is one
     (informative: SUDO_USER is what sudo says, not proof)."""
+    import getpass
+
     try:
         user = getpass.getuser()
     except (KeyError, OSError):
@@ -412,7 +413,7 @@ def _checked(doc: Any, profile: str, number: int, key: bytes) -> Record:
     # First, before any field is used: the keyed digest proves this store wrote these bytes.
     digest = doc.get("digest")
     body = {k: v for k, v in doc.items() if k != "digest"}
-    if not isinstance(digest, str) or not hmac.compare_digest(seal(key, body), digest):
+    if not isinstance(digest, str) or not compare_digest(seal(key, body), digest):
         raise _Bad("its digest does not match its contents under the store's records key (it was changed, "
                    "or not written by this store)")
     unknown = set(doc) - set(_FIELDS)
