@@ -200,14 +200,15 @@ def test_both_parsers_agree_on_random_command_lines(monkeypatch, tmp_path, with_
         monkeypatch.setenv(config.CONFIG_ENV, "")
     rng = random.Random(20240601 + with_file)
     taken = refused = 0
-    for _ in range(800 if with_file else 2000):  # a config file is read by each click run: slower
+    n = 800 if with_file else 2000  # a config file is read by each click run: slower
+    for _ in range(n):
         argv = _random_line(rng)
         environ = {k: rng.choice(v) for k, v in ENV_VALUES.items() if rng.random() < 0.3}
         fast, slow = _compare(argv, environ, monkeypatch)
         taken += fast
         refused += not slow
     capsys.readouterr()  # --help's pages
-    assert taken > 200 and refused > 50, (taken, refused)  # both kinds of line were tried
+    assert taken > n // 10 and refused > n // 20, (taken, refused)  # both kinds of line were tried
 
 
 @pytest.mark.parametrize("argv", [
