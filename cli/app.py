@@ -24,7 +24,7 @@ import click
 
 from llmgw_store.cli import output, spec
 from llmgw_store.cli.handlers import caches_from, options_from, quoted  # noqa: F401  (the commands' helpers)
-from llmgw_store.cli.output import PROG, Context  # noqa: F401  (Context: what every command gets)
+from llmgw_store.cli.output import PROG, Context
 from llmgw_store.core import config, report
 from llmgw_store.core.errors import StoreError
 

@@ -18,7 +18,6 @@ argv untouched: click then says what is wrong. Imports only core/config and core
 from __future__ import annotations
 
 from llmgw_store.core import config, defaults
-from llmgw_store.core.config import GLOBAL
 
 FAST_COMMANDS = ("build", "activate", "rollback")
 # What a parameter of `build` does to a memo answer (core/config.HIT_ROLES), or `miss`: set, the
@@ -32,8 +31,20 @@ class Param:
     positive (an int of at least 1), timeout (seconds, more than 0, at most a day), or a setting's
     kind; `setting`: the core/config Setting it is (its env variable and config key with it)."""
 
-    __slots__ = ("name", "flags", "kind", "default", "help", "setting", "hit", "env", "metavar", "choices",
-                 "argument", "show_default")
+    __slots__ = (
+        "argument",
+        "choices",
+        "default",
+        "env",
+        "flags",
+        "help",
+        "hit",
+        "kind",
+        "metavar",
+        "name",
+        "setting",
+        "show_default",
+    )
 
     def __init__(self, name: str, flags: tuple[str, ...], kind: str, default: object = None, help: str = "", *,
                  hit: str = "ignored", env: str | None = None, metavar: str | None = None,

@@ -81,7 +81,7 @@ def test_a_root_that_is_a_link_is_refused_as_the_full_command_refuses_it(tmp_pat
 def test_an_index_restored_in_place_is_another_index(root, recipe, index, uv_bin):
     """The memo is bound to the index it was written against (its epoch), not to the file's inode:
     an older index copied over the live one is another index, and the answer is the full command's."""
-    first = build_json(root, recipe, index, uv_bin)
+    build_json(root, recipe, index, uv_bin)
     db = root / "var" / "db.sqlite"
     older = root.parent / "older.sqlite"
     shutil.copy2(db, older)  # knows `first` only

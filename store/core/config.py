@@ -68,7 +68,7 @@ class Setting:
     in the `[gc]` table); `param` the name click and the library call it; `commands` the commands
     that take it (GLOBAL: the group, so every command)."""
 
-    __slots__ = ("name", "kind", "flag", "default", "param", "env", "commands", "hit", "choices", "help", "metavar")
+    __slots__ = ("choices", "commands", "default", "env", "flag", "help", "hit", "kind", "metavar", "name", "param")
 
     def __init__(self, name: str, kind: str, flag: str, default: object, *, commands: tuple[str, ...], hit: str,
                  help: str, param: str | None = None, choices: tuple[str, ...] = (), metavar: str | None = None):
@@ -341,7 +341,7 @@ def parse(path: str, data: bytes) -> dict[str, object]:
 class ConfigFile:
     """A config file that was read: its path, its bytes and its checked values by setting name."""
 
-    __slots__ = ("path", "data", "values")
+    __slots__ = ("data", "path", "values")
 
     def __init__(self, path: str, data: bytes, values: dict[str, object]):
         self.path, self.data, self.values = path, data, values

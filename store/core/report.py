@@ -36,7 +36,8 @@ from llmgw_store.core.text import printable
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import IO, Callable
+    from collections.abc import Callable
+    from typing import IO
 
 MODES = defaults.PROGRESS_MODES
 HEARTBEAT_S = 1.0  # a step that cannot count reports this often; the promise is "at least every 2 s"
@@ -47,7 +48,7 @@ class Update:
     `eta` seconds left (None when unknown); `final` is the step's last update; `idle` marks the
     watchdog's update (the announced step, still running)."""
 
-    __slots__ = ("step", "done", "total", "unit", "elapsed", "rate", "eta", "detail", "final", "idle")
+    __slots__ = ("detail", "done", "elapsed", "eta", "final", "idle", "rate", "step", "total", "unit")
 
     def __init__(self, step: str, done: int, total: int | None, unit: str, elapsed: float,
                  rate: float | None = None, eta: float | None = None, detail: str = "", final: bool = False,
@@ -80,7 +81,7 @@ class Reporter:
 
 
 class _Step:
-    __slots__ = ("started", "first_done", "last_shown", "last_done", "shown")
+    __slots__ = ("first_done", "last_done", "last_shown", "shown", "started")
 
     def __init__(self, started: float, first_done: int, last_shown: float, last_done: int, shown: bool) -> None:
         self.started, self.first_done, self.last_shown, self.last_done, self.shown = (
@@ -247,7 +248,7 @@ def _start_watchdog() -> None:
     thread.start()
 
 
-def _watch(reporter: "_Text", stop) -> None:
+def _watch(reporter: _Text, stop) -> None:
     """The promise that a running command says something at least every 2 s, whatever it is doing
     (a lock wait, a slow import, a query, Python-side work between two children): after WATCHDOG_S
     of silence, the step last announced by `say` is reported as still running. Before any step is

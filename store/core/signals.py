@@ -71,7 +71,7 @@ class raising:
     """`with raising():` — the guard for the block only, the previous handlers restored after it
     (for library code that must clean up on SIGTERM even when no CLI installed the guard)."""
 
-    def __enter__(self) -> "raising":
+    def __enter__(self) -> None:
         self.previous: dict[int, object] = {}
         handler = _Raise()
         try:
@@ -79,7 +79,6 @@ class raising:
                 self.previous[s] = signal.signal(s, handler)
         except ValueError:  # not the main thread: nothing was installed
             pass
-        return self
 
     def __exit__(self, *exc: object) -> None:
         for s, handler in self.previous.items():
