@@ -77,8 +77,8 @@ def argument(name: str, metavar: str | None = None, kind: str = "text") -> Param
 GROUP: tuple[Param, ...] = (
     setting("root"),
     # Its variable is read where the file is found (config.locate: set but empty means no file).
-    Param("config_file", ("--config",), "path", None, f"Config file (TOML) with the settings below and more (`llmgw-store "
-          f"config` shows them). Env: {config.CONFIG_ENV} (empty: none). Default: /etc/llmgw-store/config.toml as "
+    Param("config_file", ("--config",), "path", None, "Config file (TOML) with the settings below and more "
+          f"(`llmgw-store config` shows them). Env: {config.CONFIG_ENV} (empty: none). Default: /etc/llmgw-store/config.toml as "
           "root, else $XDG_CONFIG_HOME/llmgw-store/config.toml.", metavar="FILE"),
     Param("as_json", ("--json",), "flag", False, "Print one JSON document on stdout (an error too); human text goes "
           "to stderr.", hit="render"),

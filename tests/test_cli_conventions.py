@@ -53,7 +53,8 @@ def test_root_after_the_command_and_the_fast_path(store, tmp_path):
     assert json.loads(proc.stdout)["path"] == paths[0]
     proc = subprocess.run([exe, "rollback", "conv", "--root", str(root)], capture_output=True, text=True,
                           timeout=300, check=False)
-    assert proc.returncode == 2 and proc.stderr.startswith("llmgw-store: error: ") and "no generation before" in proc.stderr
+    assert proc.returncode == 2 and proc.stderr.startswith("llmgw-store: error: ")
+    assert "no generation before" in proc.stderr
 
 
 def test_run_keeps_what_follows_its_command(store):
@@ -78,8 +79,8 @@ def test_quiet_silences_progress_on_both_paths(store):
 
 USAGE = [
     ["build"], ["--frob", "list"], ["list", "--frob"], ["build", "x.toml", "--progress", "bogus"], ["nosuch"],
-    ["activate", "p"], ["rollback", "p", "--to", "x"], ["gc", "--keep", "many"], ["activate", "p", "t", "--check-timeout",
-                                                                                   "0"], ["cache", "gc"],
+    ["activate", "p"], ["rollback", "p", "--to", "x"], ["gc", "--keep", "many"], ["cache", "gc"],
+    ["activate", "p", "t", "--check-timeout", "0"],
 ]
 
 

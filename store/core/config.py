@@ -91,7 +91,8 @@ _REALISING = ("build", "activate", "rollback")
 SETTINGS: tuple[Setting, ...] = (
     Setting("root", "path", "--root", None, commands=(GLOBAL,), hit="root", metavar="DIR",
             help="Store root. Default: /var/lib/llmgw-store as root, else $XDG_DATA_HOME/llmgw-store."),
-    Setting("progress", "choice", "--progress", "auto", commands=(GLOBAL,), hit="render", choices=defaults.PROGRESS_MODES,
+    Setting("progress", "choice", "--progress", "auto", commands=(GLOBAL,), hit="render",
+            choices=defaults.PROGRESS_MODES,
             help="Progress on stderr: auto (a live line on a terminal, else plain), tty, plain (timestamped lines), "
                  "json (one JSON object per line: t, step, done, total, unit), none."),
     Setting("index_url", "url", "--index-url", defaults.PYPI_SIMPLE, commands=_BUILDING, hit="key", metavar="URL",
