@@ -78,8 +78,8 @@ GROUP: tuple[Param, ...] = (
     setting("root"),
     # Its variable is read where the file is found (config.locate: set but empty means no file).
     Param("config_file", ("--config",), "path", None, "Config file (TOML) with the settings below and more "
-          f"(`llmgw-store config` shows them). Env: {config.CONFIG_ENV} (empty: none). Default: /etc/llmgw-store/config.toml as "
-          "root, else $XDG_CONFIG_HOME/llmgw-store/config.toml.", metavar="FILE"),
+          f"(`llmgw-store config` shows them). Env: {config.CONFIG_ENV} (empty: none). Default: "
+          "/etc/llmgw-store/config.toml as root, else $XDG_CONFIG_HOME/llmgw-store/config.toml.", metavar="FILE"),
     Param("as_json", ("--json",), "flag", False, "Print one JSON document on stdout (an error too); human text goes "
           "to stderr.", hit="render"),
     Param("verbose", ("-v", "--verbose"), "count", 0, "Show the commands run, and a failed command's output.",
