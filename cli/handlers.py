@@ -17,7 +17,8 @@ def options_from(kw: dict):
     from llmgw_store.build.builder import BuildOptions
 
     return BuildOptions(version=kw["version"], variant=kw["variant"], as_of=kw["as_of"], index_url=kw["index_url"],
-                        uv=kw["uv"], python_preference=kw["python_preference"], lock_timeout=kw["lock_timeout"])
+                        uv=kw["uv"], python_preference=kw["python_preference"], lock_timeout=kw["lock_timeout"],
+                        substitute_only=kw["substitute_only"], offline=kw["offline"])
 
 
 def caches_from(kw: dict) -> dict:
@@ -156,7 +157,8 @@ def rollback(ctx, kw: dict) -> None:
     profile = kw["profile"]
     r = do_rollback(profile, to=kw["to"], substituters=tuple(kw["substituters"]),
                     trusted_keys=tuple(kw["trusted_keys"]), uv=kw["uv"], python_preference=kw["python_preference"],
-                    root=ctx.root, lock_timeout=kw["lock_timeout"])
+                    root=ctx.root, lock_timeout=kw["lock_timeout"], substitute_only=kw["substitute_only"],
+                    offline=kw["offline"], index_url=kw["index_url"])
     back = f" (cold: {r.rebuilt})" if r.rebuilt else ""
     ctx.emit(r.to_json(), f"{profile}: generation {r.previous} -> {r.generation} ({r.path}){back}")
 

@@ -42,6 +42,7 @@ class Param:
         "kind",
         "metavar",
         "name",
+        "no_default",
         "setting",
         "show_default",
     )
@@ -49,10 +50,10 @@ class Param:
     def __init__(self, name: str, flags: tuple[str, ...], kind: str, default: object = None, help: str = "", *,
                  hit: str = "ignored", env: str | None = None, metavar: str | None = None,
                  choices: tuple[str, ...] = (), argument: bool = False, setting: config.Setting | None = None,
-                 show_default: bool = False):
+                 show_default: bool = False, no_default: bool = False):
         self.name, self.flags, self.kind, self.default, self.help = name, flags, kind, default, help
         self.hit, self.env, self.metavar, self.choices, self.argument = hit, env, metavar, choices, argument
-        self.setting, self.show_default = setting, show_default
+        self.setting, self.show_default, self.no_default = setting, show_default, no_default
 
     @property
     def takes_value(self) -> bool:
@@ -63,11 +64,13 @@ class Param:
 
 
 def setting(name: str, default: object = None, help: str | None = None) -> Param:
-    """The option of a core/config setting (`default`: the command's own, where it differs)."""
+    """The option of a core/config setting (`default`: the command's own, where it differs;
+    config.NO_DEFAULT where the command has none)."""
     s = config.BY_NAME[name]
-    return Param(s.param, (s.flag,), s.kind, s.default if default is None else default, help or s.help, hit=s.hit,
-                 env=s.env, metavar=s.metavar, choices=s.choices, setting=s,
-                 show_default=(s.default if default is None else default) not in (None, ()))
+    value = None if default is config.NO_DEFAULT else s.default if default is None else default
+    return Param(s.param, (s.flag,), s.kind, value, help or s.help, hit=s.hit, env=s.env, metavar=s.metavar,
+                 choices=s.choices, setting=s, show_default=value not in (None, (), False),
+                 no_default=default is config.NO_DEFAULT)
 
 
 def argument(name: str, metavar: str | None = None, kind: str = "text") -> Param:
@@ -102,6 +105,8 @@ _BUILD = (
             "the same key, a gc, the profile); then exit 75 naming the holder."),
     setting("substituters"),
     setting("trusted_keys"),
+    setting("substitute_only"),
+    setting("offline"),
 )
 
 COMMANDS: dict[str, tuple[Param, ...]] = {
@@ -136,6 +141,10 @@ COMMANDS: dict[str, tuple[Param, ...]] = {
         setting("python_preference", help="Where the interpreter of a rebuild may come from."),
         setting("lock_timeout", defaults.LOCK_TIMEOUT_S, "Seconds to wait for the profile's lock (and a rebuild's "
                 "locks); then exit 75 naming the holder."),
+        setting("substitute_only"),
+        setting("offline"),
+        setting("index_url", config.NO_DEFAULT, "The configured index URL: its credentials (if any) are sent to the "
+                "index a cold generation records, when it is that index."),
     ),
 }
 
@@ -282,7 +291,8 @@ def resolve(parsed: Parsed, environ, file: dict[str, object]) -> bool:
         flag = parsed.given.get(p.name)
         try:
             if p.setting is not None:
-                value, source = config.effective(p.setting, flag, environ, file, p.default)
+                value, source = config.effective(p.setting, flag, environ, file,
+                                                 config.NO_DEFAULT if p.no_default else p.default)
                 if source == "file" and isinstance(value, str):
                     value = config.convert(p.setting, value)
             elif flag is not None:

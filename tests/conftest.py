@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.index_server import PackageIndex
+from tests.support.recipes import TINY_RECIPE  # noqa: F401  (tests import it from here)
 from tests.support.wheels import build_wheel
 
 REPO = Path(__file__).resolve().parent.parent
@@ -83,19 +84,6 @@ def root(tmp_path) -> Path:
     return tmp_path / "store-root"
 
 
-TINY_RECIPE = """
-[engine]
-name = "tinyengine"
-pypi = "tinyengine"
-binary = "tinyengine"
-
-[[build]]
-variant = "cpu"
-python = "{python}"
-requirements = ["tinyengine=={{version}}"]
-verify = ["tinyengine"]
-{extra}
-"""
 
 PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"
 

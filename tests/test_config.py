@@ -227,3 +227,14 @@ def test_the_docs_list_every_setting_and_their_example_configs_are_valid(tmp_pat
     for text in examples:
         values = config.parse(str(tmp_path / "example.toml"), text.encode())
         assert values["root"] == "/var/lib/llmgw-store"
+
+
+def test_a_token_in_the_config_is_not_copied_into_the_fast_paths_cache(tmp_path):
+    conf = write_config(tmp_path / "config.toml", 'index_url = "https://__token__:s3cret@mirror.internal/simple"\n')
+    conf.chmod(0o600)
+    assert with_config(conf, "config").returncode == 0
+    cache = tmp_path / "cache"
+    assert not any(b"s3cret" in f.read_bytes() for f in cache.rglob("*") if f.is_file())
+    plain = write_config(tmp_path / "plain.toml", 'index_url = "https://mirror.internal/simple"\n')
+    assert with_config(plain, "config").returncode == 0
+    assert any(f.name.startswith("config-") for f in (cache / "llmgw-store").iterdir())

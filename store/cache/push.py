@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from llmgw_store.cache.backends import backend_for
-from llmgw_store.cache.signing import METADATA_MAX_BYTES, sign
+from llmgw_store.cache.signing import METADATA_MAX_BYTES, load_secret, sign
 from llmgw_store.core import debug, locks
 from llmgw_store.core.errors import IntegrityError, LockTimeout, NotFoundError, UsageError
 from llmgw_store.core.fsutil import sha256_of
@@ -129,7 +129,7 @@ def _wait_for_gc(backend, lock_timeout: float) -> None:
         time.sleep(GC_WAIT_POLL)
 
 
-def _push_v2(store: Store, backend, row: dict, secret_key: str, lock_timeout: float) -> dict[str, int]:
+def _push_v2(store: Store, backend, row: dict, secret_key, lock_timeout: float) -> dict[str, int]:
     """Upload one registered store path as a format-2 object; what it cost."""
     import secrets
     from concurrent.futures import ThreadPoolExecutor
@@ -223,6 +223,9 @@ def push(names: list[str], to: str, secret_key: str, *, root: str | Path | None 
     references first. (`llmgw_store.api.push` turns PROFILE, PROFILE@N, keys and paths into names.)"""
     if format not in (1, 2):
         raise UsageError(f"object format {format}: this llmgw-store writes 1 (one archive) or 2 (shared blobs)")
+    # Read and checked first: a public key, a missing file or a key of the wrong shape is exit 2
+    # even when every object is in the cache already (and nothing would be signed).
+    secret = load_secret(secret_key)
     backend = backend_for(to)
     pushed, skipped = [], []
     total = {"uploaded": 0, "shared": 0, "blobs": 0}
@@ -242,7 +245,7 @@ def push(names: list[str], to: str, secret_key: str, *, root: str | Path | None 
                 continue
             if format == 2:
                 started = time.monotonic()
-                cost = _push_v2(store, backend, row, secret_key, lock_timeout)
+                cost = _push_v2(store, backend, row, secret, lock_timeout)
                 for k in total:
                     total[k] += cost[k]
                 say(f"pushed {name}: {cost['uploaded'] / 1e6:.1f} MB uploaded in {cost['blobs']} blobs, "
@@ -261,7 +264,7 @@ def push(names: list[str], to: str, secret_key: str, *, root: str | Path | None 
                     "archive_size": tmp.stat().st_size,
                     "references": store.index.references(name),
                 }
-                sign(meta, secret_key)
+                sign(meta, secret)
                 backend.put(meta["archive"], tmp)
                 backend.put(f"{key}.json", canonical_json(meta))  # last: the object now exists
             finally:

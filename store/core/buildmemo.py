@@ -71,10 +71,13 @@ KEY_OPTIONS = ("version", "variant", "as_of", "index_url", "uv", "python_prefere
 
 def memo_key(recipe_path: str, recipe_bytes: bytes, options: dict[str, object]) -> str:
     """The entry's file name: blake2b-256 over every input (`options`: KEY_OPTIONS' values), each
-    length-prefixed (no two collide)."""
+    length-prefixed (no two collide). The index URL enters without its userinfo, as it enters the
+    store key (core/credentials.py)."""
+    from llmgw_store.core.credentials import public_url
+
     h = blake2b(FORMAT.encode(), digest_size=32)
     index_url, uv = options["index_url"], options["uv"]
-    normal = {**options, "index_url": str(index_url).rstrip("/"),
+    normal = {**options, "index_url": public_url(str(index_url)).rstrip("/"),
               "uv": None if uv is None else os.path.abspath(os.fspath(uv))}  # type: ignore[arg-type]
     for part in (str(KEY_SCHEMA), host_facts(), os.path.abspath(recipe_path), blake2b(recipe_bytes).hexdigest(),
                  *(normal[k] for k in KEY_OPTIONS)):

@@ -49,6 +49,17 @@ ENV_PREFIX = "LLMGW_STORE_"
 MAX_CONFIG_BYTES = 1 << 16
 GLOBAL = "-"  # the group: a setting every command takes, before or after its name
 
+
+class _NoDefault:
+    """A command's default for a setting that has none there (None) where the setting's own
+    default applies elsewhere (`rollback --index-url`: the recorded index, not PyPI)."""
+
+    def __repr__(self) -> str:
+        return "NO_DEFAULT"
+
+
+NO_DEFAULT = _NoDefault()
+
 # What a setting does to a cache hit (`build` answered from the build memo, cli/fast.py):
 #   key      enters the memo key (core/buildmemo.KEY_OPTIONS): another value, another answer
 #   ignored  cannot change a hit (a hit takes no lock and asks no cache)
@@ -85,7 +96,6 @@ class Setting:
         return f"Setting({self.name!r})"
 
 
-_BUILDING = ("build", "activate")
 _REALISING = ("build", "activate", "rollback")
 
 SETTINGS: tuple[Setting, ...] = (
@@ -95,8 +105,8 @@ SETTINGS: tuple[Setting, ...] = (
             choices=defaults.PROGRESS_MODES,
             help="Progress on stderr: auto (a live line on a terminal, else plain), tty, plain (timestamped lines), "
                  "json (one JSON object per line: t, step, done, total, unit), none."),
-    Setting("index_url", "url", "--index-url", defaults.PYPI_SIMPLE, commands=_BUILDING, hit="key", metavar="URL",
-            help="Package index (simple API, PEP 691 JSON)."),
+    Setting("index_url", "url", "--index-url", defaults.PYPI_SIMPLE, commands=(*_REALISING, "verify"), hit="key",
+            metavar="URL", help="Package index (simple API, PEP 691 JSON; credentials in it reach the index only)."),
     Setting("uv", "path", "--uv", None, commands=(*_REALISING, "verify"), hit="key", metavar="PATH",
             help="Use this uv binary instead of the store's pinned one (its --version enters the key)."),
     Setting("python_preference", "choice", "--python-preference", defaults.PYTHON_PREFERENCE,
@@ -109,6 +119,13 @@ SETTINGS: tuple[Setting, ...] = (
                  "(the variable: space-separated)."),
     Setting("trusted_keys", "list", "--trusted-key", (), commands=(*_REALISING, "pull"), hit="ignored", metavar="KEY",
             help="Public key (name:base64, or a .public file) whose signatures are accepted; repeatable."),
+    Setting("substitute_only", "bool", "--substitute-only", False, commands=_REALISING, hit="ignored",
+            help="Pull from the --substituter caches and never build: a miss is exit 1 naming the key and the caches "
+                 "asked, with nothing built. For a node; the recipe's version and as_of pinned (or a recorded "
+                 "generation), its key needs no index."),
+    Setting("offline", "bool", "--offline", False, commands=_REALISING, hit="ignored",
+            help="No network but file:// caches: uv reads only its cache, http(s)/s3 caches are passed over, and "
+                 "what would need the index says so (exit 1)."),
     Setting("lock_timeout", "seconds", "--lock-timeout", None, commands=("*",), hit="ignored", metavar="SECONDS",
             help="Seconds to wait for a lock; then exit 75 naming the holder."),
     Setting("gc.min_free", "size", "--min-free", None, commands=("gc", "systemd-units"), hit="ignored", metavar="SIZE",
@@ -449,7 +466,12 @@ def _decode(s: Setting, raw: str) -> object:
 
 def remember(path: str, data: bytes, values: dict[str, object]) -> None:
     """Leave the parsed `values` of the file `path` (whose bytes are `data`) for `cached`. Best
-    effort: a new 0600 file renamed over the entry (a reader sees the old entry or the new one)."""
+    effort: a new 0600 file renamed over the entry (a reader sees the old entry or the new one).
+    A file whose index URL carries credentials is never copied (a token stays where it was put)."""
+    from llmgw_store.core.credentials import auth_of
+
+    if isinstance(values.get("index_url"), str) and auth_of(values["index_url"]) is not None:  # type: ignore[arg-type]
+        return
     lines = [CACHE_FORMAT] + [f"{name}={_encode(v)}" for name, v in sorted(values.items())]
     body = ("\n".join(lines) + "\n").encode("ascii")
     fd_dir = _open_cache_dir(create=True)
@@ -545,4 +567,6 @@ def effective(s: Setting, flag: object, environ: os._Environ | dict, file: dict[
         return from_env(s, raw), "env"
     if s.name in file:
         return file[s.name], "file"
+    if default is NO_DEFAULT:
+        return None, "default"
     return (s.default if default is None else default), "default"

@@ -6,6 +6,8 @@
     │   └── NotFoundError           a store path, key or profile that does not exist
     ├── LockTimeout                 exit 75 (EX_TEMPFAIL): a lock could not be had in time
     ├── NetworkError                an index or download could not be reached or answered badly
+    │   └── OfflineError            something needed the network under --offline
+    ├── NotSubstituted              --substitute-only: no binary cache has the key (nothing built)
     ├── IntegrityError              bytes did not match their published digest
     ├── CommandError                a subprocess (uv, a verify command) failed; carries its output's tail
     └── IndexError_                 the SQLite index could not be read or written
@@ -58,6 +60,14 @@ class LockTimeout(StoreError):
 
 class NetworkError(StoreError):
     """An index or a download failed (unreachable, HTTP error, malformed answer)."""
+
+
+class OfflineError(NetworkError):
+    """The command needed the network (an index, a download, an HTTP cache) under --offline."""
+
+
+class NotSubstituted(StoreError):
+    """--substitute-only: no binary cache asked has the key, and building is not allowed."""
 
 
 class IntegrityError(StoreError):

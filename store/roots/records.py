@@ -166,19 +166,15 @@ def describe(layout: Layout, row: dict[str, Any]) -> dict[str, Any]:
     name = row["name"]
     env = layout.path_of(name)
     inputs = json.loads(row["inputs"]) if isinstance(row.get("inputs"), str) else {}
+    from llmgw_store.build.lockproof import proved_lock
+
     lock = lock_format = None
     requirements: list[str] = []
     try:
         doc = manifest.read(env)
-        listing = manifest.read_contents(env)
         requirements = [r for r in doc.get("requirements", []) if isinstance(r, str)][:_LIST_MAX]
-        if manifest.content_hash(listing) == doc.get("content_hash") == row["content_hash"] \
-                and doc.get("lock_format") in LOCK_FORMATS and isinstance(doc.get("lock"), str):
-            lock_path = f"{manifest.MANIFEST_DIR}/{doc['lock_format']}"
-            listed = [e for e in listing if e.path == lock_path and e.kind == "f"]
-            if listed and blake3(doc["lock"].encode()).hexdigest() == listed[0].digest:
-                lock, lock_format = doc["lock"], doc["lock_format"]
-    except (OSError, ValueError, KeyError, TypeError):
+        lock, lock_format = proved_lock(env, name, row["content_hash"])  # the one proof (build/lockproof.py)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, IntegrityError):
         pass
     if lock is None:
         say(f"{name}: no lock proved by its manifest; its record cannot rebuild it (a binary cache still can)")
