@@ -23,6 +23,7 @@ load, peak RSS of the command alone, CPU seconds with every child).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import subprocess
@@ -34,7 +35,7 @@ from common import REPO, cli, clone_registered, packages, store_json, uv_bin  # 
 from harness import Bench, BenchError, Side, add_common_args, du_bytes  # noqa: E402
 
 
-def register_empty(root: Path, template: dict, n: int, profiles: int) -> int:
+def register_empty(root: Path, template, n: int, profiles: int) -> int:
     """A new store with `n` registered paths (empty directories; rows copied from `template`, a
     real path's row, so no column is named here), and `profiles` profiles of 3 generations each
     over the first 3 * profiles of them. Returns how many paths no profile holds."""
@@ -42,18 +43,14 @@ def register_empty(root: Path, template: dict, n: int, profiles: int) -> int:
     from llmgw_store.core.local_store import Store
 
     with Store.open(root, create=True) as store:
-        conn = store.index.conn
-        names = []
-        with conn:
-            conn.execute("BEGIN IMMEDIATE")
-            for i in range(n):
-                key = store_key({"bench-scale": i})
-                name = f"{key}-{template['name'].split('-', 1)[1]}"
-                (store.layout.store / name).mkdir()
-                r = {**template, "name": name, "key": key, "last_used": f"2025-01-01T{i % 24:02d}:00:00Z"}
-                conn.execute(f"INSERT INTO paths ({', '.join(r)}) VALUES ({', '.join('?' for _ in r)})",
-                             tuple(r.values()))
-                names.append(name)
+        names, rows = [], []
+        for i in range(n):
+            key = store_key({"bench-scale": i})
+            name = f"{key}-{template.name.split('-', 1)[1]}"
+            (store.layout.store / name).mkdir()
+            rows.append(dataclasses.replace(template, name=name, key=key, last_used=f"2025-01-01T{i % 24:02d}:00:00Z"))
+            names.append(name)
+        store.index.insert_paths(rows)
         for p in range(profiles):
             for g in range(1, 4):
                 os.symlink(f"../store/{names[(p * 3 + g - 1) % n]}", store.layout.profiles / f"bp{p}-{g}-link")

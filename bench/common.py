@@ -3,6 +3,7 @@ loopback package index of the quick modes, registered copies of a store path."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -115,6 +116,6 @@ def clone_registered(root: Path, src_name: str, n: int, tag: str = "") -> list[s
             name = f"{key}-{src_name.split('-', 1)[1]}"
             subprocess.run(["cp", "-a", str(root / "store" / src_name), str(root / "store" / name)], check=True)
             b = store.index.start_build(key, name)
-            store.index.register({**row, "name": name, "key": key}, b, 0.0)
+            store.index.register(dataclasses.replace(row, name=name, key=key), b, 0.0)
             names.append(name)
     return names

@@ -60,7 +60,7 @@ def push(targets: list[str], to: str, secret_key: str, *, root: str | Path | Non
     from llmgw_store.roots.resolve import reference
 
     with Store.open(root) as store:
-        names = [reference(store, t)["name"] for t in targets]
+        names = [reference(store, t).name for t in targets]
     extra = {} if lock_timeout is None else {"lock_timeout": lock_timeout}
     return push_names(names, to, secret_key, root=root, format=format, **extra)
 
@@ -156,7 +156,7 @@ def _realise_record(rec: Record, substituters: tuple[str, ...], trusted_keys: tu
         # Only the link went: the recorded path is still here, registered with the recorded key and
         # content hash. Nothing to bring back (profiles.rollback checks it again under its locks).
         row = store.index.path_by_name(rec.name)
-        if row is not None and row["key"] == rec.key and row["content_hash"] == rec.content_hash \
+        if row is not None and row.key == rec.key and row.content_hash == rec.content_hash \
                 and store.layout.path_of(rec.name).is_dir():
             say(f"{what}: its store path is still there, as recorded")
             return "hit"
@@ -185,10 +185,10 @@ def _realise_record(rec: Record, substituters: tuple[str, ...], trusted_keys: tu
                                   offline=True, online_fallback=not offline, index_url=index_url,
                                   lock_timeout=lock_timeout, substitute=substitute).how
         row = store.index.path_by_name(rec.name)
-        if row is None or row["key"] != rec.key or row["content_hash"] != rec.content_hash:
+        if row is None or row.key != rec.key or row.content_hash != rec.content_hash:
             err = IntegrityError(f"{rec.name} came back with a content hash other than the one {what} recorded; "
                                  f"nothing switched (`llmgw-store verify {rec.name}`; -v shows both)")
-            err.output_tail = f"in the store: {row['content_hash'] if row else 'nothing'}\nrecorded: {rec.content_hash}"
+            err.output_tail = f"in the store: {row.content_hash if row else 'nothing'}\nrecorded: {rec.content_hash}"
             raise err
         say(f"{rec.name}: back in the store ({how}), content hash {rec.content_hash[:16]}… as recorded")
         return how

@@ -40,7 +40,7 @@ def _with_token(url: str, token: str = TOKEN) -> str:
 def _files_holding(top: Path, needle: str) -> list[str]:
     """Every file under `top` whose bytes hold `needle` (links not followed, nothing skipped)."""
     found = []
-    for dirpath, dirnames, filenames in os.walk(top):
+    for dirpath, _dirnames, filenames in os.walk(top):
         for f in filenames:
             p = os.path.join(dirpath, f)
             if os.path.islink(p) or not os.path.isfile(p):

@@ -204,8 +204,8 @@ def _build(recipe_file: str | Path, options: BuildOptions, root: str | Path | No
             # One figure for the whole build, the same as the result's `seconds`; what make_env
             # did not time is freezing, hashing, verifying and registering.
             steps["hash, verify, register"] = round(max(0.0, seconds - sum(steps.values())), 3)
-            row = store.index.path_by_key(plan.key) or {}
-            say(f"built {plan.name} in {seconds:.1f}s ({row.get('size', 0) / 1e6:.1f} MB, {row.get('files', 0)} files; "
+            row = store.index.path_by_key(plan.key)
+            say(f"built {plan.name} in {seconds:.1f}s ({(row.size if row else 0) / 1e6:.1f} MB, {row.files if row else 0} files; "
                 + ", ".join(f"{k} {v:.2f}s" for k, v in steps.items()) + ")")
         result = BuildResult(
             path=path, name=plan.name, key=plan.key, engine=recipe.name, version=plan.version,

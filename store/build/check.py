@@ -111,7 +111,7 @@ def check(recipe_file: str | Path, options: BuildOptions = BuildOptions(), *,
     rebuilt_hash = manifest.content_hash([d.entry for p, d in ours.items() if p != ROOT])
     return CheckResult(
         path=str(final), name=plan.name, key=plan.key, identical=not differences and not problems,
-        content_hash=row["content_hash"], rebuilt_content_hash=rebuilt_hash, files=len(ours) - 1,
+        content_hash=row.content_hash, rebuilt_content_hash=rebuilt_hash, files=len(ours) - 1,
         differences=differences, problems=tuple(problems), seconds=round(time.monotonic() - started, 3),
     )
 

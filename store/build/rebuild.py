@@ -34,6 +34,7 @@ from llmgw_store.build import uv as uvmod
 from llmgw_store.build.lockproof import proved_lock
 from llmgw_store.core import credentials, locks, manifest
 from llmgw_store.core.errors import CommandError, IntegrityError, NotFoundError, RecipeError, UsageError
+from llmgw_store.core.index import RegisteredPath
 from llmgw_store.core.keys import store_key
 from llmgw_store.core.local_store import Store
 from llmgw_store.core.report import say
@@ -73,23 +74,21 @@ class Rebuilt:
     content_hash: str | None  # what the path now has (STORE, REPLACE); None for a scratch tree
 
 
-def recorded_in_store(store: Store, row: dict[str, Any], *, need_lock: bool) -> Recorded:
+def recorded_in_store(store: Store, row: RegisteredPath, *, need_lock: bool) -> Recorded:
     """The record of a registered path: its index row and the lock its manifest proves. Without
     `need_lock` an unproved lock is None (a repair then resolves again, and its result must still
     hash to the recorded content hash); with it, the IntegrityError of `proved_lock`."""
     import json
 
-    name = row["name"]
+    name = row.name
     try:
-        lock, fmt = proved_lock(store.layout.path_of(name), name, row["content_hash"])
+        lock, fmt = proved_lock(store.layout.path_of(name), name, row.content_hash)
     except IntegrityError:
         if need_lock:
             raise
         lock = fmt = None
-    inputs = row["inputs"]
-    return Recorded(key=row["key"], name=name, inputs=json.loads(inputs) if isinstance(inputs, str) else inputs,
-                    content_hash=row["content_hash"], engine=row["engine"], version=row["version"],
-                    variant=row["variant"], lock=lock, lock_format=fmt)
+    return Recorded(key=row.key, name=name, inputs=json.loads(row.inputs), content_hash=row.content_hash,
+                    engine=row.engine, version=row.version, variant=row.variant, lock=lock, lock_format=fmt)
 
 
 def plan_for(store: Store, rec: Recorded, *, uv_path: str | Path | None = None, python_preference: str | None = None,

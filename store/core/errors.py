@@ -10,7 +10,9 @@
     ├── NotSubstituted              --substitute-only: no binary cache has the key (nothing built)
     ├── IntegrityError              bytes did not match their published digest
     ├── CommandError                a subprocess (uv, a verify command) failed; carries its output's tail
-    └── IndexError_                 the SQLite index could not be read or written
+    ├── IndexError_                 the SQLite index could not be read or written
+    ├── DiskFullError               the filesystem (or the index's) has no space left (ENOSPC, SQLITE_FULL)
+    └── ReadOnlyError               the filesystem (or the index file) cannot be written (EROFS, SQLITE_READONLY)
 
 Callers catch `StoreError`; the CLI prints `str(err)` on one line and exits with `err.exit_code`.
 """
@@ -99,3 +101,13 @@ def _last_reason(output: str) -> str:
 
 class IndexError_(StoreError):
     """The SQLite index could not be opened, migrated, read or written."""
+
+
+class DiskFullError(StoreError):
+    """No space is left where the store writes (ENOSPC, or SQLite's SQLITE_FULL on the index);
+    the message names the path. `gc` needs no new space to delete: run it to make room."""
+
+
+class ReadOnlyError(StoreError):
+    """The store's filesystem or its index file cannot be written (EROFS, SQLITE_READONLY); the
+    message names the path. Read-only commands (list, info, verify) still work."""

@@ -27,6 +27,7 @@ from blake3 import blake3
 
 from llmgw_store.core import locks, manifest
 from llmgw_store.core.fsutil import force_rmtree
+from llmgw_store.core.index import RegisteredPath
 from llmgw_store.core.local_store import Store
 from llmgw_store.core.report import progress, say
 from llmgw_store.core.results import Result
@@ -43,11 +44,11 @@ class VerifyReport(Result):
     damaged: tuple[str, ...]
 
 
-def check_path(store: Store, row: dict[str, Any], memo: dict | None = None) -> dict[str, Any]:
+def check_path(store: Store, row: RegisteredPath, memo: dict | None = None) -> dict[str, Any]:
     """What differs between the path of `row` and what was recorded for it. `memo` (one dict per
     run) lets a file shared with a path checked before in this run be hashed once: both are named
     if it is damaged."""
-    name = row["name"]
+    name = row.name
     env = store.layout.path_of(name)
     r: dict[str, Any] = {"name": name, "path": str(env), "ok": False, "modified": [], "missing": [], "extra": [],
                          "writable": [], "foreign": [], "problems": []}
@@ -84,13 +85,13 @@ def check_path(store: Store, row: dict[str, Any], memo: dict | None = None) -> d
         r.update(manifest.compare(recorded, actual))
         if doc is not None and listed_hash != doc.get("content_hash"):
             r["problems"].append("the contents listing does not match the manifest's hash")
-    if doc is not None and doc.get("content_hash") != row["content_hash"]:
+    if doc is not None and doc.get("content_hash") != row.content_hash:
         r["problems"].append("the manifest and the index record different content hashes")
     # The listing's own bytes hash to the recorded content hash only if they are the listing the
     # build wrote (blake3 is collision resistant); if the tree parses back to exactly those entries,
     # the tree's listing is those bytes, and its hash need not be computed again.
-    same = listed_hash == row["content_hash"] and recorded == actual
-    if not same and manifest.content_hash(actual) != row["content_hash"] \
+    same = listed_hash == row.content_hash and recorded == actual
+    if not same and manifest.content_hash(actual) != row.content_hash \
             and not (r["modified"] or r["missing"] or r["extra"]):
         r["problems"].append("the tree's content hash differs from the index")
     r["writable"] = sorted(writable)
@@ -123,18 +124,18 @@ def verify(
         for n, row in enumerate(rows):
             progress("verifying", n, len(rows), "paths")
             r = check_path(store, row, memo)
-            say(f"{row['name']}: {'ok' if r['ok'] else 'DAMAGED'}")
+            say(f"{row.name}: {'ok' if r['ok'] else 'DAMAGED'}")
             if not r["ok"] and repair:
                 r["repair"] = _repair(store, row, uv, python_preference, lock_timeout, index_url)
                 memo.clear()  # the repair made and deleted files: inode numbers may be reused
-                r["ok_after_repair"] = check_path(store, store.index.path_by_name(row["name"]))["ok"]
+                r["ok_after_repair"] = check_path(store, store.index.path_by_name(row.name))["ok"]
             results.append(r)
         progress("verifying", len(rows), len(rows), "paths")
         damaged = [r["name"] for r in results if not r["ok"] and not r.get("ok_after_repair")]
         return VerifyReport(tuple(results), len(results), tuple(damaged))
 
 
-def _repair(store: Store, row: dict[str, Any], uv_path, python_preference, lock_timeout,
+def _repair(store: Store, row: RegisteredPath, uv_path, python_preference, lock_timeout,
             index_url: str | None = None) -> dict[str, Any]:
     """Rebuild a damaged path from its record (build/rebuild.py, as a cold rollback and `build
     --check` do) with private, empty uv and bytecode caches — the shared ones are not trusted to
@@ -142,7 +143,7 @@ def _repair(store: Store, row: dict[str, Any], uv_path, python_preference, lock_
     again, every module compiled again — and swap it in only if it hashes to the recorded hash."""
     from llmgw_store.build import rebuild
 
-    name = row["name"]
+    name = row.name
     recorded = rebuild.recorded_in_store(store, row, need_lock=False)
     say(f"repairing {name} from its recorded inputs" + (" and lock" if recorded.lock else " (resolving again)"))
     private = store.layout.tmp / f"repair-{os.getpid()}-{time.monotonic_ns()}"
@@ -152,4 +153,4 @@ def _repair(store: Store, row: dict[str, Any], uv_path, python_preference, lock_
     finally:
         force_rmtree(private)
     say(f"repaired {name}: byte-identical to what was built")
-    return {"content_hash": new.content_hash, "identical": new.content_hash == row["content_hash"]}
+    return {"content_hash": new.content_hash, "identical": new.content_hash == row.content_hash}

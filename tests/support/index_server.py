@@ -16,11 +16,11 @@ import json
 import re
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Callable
 
 JSON_TYPE = "application/vnd.pypi.simple.v1+json"
 
@@ -63,7 +63,7 @@ class PackageIndex:
         host, port = self._server.server_address[:2]
         return f"http://{host}:{port}/simple"
 
-    def start(self) -> "PackageIndex":
+    def start(self) -> PackageIndex:
         self._thread.start()
         return self
 
@@ -73,7 +73,7 @@ class PackageIndex:
 
     def add(self, project: str, wheel: Path, uploaded: str) -> Release:
         rel = Release(project, wheel.name, wheel.read_bytes(),
-                      datetime.fromisoformat(uploaded.replace("Z", "+00:00")).astimezone(timezone.utc))
+                      datetime.fromisoformat(uploaded.replace("Z", "+00:00")).astimezone(UTC))
         self.releases.setdefault(normalize(project), []).append(rel)
         return rel
 
