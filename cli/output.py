@@ -140,7 +140,7 @@ def run(ctx: Context, body) -> int:
     except BrokenPipeError:
         _quiet_broken_pipe()
         return 1
-    except Exception as exc:  # noqa: BLE001 - a bug: one line
+    except Exception as exc:
         return internal(exc, ctx.as_json, ctx.verbose)
 
 

@@ -249,7 +249,7 @@ def parse(argv: list[str]) -> Parsed | None:
     args = [p for p in COMMANDS[command] if p.argument]
     if len(positionals) != len(args):
         return None
-    for p, value in zip(args, positionals):
+    for p, value in zip(args, positionals, strict=True):
         try:
             given[p.name] = convert(p, value)
         except ValueError:

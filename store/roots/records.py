@@ -43,10 +43,10 @@ import os
 import re
 import stat
 import time
+from _operator import _compare_digest as compare_digest  # hmac's, without loading OpenSSL (2 ms): a hot path
 from dataclasses import dataclass
 from typing import Any
 
-from _operator import _compare_digest as compare_digest  # hmac's, without loading OpenSSL (2 ms): a hot path
 from blake3 import blake3
 
 from llmgw_store.core import manifest
