@@ -260,7 +260,7 @@ def test_the_config_file_is_clicks_default_map_for_each_command_that_takes_the_s
     assert dm["gc"]["keep"] == 3 and dm["gc"]["min_free"] == "1G" and dm["gc"]["lock_timeout"] == 11.0
     assert "keep" not in dm.get("generations", {})  # [gc] keep is gc's, not `generations --keep`
     assert dm["build"]["substituters"] == ("file:///f",) and dm["verify"]["python_preference"] == "only-managed"
-    assert "index_url" not in dm.get("verify", {})
+    assert dm["verify"]["index_url"] == "http://file/simple" and "index_url" not in dm.get("pull", {})
     assert "lock_timeout" not in dm.get("cache", {}).get("gc", {})  # cache gc takes no lock
 
 
