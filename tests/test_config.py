@@ -217,7 +217,9 @@ def test_the_docs_list_every_setting_and_their_example_configs_are_valid(tmp_pat
     from tests.conftest import REPO
 
     page = (REPO / "docs" / "operations.md").read_text()
-    section = page[page.index("## The config file"):]
+    start = page.index("## The config file")
+    end = page.find("\n## ", start + 1)
+    section = page[start:end if end > 0 else None]
     for s in config.SETTINGS:
         key = f"`[{s.name.split('.')[0]}] {s.name.split('.')[1]}`" if "." in s.name else f"`{s.name}`"
         row = next((line for line in section.splitlines() if line.startswith(f"| {key}")), None)
