@@ -32,7 +32,7 @@ import os
 import stat
 import sys
 
-from llmgw_store.core.dirs import PRIVATE_DIR, PUBLIC_DIR, own_dir
+from llmgw_store.core.dirs import PRIVATE_DIR, PUBLIC_DIR, own_dir, private_dir, read_private, replace_private
 from llmgw_store.core.errors import UsageError
 
 try:  # hashlib would load OpenSSL first (5 ms here); blake2b is built in
@@ -127,24 +127,6 @@ def is_store_name(name: str) -> bool:
             and all(c in NAME_CHARS for c in name[33:]))
 
 
-def private_dir(name: str, parent_fd: int, create: bool) -> int | None:
-    """A directory of the running user's that no other user may write, opened without following a link."""
-    if create:
-        try:
-            os.mkdir(name, 0o700, dir_fd=parent_fd)
-        except FileExistsError:
-            pass
-    try:
-        fd = os.open(name, DIR_FLAGS, dir_fd=parent_fd)
-    except OSError:
-        return None
-    st = os.fstat(fd)
-    if st.st_uid != os.geteuid() or st.st_mode & 0o022:
-        os.close(fd)
-        return None
-    return fd
-
-
 def open_var(root: str, create: bool = False) -> int | None:
     """ROOT/var as a descriptor, if ROOT and var pass the store's directory check (core/dirs.py, the
     full command's); else None."""
@@ -177,21 +159,11 @@ def read(root: str, digest: str) -> dict[str, str] | None:
     if memo_fd is None:
         return None
     try:
-        fd = os.open(digest, FILE_FLAGS, dir_fd=memo_fd)
-    except OSError:
-        return None
+        data = read_private(memo_fd, digest, MAX_BYTES)
     finally:
         os.close(memo_fd)
-    try:
-        st = os.fstat(fd)
-        if (not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077
-                or st.st_size > MAX_BYTES):
-            return None
-        data = os.read(fd, MAX_BYTES + 1)
-    except OSError:
+    if data is None:
         return None
-    finally:
-        os.close(fd)
     entry = parse(data)
     if entry is None or not _still_true(root, entry):
         return None
@@ -301,25 +273,8 @@ def write(root: str, digest: str, fields: dict[str, str], deps: list[str], expir
         os.close(var_fd)
     if memo_fd is None:
         return False
-    tmp = f".tmp-{os.getpid()}-{digest[:16]}"
     try:
-        try:
-            os.unlink(tmp, dir_fd=memo_fd)
-        except FileNotFoundError:
-            pass
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=memo_fd)
-        try:
-            os.write(fd, data)
-        finally:
-            os.close(fd)
-        os.rename(tmp, digest, src_dir_fd=memo_fd, dst_dir_fd=memo_fd)
-        return True
-    except OSError:
-        try:
-            os.unlink(tmp, dir_fd=memo_fd)
-        except OSError:
-            pass
-        return False
+        return replace_private(memo_fd, digest, data)
     finally:
         os.close(memo_fd)
 

@@ -42,6 +42,7 @@ import os
 import stat
 
 from llmgw_store.core import defaults
+from llmgw_store.core.dirs import private_dir, read_private, replace_private
 from llmgw_store.core.errors import UsageError
 
 CONFIG_ENV = "LLMGW_STORE_CONFIG"
@@ -412,18 +413,10 @@ def _open_cache_dir(create: bool) -> int | None:
     d = cache_dir()
     if create:
         try:
-            os.makedirs(d, mode=0o700, exist_ok=True)
+            os.makedirs(os.path.dirname(d), mode=0o700, exist_ok=True)
         except OSError:
             return None
-    try:
-        fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return None
-    st = os.fstat(fd)
-    if st.st_uid != os.geteuid() or st.st_mode & 0o077:
-        os.close(fd)
-        return None
-    return fd
+    return private_dir(d, None, create)
 
 
 def _encode(value: object) -> str:
@@ -477,20 +470,8 @@ def remember(path: str, data: bytes, values: dict[str, object]) -> None:
     fd_dir = _open_cache_dir(create=True)
     if fd_dir is None:
         return
-    name = _cache_name(path, data)
-    tmp = f".{name}.{os.getpid()}"
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=fd_dir)
-        try:
-            os.write(fd, body)
-        finally:
-            os.close(fd)
-        os.rename(tmp, name, src_dir_fd=fd_dir, dst_dir_fd=fd_dir)
-    except OSError:
-        try:
-            os.unlink(tmp, dir_fd=fd_dir)
-        except OSError:
-            pass
+        replace_private(fd_dir, _cache_name(path, data), body)
     finally:
         os.close(fd_dir)
 
@@ -503,22 +484,11 @@ def cached(path: str, data: bytes) -> dict[str, object] | None:
     if fd_dir is None:
         return None
     try:
-        fd = os.open(_cache_name(path, data), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
-                     dir_fd=fd_dir)
-    except OSError:
-        return None
+        raw = read_private(fd_dir, _cache_name(path, data), MAX_CACHE_BYTES)
     finally:
         os.close(fd_dir)
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077 \
-                or st.st_size > MAX_CACHE_BYTES:
-            return None
-        raw = os.read(fd, MAX_CACHE_BYTES + 1)
-    except OSError:
+    if raw is None:
         return None
-    finally:
-        os.close(fd)
     try:
         lines = raw.decode("ascii").split("\n")
         if lines[0] != CACHE_FORMAT or lines[-1] != "":

@@ -66,3 +66,71 @@ def own_dir(path: str | os.PathLike, mode: int, parent_fd: int | None, create: b
         os.close(fd)
         raise
     return fd
+
+
+def private_dir(name: str, parent_fd: int | None, create: bool) -> int | None:
+    """A directory of the running user's that no other user may write, opened without following a
+    link (made 0700 with `create`), relative to `parent_fd` (None: `name` is a path); None when it
+    is missing or not such a directory. For the store's private corners that a miss may skip (the
+    build memo, use stamps, the config cache), where `own_dir` would refuse the whole command."""
+    if create:
+        try:
+            os.mkdir(name, 0o700, dir_fd=parent_fd)
+        except FileExistsError:
+            pass
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent_fd)
+    except OSError:
+        return None
+    st = os.fstat(fd)
+    if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        os.close(fd)
+        return None
+    return fd
+
+
+def replace_private(dir_fd: int, name: str, data: bytes) -> bool:
+    """`data` as the file `name` of the private directory `dir_fd`: a new 0600 file (created
+    exclusively, never through a link) renamed over it, so a reader sees the old file or the new
+    one, never a part. False when it could not be written; nothing is left behind then."""
+    tmp = f".tmp-{os.getpid()}-{name[:40]}"
+    try:
+        try:
+            os.unlink(tmp, dir_fd=dir_fd)  # one of a dead process of this pid
+        except FileNotFoundError:
+            pass
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+        finally:
+            os.close(fd)
+        os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        return True
+    except OSError:
+        try:
+            os.unlink(tmp, dir_fd=dir_fd)
+        except OSError:
+            pass
+        return False
+
+
+def read_private(dir_fd: int, name: str, limit: int) -> bytes | None:
+    """The bytes of `name` in the private directory `dir_fd`, if it is a regular file of the running
+    user's that no one else may read or write, of at most `limit` bytes, reached without a link;
+    None for anything else (a miss, never an error: what `replace_private` wrote is read back)."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077 or st.st_size > limit:
+            return None
+        data = os.read(fd, limit + 1)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return data if len(data) <= limit else None
