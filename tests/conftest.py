@@ -134,6 +134,8 @@ def _store_env(monkeypatch):
     monkeypatch.setenv("LLMGW_STORE_PYTHON_PREFERENCE", "only-system")
     monkeypatch.delenv("LLMGW_STORE_ROOT", raising=False)
     monkeypatch.delenv("LLMGW_STORE_UV", raising=False)
+    # No config file but the one a test writes: the machine's /etc/llmgw-store or ~/.config is not read.
+    monkeypatch.setenv("LLMGW_STORE_CONFIG", "")
 
 
 @pytest.fixture

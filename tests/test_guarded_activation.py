@@ -70,7 +70,7 @@ def test_a_failing_check_leaves_the_profile_untouched(built):
     act(root, "g1", old)
     before = sorted(os.listdir(root / "profiles"))
     proc = act(root, "g1", new, "--check", FAILING, check=False)
-    assert proc.returncode == 1 and proc.stdout == ""
+    assert proc.returncode == 1 and json.loads(proc.stdout)["error"]["kind"] == "command"  # --json: the error
     err = proc.stderr.strip().splitlines()[-1]
     assert err == ("llmgw-store: error: the check `python -c 'print('\"'\"'loading engine'\"'\"'); print('\"'\"'CUDA "
                    "error: no kernel image'\"'\"'); raise SystemExit(3)'` failed (exit 3); profile g1 left at "

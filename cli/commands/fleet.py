@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from llmgw_store.cli.app import Context, cli, lock_timeout_option
+from llmgw_store.cli.app import Context, cli, lock_timeout_option, setting_option
 from llmgw_store.core import locks
 
 
@@ -32,7 +32,7 @@ def push(obj: Context, paths: tuple[str, ...], to: str, secret_key: str, format_
 @cli.command()
 @click.argument("target")
 @click.option("--from", "from_", multiple=True, required=True, help="Cache URL; repeatable (asked in order).")
-@click.option("--trusted-key", "trusted_keys", multiple=True, help="Public key accepted (name:base64 or a .public file).")
+@setting_option("trusted_keys", help="Public key accepted (name:base64 or a .public file); repeatable.")
 @lock_timeout_option(locks.BUILD_LOCK_TIMEOUT_S, "each lock (another process fetching the same key, a gc)")
 @click.pass_obj
 def pull(obj: Context, target: str, from_: tuple[str, ...], trusted_keys: tuple[str, ...], lock_timeout: float) -> None:

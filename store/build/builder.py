@@ -20,6 +20,7 @@ from llmgw_store.build import uv as uvmod
 from llmgw_store.build.realise import DEFAULT_LOCK_TIMEOUT_S, realise
 from llmgw_store.build.recipe import ONE_DAY, Build, Recipe, format_time, parse_time, past_time
 from llmgw_store.core import credentials, debug, defaults, network
+from llmgw_store.core.buildmemo import MAX_RECIPE_BYTES
 from llmgw_store.core.credentials import IndexAuth
 from llmgw_store.core.errors import CommandError, NotSubstituted, RecipeError, StoreError, UsageError
 from llmgw_store.core.fsutil import force_rmtree, free_bytes
@@ -33,7 +34,6 @@ from llmgw_store.core.units import human_size
 PYPI_SIMPLE = defaults.PYPI_SIMPLE
 DEFAULT_TIMEOUT_S = 3600.0
 LATEST_TTL_S = 3600.0  # like Nix's tarball-ttl: "latest" is asked again at most once an hour
-MAX_RECIPE_BYTES = 1 << 20  # a larger recipe file is built, never memoised
 
 
 class Substituter(Protocol):
@@ -231,9 +231,7 @@ def _memo_key(recipe_file: str | Path, options: BuildOptions) -> tuple[str, byte
         return None  # recipes.load says why
     if len(data) > MAX_RECIPE_BYTES:
         return None
-    uv = None if options.uv is None else str(options.uv)
-    return buildmemo.memo_key(str(recipe_file), data, options.version, options.variant, options.as_of,
-                              options.index_url, uv, options.python_preference), data
+    return buildmemo.memo_key(str(recipe_file), data, {k: getattr(options, k) for k in buildmemo.KEY_OPTIONS}), data
 
 
 def _remember(store: Store, memo: tuple[str, bytes], result: BuildResult, plan: BuildPlan, recipe: Recipe,

@@ -40,7 +40,8 @@ from llmgw_store.core.fsutil import force_rmtree
 from llmgw_store.core.local_store import Store
 from llmgw_store.core.report import say
 from llmgw_store.core.results import Result
-from llmgw_store.core.scratch import sigterm_raises, sweep_dead
+from llmgw_store.core.scratch import sweep_dead
+from llmgw_store.core.signals import raising
 
 SCRATCH_RE = re.compile(r"check-([0-9]{1,7})-[0-9]{1,20}")  # Linux pids are at most 2^22
 MAX_STALE_SCAN = 10_000  # names of ROOT/var/tmp looked at for a dead check's leftovers
@@ -90,7 +91,7 @@ def check(recipe_file: str | Path, options: BuildOptions = BuildOptions(), *,
         sweep_dead(layout.tmp, SCRATCH_RE, MAX_STALE_SCAN, "a check")
         scratch = layout.tmp / f"check-{os.getpid()}-{time.monotonic_ns()}"
         problems: list[str] = []
-        with sigterm_raises(KeyboardInterrupt):
+        with raising():  # SIGTERM/SIGHUP as ^C: the scratch tree is removed (exit 143/129)
             scratch.mkdir(mode=0o700)
             try:
                 tree = scratch / "env"

@@ -43,7 +43,8 @@ from llmgw_store.core.keys import KEY_RE, is_store_name, key_of_name
 from llmgw_store.core.local_store import Store
 from llmgw_store.core.report import say
 from llmgw_store.core.results import Result
-from llmgw_store.core.scratch import sigterm_raises, sweep_dead
+from llmgw_store.core.scratch import sweep_dead
+from llmgw_store.core.signals import raising
 from llmgw_store.core.temproots import TempRoots
 
 MAX_REFERENCES = 64  # of one object
@@ -413,12 +414,6 @@ SCRATCH_RE = re.compile(r"pull-([0-9]{1,7})-[0-9a-z]{32}(?:\.tar\.zst)?")  # Lin
 MAX_STALE_SCAN = 100_000
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM during a pull: handled as ^C (its scratch tree is removed), exit 143."""
-
-    exit_code = 143
-
-
 def sweep_stale_pulls(tmp: Path) -> None:
     """Remove what a pull killed by SIGKILL left in ROOT/var/tmp: `pull-<pid>-<key>[.tar.zst]` of
     a pid that no longer runs."""
@@ -435,7 +430,7 @@ def pull(target: str, from_: list[str], trusted: list[str], *, root: str | Path 
     objects = _closure(backends, key, name, keys)
     pulled, present = [], []
     total = Stats()
-    with Store.open(root, lock_timeout, create=True) as store, sigterm_raises(lambda: Terminated("SIGTERM")):
+    with Store.open(root, lock_timeout, create=True) as store, raising():  # SIGTERM as ^C: scratch removed, exit 143
         sweep_stale_pulls(store.layout.tmp)
         for backend, meta in objects:
             local = _local_path(store, meta.key)

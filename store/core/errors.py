@@ -20,7 +20,9 @@ Callers catch `StoreError`; the CLI prints `str(err)` on one line and exits with
 
 from __future__ import annotations
 
-from pathlib import Path
+TYPE_CHECKING = False  # typing is not imported: this module is on the hot path
+if TYPE_CHECKING:
+    from pathlib import Path
 
 EX_OK = 0
 EX_FAILED = 1

@@ -259,6 +259,7 @@ class Index:
             # transaction is an explicit BEGIN IMMEDIATE in `transaction`.
             self.conn = sqlite3.connect(str(path), timeout=self.busy_timeout, isolation_level=None)
             self.conn.row_factory = sqlite3.Row
+            self._stamp_epoch()
             self._enable_wal()
             self.conn.execute("PRAGMA synchronous=NORMAL")
             self.conn.execute("PRAGMA foreign_keys=ON")  # per connection; refs' keys hold from here on
@@ -276,6 +277,20 @@ class Index:
             if isinstance(exc, sqlite3.Error):
                 raise self._error(exc, f"cannot open the index {path}") from exc
             raise
+
+    def _stamp_epoch(self) -> None:
+        """Give the index its epoch, once: a random number in the SQLite header's application id,
+        which says which index file this is (core/buildmemo.py binds each build memo entry to it).
+        A new file is stamped here before it turns to WAL, so the number is in the file's first page
+        at once and the fast path reads it there without SQLite; another index file copied in place
+        (a backup, a rebuilt index) brings its own. An older index gets one on its next read-write
+        open (it reaches the file's header at the next checkpoint; until then no entry is written)."""
+        if self.conn.execute("PRAGMA application_id").fetchone()[0] == 0:
+            epoch = int.from_bytes(os.urandom(4), "big") & 0x7FFFFFFF or 1
+            self.conn.execute(f"PRAGMA application_id = {epoch}")
+
+    def epoch(self) -> int:
+        return self.conn.execute("PRAGMA application_id").fetchone()[0]
 
     def _enable_wal(self) -> None:
         """WAL is a property of the file, set once by whoever creates it. Switching needs an exclusive

@@ -17,6 +17,8 @@ MAX_REFERENCES = 64
 
 @dataclass
 class Store:
+    """A store on the local disk: its layout and its index, opened together."""
+
     layout: Layout
     index: Index
 

@@ -34,8 +34,6 @@ from __future__ import annotations
 import math
 import os
 import re
-import signal
-import threading
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -50,6 +48,7 @@ from llmgw_store.core.local_store import Store
 from llmgw_store.core.names import check_generation, check_profile
 from llmgw_store.core.report import say
 from llmgw_store.core.results import Result
+from llmgw_store.core.signals import Window
 from llmgw_store.core.temproots import TempRoots
 from llmgw_store.roots import health, records
 from llmgw_store.roots.generations import current_generation, disk_generations, gen_link, generation_target
@@ -71,6 +70,8 @@ class Switch(Result):
 
 @dataclass(frozen=True)
 class Generation(Result):
+    """One generation of a profile, as `generations` lists it."""
+
     number: int
     path: str
     name: str
@@ -88,6 +89,8 @@ class Generation(Result):
 
 @dataclass(frozen=True)
 class GenerationList(Result):
+    """A profile's generations, and where the index and the records differ from the links."""
+
     profile: str
     current: int
     generations: tuple[Generation, ...]
@@ -98,6 +101,8 @@ class GenerationList(Result):
 
 @dataclass(frozen=True)
 class DeletedGenerations(Result):
+    """What `generations --delete/--older-than/--keep/--forget` deleted (or would)."""
+
     profile: str
     deleted: tuple[int, ...]
     dry_run: bool
@@ -108,6 +113,8 @@ class DeletedGenerations(Result):
 
 @dataclass(frozen=True)
 class ProfileSummary(Result):
+    """One profile: its current generation, how many it has, and the store path."""
+
     profile: str
     current: int
     generations: int
@@ -116,6 +123,8 @@ class ProfileSummary(Result):
 
 @dataclass(frozen=True)
 class ProfileList(Result):
+    """Every profile, as `list-profiles` shows them."""
+
     profiles: tuple[ProfileSummary, ...]
 
     def to_json(self) -> list[dict[str, Any]]:
@@ -125,57 +134,6 @@ class ProfileList(Result):
 def profile_lock(store: Store, profile: str, timeout: float = locks.LOCK_TIMEOUT_S):
     """The profile's lock: held for every change to its links, so two changes serialise."""
     return locks.hold(store.layout.locks, f"profile-{profile}", f"changing profile {profile}", timeout)
-
-
-class Signalled(KeyboardInterrupt):
-    """SIGTERM or SIGHUP arrived during a `--then-check`: handled as ^C is (the profile goes back),
-    then the process exits 128 + the signal's number (143, 129), as a process killed by it would."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum, self.exit_code = signum, 128 + signum
-
-
-_GUARDED = (signal.SIGTERM, signal.SIGHUP)
-
-
-class _Guard:
-    """SIGTERM and SIGHUP while the profile is at an unchecked generation. `hold` (before the switch)
-    installs a handler that raises Signalled (once; a second signal is ignored while the first is
-    being handled) and blocks both signals, so none lands between the switch and the `try` that
-    switches back; `arm` (inside that `try`) unblocks them; `block` (first thing when switching
-    back) keeps the switch back from being interrupted; `restore` puts the old handlers back.
-    Signal handlers exist only in the main thread: elsewhere this does nothing."""
-
-    def __init__(self) -> None:
-        self.active = threading.current_thread() is threading.main_thread()
-        self.old: dict[int, Any] = {}
-        self.raised = False
-
-    def _handler(self, signum: int, frame: Any) -> None:
-        if not self.raised:
-            self.raised = True
-            raise Signalled(signum)
-
-    def hold(self) -> None:
-        if self.active:
-            signal.pthread_sigmask(signal.SIG_BLOCK, _GUARDED)
-            self.old = {s: signal.signal(s, self._handler) for s in _GUARDED}
-
-    def arm(self) -> None:
-        if self.active:
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, _GUARDED)
-
-    def block(self) -> None:
-        if self.active:
-            self.raised = True  # what arrives now is not raised: the switch back is under way
-            signal.pthread_sigmask(signal.SIG_BLOCK, _GUARDED)
-
-    def restore(self) -> None:
-        if self.active and self.old:
-            for s, handler in self.old.items():
-                signal.signal(s, handler)
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, _GUARDED)
 
 
 def _switch(store: Store, profile: str, number: int) -> None:
@@ -259,7 +217,7 @@ def activate(
             # The record is on disk before the profile points at the generation.
             rec = records.write(layout, records.make(profile, number, described, activation))
             debug.pause("BEFORE_SWITCH")  # the new generation exists, the profile not yet switched
-            guard = _Guard()
+            guard = Window()  # SIGTERM/SIGHUP during a --then-check: switched back (core/signals.py)
             if then_check:
                 guard.hold()  # SIGTERM/SIGHUP from here on switch back (see _then_check)
             try:
@@ -281,7 +239,7 @@ def activate(
 
 
 def _then_check(store: Store, profile: str, rec: records.Record, previous: int, argv: list[str], env_dir: Path,
-                timeout: float, guard: _Guard) -> Switch:
+                timeout: float, guard: Window) -> Switch:
     """With the profile's lock held and the profile at `rec.generation`: run the check; if it does not
     pass (or this process is interrupted: ^C, SIGTERM, SIGHUP), switch back to `previous` before the
     lock is let go."""

@@ -41,13 +41,12 @@ Invariants:
 
 from __future__ import annotations
 
-import getpass
-import hmac
 import json
 import os
 import re
 import stat
 import time
+from _operator import _compare_digest as compare_digest  # hmac's, without loading OpenSSL (2 ms): a hot path
 from dataclasses import dataclass
 from typing import Any
 
@@ -121,6 +120,8 @@ class Record:
 def who() -> dict[str, Any]:
     """Who is changing the profile: uid and user name, and the operator behind sudo when there is one
     (informative: SUDO_USER is what sudo says, not proof)."""
+    import getpass
+
     try:
         user = getpass.getuser()
     except (KeyError, OSError):
@@ -355,7 +356,7 @@ def _checked(doc: Any, profile: str, number: int, key: bytes) -> Record:
     # First, before any field is used: the keyed digest proves this store wrote these bytes.
     digest = doc.get("digest")
     body = {k: v for k, v in doc.items() if k != "digest"}
-    if not isinstance(digest, str) or not hmac.compare_digest(seal(key, body), digest):
+    if not isinstance(digest, str) or not compare_digest(seal(key, body), digest):
         raise _Bad("its digest does not match its contents under the store's records key (it was changed, "
                    "or not written by this store)")
     unknown = set(doc) - set(_FIELDS)
