@@ -30,16 +30,15 @@ Invariants:
   to turn into their own error; writing outside the root refuses with UnsafePathError (exit 2) before writing.
 
 The temporary names are `.<name>.tmp-<pid>-<16 hex>`: a writer killed between create and rename
-leaves one behind (`TEMP_RE` matches them for whoever sweeps the directory).
+leaves one behind, for whoever sweeps the directory. Only os, errno, stat and core/errors are
+imported: the fast path reads and writes its private files through this module.
 """
 
 from __future__ import annotations
 
 import errno
 import os
-import re
 import stat
-from pathlib import Path
 
 from llmgw_store.core.errors import UnsafePathError
 
@@ -47,7 +46,6 @@ _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 CHUNK = 1 << 20
-TEMP_RE = re.compile(r"\.(.+)\.tmp-[0-9]{1,10}-[0-9a-f]{16}")
 _GROUP_OTHER_WRITE = stat.S_IWGRP | stat.S_IWOTH
 
 
@@ -260,11 +258,13 @@ def check_target_dir(dfd: int, shown: str | os.PathLike) -> None:
                               "what the store writes there — chmod go-w it, or use another directory")
 
 
-def write_outside(path: str | os.PathLike, data: bytes, *, mode: int = 0o644, exclusive: bool = False) -> Path:
+def write_outside(path: str | os.PathLike, data: bytes, *, mode: int = 0o644, exclusive: bool = False) -> os.PathLike:
     """Write a file outside the store's root (see the module docstring): the directory is opened
     without following its last component and checked (`check_target_dir`) before anything is
     created in it. UnsafePathError (exit 2) for a linked, foreign or open directory or a link at a
     name `exclusive` may not replace; FileExistsError with `exclusive` when the name is taken."""
+    from pathlib import Path  # not at import: the fast path reads its private files through here
+
     p = Path(os.path.abspath(path))
     try:
         dfd = os.open(p.parent, _DIR)
