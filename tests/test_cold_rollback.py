@@ -279,7 +279,8 @@ def test_records_are_bounded_and_hot_ones_always_kept(warm):
     for target in (old, new, old, new):
         act(root, "b", target)
     run_cli(root, "generations", "b", "--delete", "1", "--delete", "2", check=True)
-    records = lambda: sorted(p.name for p in (root / "profiles").glob(".b-*.record"))
+    def records() -> list[str]:
+        return sorted(p.name for p in (root / "profiles").glob(".b-*.record"))
     assert records() == [".b-1.record", ".b-2.record", ".b-3.record", ".b-4.record"]
     assert act(root, "b", old, "--keep-records", "3")["generation"] == 5
     assert records() == [".b-3.record", ".b-4.record", ".b-5.record"]  # the oldest cold ones went
@@ -310,7 +311,7 @@ def test_a_record_holds_what_rebuilds_the_generation(warm):
     assert doc["content_hash"] == content_hash(root, Path(old).name) and doc["key"] == manifest["key"]
     assert doc["inputs"]["build"]["requirements"] == ["tinyengine=={version}".replace("{version}", "1.0")]
     assert doc["by"]["uid"] == os.getuid() and doc["activation"]["kind"] == "activate"
-    assert oct((root / "profiles" / ".r-1.record").stat().st_mode & 0o777) == "0o644"
+    assert oct((root / "profiles" / ".r-1.record").stat().st_mode & 0o777) == "0o600"  # the owner's: check output
 
 
 def _doc_blocks(*sections: str) -> list[str]:

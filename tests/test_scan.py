@@ -39,7 +39,7 @@ def tree(tmp_path_factory) -> Path:
 
 def _reference(root: Path) -> list[tuple[str, str, int, str]]:
     out = []
-    for dirpath, dirs, files in os.walk(root):
+    for dirpath, _dirs, files in os.walk(root):
         for n in files:
             p = Path(dirpath, n)
             st = os.lstat(p)

@@ -112,7 +112,7 @@ def test_environments_link_their_wheels_from_the_sealed_wheel_home_and_nothing_e
     entry = entry_of(root, module(a))
     assert entry is not None and os.lstat(module(a)).st_nlink == 2  # a's name and the wheel home's
     # sealed: the store's user, canonical modes, time 1, and a seal listing every file with its blake3
-    for dirpath, dirs, files in os.walk(entry):
+    for dirpath, _dirs, files in os.walk(entry):
         for p in [Path(dirpath)] + [Path(dirpath, n) for n in files]:
             st = os.lstat(p)
             assert st.st_uid == os.geteuid() and st.st_mtime == 1, p
@@ -215,7 +215,7 @@ def test_a_damaged_shared_inode_is_named_in_every_path_and_repair_gives_each_a_n
 # --- what another user plants is refused ----------------------------------------------------------
 
 @pytest.mark.parametrize("plant", ["extra-file", "file-owned-by-them", "unsealed-entry-owned-by-them"])
-def test_a_file_planted_in_the_wheel_home_as_another_user_is_refused(shared, intruder, wheels, plant):  # noqa: F811
+def test_a_file_planted_in_the_wheel_home_as_another_user_is_refused(shared, intruder, wheels, plant):
     base = shared / f"plant-{plant}"
     base.mkdir()
     root = base / "root"

@@ -1,10 +1,10 @@
-"""Binary caches: `keygen`, `push`, `pull`, `push-roots`, `cache gc`."""
+"""Binary caches: `push`, `pull`, `push-roots`, `cache gc`, `key public` (`keygen` is in integrity.py)."""
 
 from __future__ import annotations
 
 import click
 
-from llmgw_store.cli.app import Context, cli, lock_timeout_option
+from llmgw_store.cli.app import Context, cli, lock_timeout_option, setting_option
 from llmgw_store.core import locks
 
 
@@ -32,7 +32,7 @@ def push(obj: Context, paths: tuple[str, ...], to: str, secret_key: str, format_
 @cli.command()
 @click.argument("target")
 @click.option("--from", "from_", multiple=True, required=True, help="Cache URL; repeatable (asked in order).")
-@click.option("--trusted-key", "trusted_keys", multiple=True, help="Public key accepted (name:base64 or a .public file).")
+@setting_option("trusted_keys", help="Public key accepted (name:base64 or a .public file); repeatable.")
 @lock_timeout_option(locks.BUILD_LOCK_TIMEOUT_S, "each lock (another process fetching the same key, a gc)")
 @click.pass_obj
 def pull(obj: Context, target: str, from_: tuple[str, ...], trusted_keys: tuple[str, ...], lock_timeout: float) -> None:
@@ -99,3 +99,25 @@ def cache_gc(obj: Context, url: str, keep_from: tuple[str, ...], grace: str, dry
                f"{r.freed_bytes / 1e6:.1f} MB; kept {r.kept_objects} object(s), {r.kept_blobs} blob(s) for "
                f"{len(r.roots)} node(s)")
     obj.emit(r.to_json(), "\n".join([*r.deleted_objects, summary]))
+
+
+@cli.group()
+def key() -> None:
+    """Signing keys (made by `keygen`)."""
+
+
+@key.command("public")
+@click.argument("secret", type=click.Path(dir_okay=False))
+@click.pass_obj
+def key_public(obj: Context, secret: str) -> None:
+    """Print the public key (name:base64) of the SECRET key file, to pass as --trusted-key or to
+    write to NAME.public.
+
+    \b
+    Example:
+      llmgw-store key public /etc/llmgw-store/builder-1.secret > builder-1.public
+    """
+    from llmgw_store.cache.signing import public_key_of
+
+    public = public_key_of(secret)
+    obj.emit({"public_key": public}, public)

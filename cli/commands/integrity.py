@@ -4,20 +4,21 @@ from __future__ import annotations
 
 import click
 
-from llmgw_store.cli.app import Context, cli, lock_timeout_option, quoted
-from llmgw_store.core import defaults, locks
+from llmgw_store.cli.app import Context, cli, lock_timeout_option, quoted, setting_option
+from llmgw_store.core import config, locks
 
 
 @cli.command()
 @click.argument("paths", nargs=-1)
 @click.option("--repair", is_flag=True, help="Rebuild each damaged path from its recorded inputs and swap it in if the result checks out.")
-@click.option("--uv", "uv_path", type=click.Path(dir_okay=False), envvar="LLMGW_STORE_UV", help="uv for --repair (must be the version the path was built with).")
-@click.option("--python-preference", envvar="LLMGW_STORE_PYTHON_PREFERENCE", default=defaults.PYTHON_PREFERENCE, show_default=True,
-              type=click.Choice(defaults.PYTHON_PREFERENCES), help="For --repair: where the interpreter may come from.")
+@setting_option("uv", help="uv for --repair (must be the version the path was built with).")
+@setting_option("python_preference", help="For --repair: where the interpreter may come from.")
 @lock_timeout_option(locks.BUILD_LOCK_TIMEOUT_S, "each lock --repair takes (the gc lock, the key's)")
+@setting_option("index_url", config.NO_DEFAULT, "For --repair: the configured index URL, whose credentials (if any) "
+                "are sent to the index a path records, when it is that index.")
 @click.pass_obj
-def verify(obj: Context, paths: tuple[str, ...], repair: bool, uv_path: str | None, python_preference: str,
-           lock_timeout: float) -> None:
+def verify(obj: Context, paths: tuple[str, ...], repair: bool, uv: str | None, python_preference: str,
+           lock_timeout: float, index_url: str | None) -> None:
     """Recompute the content hash of PATHS (store paths, names, keys, PROFILE or PROFILE@N; default:
     every store path) and compare with the manifest
     and the index; name modified, missing, extra and writable files. Exit 1 if any path is damaged.
@@ -29,8 +30,8 @@ def verify(obj: Context, paths: tuple[str, ...], repair: bool, uv_path: str | No
     """
     from llmgw_store.integrity.verify import verify as do_verify
 
-    r = do_verify(list(paths) or None, root=obj.root, repair=repair, uv=uv_path,
-                  python_preference=python_preference, lock_timeout=lock_timeout)
+    r = do_verify(list(paths) or None, root=obj.root, repair=repair, uv=uv,
+                  python_preference=python_preference, lock_timeout=lock_timeout, index_url=index_url)
     lines = []
     for p in r.paths:
         state = "ok" if p["ok"] else ("repaired" if p.get("ok_after_repair") else "DAMAGED")
@@ -40,6 +41,8 @@ def verify(obj: Context, paths: tuple[str, ...], repair: bool, uv_path: str | No
         lines += [f"           foreign: {quoted(f['path'])} (owner uid {f['uid']}"
                   + (f", xattrs {', '.join(map(quoted, f['xattrs']))}" if f["xattrs"] else "") + ")"
                   for f in p.get("foreign", [])]
+        lines += [f"           mode: {quoted(f['path'])} is {f['mode']}, not the store's 0444/0555"
+                  for f in p.get("modes", [])]
         lines += [f"           {msg}" for msg in p["problems"]]
     obj.emit(r.to_json(), "\n".join(lines))
     if r.damaged:
@@ -67,7 +70,8 @@ def doctor(obj: Context, rebuild_index: bool, lock_timeout: float) -> None:
                               + (f"old index kept in {r.backup}" if r.backup else "there was no old index"))
         return
     lines = [f"{kind.replace('_', ' ')}: {item}" for kind, items in r.problems.items() for item in items]
-    obj.emit(r.to_json(), "\n".join(lines) or "index and disk agree")
+    contained = f"children contained by: {r.containment['kind']} ({r.containment['detail']})"
+    obj.emit(r.to_json(), "\n".join([*lines, contained]) if lines else f"index and disk agree\n{contained}")
     if not r.ok:
         obj.exit(1)
 
@@ -77,13 +81,20 @@ def doctor(obj: Context, rebuild_index: bool, lock_timeout: float) -> None:
 @lock_timeout_option(locks.LOCK_TIMEOUT_S, "a gc to let go of the gc lock")
 @click.pass_obj
 def optimise(obj: Context, dry_run: bool, lock_timeout: float) -> None:
-    """Hardlink identical files across store paths (through ROOT/store/.links) and report the bytes saved."""
+    """Hardlink identical files across store paths (through ROOT/store/.links) and report the bytes saved.
+
+    Every file is hashed against its listing first: a damaged one is left as it is and named
+    (exit 1), for `verify --repair`."""
     from llmgw_store.core.units import human_size
     from llmgw_store.integrity.optimise import optimise as do_optimise
 
     r = do_optimise(root=obj.root, dry_run=dry_run, lock_timeout=lock_timeout)
     obj.emit(r.to_json(), f"{r.files_linked} of {r.files_examined} file(s) {'would be ' if dry_run else ''}linked, "
-                          f"{human_size(r.bytes_saved)} {'would be ' if dry_run else ''}freed")
+                          f"{human_size(r.bytes_saved)} {'would be ' if dry_run else ''}freed"
+                          + (f"; {len(r.damaged)} damaged file(s) left as they are: run `llmgw-store verify --repair`"
+                             if r.damaged else ""))
+    if r.damaged:
+        obj.exit(1)
 
 
 @cli.command()

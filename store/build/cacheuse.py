@@ -22,7 +22,6 @@ from __future__ import annotations
 import fcntl
 import os
 import re
-import stat
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -30,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from llmgw_store.core.errors import LockTimeout
+from llmgw_store.core.files import read_bounded
 
 if TYPE_CHECKING:
     from llmgw_store.core.local_store import Store
@@ -40,23 +40,14 @@ ARCHIVE_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 DIST_INFO_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,199}\.dist-info")
 MAX_META = 1 << 20
 MAX_ARCHIVES = 1 << 20
-_NOFOLLOW = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 def _read_small(path: Path) -> bytes | None:
+    """At most MAX_META bytes of a regular file, never through a link (core/files); None otherwise."""
     try:
-        fd = os.open(path, _NOFOLLOW)
-    except OSError:
+        return read_bounded(path, MAX_META)
+    except OSError:  # absent, or refused (FileRefused is an OSError)
         return None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_META:
-            return None
-        return os.read(fd, MAX_META + 1)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
 
 
 def _fingerprint(dist_info: Path) -> tuple[bytes | None, bytes | None]:

@@ -43,7 +43,8 @@ from llmgw_store.core.keys import KEY_RE, is_store_name, key_of_name
 from llmgw_store.core.local_store import Store
 from llmgw_store.core.report import say
 from llmgw_store.core.results import Result
-from llmgw_store.core.scratch import sigterm_raises, sweep_dead
+from llmgw_store.core.scratch import sweep_dead
+from llmgw_store.core.signals import raising
 from llmgw_store.core.temproots import TempRoots
 
 MAX_REFERENCES = 64  # of one object
@@ -237,12 +238,30 @@ def _closure(backends, key: str, name: str | None, trusted: dict[str, bytes]) ->
     return [found[k] for k in order]
 
 
+def _check_store_files(tree: Path, entries: list[manifest.Entry], name: str) -> None:
+    """Where the store writes or reads a file (`.llmgw/*`, `pyvenv.cfg`) an unpacked object holds a
+    regular file (manifest.refused_entry), and its `.llmgw/contents` is a regular file holding the
+    very listing the signed content hash covers: a link there (to /dev/zero) would be followed by
+    every later reader of the path."""
+    for e in entries:
+        why = manifest.refused_entry(e)
+        if why:
+            raise IntegrityError(f"{name}: {why}; refusing it")
+    try:
+        same = manifest.read_contents_bytes(tree) == manifest.listing(entries)
+    except ValueError as exc:
+        raise IntegrityError(f"{name}: its contents listing cannot be read as a file ({exc}); refusing it") from None
+    if not same:
+        raise IntegrityError(f"{name}: its contents listing is not the tree's; refusing it")
+
+
 def _check_relocatable(tree: Path, name: str) -> None:
     """The environment must find its interpreter here: pyvenv.cfg's home must hold a python."""
-    cfg = tree / "pyvenv.cfg"
-    if not cfg.exists():
-        return
-    for line in cfg.read_text().splitlines():
+    try:
+        text = manifest.read_pyvenv_cfg(tree)  # bounded, never through a link (a signed link to /dev/zero)
+    except (OSError, ValueError) as exc:
+        raise IntegrityError(f"{name}: its pyvenv.cfg cannot be read as a file ({exc}); refusing it") from None
+    for line in (text or "").splitlines():
         key, _, value = line.partition("=")
         if key.strip() == "home":
             home = Path(value.strip())
@@ -321,6 +340,7 @@ def fetch_into_store(store: Store, backend, meta: Meta | MetaV2) -> Path:
         if manifest.content_hash(entries) != meta.content_hash:
             raise IntegrityError(f"{meta.name}: the unpacked tree's content hash differs from the signed metadata; "
                                  "refusing it")
+        _check_store_files(tree, entries, meta.name)
         doc = manifest.read(tree)
         if doc.get("content_hash") != meta.content_hash or doc.get("key") != meta.key:
             raise IntegrityError(f"{meta.name}: its manifest does not match the signed metadata; refusing it")
@@ -386,18 +406,12 @@ class PullResult(Result):
 def _local_path(store: Store, key: str) -> Path | None:
     """The registered path of `key` in this store (its local name), if it is there."""
     row = store.index.path_by_key(key)
-    path = store.layout.path_of(row["name"]) if row else None
+    path = store.layout.path_of(row.name) if row else None
     return path if path is not None and path.is_dir() else None
 
 
 SCRATCH_RE = re.compile(r"pull-([0-9]{1,7})-[0-9a-z]{32}(?:\.tar\.zst)?")  # Linux pids are at most 2^22
 MAX_STALE_SCAN = 100_000
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM during a pull: handled as ^C (its scratch tree is removed), exit 143."""
-
-    exit_code = 143
 
 
 def sweep_stale_pulls(tmp: Path) -> None:
@@ -416,7 +430,7 @@ def pull(target: str, from_: list[str], trusted: list[str], *, root: str | Path 
     objects = _closure(backends, key, name, keys)
     pulled, present = [], []
     total = Stats()
-    with Store.open(root, lock_timeout, create=True) as store, sigterm_raises(lambda: Terminated("SIGTERM")):
+    with Store.open(root, lock_timeout, create=True) as store, raising():  # SIGTERM as ^C: scratch removed, exit 143
         sweep_stale_pulls(store.layout.tmp)
         for backend, meta in objects:
             local = _local_path(store, meta.key)

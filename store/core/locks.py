@@ -32,15 +32,16 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
+from llmgw_store.core import debug, defaults
 from llmgw_store.core.errors import LockTimeout
 from llmgw_store.core.report import say
 
 POLL_S = 0.02
 LOCK_MODE = 0o600
-# How long a command waits for a lock before it exits 75; the CLI's --lock-timeout defaults read
-# these. Keys are held for a whole build; every other lock only for short critical sections.
-BUILD_LOCK_TIMEOUT_S = 3600.0
-LOCK_TIMEOUT_S = 60.0
+# How long a command waits for a lock before it exits 75 (core/defaults.py, where the CLI reads them
+# too): keys are held for a whole build; every other lock only for short critical sections.
+BUILD_LOCK_TIMEOUT_S = defaults.BUILD_LOCK_TIMEOUT_S
+LOCK_TIMEOUT_S = defaults.LOCK_TIMEOUT_S
 # The note of a holder appears just after it takes the lock: a waiter gives it this long.
 NOTE_GRACE_S = 1.0
 
@@ -85,13 +86,12 @@ def _hostname() -> str:
 
 
 def _write_note(owner: Path, what: str) -> None:
-    """Replace the note atomically (rename), so a reader sees a whole note or the previous one."""
-    tmp = owner.with_name(f".{owner.name}.{os.getpid()}")
+    """Replace the note atomically (core/files.write_atomic: a new file renamed over), so a reader
+    sees a whole note or the previous one. No fsync: a note only matters while its writer lives."""
+    from llmgw_store.core.files import write_atomic
+
     note = json.dumps({"pid": os.getpid(), "host": _hostname(), "what": what, "since": time.time()})
-    tfd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, LOCK_MODE)
-    with os.fdopen(tfd, "w") as f:
-        f.write(note)
-    os.replace(tmp, owner)
+    write_atomic(owner, note.encode(), mode=LOCK_MODE, fsync=False)
 
 
 def _acquire(fd: int, path: Path, shared: bool, what: str, timeout: float, default_holder: str) -> bool:
@@ -110,6 +110,7 @@ def _acquire(fd: int, path: Path, shared: bool, what: str, timeout: float, defau
     while not owner.exists() and time.monotonic() < min(deadline, started + NOTE_GRACE_S):
         time.sleep(POLL_S)
     say(f"{what}: waiting for {_owner_text(owner, default_holder)}, which holds {path.name}")
+    debug.pause("LOCK_WAIT")  # tests: this process is queued behind the holder
     while True:
         try:
             fcntl.flock(fd, mode | fcntl.LOCK_NB)

@@ -29,7 +29,7 @@ from typing import Any, NamedTuple
 
 from blake3 import blake3
 
-from llmgw_store.core import debug
+from llmgw_store.core import debug, files
 from llmgw_store.core.report import progress
 
 MANIFEST_DIR = ".llmgw"
@@ -80,21 +80,6 @@ def _unesc(s: str) -> str:
     return _ESCAPED.sub(lambda m: _UNESC.get(m.group(1), m.group(1)), s)
 
 
-def _open_regular(path: str | Path) -> tuple[int, os.stat_result]:
-    """(fd, fstat) of the regular file at `path`, opened without following a link and without
-    blocking on a FIFO; OSError for anything else (what was listed as a file may have been swapped
-    since)."""
-    fd = os.open(path, _OPEN_FLAGS)
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise OSError(errno.EINVAL, "not a regular file", os.fspath(path))
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd, st
-
-
 def _mappable(st: os.stat_result) -> bool:
     """Whether the file may be hashed through mmap: only one no other user can truncate meanwhile
     (a truncated mapping faults with SIGBUS, which would kill the process): owned by this user or
@@ -133,7 +118,7 @@ def digest_fd(fd: int, st: os.stat_result, threads: bool = True) -> str:
 def file_digest(path: str | Path) -> str:
     """blake3 of the regular file at `path`, never through a symlink (OSError for a link, a FIFO,
     a device: what was listed as a file may have been swapped since)."""
-    fd, st = _open_regular(path)
+    fd, st = files.open_regular(path)  # FileRefused is an OSError
     try:
         return digest_fd(fd, st)
     finally:
@@ -181,7 +166,7 @@ class _BigFiles:
 
 
 def scan(root: Path, writable: list[str] | None = None, *, memo: dict | None = None,
-         foreign: list[dict[str, Any]] | None = None) -> list[Entry]:
+         foreign: list[dict[str, Any]] | None = None, modes: list[tuple[str, int]] | None = None) -> list[Entry]:
     """Every entry under `root` (manifest and listing excluded), in canonical order, files hashed.
     A depth-first walk over sorted names yields the component-wise sorted order directly; it takes
     each entry's kind from its directory entry (d_type: no stat for a file). Then every file is
@@ -198,9 +183,13 @@ def scan(root: Path, writable: list[str] | None = None, *, memo: dict | None = N
     euid that runs the store, or carrying any extended attribute, is appended to it as
     {"path", "uid", "xattrs"}: a build makes neither, so either is a change made after it (a
     chown, a hardlink to an outside file, setcap). One listxattr per entry (a file's by its
-    descriptor), skipped for the rest of the tree once the filesystem says it has none (ENOTSUP)."""
+    descriptor), skipped for the rest of the tree once the filesystem says it has none (ENOTSUP).
+    With `modes`, each file or directory (root as ".") with no write bit whose mode is not the
+    frozen canonical one (files 0444, or 0555 with the owner's exec bit; directories 0555) is
+    appended to it as (path, mode): a build leaves none (build/canonical.py), and a file of mode
+    0400 breaks the environment for the service users who run it while its bytes are right."""
     entries: list[Any] = []
-    files: list[tuple[int, str]] = []  # (index in entries, path) of every regular file
+    regular: list[tuple[int, str]] = []  # (index in entries, path) of every regular file
     check_w = writable is not None
     root_st = os.lstat(root)
     if check_w and root_st.st_mode & _WRITE:
@@ -225,6 +214,8 @@ def scan(root: Path, writable: list[str] | None = None, *, memo: dict | None = N
     if foreign is not None:
         alien(".", root_st.st_uid, xattrs_of(os.fspath(root)))
     S_ISREG, S_ISDIR, S_ISLNK, S_IXUSR = stat.S_ISREG, stat.S_ISDIR, stat.S_ISLNK, stat.S_IXUSR
+    if modes is not None and not root_st.st_mode & _WRITE and stat.S_IMODE(root_st.st_mode) != 0o555:
+        modes.append((".", stat.S_IMODE(root_st.st_mode)))
 
     def walk(dir_path: str, prefix: str) -> None:
         with os.scandir(dir_path) as it:
@@ -232,7 +223,7 @@ def scan(root: Path, writable: list[str] | None = None, *, memo: dict | None = N
         for e in children:
             rel = prefix + e.name
             if e.is_file(follow_symlinks=False) and rel not in _EXCLUDED:
-                files.append((len(entries), e.path))
+                regular.append((len(entries), e.path))
                 entries.append(rel)  # filled in once the file is hashed
                 continue
             st = e.stat(follow_symlinks=False)
@@ -241,6 +232,9 @@ def scan(root: Path, writable: list[str] | None = None, *, memo: dict | None = N
                 writable.append(rel)
             if foreign is not None:
                 alien(rel, st.st_uid, xattrs_of(e.path))
+            if modes is not None and not mode & _WRITE and (S_ISREG(mode) or S_ISDIR(mode)) \
+                    and stat.S_IMODE(mode) != (0o555 if S_ISDIR(mode) or mode & S_IXUSR else 0o444):
+                modes.append((rel, stat.S_IMODE(mode)))
             if rel in _EXCLUDED:
                 continue
             if S_ISDIR(mode):
@@ -249,7 +243,7 @@ def scan(root: Path, writable: list[str] | None = None, *, memo: dict | None = N
             elif S_ISLNK(mode):
                 entries.append(Entry(rel, "l", 0, os.readlink(e.path)))
             elif S_ISREG(mode):  # a regular file its directory entry did not say was one
-                files.append((len(entries), e.path))
+                regular.append((len(entries), e.path))
                 entries.append(rel)
             else:
                 entries.append(Entry(rel, "o", 0, ""))
@@ -260,14 +254,15 @@ def scan(root: Path, writable: list[str] | None = None, *, memo: dict | None = N
     except BaseException:
         big.finish()
         raise
-    debug.pause("HASH_PAUSE")  # tests: the walk has listed files that are not hashed yet
+    debug.pause("HASH_WALKED")  # tests: every entry listed, none hashed (then HASH_PAUSE)
+    debug.pause("HASH_PAUSE")
     step = f"hashing {root.name}"
     want_xattrs = xattrs_ok if foreign is not None else None
     # A large tree's files are shared with one forked helper (every other file): the Python
     # around each small file is most of their cost, and one process holds one core (threads would
     # contend for the GIL). The helper hashes its large files itself, in one thread.
-    child = _fork_helper(files[1::2], memo, want_xattrs) if len(files) >= FORK_MIN_FILES and CORES > 1 else None
-    mine = files[0::2] if child is not None else files
+    child = _fork_helper(regular[1::2], memo, want_xattrs) if len(regular) >= FORK_MIN_FILES and CORES > 1 else None
+    mine = regular[0::2] if child is not None else regular
     try:
         results = _hash_files(mine, memo, want_xattrs, big, step)
     finally:
@@ -276,7 +271,7 @@ def scan(root: Path, writable: list[str] | None = None, *, memo: dict | None = N
     if child is not None and theirs is None:  # the helper failed: its share is hashed here
         again = _BigFiles()
         try:
-            theirs = _hash_files(files[1::2], memo, want_xattrs, again, step)
+            theirs = _hash_files(regular[1::2], memo, want_xattrs, again, step)
         finally:
             digests.update(again.finish())
     errors = [r for r in results + theirs if r[0] == "err"]
@@ -285,7 +280,7 @@ def scan(root: Path, writable: list[str] | None = None, *, memo: dict | None = N
         raise OSError(no, why, path)
     pending: list[tuple[int, tuple]] = []  # inodes with other links hashed here, for the memo
     hashed = 0
-    for _, i, kind, size, digest, w, uid, names, ident in sorted(results + theirs, key=lambda r: r[1]):
+    for _, i, kind, size, digest, w, uid, names, ident, mode in sorted(results + theirs, key=lambda r: r[1]):
         rel = entries[i]
         if digest is None:  # a large file, hashed by _BigFiles
             digest = digests[i]
@@ -297,6 +292,8 @@ def scan(root: Path, writable: list[str] | None = None, *, memo: dict | None = N
             writable.append(rel)
         if foreign is not None and (uid != euid or names):
             foreign.append({"path": rel, "uid": uid, "xattrs": sorted(names)})
+        if modes is not None and not w and mode != (0o555 if kind == "x" else 0o444):
+            modes.append((rel, mode))
         if ident is not None:
             pending.append((i, ident))
     if memo is not None:
@@ -312,7 +309,7 @@ CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (o
 
 def _hash_files(files: list[tuple[int, str]], memo: dict | None, xattrs: list[bool] | None,
                 big: _BigFiles | None, step: str | None) -> list[tuple]:
-    """("ok", index, kind, size, digest, writable, uid, xattr names, memo identity or None) of each
+    """("ok", index, kind, size, digest, writable, uid, xattr names, memo identity or None, mode) of each
     file, or ("err", index, errno, strerror, path): each opened O_NOFOLLOW|O_NONBLOCK, checked to be
     a regular file by its descriptor and fstat-ed; a small one read and hashed here, a large one
     handed to `big` (digest None: _BigFiles has it), or hashed here in one thread when `big` is None
@@ -363,7 +360,7 @@ def _hash_files(files: list[tuple[int, str]], memo: dict | None, xattrs: list[bo
                 os.lseek(fd, 0, os.SEEK_SET)
                 digest = digest_fd(fd, st, threads=False)
             append(("ok", i, "x" if mode & stat.S_IXUSR else "f", size, digest, bool(mode & _WRITE), st.st_uid,
-                    names, ident))
+                    names, ident, stat.S_IMODE(mode)))
         except OSError as exc:
             append(("err", i, exc.errno, exc.strerror, path))
         finally:
@@ -405,7 +402,7 @@ def _fork_helper(files: list[tuple[int, str]], memo: dict | None, xattrs: list[b
                 while data:
                     data = data[os.write(w, data):]
                 code = 0
-        except BaseException:  # noqa: BLE001 - the parent sees the exit code and hashes the share itself
+        except BaseException:  # the parent sees the exit code and hashes the share itself
             pass
         finally:
             os._exit(code)
@@ -524,7 +521,34 @@ def write(env: Path, manifest: dict[str, Any]) -> None:
 
 def read(env: Path) -> dict[str, Any]:
     """The manifest of `env`, read without following a link at any step (ValueError otherwise)."""
-    return json.loads(_read_meta_file(env, "manifest.json", MANIFEST_MAX))
+    return json.loads(read_manifest_bytes(env))
+
+
+def read_manifest_bytes(env: Path) -> bytes:
+    """`.llmgw/manifest.json` as it is on disk: no link followed, no FIFO waited on, bounded."""
+    return _read_meta_file(env, "manifest.json", MANIFEST_MAX)
+
+
+def read_meta_file(env: Path, name: str, limit: int | None = None) -> bytes:
+    """Another file of `.llmgw/` (a lock file), read as the manifest is (at most MANIFEST_MAX bytes)."""
+    return _read_meta_file(env, name, MANIFEST_MAX if limit is None else limit)
+
+
+PYVENV_CFG = "pyvenv.cfg"
+PYVENV_MAX = 64 << 10  # a few lines (home, version, prompt); a larger one is not read
+
+
+def read_pyvenv_cfg(tree: Path) -> str | None:
+    """The text of `tree`'s pyvenv.cfg, None when it has none. Read as every metadata file of a
+    store path is (core/files.read_bounded): never through a link (a signed object's pyvenv.cfg may
+    be a link to /dev/zero), at most PYVENV_MAX bytes; ValueError (FileRefused) otherwise."""
+    fd = files.open_dir(tree)
+    try:
+        return files.read_bounded(PYVENV_CFG, PYVENV_MAX, dir_fd=fd).decode("utf-8", "replace")
+    except FileNotFoundError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def references_of(tree: Path, store_dir: Path) -> list[str]:
@@ -533,10 +557,10 @@ def references_of(tree: Path, store_dir: Path) -> list[str]:
     store = os.path.realpath(store_dir)
     refs = set()
     try:
-        text = (tree / "pyvenv.cfg").read_text()
-    except OSError:
+        text = read_pyvenv_cfg(tree)
+    except (OSError, ValueError):
         return []
-    for line in text.splitlines()[:200]:
+    for line in (text or "").splitlines()[:200]:
         key, _, value = line.partition("=")
         if key.strip() == "home":
             home = os.path.realpath(value.strip())
@@ -553,30 +577,29 @@ REQUIRED = ("name", "key", "engine", "version", "variant", "content_hash", "size
 def _read_meta_file(env: Path, name: str, limit: int) -> bytes:
     """`ENV/.llmgw/<name>` of a directory not yet trusted, without following a link at any step (a
     planted link could make this read a device, a FIFO or another user's file), at most `limit`
-    bytes. Raises ValueError."""
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
-    fds: list[int] = []
+    bytes (core/files.read_bounded). Raises ValueError."""
     try:
-        fds.append(os.open(env, flags | os.O_DIRECTORY))
-        fds.append(os.open(MANIFEST_DIR, flags | os.O_DIRECTORY, dir_fd=fds[-1]))
-        fds.append(os.open(name, flags | os.O_NONBLOCK, dir_fd=fds[-1]))
-        st = os.fstat(fds[-1])
-        if not stat.S_ISREG(st.st_mode):
-            raise ValueError(f"{MANIFEST_DIR}/{name} is not a regular file")
-        if st.st_size > limit:
-            raise ValueError(f"{MANIFEST_DIR}/{name} is larger than {limit} bytes")
-        chunks, left = [], limit + 1
-        while left > 0 and (chunk := os.read(fds[-1], min(CHUNK, left))):
-            chunks.append(chunk)
-            left -= len(chunk)
-        if left <= 0:
-            raise ValueError(f"{MANIFEST_DIR}/{name} is larger than {limit} bytes")
-        return b"".join(chunks)
+        fd = files.open_dir(env)
+        try:
+            return files.read_bounded(f"{MANIFEST_DIR}/{name}", limit, dir_fd=fd)
+        finally:
+            os.close(fd)
+    except files.FileRefused as exc:
+        raise ValueError(f"{MANIFEST_DIR}/{name} {exc.reason}") from exc
     except OSError as exc:
         raise ValueError(f"cannot read {MANIFEST_DIR}/{name}: {exc.strerror}") from exc
-    finally:
-        for fd in reversed(fds):
-            os.close(fd)
+
+
+def refused_entry(e: Entry) -> str | None:
+    """Why a listed entry may not be in a store path the store takes in (a pull), or None: where
+    the store writes or reads a file — anything in `.llmgw/`, and `pyvenv.cfg` — only a regular
+    file may be (a link there could make a later read follow it to /dev/zero or a file of root's),
+    and `.llmgw` itself is a directory."""
+    if e.path == MANIFEST_DIR:
+        return None if e.kind == "d" else f"{MANIFEST_DIR} is not a directory"
+    if (e.path.startswith(MANIFEST_DIR + "/") or e.path == PYVENV_CFG) and e.kind not in ("f", "x"):
+        return f"{e.path} is not a regular file"
+    return None
 
 
 def check_complete(env: Path, name: str, *, rehash: bool) -> dict[str, Any]:

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from llmgw_store.build import lockfiles
+from llmgw_store.core import manifest
 from llmgw_store.core.local_store import Store
-from llmgw_store.core.manifest import MANIFEST_DIR
 from llmgw_store.core.results import Result
 from llmgw_store.roots.resolve import reference
 
@@ -27,9 +27,11 @@ class Diff(Result):
 def lock_pins(env: Path) -> dict[str, str]:
     """Package -> version from an environment's lock, whichever format it has."""
     for name in ("pylock.toml", "requirements.lock"):
-        lock = env / MANIFEST_DIR / name
-        if lock.exists():
-            return lockfiles.pins(lock.read_text(), name)
+        try:  # bounded, never through a link (what a signed object ships is read so)
+            text = manifest.read_meta_file(env, name).decode("utf-8", "replace")
+        except ValueError:
+            continue
+        return lockfiles.pins(text, name)
     return {}
 
 
@@ -38,8 +40,8 @@ def diff(a: str, b: str, *, root: str | Path | None = None) -> Diff:
 
     with Store.open(root, readonly=True) as store:
         ra, rb = reference(store, a), reference(store, b)
-        pa = lock_pins(store.layout.path_of(ra["name"]))
-        pb = lock_pins(store.layout.path_of(rb["name"]))
+        pa = lock_pins(store.layout.path_of(ra.name))
+        pb = lock_pins(store.layout.path_of(rb.name))
     upgraded, downgraded = [], []
     for name in sorted(pa.keys() & pb.keys()):
         if pa[name] == pb[name]:
@@ -50,11 +52,11 @@ def diff(a: str, b: str, *, root: str | Path | None = None) -> Diff:
             up = pb[name] > pa[name]
         (upgraded if up else downgraded).append({"name": name, "from": pa[name], "to": pb[name]})
     return Diff(
-        a={"name": ra["name"], "size": ra["size"]},
-        b={"name": rb["name"], "size": rb["size"]},
+        a={"name": ra.name, "size": ra.size},
+        b={"name": rb.name, "size": rb.size},
         added=tuple({"name": n, "version": pb[n]} for n in sorted(pb.keys() - pa.keys())),
         removed=tuple({"name": n, "version": pa[n]} for n in sorted(pa.keys() - pb.keys())),
         upgraded=tuple(upgraded),
         downgraded=tuple(downgraded),
-        size_change=rb["size"] - ra["size"],
+        size_change=rb.size - ra.size,
     )

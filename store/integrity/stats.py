@@ -1,5 +1,6 @@
 """`stats`: what the store holds and costs, for people (`--json`) and for node monitoring (a
-Prometheus textfile, written atomically so the collector never reads half a file)."""
+Prometheus textfile, written atomically so the collector never reads half a file, and never
+through a link: core/files.write_outside)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from llmgw_store.core.files import write_outside
 from llmgw_store.core.fsutil import free_bytes, walk_files
 from llmgw_store.core.local_store import Store
 from llmgw_store.core.results import Result
@@ -59,7 +61,7 @@ def stats(*, root: str | Path | None = None, prometheus: str | Path | None = Non
                     if e.is_symlink() and not e.name.endswith("-link") and not e.name.startswith(".")]
         generations = sum(1 for e in os.scandir(layout.profiles) if e.name.endswith("-link"))
         result = Stats(
-            root=str(layout.root), paths=len(rows), bytes_apparent=sum(r["size"] for r in rows),
+            root=str(layout.root), paths=len(rows), bytes_apparent=sum(r.size for r in rows),
             bytes_on_disk=store_disk, profiles=len(profiles), generations=generations, pins=len(index.pins()),
             uv_cache_bytes=uv_apparent, uv_cache_bytes_unshared=uv_disk, downloads_bytes=dl_disk,
             free_bytes=free_bytes(layout.store), pyc_cache_bytes=pyc_disk, cache_bytes_on_disk=uv_disk + pyc_disk,
@@ -96,6 +98,7 @@ def write_prometheus(path: Path, stats: Stats) -> None:
         "# TYPE llmgw_store_free_bytes gauge",
         f"llmgw_store_free_bytes{{{lab}}} {s['free_bytes']}",
     ]
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text("\n".join(lines) + "\n")
-    os.replace(tmp, path)  # atomic: node_exporter reads the old file or the new one
+    # Outside the root, in a directory a collector reads: a random name created O_EXCL|O_NOFOLLOW
+    # in the checked directory, renamed over (core/files.py); node_exporter reads the old file or
+    # the new one, and nothing is ever written through a link planted there.
+    write_outside(path, ("\n".join(lines) + "\n").encode(), mode=0o644)

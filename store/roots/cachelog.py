@@ -83,13 +83,13 @@ def uv_entries(store: Store, live: set[str], tidy: bool = True) -> list[Entry]:
     """Every archive of uv's cache; live when a path of `live` recorded it. With `tidy`, records
     of paths neither registered nor live, and malformed records, are dropped."""
     uses: dict[str, list[dict]] = {}
-    registered = {r["name"] for r in store.index.paths()}
+    registered = {r.name for r in store.index.paths()}
     rows = store.index.cache_uses(cacheuse.CACHE)
     # Read after the records: a build that recorded them added its temp root before it started,
     # so it is seen here, and its entries count as live, whether or not it has registered yet.
     live = live | read_all(store.layout)[0]
     for row in rows:
-        entry, user = str(row["entry"]), row["path_name"]
+        entry, user = str(row.entry), row.path_name
         if not cacheuse.ARCHIVE_RE.fullmatch(entry):
             if tidy:
                 store.index.drop_cache_entry(cacheuse.CACHE, entry)  # malformed (planted): never a path
@@ -105,8 +105,8 @@ def uv_entries(store: Store, live: set[str], tidy: bool = True) -> list[Entry]:
         t = Tally()
         t.add(a.path)
         mtime = a.stat(follow_symlinks=False).st_mtime
-        out.append(Entry("uv", a.name, Path(a.path), t.freed, max([mtime] + [_ts(r["used_at"]) for r in rows]),
-                         any(r["path_name"] in live for r in rows)))
+        out.append(Entry("uv", a.name, Path(a.path), t.freed, max([mtime] + [_ts(r.used_at) for r in rows]),
+                         any(r.path_name in live for r in rows)))
     return out
 
 
@@ -230,7 +230,7 @@ def prune_wheel_home(store: Store, *, dry_run: bool, timeout: float) -> tuple[in
         entries = _wheel_entries(store)
         # What a generation record names (a cold generation, rolled back to offline from uv's
         # cache) keeps its entries: gc keeps its cache-use records when it deletes the path.
-        recorded = {str(r["entry"]) for r in store.index.cache_uses(cacheuse.CACHE)}
+        recorded = {str(r.entry) for r in store.index.cache_uses(cacheuse.CACHE)}
         dead = [e for e in entries if e.name not in recorded and not wheelhome.linked(e.path)]
         freed = 0
         for e in dead:
