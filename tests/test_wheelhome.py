@@ -27,6 +27,7 @@ from tests.conftest import RELEASE_DATES, build_json, cli_cmd, real_uv, run_cli,
 from tests.support.barrier import Barrier
 from tests.support.index_server import PackageIndex
 from tests.support.wheels import build_wheel
+from tests.test_dedupe import tamper_in_place
 from tests.test_local_safety import as_intruder, intruder, shared  # noqa: F401 - fixtures
 
 EARLY, LATE = "2024-02-02", "2024-06-02"  # tinyengine 1.0 with tinydep 1.0, then with tinydep 2.0
@@ -49,6 +50,27 @@ def build_proc(root: Path, idx, as_of: str, env: dict | None = None) -> subproce
     recipe = write_recipe(root.parent, 'version = "1.0"', name=f"tiny-{as_of}.toml")
     return run_cli(root, "--json", "build", str(recipe), "--index-url", idx.url, "--uv", str(real_uv()),
                    "--as-of", as_of, env=env)
+
+
+def build_held(root: Path, idx, as_of: str, tmp: Path, inside) -> tuple[int, str, str]:
+    """(exit code, stdout, stderr) of a build held at WHEELS_LINKED (uv has linked the wheel
+    home's files into the .partial; nothing is sealed or checked yet) while `inside()` runs."""
+    gate = Barrier(tmp)
+    recipe = write_recipe(tmp, 'version = "1.0"', name=f"held-{as_of}.toml")
+    proc = subprocess.Popen(cli_cmd(root, "--json", "build", str(recipe), "--index-url", idx.url, "--uv",
+                                    str(real_uv()), "--as-of", as_of),
+                            env={**os.environ, **ENV, **gate.env("WHEELS_LINKED")},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        gate.reached("WHEELS_LINKED", proc)
+        inside()
+        gate.go("WHEELS_LINKED")
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return proc.returncode, out, err
 
 
 def site(path: Path) -> Path:
@@ -80,17 +102,6 @@ def entry_of(root: Path, f: Path) -> Path | None:
 
 def home_inodes(root: Path) -> set[tuple[int, int]]:
     return {ino(Path(d, n)) for d, _, ns in os.walk(home(root)) for n in ns}
-
-
-def tamper_in_place(p: Path) -> None:
-    """Change one byte of a store file where it lies (as root can): every name of its inode sees it."""
-    mode = stat.S_IMODE(os.lstat(p).st_mode)
-    os.chmod(p, mode | stat.S_IWUSR)
-    with open(p, "r+b") as f:
-        first = f.read(1)
-        f.seek(0)
-        f.write(bytes([first[0] ^ 1]))
-    os.chmod(p, mode)
 
 
 def verify(root: Path, *args: str) -> tuple[int, dict]:
@@ -165,21 +176,8 @@ def test_an_edit_while_a_build_holds_the_linked_files_is_caught_before_registrat
     root = tmp_path / "root"
     a = build(root, idx, EARLY)
     good = module(a).read_bytes()
-    gate = Barrier(tmp_path)
-    recipe = write_recipe(tmp_path, 'version = "1.0"', name="late.toml")
-    proc = subprocess.Popen(cli_cmd(root, "--json", "build", str(recipe), "--index-url", idx.url, "--uv",
-                                    str(real_uv()), "--as-of", LATE),
-                            env={**os.environ, **ENV, **gate.env("WHEELS_LINKED")},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        gate.reached("WHEELS_LINKED", proc)
-        tamper_in_place(module(a))
-        gate.go("WHEELS_LINKED")
-        out, err = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0, err
+    code, out, err = build_held(root, idx, LATE, tmp_path, lambda: tamper_in_place(module(a)))
+    assert code == 0, err
     assert "changed since it was sealed" in err
     b = Path(json.loads(out)["path"])
     assert module(b).read_bytes() == good
@@ -353,24 +351,16 @@ def test_gc_removes_the_wheels_no_path_links_and_keeps_the_others(tmp_path, idx)
 
 def test_gc_keeps_what_a_build_in_flight_has_linked(tmp_path, idx):
     root = tmp_path / "root"
-    gate = Barrier(tmp_path)
-    recipe = write_recipe(tmp_path, 'version = "1.0"', name="early.toml")
-    proc = subprocess.Popen(cli_cmd(root, "--json", "build", str(recipe), "--index-url", idx.url, "--uv",
-                                    str(real_uv()), "--as-of", EARLY),
-                            env={**os.environ, **ENV, **gate.env("WHEELS_LINKED")},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        gate.reached("WHEELS_LINKED", proc)
-        before = sorted(p.name for p in home(root).iterdir())
+    before: list[str] = []
+
+    def collect() -> None:
+        before.extend(sorted(p.name for p in home(root).iterdir()))
         assert len(before) == 2  # tinyengine and tinydep, linked into the .partial, not sealed yet
         run_cli(root, "gc", check=True)
         assert sorted(p.name for p in home(root).iterdir()) == before
-        gate.go("WHEELS_LINKED")
-        out, err = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0, err
+
+    code, out, err = build_held(root, idx, EARLY, tmp_path, collect)
+    assert code == 0, err
     assert runs(Path(json.loads(out)["path"])) == "tinyengine 1.0 tinydep 1.0"
 
 

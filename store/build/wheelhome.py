@@ -59,7 +59,7 @@ from typing import TYPE_CHECKING, Any
 from blake3 import blake3
 
 from llmgw_store.build.cacheuse import ARCHIVE_BUCKET, ARCHIVE_RE, DIST_INFO_RE, WHEEL_HOME_LINK, uv_cache_lock
-from llmgw_store.core import manifest
+from llmgw_store.core import files, manifest
 from llmgw_store.core.errors import IntegrityError, LockTimeout, StoreError
 from llmgw_store.core.fsutil import force_rmtree
 from llmgw_store.core.report import progress, say
@@ -361,28 +361,13 @@ def _read_seal(layout: Layout, ident: str) -> dict[str, manifest.Entry] | None:
     """The seal of entry `ident` (path -> its listing line), or None when there is none that parses
     (the entry is then sealed again: its bytes are checked against its RECORD once more)."""
     try:
-        fd = os.open(layout.wheel_seals / ident, _OPEN)
-    except OSError:
+        data = files.read_bounded(layout.wheel_seals / ident, SEAL_MAX, owner=_EUID, one_link=True)
+    except OSError:  # absent, refused (FileRefused is an OSError)
         return None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != _EUID or st.st_size > SEAL_MAX:
-            return None
-        data = _read_all(fd, st.st_size)
-    finally:
-        os.close(fd)
     try:
         return {e.path: e for e in manifest.parse_contents(data)}
     except ValueError:
         return None
-
-
-def _read_all(fd: int, size: int) -> bytes:
-    chunks, left = [], size + 1
-    while left > 0 and (chunk := os.read(fd, min(left, 1 << 20))):
-        chunks.append(chunk)
-        left -= len(chunk)
-    return b"".join(chunks)
 
 
 def _check_sealed(entry: Path, seal: dict[str, manifest.Entry]) -> tuple[dict[str, str], dict[str, tuple[int, int]]]:
@@ -421,18 +406,18 @@ def _seal(layout: Layout, ident: str, memo: dict) -> tuple[dict[str, str], dict[
     for rel, _ in items:
         _no_xattrs(entry / rel, rel)
     record, exempt = _record(entry, items)
-    files = [(rel, st) for rel, st in items if stat.S_ISREG(st.st_mode)]
-    for rel, _ in files:
+    regular = [(rel, st) for rel, st in items if stat.S_ISREG(st.st_mode)]
+    for rel, _ in regular:
         if rel not in record and rel not in exempt:
             raise _Damage(f"{rel} is not listed in the wheel's RECORD")
-    listed = {rel for rel, _ in files}
+    listed = {rel for rel, _ in regular}
     for rel in record:
         if rel not in listed:
             raise _Damage(f"{rel}, listed in the wheel's RECORD, is missing")
     # Files first, then directories deepest first (a directory's own time moves while its entries
     # change): every inode canonical before its bytes are read, so the digests and the inodes'
     # identities (for the scan's memo) are those of the sealed entry.
-    hashed = _hash_all(entry, files, record)
+    hashed = _hash_all(entry, regular, record)
     for rel, st in reversed(items):
         if stat.S_ISDIR(st.st_mode):
             _canonical(entry / rel if rel else entry, "d", _DIR)
@@ -472,16 +457,9 @@ def _record(entry: Path, items: list[tuple[str, os.stat_result]]) -> tuple[dict[
         raise _Damage(f"it holds {len(dists)} top-level dist-info directories, not one")
     dist = dists[0]
     try:
-        fd = os.open(entry / dist / "RECORD", _OPEN)
+        text = files.read_bounded(entry / dist / "RECORD", RECORD_MAX).decode("utf-8", "surrogateescape")
     except OSError:
-        raise _Damage(f"{dist}/RECORD cannot be opened") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_size > RECORD_MAX:
-            raise _Damage(f"{dist}/RECORD is not a plain file of at most {RECORD_MAX} bytes")
-        text = _read_all(fd, st.st_size).decode("utf-8", "surrogateescape")
-    finally:
-        os.close(fd)
+        raise _Damage(f"{dist}/RECORD is not a plain file of at most {RECORD_MAX} bytes") from None
     exempt = {f"{dist}/{n}" for n in UNHASHED}
     out: dict[str, tuple[str, str, int | None]] = {}
     for row in csv.reader(io.StringIO(text, newline="")):
@@ -581,7 +559,10 @@ def _hash_one(path: Path, rel: str, want: tuple[str, str, int | None] | None) ->
                 if h is not None:
                     h.update(m)
         else:
-            data = _read_all(fd, st.st_size)
+            try:
+                data = files.read_fd(fd, st.st_size, rel)
+            except files.FileRefused:  # it grew past its fstat size while being read
+                raise _Damage(f"{rel} changed while it was checked") from None
             b.update(data)
             if h is not None:
                 h.update(data)
@@ -598,17 +579,9 @@ def _hash_one(path: Path, rel: str, want: tuple[str, str, int | None] | None) ->
 
 
 def _write_seal(layout: Layout, ident: str, data: bytes) -> None:
-    """The seal, written whole under a temporary name and renamed into place (atomic: a reader sees
-    no seal or all of it). 0600 in the 0700 var/."""
-    tmp = layout.wheel_seals / f".{ident}.{os.getpid()}.{time.monotonic_ns()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-    finally:
-        os.close(fd)
-    os.rename(tmp, layout.wheel_seals / ident)
+    """The seal, written whole and renamed into place (core/files.write_atomic: a reader sees no seal
+    or all of it, also after a crash). 0600 in the 0700 var/."""
+    files.write_atomic(layout.wheel_seals / ident, data, mode=0o600)
 
 
 # --- evicting ---------------------------------------------------------------------------------------
