@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from llmgw_store.cache.backends import backend_for
-from llmgw_store.cache.fastpull import BlobRef, MetaV2, Stats, build_tree
+from llmgw_store.cache.tree_fetch import BlobRef, MetaV2, Stats, build_tree
 from llmgw_store.cache.objects import FORMAT, shape_v2
 from llmgw_store.cache.signing import METADATA_MAX_BYTES, check_signature, trusted_keys
 from llmgw_store.core import debug, locks, manifest
@@ -339,7 +339,7 @@ def fetch_into_store(store: Store, backend, meta: Meta | MetaV2) -> Path:
 
 
 def fetch_v2_into_store(store: Store, backend, meta: MetaV2) -> tuple[Path, Stats]:
-    """`fetch_into_store` of a content-addressed object (cache/fastpull.py). Caller holds the key's lock."""
+    """`fetch_into_store` of a content-addressed object (cache/tree_fetch.py). Caller holds the key's lock."""
     layout = store.layout
     final = layout.path_of(meta.name)
     scratch = layout.tmp / f"pull-{os.getpid()}-{meta.key}"

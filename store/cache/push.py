@@ -136,7 +136,7 @@ def _push_v2(store: Store, backend, row: dict, secret_key: str, lock_timeout: fl
 
     import zstandard
 
-    from llmgw_store.cache.fastpull import Progress
+    from llmgw_store.cache.tree_fetch import Progress
     from llmgw_store.cache.objects import FORMAT, Blob, blob_name, digest_of, make_plan, plan_bytes
     from llmgw_store.core import manifest
 

@@ -1,4 +1,4 @@
-"""Pull of a content-addressed (v2) object: only the blobs this node lacks, as one streaming pipeline.
+"""Fetch a content-addressed (format 2) object into a tree: only the blobs this node lacks, as one streaming pipeline.
 
 Order, for one checked object (cache/pull.py has checked its metadata: shape, signature, key):
 1. the listing blob (`blobs/<content_hash>`), read at most to its signed compressed size and
