@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from llmgw_store.cache.backends import backend_for
+from llmgw_store.cache.backends import RetryPolicy, backend_for
 from llmgw_store.cache.signing import METADATA_MAX_BYTES, sign
 from llmgw_store.core import debug, locks
 from llmgw_store.core.errors import IntegrityError, LockTimeout, NotFoundError, UsageError
@@ -109,7 +109,7 @@ def _wait_for_gc(backend, lock_timeout: float) -> None:
     deadline = time.monotonic() + lock_timeout
     while True:
         running = []
-        for item in backend.list("gc"):
+        for item in (i for i in backend.list("gc") if i.regular):
             data = backend.get(item.name, max_bytes=4096)
             try:
                 expires = float(json.loads(data)["expires"]) if data else 0.0
@@ -217,13 +217,35 @@ def _push_v2(store: Store, backend, row: dict, secret_key: str, lock_timeout: fl
     return cost
 
 
+def _renew(backend, key: str, name: str, lock_timeout: float) -> bool:
+    """A push of an object the cache holds already renews it: its metadata is written again (the
+    same bytes), so its time — from which cache gc counts the grace — is now. Under the upload's
+    protocol (the module docstring): a pending marker naming the key, then a wait for any running
+    gc, then a look: so a gc cannot delete the object between the look and the renewal. False when
+    a gc deleted it meanwhile: the caller pushes it whole."""
+    import secrets
+
+    marker = f"pending/{key}-{os.getpid()}-{secrets.token_hex(4)}.json"
+    backend.put(marker, canonical_json({"key": key, "name": name, "time": time.time(), "blobs": []}))
+    try:
+        _wait_for_gc(backend, lock_timeout)
+        current = backend.get(f"{key}.json", max_bytes=METADATA_MAX_BYTES)
+        if current is None:
+            return False
+        backend.put(f"{key}.json", current)
+        return True
+    finally:
+        backend.delete(marker)
+
+
 def push(names: list[str], to: str, secret_key: str, *, root: str | Path | None = None,
-         lock_timeout: float = locks.LOCK_TIMEOUT_S, format: int = 2) -> PushResult:
+         lock_timeout: float = locks.LOCK_TIMEOUT_S, format: int = 2, policy: RetryPolicy | None = None) -> PushResult:
     """Push the registered store paths `names` and their references (recorded at registration),
-    references first. (`llmgw_store.api.push` turns PROFILE, PROFILE@N, keys and paths into names.)"""
+    references first; an object the cache holds already is renewed (`_renew`). (`llmgw_store.api.push`
+    turns PROFILE, PROFILE@N, keys and paths into names.) `policy`: retries, stalls and deadlines."""
     if format not in (1, 2):
         raise UsageError(f"object format {format}: this llmgw-store writes 1 (one archive) or 2 (shared blobs)")
-    backend = backend_for(to)
+    backend = backend_for(to, policy)
     pushed, skipped = [], []
     total = {"uploaded": 0, "shared": 0, "blobs": 0}
     t_start = time.monotonic()
@@ -237,7 +259,9 @@ def push(names: list[str], to: str, secret_key: str, *, root: str | Path | None 
             if row is None:
                 raise NotFoundError(f"{name} is not a registered store path in {store.layout.store}")
             key = row["key"]
-            if backend.get(f"{key}.json", max_bytes=METADATA_MAX_BYTES) is not None:
+            if backend.get(f"{key}.json", max_bytes=METADATA_MAX_BYTES) is not None \
+                    and _renew(backend, key, name, lock_timeout):
+                say(f"{name}: the cache has it already; renewed it (cache gc counts its grace from now)")
                 skipped.append(name)
                 continue
             if format == 2:

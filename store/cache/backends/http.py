@@ -138,10 +138,9 @@ def _env_auth() -> str | None:
     return _basic(user, password)
 
 
-def _allowed_origins(own: str, extra: str | None) -> frozenset[str]:
-    text = os.environ.get(REDIRECTS_ENV, "") if extra is None else extra
+def _allowed_origins(own: str, extra: str) -> frozenset[str]:
     out = {own}
-    for item in text.replace(",", " ").split():
+    for item in extra.replace(",", " ").split():
         if item == "*":
             out.add("*")
             continue
@@ -220,7 +219,7 @@ def _status(method: str, shown: str, resp, *, write: bool = False) -> NetworkErr
 
 
 class HttpBackend(StreamingBackend):
-    def __init__(self, url: str, policy: RetryPolicy | None = None, *, redirects_to: str | None = None):
+    def __init__(self, url: str, policy: RetryPolicy | None = None):
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise UsageError(f"{_shown(url)!r}: an HTTP cache URL is http(s)://host/prefix")
@@ -231,7 +230,7 @@ class HttpBackend(StreamingBackend):
         netrc = None if given else _netrc_auth(parts.hostname)
         self._read_auth = given or netrc
         self._write_auth = given or netrc or _env_auth()
-        self._allowed = _allowed_origins(self.origin, redirects_to)
+        self._allowed = _allowed_origins(self.origin, self.policy.redirects_to)
         self._tls = threading.local()
 
     def where(self, name: str) -> str:

@@ -53,17 +53,22 @@ ENV = {
     "stall": "LLMGW_STORE_CACHE_STALL",
     "metadata_timeout": "LLMGW_STORE_CACHE_METADATA_TIMEOUT",
     "deadline": "LLMGW_STORE_CACHE_DEADLINE",
+    "redirects_to": "LLMGW_STORE_CACHE_REDIRECTS_TO",
 }
 
 
 @dataclass(frozen=True)
 class RetryPolicy:
+    """How a command talks to caches: its retries and clocks, and where a redirect may lead (the
+    origins an HTTP cache may redirect reads to besides its own, space-separated; `*` for any)."""
+
     attempts: int = 5  # as Nix's download-attempts
     stall: float = 30.0  # seconds a data transfer may go without PROGRESS_BYTES
     metadata_timeout: float = 5.0  # seconds a document may take, retries included
     deadline: float = 300.0  # seconds after a data request's start when no new attempt begins
     backoff: float = 0.5  # the first wait's bound; doubled for each further attempt
     backoff_max: float = 10.0
+    redirects_to: str = ""
 
     def __post_init__(self) -> None:
         if not (isinstance(self.attempts, int) and 1 <= self.attempts <= 100):
@@ -74,7 +79,7 @@ class RetryPolicy:
                 raise UsageError(f"cache {f.replace('_', ' ')} {value!r}: give seconds, more than 0, at most a day")
 
     @classmethod
-    def from_env(cls, **given: float | int | None) -> "RetryPolicy":
+    def from_env(cls, **given: float | int | str | None) -> "RetryPolicy":
         """The policy for this process: each field from `given` (a command-line option, a library
         argument) when not None, else from its LLMGW_STORE_CACHE_* variable, else the default."""
         values: dict[str, float | int] = {}
@@ -85,6 +90,9 @@ class RetryPolicy:
             var = ENV.get(f.name)
             text = os.environ.get(var, "").strip() if var else ""
             if not text:
+                continue
+            if f.name == "redirects_to":
+                values[f.name] = text
                 continue
             try:
                 values[f.name] = int(text) if f.name == "attempts" else float(text)
