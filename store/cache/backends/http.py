@@ -213,6 +213,8 @@ def _status(method: str, shown: str, resp, *, write: bool = False) -> NetworkErr
                 f"{AUTH_ENV}=user:password for writes)")
     elif code == 413:
         hint = " (the server refuses a body this large: nginx needs client_max_body_size 0)"
+    elif code == 409 and write:
+        hint = " (the server cannot create the object's folder: nginx needs create_full_put_path on)"
     elif write and code in (405, 409, 500, 501):
         hint = " (does the server accept writes?)"
     return NetworkError(f"{method} {shown}: HTTP {code}{hint}")
