@@ -269,7 +269,8 @@ def test_a_pull_killed_at_any_point_blocks_no_later_pull_or_build(world, tmp_pat
                        "--trusted-key", str(w["keys"] / "builder-1.public"))
         assert proc.returncode == 0, proc.stderr
         how = json.loads(proc.stdout)["how"]
-        assert how == {"INSTALL_BEFORE_REGISTER": "recovered", "INSTALL_AFTER_REGISTER": "hit"}.get(point, "substituted")
+        expected = {"INSTALL_BEFORE_REGISTER": "recovered", "INSTALL_AFTER_REGISTER": "hit"}.get(point, "substituted")
+        assert how == expected
     assert_pulled_whole(w, a)
     assert not [p for p in (w["node"] / "var" / "tmp").iterdir() if p.name.startswith("pull-")]
 

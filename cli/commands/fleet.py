@@ -72,7 +72,8 @@ def push(obj: Context, paths: tuple[str, ...], to: str, secret_key: str, format_
 @cli.command()
 @click.argument("target")
 @click.option("--from", "from_", multiple=True, required=True, help="Cache URL; repeatable (asked in order).")
-@click.option("--trusted-key", "trusted_keys", multiple=True, help="Public key accepted (name:base64 or a .public file).")
+@click.option("--trusted-key", "trusted_keys", multiple=True,
+              help="Public key accepted (name:base64 or a .public file).")
 @lock_timeout_option(locks.BUILD_LOCK_TIMEOUT_S, "each lock (another process fetching the same key, a gc)")
 @cache_network_options
 @click.pass_obj

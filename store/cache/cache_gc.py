@@ -37,9 +37,9 @@ from pathlib import Path
 from typing import Any
 
 from llmgw_store.cache.backends import RetryPolicy, backend_for
-from llmgw_store.cache.tree_fetch import BlobRef, fetch_small
 from llmgw_store.cache.objects import HEX64
 from llmgw_store.cache.signing import METADATA_MAX_BYTES, check_signature, key_text, parse_key, sign, trusted_keys
+from llmgw_store.cache.tree_fetch import BlobRef, fetch_small
 from llmgw_store.core import debug
 from llmgw_store.core.errors import IntegrityError, StoreError, UsageError
 from llmgw_store.core.keys import KEY_RE, canonical_json, key_of_name

@@ -33,9 +33,9 @@ from typing import Any
 
 from llmgw_store.cache.backends import RetryPolicy
 from llmgw_store.cache.caches import Caches, shown
-from llmgw_store.cache.tree_fetch import BlobRef, MetaV2, Stats, build_tree
 from llmgw_store.cache.objects import FORMAT, shape_v2
 from llmgw_store.cache.signing import METADATA_MAX_BYTES, check_signature, trusted_keys
+from llmgw_store.cache.tree_fetch import BlobRef, MetaV2, Stats, build_tree
 from llmgw_store.core import debug, locks, manifest
 from llmgw_store.core.errors import IntegrityError, NetworkError, NotFoundError, StoreError, UsageError
 from llmgw_store.core.fsutil import force_rmtree
@@ -299,6 +299,7 @@ def fetch_into_store(store: Store, caches: Caches, meta: Meta | MetaV2) -> tuple
     rename into store/ and the registration). Caller holds the key's lock, and has found nothing
     of the key in the store (Store.recover)."""
     started = time.monotonic()
+    sweep_stale_pulls(store.layout.tmp)  # what pulls killed by SIGKILL left (a build's substitution too)
     build_id = store.index.start_build(meta.key, meta.name)
     try:
         if isinstance(meta, MetaV2):

@@ -136,8 +136,8 @@ def _push_v2(store: Store, backend, row: dict, secret_key: str, lock_timeout: fl
 
     import zstandard
 
-    from llmgw_store.cache.tree_fetch import Progress
     from llmgw_store.cache.objects import FORMAT, Blob, blob_name, digest_of, make_plan, plan_bytes
+    from llmgw_store.cache.tree_fetch import Progress
     from llmgw_store.core import manifest
 
     name, key = row["name"], row["key"]
@@ -208,7 +208,7 @@ def _push_v2(store: Store, backend, row: dict, secret_key: str, lock_timeout: fl
             "references": store.index.references(name),
             "listing": {"size": listing_ref["size"], "csize": listing_ref["csize"]},
             "plan": plan_ref, "manifest": manifest_ref,
-            "blobs_csize": sum(b.csize for b in done) + listing_ref["csize"] + plan_ref["csize"] + manifest_ref["csize"],
+            "blobs_csize": sum(b.csize for b in done) + sum(r["csize"] for r in (listing_ref, plan_ref, manifest_ref)),
         }
         sign(meta, secret_key)
         backend.put(f"{key}.json", canonical_json(meta))  # last: the object now exists

@@ -48,7 +48,8 @@ from llmgw_store.core.report import say
 _local = threading.local()
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 ONE_SHOT = 8 << 20  # blobs up to this size (and every pack) are inflated in one call, checked, then written
-THREADS = int(os.environ.get("LLMGW_STORE_PULL_THREADS", "8"))  # downloads in flight; decoding and writing run in the same workers (zstd and blake3 drop the GIL)
+# Downloads in flight; decoding and writing run in the same workers (zstd and blake3 drop the GIL).
+THREADS = int(os.environ.get("LLMGW_STORE_PULL_THREADS", "8"))
 CHUNK = 1 << 20
 PROGRESS_EVERY = 1.0
 
@@ -106,8 +107,8 @@ class Progress:
             self.last = now
             rate = self.done / max(now - self.started, 1e-6)
             eta = (self.total - self.done) / rate if rate > 0 else 0
-            say(f"{self.verb} {self.name}: {self.done / 1e6:.1f}/{self.total / 1e6:.1f} MB, {self.files}/{self.total_files} "
-                f"files, {rate / 1e6:.1f} MB/s, ETA {eta:.0f}s")
+            say(f"{self.verb} {self.name}: {self.done / 1e6:.1f}/{self.total / 1e6:.1f} MB, "
+                f"{self.files}/{self.total_files} files, {rate / 1e6:.1f} MB/s, ETA {eta:.0f}s")
 
 
 def _inflate(backend, ref: BlobRef, out: Callable[[bytes], None], label: str) -> int | None:
@@ -363,12 +364,13 @@ def _take_resumed(src: str, tree: str, targets: list[Entry], digest: str, size: 
     """Move `src`, a file a failed pull of this key wrote (and checked) into its own partial tree,
     to the paths `targets` of this one, once its bytes are shown to be `digest`'s again: the first
     path takes it by rename, the others as hard links (one immutable inode in one store path).
-    Only a regular file of the store's owner, of the size and the exact mode the pull writes for
-    the targets' kind; False (nothing made) otherwise, and the blob is fetched."""
+    Only a regular file of the store's owner, of the size, with no write, setuid, setgid or sticky
+    bit, executable exactly when the targets are; False (nothing made) otherwise, and the blob is
+    fetched."""
     kinds = {e.kind for e in targets}
     if len(kinds) != 1:
         return False
-    mode = 0o555 if kinds == {"x"} else 0o444
+    executable = kinds == {"x"}
     try:
         fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
@@ -376,8 +378,8 @@ def _take_resumed(src: str, tree: str, targets: list[Entry], digest: str, size: 
     made: list[str] = []
     try:
         st = os.fstat(fd)
-        if (not stat.S_ISREG(st.st_mode) or stat.S_IMODE(st.st_mode) != mode or st.st_size != size
-                or st.st_uid != os.geteuid()):
+        if (not stat.S_ISREG(st.st_mode) or st.st_mode & 0o7222 or bool(st.st_mode & stat.S_IXUSR) != executable
+                or st.st_size != size or st.st_uid != os.geteuid()):
             return False
         h = blake3(max_threads=blake3.AUTO) if size >= 8 << 20 else blake3()
         while chunk := os.read(fd, CHUNK):

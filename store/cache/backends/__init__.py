@@ -18,8 +18,7 @@ among several caches is not a backend's job: cache/caches.py asks each in turn.
 
 from __future__ import annotations
 
-from llmgw_store.cache.backends.base import (CHUNK, FOLDERS, LISTED_NAME_RE, MAX_LISTED, OBJECT_NAME_RE, Backend,
-                                             Listed)
+from llmgw_store.cache.backends.base import CHUNK, FOLDERS, LISTED_NAME_RE, MAX_LISTED, OBJECT_NAME_RE, Backend, Listed
 from llmgw_store.cache.backends.file import FileBackend
 from llmgw_store.cache.backends.retry import RetryPolicy
 from llmgw_store.core.errors import UsageError

@@ -12,8 +12,16 @@ import threading
 from contextlib import contextmanager
 from pathlib import Path
 
-from llmgw_store.cache.backends.base import (CHUNK, MAX_LISTED, Listed, Opened, StreamingBackend, check_folder,
-                                             listed, object_name)
+from llmgw_store.cache.backends.base import (
+    CHUNK,
+    MAX_LISTED,
+    Listed,
+    Opened,
+    StreamingBackend,
+    check_folder,
+    listed,
+    object_name,
+)
 from llmgw_store.cache.backends.retry import RetryPolicy, Watch
 from llmgw_store.core.errors import IntegrityError, NetworkError
 

@@ -36,8 +36,16 @@ from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import unquote, urljoin, urlsplit
 
-from llmgw_store.cache.backends.base import (CHUNK, MAX_LISTED, Listed, Opened, StreamingBackend, check_folder,
-                                             listed, object_name)
+from llmgw_store.cache.backends.base import (
+    CHUNK,
+    MAX_LISTED,
+    Listed,
+    Opened,
+    StreamingBackend,
+    check_folder,
+    listed,
+    object_name,
+)
 from llmgw_store.cache.backends.retry import RetryPolicy, Transient, Watch, run
 from llmgw_store.core.errors import IntegrityError, NetworkError, UsageError
 

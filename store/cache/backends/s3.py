@@ -11,7 +11,15 @@ import os
 from contextlib import contextmanager
 from pathlib import Path
 
-from llmgw_store.cache.backends.base import MAX_LISTED, Listed, Opened, StreamingBackend, check_folder, listed, object_name
+from llmgw_store.cache.backends.base import (
+    MAX_LISTED,
+    Listed,
+    Opened,
+    StreamingBackend,
+    check_folder,
+    listed,
+    object_name,
+)
 from llmgw_store.cache.backends.retry import RetryPolicy, Transient, Watch, run
 from llmgw_store.core.errors import IntegrityError, NetworkError, UsageError
 
