@@ -275,6 +275,23 @@ def test_a_pull_killed_at_any_point_blocks_no_later_pull_or_build(world, tmp_pat
     assert not [p for p in (w["node"] / "var" / "tmp").iterdir() if p.name.startswith("pull-")]
 
 
+def test_a_complete_unregistered_tree_in_the_store_does_not_block_the_next_pull(world, tmp_path):
+    """The state a kill between rename and registration leaves (made here without a kill): the
+    next pull registers the tree in place instead of failing with `Directory not empty`."""
+    w, a = world, world["names"][0]
+    url = f"file://{tmp_path / 'cache'}"
+    push2(w, a, url)
+    pull(w, a, url)
+    con = sqlite3.connect(w["node"] / "var" / "db.sqlite")
+    with con:
+        con.execute("DELETE FROM refs WHERE referrer = ?", (a,))
+        con.execute("DELETE FROM paths WHERE name = ?", (a,))
+    con.close()
+    got, err = pull(w, a, url)
+    assert got["already_present"] == [a] and "registered it again from its manifest" in err
+    assert_pulled_whole(w, a)
+
+
 @pytest.mark.parametrize("point", ["INSTALL_BEFORE_RENAME", "INSTALL_BEFORE_REGISTER"])
 def test_a_format_1_pull_killed_at_its_install_blocks_no_later_pull(world, tmp_path, point):
     w, a = world, world["names"][0]
