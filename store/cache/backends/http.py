@@ -214,7 +214,10 @@ def _status(method: str, shown: str, resp, *, write: bool = False) -> NetworkErr
     """The error an unexpected status is: Transient for 408, 429 and 5xx (Retry-After honoured)."""
     code = resp.status
     if code in (408, 429) or 500 <= code <= 599:
-        return Transient(f"{method} {shown}: HTTP {code}", retry_after=_retry_after(resp.getheader("Retry-After")))
+        # nginx answers 500 to a PUT into a folder it may not create: say so, though it is retried.
+        hint = " (nginx answers this to a write without create_full_put_path on)" if write and code == 500 else ""
+        return Transient(f"{method} {shown}: HTTP {code}{hint}",
+                         retry_after=_retry_after(resp.getheader("Retry-After")))
     hint = ""
     if code in (401, 403):
         hint = (f" (the cache wants credentials{' for writes' if write else ''}: a netrc entry for its host, or "
@@ -223,7 +226,7 @@ def _status(method: str, shown: str, resp, *, write: bool = False) -> NetworkErr
         hint = " (the server refuses a body this large: nginx needs client_max_body_size 0)"
     elif code == 409 and write:
         hint = " (the server cannot create the object's folder: nginx needs create_full_put_path on)"
-    elif write and code in (405, 409, 500, 501):
+    elif write and code in (405, 501):
         hint = " (does the server accept writes?)"
     return NetworkError(f"{method} {shown}: HTTP {code}{hint}")
 
