@@ -1,8 +1,8 @@
 """The `llmgw-store` command: parses arguments, calls one library function, formats its result.
 
-`main` is the console script: it tries the cache-hit fast path (fast.py, no click) and otherwise
-runs the click app. `cli` (the click group) is loaded on first use, so importing this package
-loads neither click nor the library.
+`main` is the console script: the fast path (cli/fast.py: build hits, activate, rollback, without
+click) and otherwise the click app. `cli` (the click group) is loaded on first use, so importing
+this package loads neither click nor the library.
 """
 
 from __future__ import annotations

@@ -7,8 +7,6 @@ The public names are loaded on first use (PEP 562), so importing the package cos
 
 from __future__ import annotations
 
-from importlib import import_module
-
 _EXPORTS = {
     "BuildOptions": "build.builder", "BuildResult": "build.builder",
     "Store": "core.local_store",
@@ -21,5 +19,7 @@ __all__ = sorted(_EXPORTS)
 
 def __getattr__(name: str) -> object:  # no `typing` import: this module is on the hot path
     if name in _EXPORTS:
+        from importlib import import_module  # here, not above: importlib brings warnings with it
+
         return getattr(import_module(f".{_EXPORTS[name]}", __name__), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -46,6 +46,7 @@ def cases(t, tmp) -> list[list[str]]:
         ["optimise"],
         ["stats"],
         ["keygen", "k", "--out", str(keys)],
+        ["key", "public", str(keys / "k.secret")],
         ["push", "p", "--to", cache, "--secret-key", str(keys / "k.secret")],
         ["pull", t["names"][0], "--from", cache, "--trusted-key", str(keys / "k.public")],
         ["push-roots", "--to", cache, "--secret-key", str(keys / "k.secret"), "--node", "k"],
@@ -54,6 +55,7 @@ def cases(t, tmp) -> list[list[str]]:
         ["gc", "--print-roots"],
         ["gc", "--dry-run"],
         ["gc"],
+        ["config"],
     ]
 
 
@@ -77,11 +79,14 @@ def test_progress_json_and_json_output_do_not_mix(template, tmp_path, uv_bin):
     assert all("t" in json.loads(line) for line in proc.stderr.splitlines())
 
 
-def test_a_failing_command_prints_no_document_and_one_error_line(template, tmp_path):
+def test_a_failing_command_prints_an_error_document_and_one_error_line(template, tmp_path):
     root = copy_store(template["root"], tmp_path / "root")
     proc = run_cli(root, "--json", "--progress=none", "info", "nothing")
-    assert (proc.returncode, proc.stdout) == (2, "")
+    assert proc.returncode == 2
     assert proc.stderr.startswith("llmgw-store: error: ") and proc.stderr.count("\n") == 1
+    doc = json.loads(proc.stdout)
+    assert doc == {"schema_version": 1, "exit_code": 2,
+                   "error": {"kind": "not_found", "message": proc.stderr.strip().removeprefix("llmgw-store: error: ")}}
 
 
 def test_every_command_has_a_case(template, tmp_path):

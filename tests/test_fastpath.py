@@ -197,13 +197,10 @@ def test_uses_fold_ignores_what_is_not_a_stamp(root, recipe, index, uv_bin, tmp_
 
 
 def test_fast_path_constants_agree_with_the_library():
-    from llmgw_store.cli import fast
-    from llmgw_store.core import buildmemo, defaults, keys
+    from llmgw_store.core import buildmemo, keys
     from llmgw_store.core.host import platform_facts
 
     assert buildmemo.KEY_SCHEMA == keys.SCHEMA_VERSION
-    assert (fast.PYPI_SIMPLE, fast.PYTHON_PREFERENCES, fast.PYTHON_PREFERENCE) == \
-           (defaults.PYPI_SIMPLE, defaults.PYTHON_PREFERENCES, defaults.PYTHON_PREFERENCE)
     facts = platform_facts()
     assert buildmemo.host_facts() == f"{facts['os']}|{facts['machine']}|{facts['libc']}"
     for name in ("a" * 32 + "-x-1-cpu", "../etc", "a" * 32 + "-x/y", "a" * 32 + "-"):
@@ -211,10 +208,11 @@ def test_fast_path_constants_agree_with_the_library():
 
 
 def test_fast_parse_leaves_what_it_does_not_know_to_click():
-    from llmgw_store.cli.fast import absolute, parse
+    from llmgw_store.cli.handlers import absolute
+    from llmgw_store.cli.spec import parse
 
-    assert parse(["build", "r.toml"])["recipe"] == "r.toml"
-    assert parse(["--root=x", "--json", "build", "--as-of=2024-01-01", "r.toml", "--substituter", "s"])["as_of"] \
+    assert parse(["build", "r.toml"]).given["recipe"] == "r.toml"
+    assert parse(["--root=x", "--json", "build", "--as-of=2024-01-01", "r.toml", "--substituter", "s"]).given["as_of"] \
         == "2024-01-01"
     for argv in (["build"], ["build", "--help", "r.toml"], ["list"], ["build", "r.toml", "--version", "1",
                  "--version", "2"], ["--frob", "build", "r.toml"], ["build", "a.toml", "b.toml"],

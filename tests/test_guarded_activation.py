@@ -8,13 +8,14 @@ from __future__ import annotations
 import json
 import os
 import signal
-import sqlite3
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
+from llmgw_store.core.layout import Layout
+from llmgw_store.roots import records
 from tests.conftest import build_json, build_store, cli_cmd, real_uv, run_cli, write_recipe
 
 
@@ -40,12 +41,9 @@ def generations(root: Path, profile: str) -> dict:
 
 
 def switches(root: Path, profile: str) -> list[tuple]:
-    con = sqlite3.connect(root / "var" / "db.sqlite")
-    try:
-        return [tuple(r) for r in con.execute(
-            "SELECT from_number, to_number, kind FROM switches WHERE profile = ? ORDER BY id", (profile,))]
-    finally:
-        con.close()
+    """The switches the profile's history records: (from, to, kind)."""
+    return [(e.get("from"), e["to"], e["event"]) for e in records.history(Layout.at(root), profile)
+            if e["event"] in ("activate", "auto-rollback", "rollback")]
 
 
 def wait_for(predicate, what: str, seconds: float = 60) -> None:
@@ -72,7 +70,7 @@ def test_a_failing_check_leaves_the_profile_untouched(built):
     act(root, "g1", old)
     before = sorted(os.listdir(root / "profiles"))
     proc = act(root, "g1", new, "--check", FAILING, check=False)
-    assert proc.returncode == 1 and proc.stdout == ""
+    assert proc.returncode == 1 and json.loads(proc.stdout)["error"]["kind"] == "command"  # --json: the error
     err = proc.stderr.strip().splitlines()[-1]
     assert err == ("llmgw-store: error: the check `python -c 'print('\"'\"'loading engine'\"'\"'); print('\"'\"'CUDA "
                    "error: no kernel image'\"'\"'); raise SystemExit(3)'` failed (exit 3); profile g1 left at "

@@ -1,4 +1,4 @@
-"""Binary caches: `keygen`, `push`, `pull`, `push-roots`, `cache gc`."""
+"""Binary caches: `push`, `pull`, `push-roots`, `cache gc`, `key public` (`keygen` is in integrity.py)."""
 
 from __future__ import annotations
 
@@ -6,14 +6,13 @@ import functools
 
 import click
 
-from llmgw_store.cli.app import Context, cli, lock_timeout_option
+from llmgw_store.cli.app import Context, cli, lock_timeout_option, setting_option
 from llmgw_store.core import locks
 
 
 def cache_network_options(f):
-    """How a command talks to binary caches (docs/fleet.md#retries-stalls-and-redirects): the
-    options become one `policy` argument (cache.backends.RetryPolicy); unset, the environment's."""
-    secs = click.FloatRange(min=0, min_open=True, max=86400)
+    """How a command talks to binary caches (core/config.py `cache.*`; docs/fleet.md, "Networks that
+    fail"): the options become one `policy` argument (cache.backends.RetryPolicy)."""
 
     @functools.wraps(f)
     def with_policy(*args, cache_attempts, cache_stall, cache_metadata_timeout, cache_deadline, cache_redirects_to,
@@ -22,27 +21,12 @@ def cache_network_options(f):
 
         kwargs["policy"] = RetryPolicy.from_env(attempts=cache_attempts, stall=cache_stall,
                                                 metadata_timeout=cache_metadata_timeout, deadline=cache_deadline,
-                                                redirects_to=cache_redirects_to)
+                                                redirects_to=" ".join(cache_redirects_to) or None)
         return f(*args, **kwargs)
 
-    for opt in reversed([
-        click.option("--cache-attempts", type=click.IntRange(1, 100), envvar="LLMGW_STORE_CACHE_ATTEMPTS",
-                     help="Attempts per cache request (connect errors, resets, stalls, HTTP 408/429/5xx); default 5. "
-                          "Env: LLMGW_STORE_CACHE_ATTEMPTS."),
-        click.option("--cache-stall", type=secs, envvar="LLMGW_STORE_CACHE_STALL",
-                     help="Seconds a transfer may go without 64 KiB before it is abandoned and retried; default 30. "
-                          "Env: LLMGW_STORE_CACHE_STALL."),
-        click.option("--cache-metadata-timeout", type=secs, envvar="LLMGW_STORE_CACHE_METADATA_TIMEOUT",
-                     help="Seconds an object's metadata may take, retries included, before the cache is passed "
-                          "over; default 5. Env: LLMGW_STORE_CACHE_METADATA_TIMEOUT."),
-        click.option("--cache-deadline", type=secs, envvar="LLMGW_STORE_CACHE_DEADLINE",
-                     help="Seconds after which a request starts no new attempt; default 300. "
-                          "Env: LLMGW_STORE_CACHE_DEADLINE."),
-        click.option("--cache-redirects-to", metavar="ORIGINS", envvar="LLMGW_STORE_CACHE_REDIRECTS_TO",
-                     help="Origins (https://host[:port], space-separated; * for any) an HTTP cache may redirect "
-                          "reads to besides its own. Env: LLMGW_STORE_CACHE_REDIRECTS_TO."),
-    ]):
-        with_policy = opt(with_policy)
+    for name in reversed(("cache.attempts", "cache.stall", "cache.metadata_timeout", "cache.deadline",
+                          "cache.redirects_to")):
+        with_policy = setting_option(name)(with_policy)
     return with_policy
 
 
@@ -72,8 +56,7 @@ def push(obj: Context, paths: tuple[str, ...], to: str, secret_key: str, format_
 @cli.command()
 @click.argument("target")
 @click.option("--from", "from_", multiple=True, required=True, help="Cache URL; repeatable (asked in order).")
-@click.option("--trusted-key", "trusted_keys", multiple=True,
-              help="Public key accepted (name:base64 or a .public file).")
+@setting_option("trusted_keys", help="Public key accepted (name:base64 or a .public file); repeatable.")
 @lock_timeout_option(locks.BUILD_LOCK_TIMEOUT_S, "each lock (another process fetching the same key, a gc)")
 @cache_network_options
 @click.pass_obj
@@ -146,3 +129,25 @@ def cache_gc(obj: Context, url: str, keep_from: tuple[str, ...], grace: str, dry
                f"{len(r.roots)} node(s)")
     kept = [f"keep {name}: {why}" for name, why in r.why_kept.items()] if r.dry_run else []
     obj.emit(r.to_json(), "\n".join([*kept, *r.deleted_objects, summary]))
+
+
+@cli.group()
+def key() -> None:
+    """Signing keys (made by `keygen`)."""
+
+
+@key.command("public")
+@click.argument("secret", type=click.Path(dir_okay=False))
+@click.pass_obj
+def key_public(obj: Context, secret: str) -> None:
+    """Print the public key (name:base64) of the SECRET key file, to pass as --trusted-key or to
+    write to NAME.public.
+
+    \b
+    Example:
+      llmgw-store key public /etc/llmgw-store/builder-1.secret > builder-1.public
+    """
+    from llmgw_store.cache.signing import public_key_of
+
+    public = public_key_of(secret)
+    obj.emit({"public_key": public}, public)

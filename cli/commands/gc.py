@@ -4,19 +4,19 @@ from __future__ import annotations
 
 import click
 
-from llmgw_store.cli.app import Context, cli, lock_timeout_option
+from llmgw_store.cli.app import Context, cli, lock_timeout_option, setting_option
 from llmgw_store.core import locks
 
 
 @cli.command()
 @click.option("--dry-run", is_flag=True, help="Say what would be deleted and how much it frees; delete nothing.")
-@click.option("--delete-older-than", metavar="DURATION", help="First delete generations older than this (30d, 12h), never the current one.")
-@click.option("--keep", type=int, help="First delete all but the newest N generations of each profile (never the current one).")
+@setting_option("gc.delete_older_than")
+@setting_option("gc.keep")
 @click.option("--max-freed", metavar="SIZE", help="Stop after freeing this much (50G), least recently used first.")
-@click.option("--min-free", metavar="SIZE", help="Collect only until the filesystem has this much free; nothing if it has.")
-@click.option("--max-cache", metavar="SIZE", help="Prune the uv and bytecode caches down to SIZE on disk: entries no live path uses first, least recently used first.")
+@setting_option("gc.min_free")
+@setting_option("gc.max_cache")
 @click.option("--prune-live", is_flag=True, help="With --max-cache: also prune entries live paths were built from (repair and cold rollback then need the network).")
-@click.option("--keep-dead-for", metavar="DURATION", help="Keep a dead path that was rooted or used within DURATION (1h): a rollback right after a switch finds it.")
+@setting_option("gc.keep_dead_for")
 @click.option("--keep-records", type=click.IntRange(min=1), help="Keep at most N records of cold generations per profile (the oldest go; `rollback --to` needs a record).")
 @lock_timeout_option(locks.LOCK_TIMEOUT_S, "the gc lock and each profile's lock (so cron tries again later)")
 @click.option("--print-roots", is_flag=True, help="Print each gc root and the store paths it holds; collect nothing.")
@@ -63,7 +63,7 @@ def gc(obj: Context, dry_run: bool, delete_older_than: str | None, keep: int | N
 @cli.command(name="systemd-units")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=".", show_default=True,
               help="Directory for llmgw-store-gc.service and llmgw-store-gc.timer (e.g. /etc/systemd/system).")
-@click.option("--keep-dead-for", default="1h", show_default=True, help="The gc's grace period for dead paths.")
+@setting_option("gc.keep_dead_for", "1h", "The gc's grace period for dead paths.")
 @click.option("--on-calendar", default="*-*-* 04:17:00", show_default=True, help="When the timer runs gc (systemd OnCalendar).")
 @click.pass_obj
 def systemd_units(obj: Context, out_dir: str, keep_dead_for: str, on_calendar: str) -> None:

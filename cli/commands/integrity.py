@@ -4,20 +4,21 @@ from __future__ import annotations
 
 import click
 
-from llmgw_store.cli.app import Context, cli, lock_timeout_option, quoted
-from llmgw_store.core import defaults, locks
+from llmgw_store.cli.app import Context, cli, lock_timeout_option, quoted, setting_option
+from llmgw_store.core import config, locks
 
 
 @cli.command()
 @click.argument("paths", nargs=-1)
 @click.option("--repair", is_flag=True, help="Rebuild each damaged path from its recorded inputs and swap it in if the result checks out.")
-@click.option("--uv", "uv_path", type=click.Path(dir_okay=False), envvar="LLMGW_STORE_UV", help="uv for --repair (must be the version the path was built with).")
-@click.option("--python-preference", envvar="LLMGW_STORE_PYTHON_PREFERENCE", default=defaults.PYTHON_PREFERENCE, show_default=True,
-              type=click.Choice(defaults.PYTHON_PREFERENCES), help="For --repair: where the interpreter may come from.")
+@setting_option("uv", help="uv for --repair (must be the version the path was built with).")
+@setting_option("python_preference", help="For --repair: where the interpreter may come from.")
 @lock_timeout_option(locks.BUILD_LOCK_TIMEOUT_S, "each lock --repair takes (the gc lock, the key's)")
+@setting_option("index_url", config.NO_DEFAULT, "For --repair: the configured index URL, whose credentials (if any) "
+                "are sent to the index a path records, when it is that index.")
 @click.pass_obj
-def verify(obj: Context, paths: tuple[str, ...], repair: bool, uv_path: str | None, python_preference: str,
-           lock_timeout: float) -> None:
+def verify(obj: Context, paths: tuple[str, ...], repair: bool, uv: str | None, python_preference: str,
+           lock_timeout: float, index_url: str | None) -> None:
     """Recompute the content hash of PATHS (store paths, names, keys, PROFILE or PROFILE@N; default:
     every store path) and compare with the manifest
     and the index; name modified, missing, extra and writable files. Exit 1 if any path is damaged.
@@ -29,8 +30,8 @@ def verify(obj: Context, paths: tuple[str, ...], repair: bool, uv_path: str | No
     """
     from llmgw_store.integrity.verify import verify as do_verify
 
-    r = do_verify(list(paths) or None, root=obj.root, repair=repair, uv=uv_path,
-                  python_preference=python_preference, lock_timeout=lock_timeout)
+    r = do_verify(list(paths) or None, root=obj.root, repair=repair, uv=uv,
+                  python_preference=python_preference, lock_timeout=lock_timeout, index_url=index_url)
     lines = []
     for p in r.paths:
         state = "ok" if p["ok"] else ("repaired" if p.get("ok_after_repair") else "DAMAGED")

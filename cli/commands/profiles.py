@@ -5,37 +5,16 @@ from __future__ import annotations
 
 import click
 
-from llmgw_store.cli.app import Context, build_options, caches_from, cli, lock_timeout_option, options_from
-from llmgw_store.core import defaults, locks
+from llmgw_store.cli import handlers
+from llmgw_store.cli.app import Context, cli, lock_timeout_option, spec_params
+from llmgw_store.core import locks
 from llmgw_store.core.names import printable
 
 
-def _check_timeout(ctx: click.Context, param: click.Parameter, value: float) -> float:
-    """Finite, more than 0, at most a day: checked before anything is built or switched."""
-    import math
-
-    if not (math.isfinite(value) and 0 < value <= 86400):
-        raise click.BadParameter(f"{value!r} is not a number of seconds more than 0 and at most 86400")
-    return value
-
-
 @cli.command()
-@click.argument("profile")
-@click.argument("target")
-@build_options
-@click.option("--check", "check", metavar="'CMD ...'",
-              help="Run this command in TARGET's environment first; switch only if it exits 0 "
-                   "(default: the recipe's `health` command, if it has one).")
-@click.option("--check-timeout", type=float, default=120.0, show_default=True, callback=_check_timeout,
-              help="Seconds the check may run (more than 0, at most 86400); then it is killed with its "
-                   "children and counts as failed.")
-@click.option("--then-check", is_flag=True,
-              help="Switch first, then run the check; switch back by itself if it fails or times out.")
-@click.option("--no-check", is_flag=True, help="Do not run the recipe's `health` command.")
-@click.option("--keep-records", type=click.IntRange(min=1), default=100, show_default=True,
-              help="Records of generations kept for this profile (the oldest cold ones are dropped beyond it).")
+@spec_params("activate")
 @click.pass_obj
-def activate(obj: Context, profile: str, target: str, **kw) -> None:
+def activate(obj: Context, **kw) -> None:
     """Make TARGET the current generation of PROFILE (atomically).
 
     TARGET is a store path (or its name or key), or a RECIPE.toml that is built first if needed
@@ -50,38 +29,13 @@ def activate(obj: Context, profile: str, target: str, **kw) -> None:
       llmgw-store activate vllm examples/vllm.toml --check 'vllm --version' --check-timeout 60
       llmgw-store activate vllm vllm@7 --check 'systemctl restart vllm' --then-check
     """
-    from llmgw_store.api import activate as do_activate
-    from llmgw_store.roots.health import parse as parse_check
-
-    if kw["no_check"] and kw["check"] is not None:
-        raise click.UsageError("--no-check and --check exclude each other")
-    # Build options are made (and the builder loaded) only for a recipe.
-    options = options_from(kw) if target.endswith(".toml") else None
-    r = do_activate(profile, target, options, **caches_from(kw), root=obj.root, lock_timeout=kw["lock_timeout"],
-                    check=parse_check(kw["check"]) if kw["check"] is not None else None, no_check=kw["no_check"],
-                    check_timeout=kw["check_timeout"], then_check=kw["then_check"], keep_records=kw["keep_records"])
-    checked = f" (check {r.check['result']})" if r.check else ""
-    text = (f"{profile}: generation {r.generation} -> {r.path}{checked}" if r.changed
-            else f"{profile}: already at generation {r.generation} -> {r.path}")
-    obj.emit(r.to_json(), text)
+    handlers.activate(obj, kw)
 
 
 @cli.command()
-@click.argument("profile")
-@click.option("--to", "to", type=int, help="Generation number to switch to (default: the previous one). A cold "
-                                           "generation is rebuilt from its record (or pulled) first.")
-@click.option("--substituter", "substituters", multiple=True, envvar="LLMGW_STORE_SUBSTITUTERS",
-              help="Binary cache to pull a cold generation's store path from; repeatable.")
-@click.option("--trusted-key", "trusted_keys", multiple=True, help="Public key whose signatures are accepted; repeatable.")
-@click.option("--uv", "uv_path", type=click.Path(dir_okay=False), envvar="LLMGW_STORE_UV",
-              help="A uv binary of the version the cold generation was built with (default: the store's).")
-@click.option("--python-preference", envvar="LLMGW_STORE_PYTHON_PREFERENCE", default=defaults.PYTHON_PREFERENCE,
-              show_default=True, type=click.Choice(defaults.PYTHON_PREFERENCES),
-              help="Where the interpreter of a rebuild may come from.")
-@lock_timeout_option(locks.LOCK_TIMEOUT_S, "the profile's lock (and a rebuild's locks)")
+@spec_params("rollback")
 @click.pass_obj
-def rollback(obj: Context, profile: str, to: int | None, substituters: tuple[str, ...], trusted_keys: tuple[str, ...],
-             uv_path: str | None, python_preference: str, lock_timeout: float) -> None:
+def rollback(obj: Context, **kw) -> None:
     """Switch PROFILE back to its previous generation, or to generation N with --to N.
 
     A cold generation N (deleted, its store path collected) comes back from its record: pulled
@@ -93,12 +47,7 @@ def rollback(obj: Context, profile: str, to: int | None, substituters: tuple[str
       llmgw-store rollback vllm          # the generation before the current one
       llmgw-store rollback vllm --to 3
     """
-    from llmgw_store.api import rollback as do_rollback
-
-    r = do_rollback(profile, to=to, substituters=substituters, trusted_keys=trusted_keys, uv=uv_path,
-                    python_preference=python_preference, root=obj.root, lock_timeout=lock_timeout)
-    back = f" (cold: {r.rebuilt})" if r.rebuilt else ""
-    obj.emit(r.to_json(), f"{profile}: generation {r.previous} -> {r.generation} ({r.path}){back}")
+    handlers.rollback(obj, kw)
 
 
 @cli.command()

@@ -107,6 +107,11 @@ def _install_managed(store: "Store", uv: UvTool, request: str, preference: str) 
     """Download a managed interpreter into ROOT/python and find it; None (having said why) when the
     download host cannot be reached or the download fails (a usage error for `managed`: there is
     nothing else to fall back to after the host's own were looked at)."""
+    from llmgw_store.core import network
+
+    if network.is_offline():
+        say(f"no managed Python {request} download: --offline")
+        return None
     host = _download_host()
     if not _reachable(host):
         say(f"no managed Python {request} download: {host[0]}:{host[1]} cannot be reached "

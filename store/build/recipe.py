@@ -251,6 +251,10 @@ def check_values(b: dict[str, Any], file, where: str) -> None:
     if "extra_index" in b and not INDEX_URL_RE.fullmatch(b["extra_index"]):
         raise RecipeError(file, f"{where}.extra_index", f"{shown(b['extra_index'])} is not an http(s) URL "
                           "(no spaces, quotes or control characters, at most 2048 characters)")
+    if "extra_index" in b and "@" in b["extra_index"].partition("://")[2].split("/", 1)[0]:
+        # The build table is a key input, recorded and pushed everywhere: a token there would be too.
+        raise RecipeError(file, f"{where}.extra_index", "holds credentials (user:token@): put them in netrc "
+                          "(docs/operations.md, private indexes), the URL in the recipe without them")
 
 
 MAX_PIN_DIGESTS = 64  # wheels of one version (platforms x Python versions) a pin may list

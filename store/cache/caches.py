@@ -14,19 +14,13 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from typing import TypeVar
-from urllib.parse import urlsplit
 
 from llmgw_store.cache.backends import Backend, RetryPolicy, backend_for
+from llmgw_store.core.credentials import public_url as shown
 from llmgw_store.core.errors import IntegrityError, NetworkError, UsageError
 from llmgw_store.core.report import say
 
 T = TypeVar("T")
-
-
-def shown(url: str) -> str:
-    """A cache URL as messages may print it: without credentials."""
-    parts = urlsplit(url)
-    return parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl() if "@" in parts.netloc else url
 
 
 class Caches:

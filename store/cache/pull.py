@@ -43,7 +43,8 @@ from llmgw_store.core.keys import KEY_RE, is_store_name, key_of_name
 from llmgw_store.core.local_store import Store
 from llmgw_store.core.report import say
 from llmgw_store.core.results import Result
-from llmgw_store.core.scratch import sigterm_raises, sweep_dead
+from llmgw_store.core.scratch import sweep_dead
+from llmgw_store.core.signals import raising
 from llmgw_store.core.temproots import TempRoots
 
 MAX_REFERENCES = 64  # of one object
@@ -419,18 +420,12 @@ class PullResult(Result):
 def _local_path(store: Store, key: str) -> Path | None:
     """The registered path of `key` in this store (its local name), if it is there."""
     row = store.index.path_by_key(key)
-    path = store.layout.path_of(row["name"]) if row else None
+    path = store.layout.path_of(row.name) if row else None
     return path if path is not None and path.is_dir() else None
 
 
 SCRATCH_RE = re.compile(r"pull-([0-9]{1,7})-[0-9a-z]{32}(?:\.tar\.zst)?")  # Linux pids are at most 2^22
 MAX_STALE_SCAN = 100_000
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM during a pull: handled as ^C (its scratch tree is removed), exit 143."""
-
-    exit_code = 143
 
 
 RESUME_RE = re.compile(r"resume-[0-9a-z]{32}")
@@ -471,7 +466,7 @@ def pull(target: str, from_: list[str], trusted: list[str], *, root: str | Path 
     objects = _closure(caches, key, name, keys)
     pulled, present = [], []
     total = Stats()
-    with Store.open(root, lock_timeout, create=True) as store, sigterm_raises(lambda: Terminated("SIGTERM")):
+    with Store.open(root, lock_timeout, create=True) as store, raising():  # SIGTERM as ^C: scratch removed, exit 143
         sweep_stale_pulls(store.layout.tmp)
         for meta in objects:
             local = _local_path(store, meta.key)
@@ -501,7 +496,7 @@ class CacheSubstituter:
     """The build layer's `Substituter`: asks the binary caches for the key before a build, each
     object and blob from every cache in order (cache/caches.py). A cache that is down, lacks the
     key or serves something that fails a check is passed over (one line on stderr); when no cache
-    serves it, `miss` decides what happens."""
+    serves it, the build layer decides what happens (`substitution`)."""
 
     def __init__(self, urls: list[str] | tuple[str, ...], trusted: list[str] | tuple[str, ...],
                  policy: RetryPolicy | None = None):
@@ -509,7 +504,9 @@ class CacheSubstituter:
         self.caches = Caches(self.urls, policy)
 
     def substitute(self, store: Store, key: str, name: str) -> bool:
-        """True once `name` is in the store from a cache (caller holds the key's lock)."""
+        """True once `name` is in the store from a cache (caller holds the key's lock); False when
+        no cache served it (what that means — build, or fail under --substitute-only — is
+        build/builder.py's `substitution`)."""
         try:
             meta = self.caches.first(lambda backend: fetch_meta(backend, key, self.keys, name))
             if meta is not None:
@@ -518,9 +515,4 @@ class CacheSubstituter:
         except StoreError as exc:
             where = getattr(exc, "cache", None) or " ".join(shown(u) for u in self.urls)
             say(f"cache {where}: {exc}; passing it over")
-        return self.miss(key, name)
-
-    def miss(self, key: str, name: str) -> bool:
-        """No cache served `name`: the one place that decides what that means. Here the build goes
-        on locally (False); a substitute-only node makes it an error instead."""
         return False

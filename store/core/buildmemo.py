@@ -3,21 +3,27 @@
     ROOT/var/memo/<blake2b of the memo key>      one small text file per (recipe bytes, options)
 
 The memo key is everything a build's store key follows from that can be known without the index:
-the recipe's bytes and absolute path, every build option that enters the key (version, variant,
-as-of, index URL, --uv, python preference), this machine's platform facts and the key schema. The
+the recipe's bytes and absolute path, every build option that enters the key (KEY_OPTIONS: the
+parameters cli/spec.py declares with hit="key", which tests/test_cli_spec.py keeps equal), this
+machine's platform facts and the key schema. The
 facts the key takes from the index (the uv version, the interpreter, the latest version, the
 publication time) are fixed by the files they were learnt from: the entry lists those files (the uv
 binary, the interpreter) with their inode, size and mtime, and is stale when one differs; a version
 that came from "latest" gives the entry an expiry (the latest memo's TTL). So an entry is a true
 statement "these inputs give this store path" until one of those changes, and the fast path
-(cli/fast.py) prints the path only if it is still in store/ with its manifest.
+(cli/fast.py) prints the path only if it is still in store/ with its manifest, and only against the
+index the entry was written against: the index's epoch (a random number SQLite keeps in the
+database header, made with the file, see core/index.py) is in the entry. An index file replaced in
+place by another one (a backup copied back over it, a rebuilt one) has another epoch, though it
+keeps the inode, and the entry is then no answer.
 
 The builder writes an entry after each successful build or hit (`write`); `read` is the fast path's.
 An entry is outside input to the reader: the file must be a regular file of the running user's,
 mode 0600, no larger than MAX_BYTES, in a var/ and memo/ that are the user's and closed to others,
-never reached through a link; every field is checked. Anything else is a miss, never an error.
+never reached through a link; ROOT and var/ pass the store's own directory check (core/dirs.py, as
+the full command's); every field is checked. Anything else is a miss, never an error.
 Writes are a new 0600 file renamed over the entry (atomic in one directory): a reader sees the old
-entry or the new one. Only os, stat and blake2b are imported: this module is on the hot path.
+entry or the new one. Only os, stat, blake2b and core/dirs are imported: this module is on the hot path.
 """
 
 from __future__ import annotations
@@ -25,6 +31,9 @@ from __future__ import annotations
 import os
 import stat
 import sys
+
+from llmgw_store.core.dirs import PRIVATE_DIR, PUBLIC_DIR, own_dir, private_dir, read_private, replace_private
+from llmgw_store.core.errors import UsageError
 
 try:  # hashlib would load OpenSSL first (5 ms here); blake2b is built in
     from _blake2 import blake2b
@@ -36,6 +45,7 @@ except ImportError:  # pragma: no cover - an interpreter built without it
 KEY_SCHEMA = 1
 FORMAT = "llmgw-store build memo 1"
 MAX_BYTES = 16384
+MAX_RECIPE_BYTES = 1 << 20  # a larger recipe file is built, never memoised
 MAX_DEPS = 8
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -55,14 +65,23 @@ def host_facts() -> str:
     return f"{sys.platform}|{os.uname().machine}|{libc}"
 
 
-def memo_key(recipe_path: str, recipe_bytes: bytes, version: str | None, variant: str | None, as_of: str | None,
-             index_url: str, uv: str | None, python_preference: str) -> str:
-    """The entry's file name: blake2b-256 over every input, each length-prefixed (no two collide)."""
+# The build options that enter the memo key, by their BuildOptions (and click parameter) names.
+KEY_OPTIONS = ("version", "variant", "as_of", "index_url", "uv", "python_preference")
+
+
+def memo_key(recipe_path: str, recipe_bytes: bytes, options: dict[str, object]) -> str:
+    """The entry's file name: blake2b-256 over every input (`options`: KEY_OPTIONS' values), each
+    length-prefixed (no two collide). The index URL enters without its userinfo, as it enters the
+    store key (core/credentials.py)."""
+    from llmgw_store.core.credentials import public_url
+
     h = blake2b(FORMAT.encode(), digest_size=32)
+    index_url, uv = options["index_url"], options["uv"]
+    normal = {**options, "index_url": public_url(str(index_url)).rstrip("/"),
+              "uv": None if uv is None else os.path.abspath(os.fspath(uv))}  # type: ignore[arg-type]
     for part in (str(KEY_SCHEMA), host_facts(), os.path.abspath(recipe_path), blake2b(recipe_bytes).hexdigest(),
-                 version, variant, as_of, index_url.rstrip("/"), None if uv is None else os.path.abspath(uv),
-                 python_preference):
-        b = b"\xff" if part is None else part.encode("utf-8", "surrogateescape")
+                 *(normal[k] for k in KEY_OPTIONS)):
+        b = b"\xff" if part is None else str(part).encode("utf-8", "surrogateescape")
         h.update(len(b).to_bytes(4, "big") + b)
     return h.hexdigest()
 
@@ -76,14 +95,30 @@ def file_stamp(path: str) -> str | None:
     return f"{st.st_ino}:{st.st_size}:{st.st_mtime_ns}"
 
 
-def inode_stamp(path: str) -> str | None:
-    """Which file `path` is (not its state): the index's stamp. The index changes on every write, but
-    an index deleted and made anew (a lost index: its paths are not registered) is another inode,
-    and the slow path must then see the store path to register it again."""
+SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+def index_epoch(root: str) -> str | None:
+    """Which index ROOT/var/db.sqlite is: its epoch, a random number made with the file and kept in
+    the SQLite header's application id (core/index.py), read from the file's first 100 bytes
+    without loading SQLite. None when there is no index, or it has no epoch (yet: one set on an
+    older index reaches the header at SQLite's next checkpoint); no entry is written or read then."""
     try:
-        return f"ino={os.stat(path).st_ino}"
+        fd = os.open(os.path.join(root, "var", "db.sqlite"), FILE_FLAGS)
     except OSError:
         return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        header = os.read(fd, 100)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    if len(header) < 100 or not header.startswith(SQLITE_MAGIC):
+        return None
+    epoch = int.from_bytes(header[68:72], "big")
+    return f"epoch={epoch}" if epoch else None
 
 
 def is_store_name(name: str) -> bool:
@@ -92,35 +127,21 @@ def is_store_name(name: str) -> bool:
             and all(c in NAME_CHARS for c in name[33:]))
 
 
-def private_dir(name: str, parent_fd: int, create: bool) -> int | None:
-    """A directory of the running user's that no other user may write, opened without following a link."""
-    if create:
-        try:
-            os.mkdir(name, 0o700, dir_fd=parent_fd)
-        except FileExistsError:
-            pass
-    try:
-        fd = os.open(name, DIR_FLAGS, dir_fd=parent_fd)
-    except OSError:
-        return None
-    st = os.fstat(fd)
-    if st.st_uid != os.geteuid() or st.st_mode & 0o022:
-        os.close(fd)
-        return None
-    return fd
-
-
 def open_var(root: str, create: bool = False) -> int | None:
-    """ROOT/var as a descriptor, if ROOT and var are as layout.ensure leaves them; else None."""
+    """ROOT/var as a descriptor, if ROOT and var pass the store's directory check (core/dirs.py, the
+    full command's); else None."""
     try:
-        root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError:
+        root_fd = own_dir(root, PUBLIC_DIR, None, create=False, fix=False)
+    except UsageError:
+        return None  # a link, another user's: the full command refuses it, and says why
+    if root_fd is None:
         return None
     try:
-        st = os.fstat(root_fd)
-        if st.st_uid not in (0, os.geteuid()) or st.st_mode & 0o022:
-            return None
-        return private_dir("var", root_fd, create)
+        if create:
+            return private_dir("var", root_fd, False)
+        return own_dir(os.path.join(root, "var"), PRIVATE_DIR, root_fd, create=False, fix=False)
+    except UsageError:
+        return None
     finally:
         os.close(root_fd)
 
@@ -138,21 +159,11 @@ def read(root: str, digest: str) -> dict[str, str] | None:
     if memo_fd is None:
         return None
     try:
-        fd = os.open(digest, FILE_FLAGS, dir_fd=memo_fd)
-    except OSError:
-        return None
+        data = read_private(memo_fd, digest, MAX_BYTES)
     finally:
         os.close(memo_fd)
-    try:
-        st = os.fstat(fd)
-        if (not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077
-                or st.st_size > MAX_BYTES):
-            return None
-        data = os.read(fd, MAX_BYTES + 1)
-    except OSError:
+    if data is None:
         return None
-    finally:
-        os.close(fd)
     entry = parse(data)
     if entry is None or not _still_true(root, entry):
         return None
@@ -209,8 +220,8 @@ def _still_true(root: str, entry: dict[str, str]) -> bool:
         stamp, _, path = dep.partition(" ")
         if file_stamp(path) != stamp:
             return False
-    if inode_stamp(os.path.join(root, "var", "db.sqlite")) != entry["index"]:
-        return False  # the index was lost (deleted, or moved aside by doctor): the slow path registers again
+    if index_epoch(root) != entry["index"]:
+        return False  # another index file (lost, rebuilt, copied back in place): the slow path answers
     return store_path_present(root, entry["name"])
 
 
@@ -246,7 +257,7 @@ def write(root: str, digest: str, fields: dict[str, str], deps: list[str], expir
         if stamp is None:
             return False
         lines.append(f"dep={stamp} {os.path.abspath(path)}")
-    index = inode_stamp(os.path.join(root, "var", "db.sqlite"))
+    index = index_epoch(root)
     if index is None:
         return False
     lines.append(f"index={index}")
@@ -262,25 +273,8 @@ def write(root: str, digest: str, fields: dict[str, str], deps: list[str], expir
         os.close(var_fd)
     if memo_fd is None:
         return False
-    tmp = f".tmp-{os.getpid()}-{digest[:16]}"
     try:
-        try:
-            os.unlink(tmp, dir_fd=memo_fd)
-        except FileNotFoundError:
-            pass
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=memo_fd)
-        try:
-            os.write(fd, data)
-        finally:
-            os.close(fd)
-        os.rename(tmp, digest, src_dir_fd=memo_fd, dst_dir_fd=memo_fd)
-        return True
-    except OSError:
-        try:
-            os.unlink(tmp, dir_fd=memo_fd)
-        except OSError:
-            pass
-        return False
+        return replace_private(memo_fd, digest, data)
     finally:
         os.close(memo_fd)
 

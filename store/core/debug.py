@@ -1,7 +1,8 @@
 """Test hooks that hold a process at a named point on purpose, like Nix's NIX_DEBUG_GC_WAIT.
 
 `LLMGW_STORE_DEBUG_<POINT>` set to
-  - `wait:DIR` makes the process write `DIR/<point>.reached` (its pid) and wait there until
+  - `wait:DIR` makes the process write `DIR/<point>.reached` (its pid; and `DIR/<point>.pid-<pid>`,
+    so that several processes at one point can be counted) and wait there until
     `DIR/<point>.go` exists: a barrier a test opens when it has done what it wanted to do inside
     the window (tests/support/barrier.py). The wait is bounded (MAX_WAIT_S), so a test that
     forgets to open it fails instead of hanging;
@@ -38,6 +39,10 @@ def wait_at(directory: str, point: str) -> None:
     tmp = f"{base}.reached.{os.getpid()}.{threading.get_ident()}"  # several threads may reach one point
     with open(tmp, "w") as f:
         f.write(str(os.getpid()))
+    try:
+        os.link(tmp, f"{base}.pid-{os.getpid()}")  # one per process: a test can count who is here
+    except FileExistsError:
+        pass  # another thread of this process is here already
     os.replace(tmp, base + ".reached")  # the test never sees a half-written pid
     deadline = time.monotonic() + MAX_WAIT_S
     while not os.path.exists(base + ".go"):

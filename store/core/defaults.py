@@ -1,5 +1,5 @@
 """Defaults the library and the CLI share: defined once here, read by both (the CLI's `--help`
-shows these values; nothing repeats them). Lock timeouts live with the locks (core/locks.py)."""
+shows these values; nothing repeats them). Nothing is imported: the fast path reads this module."""
 
 from __future__ import annotations
 
@@ -9,3 +9,11 @@ PYPI_SIMPLE = "https://pypi.org/simple"
 PYTHON_PREFERENCES = ("only-managed", "managed", "system", "only-system")
 PYTHON_PREFERENCE = "managed"  # the host's interpreter before a download (issue 16)
 
+
+# --progress / LLMGW_STORE_PROGRESS (core/report.py renders each).
+PROGRESS_MODES = ("auto", "tty", "plain", "json", "none")
+
+# How long a command waits for a lock before it exits 75 (core/locks.py): a key is held for a whole
+# build; every other lock only for short critical sections.
+BUILD_LOCK_TIMEOUT_S = 3600.0
+LOCK_TIMEOUT_S = 60.0

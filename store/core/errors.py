@@ -6,16 +6,22 @@
     │   └── NotFoundError           a store path, key or profile that does not exist
     ├── LockTimeout                 exit 75 (EX_TEMPFAIL): a lock could not be had in time
     ├── NetworkError                an index or download could not be reached or answered badly
+    │   └── OfflineError            something needed the network under --offline
+    ├── NotSubstituted              --substitute-only: no binary cache has the key (nothing built)
     ├── IntegrityError              bytes did not match their published digest
     ├── CommandError                a subprocess (uv, a verify command) failed; carries its output's tail
-    └── IndexError_                 the SQLite index could not be read or written
+    ├── IndexError_                 the SQLite index could not be read or written
+    ├── DiskFullError               the filesystem (or the index's) has no space left (ENOSPC, SQLITE_FULL)
+    └── ReadOnlyError               the filesystem (or the index file) cannot be written (EROFS, SQLITE_READONLY)
 
 Callers catch `StoreError`; the CLI prints `str(err)` on one line and exits with `err.exit_code`.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
+TYPE_CHECKING = False  # typing is not imported: this module is on the hot path
+if TYPE_CHECKING:
+    from pathlib import Path
 
 EX_OK = 0
 EX_FAILED = 1
@@ -58,6 +64,14 @@ class NetworkError(StoreError):
     """An index or a download failed (unreachable, HTTP error, malformed answer)."""
 
 
+class OfflineError(NetworkError):
+    """The command needed the network (an index, a download, an HTTP cache) under --offline."""
+
+
+class NotSubstituted(StoreError):
+    """--substitute-only: no binary cache asked has the key, and building is not allowed."""
+
+
 class IntegrityError(StoreError):
     """Downloaded bytes did not match the digest published for them; nothing was installed."""
 
@@ -87,3 +101,13 @@ def _last_reason(output: str) -> str:
 
 class IndexError_(StoreError):
     """The SQLite index could not be opened, migrated, read or written."""
+
+
+class DiskFullError(StoreError):
+    """No space is left where the store writes (ENOSPC, or SQLite's SQLITE_FULL on the index);
+    the message names the path. `gc` needs no new space to delete: run it to make room."""
+
+
+class ReadOnlyError(StoreError):
+    """The store's filesystem or its index file cannot be written (EROFS, SQLITE_READONLY); the
+    message names the path. Read-only commands (list, info, verify) still work."""

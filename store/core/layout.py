@@ -33,11 +33,12 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from llmgw_store.core.errors import IndexError_, UsageError
+from llmgw_store.core.dirs import PRIVATE_DIR, PUBLIC_DIR  # noqa: F401  (re-exported)
+from llmgw_store.core.dirs import own_dir as _own_dir
+from llmgw_store.core.dirs import refuse as _refuse
+from llmgw_store.core.errors import IndexError_
 from llmgw_store.core.keys import is_store_name
 
-PUBLIC_DIR = 0o755
-PRIVATE_DIR = 0o700
 
 
 def default_root() -> Path:
@@ -53,6 +54,8 @@ def default_root() -> Path:
 
 @dataclass(frozen=True)
 class Layout:
+    """Where the store rooted at `root` keeps each thing (see the module docstring)."""
+
     root: Path
 
     @classmethod
@@ -198,53 +201,6 @@ def _checked_name(name: object) -> str:
     if not is_store_name(name):
         raise malformed_name(name)
     return name  # type: ignore[return-value]
-
-
-def _refuse(path: Path, why: str) -> UsageError:
-    return UsageError(f"refusing to use the store directory {path}: {why}; "
-                      "another user may have planted it — check it, then remove it or fix its owner and mode")
-
-
-def _own_dir(path: Path, mode: int, parent_fd: int | None, create: bool, fix: bool = True) -> int | None:
-    """A descriptor on the directory `path` (made with `mode` if missing and `create`, relative to
-    `parent_fd`, an already checked directory); None when it is missing and not to be made. The
-    descriptor, not the name, is checked, so a link swapped in between the check and a chmod cannot
-    redirect it. Lax modes of the owner's own directory (a store made by an older llmgw-store) are
-    tightened, never loosened; someone else's directory, or one others may write in, is refused."""
-    name = path.name if parent_fd is not None else os.fspath(path)
-    created = False
-    if create:
-        try:
-            os.mkdir(name, mode, dir_fd=parent_fd)
-            created = True
-        except FileExistsError:
-            pass
-    try:
-        fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent_fd)
-    except FileNotFoundError:
-        if create:
-            raise
-        return None
-    except PermissionError as exc:
-        raise UsageError(f"cannot open the store directory {path}: permission denied; "
-                         "run llmgw-store as the user that owns the store") from exc
-    except OSError as exc:
-        kind = "a symlink" if os.path.islink(path) else "not a directory"
-        raise _refuse(path, f"it is {kind} (pass the real directory as --root)" if parent_fd is None
-                      else f"it is {kind}") from exc
-    try:
-        st = os.fstat(fd)
-        if st.st_uid not in (os.geteuid(), 0):
-            raise _refuse(path, f"it is owned by uid {st.st_uid}, not by this user ({os.geteuid()}) or root")
-        if stat.S_IMODE(st.st_mode) & (stat.S_IWGRP | stat.S_IWOTH):
-            raise _refuse(path, f"other users may write in it (mode {stat.S_IMODE(st.st_mode):o})")
-        have = stat.S_IMODE(st.st_mode)
-        if fix and st.st_uid == os.geteuid() and (created or have & ~mode):
-            os.fchmod(fd, mode if created else have & mode)  # created: the umask may have taken bits
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
 
 
 def _private_lock(dir_fd: int, path: Path) -> None:

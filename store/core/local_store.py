@@ -23,6 +23,8 @@ MAX_REFERENCES = 64
 
 @dataclass
 class Store:
+    """A store on the local disk: its layout and its index, opened together."""
+
     layout: Layout
     index: Index
 
@@ -137,7 +139,9 @@ class Store:
         """(manifest, references) of store/<name> when it is a complete store path
         (manifest.check_complete); else IntegrityError saying why, and that it is kept."""
         try:
-            return self._found(name, rehash)
+            doc, refs = self._found(name, rehash)
+            self._register_references(name, refs, rehash=rehash)
+            return doc, refs
         except ValueError as exc:
             raise IntegrityError(
                 f"{name} exists but does not match its manifest (damaged: {exc}); it is kept, since it may "
@@ -159,6 +163,23 @@ class Store:
             refs = manifest.references_of(env, self.layout.store)
         return doc, refs
 
+    def _register_references(self, name: str, refs: Sequence[str], *, rehash: bool,
+                             busy: frozenset[str] | set[str] = frozenset(), seen: frozenset[str] = frozenset()) -> None:
+        """A path is registered after its references (the index's foreign keys): adopt those the
+        index lost first. `seen` ends a cycle of references, which no registration can make; a
+        reference in `busy` (a live temp root names it) is left to the process bringing it in.
+        ValueError when one is not a complete store path."""
+        for ref in refs:
+            if ref != name and self.index.path_by_name(ref) is None:
+                if ref in busy:
+                    why = "another process is bringing it in"
+                elif ref in seen | {name}:
+                    why = "its references make a cycle"
+                else:
+                    why = self.adopt(ref, rehash=rehash, busy=busy, _seen=seen | {name})
+                if why is not None:
+                    raise ValueError(f"it references {ref}, which is not a complete store path ({why})")
+
     def recover(self, name: str) -> bool:
         """Before making `name`, under its key's lock: True when store/<name> is there,
         unregistered, complete (tree rehashed), and now registered from its own manifest; False
@@ -170,16 +191,20 @@ class Store:
         say(f"{name} is complete on disk but was not in the index; registered it again from its manifest")
         return True
 
-    def adopt(self, name: str, *, rehash: bool = True) -> str | None:
+    def adopt(self, name: str, *, rehash: bool = True, busy: frozenset[str] | set[str] = frozenset(),
+              _seen: frozenset[str] = frozenset()) -> str | None:
         """Register `store/<name>`, a directory the index does not know, from its own manifest
-        (references included) when it is a complete store path (manifest.check_complete); return
-        None once it is registered, else why it is not complete. The index is a cache of the
-        manifests: a path it lost (a deleted or rebuilt index, a crash between rename and
-        registration) is found again, never deleted on the index's word alone.
+        (references included, adopted first when the index lost them too) when it is a complete
+        store path (manifest.check_complete); return None once it is registered, else why it is
+        not complete. The index is a cache of the manifests: a path it lost (a deleted or rebuilt
+        index, a crash between rename and registration) is found again, never deleted on the
+        index's word alone.
         The caller keeps every other writer of `name` away: it holds the key's lock, or the gc lock
-        exclusively with no live temp root naming `name`."""
+        exclusively with no live temp root naming `name` (nor one of `busy`, the names live temp roots
+        hold: a reference among them is left to the process that is bringing it in)."""
         try:
             doc, refs = self._found(name, rehash)
+            self._register_references(name, refs, rehash=rehash, busy=busy, seen=_seen)
         except ValueError as exc:
             return str(exc)
         self.install(self.layout.path_of(name), doc, refs)

@@ -32,15 +32,16 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
+from llmgw_store.core import debug, defaults
 from llmgw_store.core.errors import LockTimeout
 from llmgw_store.core.report import say
 
 POLL_S = 0.02
 LOCK_MODE = 0o600
-# How long a command waits for a lock before it exits 75; the CLI's --lock-timeout defaults read
-# these. Keys are held for a whole build; every other lock only for short critical sections.
-BUILD_LOCK_TIMEOUT_S = 3600.0
-LOCK_TIMEOUT_S = 60.0
+# How long a command waits for a lock before it exits 75 (core/defaults.py, where the CLI reads them
+# too): keys are held for a whole build; every other lock only for short critical sections.
+BUILD_LOCK_TIMEOUT_S = defaults.BUILD_LOCK_TIMEOUT_S
+LOCK_TIMEOUT_S = defaults.LOCK_TIMEOUT_S
 # The note of a holder appears just after it takes the lock: a waiter gives it this long.
 NOTE_GRACE_S = 1.0
 
@@ -110,6 +111,7 @@ def _acquire(fd: int, path: Path, shared: bool, what: str, timeout: float, defau
     while not owner.exists() and time.monotonic() < min(deadline, started + NOTE_GRACE_S):
         time.sleep(POLL_S)
     say(f"{what}: waiting for {_owner_text(owner, default_holder)}, which holds {path.name}")
+    debug.pause("LOCK_WAIT")  # tests: this process is queued behind the holder
     while True:
         try:
             fcntl.flock(fd, mode | fcntl.LOCK_NB)

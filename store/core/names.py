@@ -15,6 +15,7 @@ import re
 
 from llmgw_store.core.errors import UsageError
 from llmgw_store.core.keys import KEY_RE, NAME_RE, STORE_NAME_MAX, STORE_NAME_RE
+from llmgw_store.core.text import printable  # noqa: F401  (re-exported: one escaping for every line shown)
 
 USER_NAME_MAX = 100
 GENERATION_MAX = 10**9
@@ -26,14 +27,6 @@ def shown(value: object, limit: int = 60) -> str:
     """`value` quoted for a one-line error, cut short: a hostile value can be megabytes long."""
     s = repr(value)
     return s if len(s) <= limit else s[: limit - 20] + f"...' ({len(str(value))} characters)"
-
-
-def printable(text: str) -> str:
-    """`text` with every control character (ESC, BEL, \\r, \\n, DEL, C1 ...) shown as an escape, so
-    what a hostile command printed or was given can never drive the terminal it is shown on."""
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def check(kind: str, text: object, pattern: re.Pattern[str] = NAME_RE, max_len: int = USER_NAME_MAX,

@@ -13,6 +13,10 @@ Library code calls three things, from any thread:
 The sink is a module global rather than a context variable on purpose: hashing and downloads run
 in worker threads, which must report to the same place as the thread that started them.
 
+This module is on every command's path, the fast path's included: it imports no dataclasses,
+typing or contextlib, and loads threading only when a thread is started (a heartbeat, the watchdog
+once a step has been announced).
+
 Renderers (chosen by the CLI's --progress): `Tty` (one live line, rewritten in place with \\r),
 `Plain` (one timestamped line per event, at most one per step per second), `JsonLines` (one JSON
 object per event: {"t": unix time, "step", "done", "total", "unit", ...} or {"t", "msg"}). Every
@@ -22,33 +26,38 @@ and a terminal must never receive an escape sequence from either.
 
 from __future__ import annotations
 
+import _thread
 import os
 import sys
-import threading
 import time
-from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import IO, Callable, Iterator
 
-MODES = ("auto", "tty", "plain", "json", "none")
+from llmgw_store.core import defaults
+from llmgw_store.core.text import printable
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import IO
+
+MODES = defaults.PROGRESS_MODES
 HEARTBEAT_S = 1.0  # a step that cannot count reports this often; the promise is "at least every 2 s"
 
 
-@dataclass(frozen=True)
 class Update:
     """One progress update as renderers receive it. `rate` is per second over the step so far and
-    `eta` seconds left (None when unknown); `final` is the step's last update."""
+    `eta` seconds left (None when unknown); `final` is the step's last update; `idle` marks the
+    watchdog's update (the announced step, still running)."""
 
-    step: str
-    done: int
-    total: int | None
-    unit: str
-    elapsed: float
-    rate: float | None = None
-    eta: float | None = None
-    detail: str = ""
-    final: bool = False
-    idle: bool = False  # from the watchdog: the announced step, still running
+    __slots__ = ("detail", "done", "elapsed", "eta", "final", "idle", "rate", "step", "total", "unit")
+
+    def __init__(self, step: str, done: int, total: int | None, unit: str, elapsed: float,
+                 rate: float | None = None, eta: float | None = None, detail: str = "", final: bool = False,
+                 idle: bool = False) -> None:
+        self.step, self.done, self.total, self.unit, self.elapsed = step, done, total, unit, elapsed
+        self.rate, self.eta, self.detail, self.final, self.idle = rate, eta, detail, final, idle
+
+    def __repr__(self) -> str:
+        return "Update(" + ", ".join(f"{k}={getattr(self, k)!r}" for k in self.__slots__) + ")"
 
 
 class Reporter:
@@ -71,20 +80,19 @@ class Reporter:
         pass
 
 
-@dataclass
 class _Step:
-    started: float
-    first_done: int
-    last_shown: float
-    last_done: int
-    shown: bool
+    __slots__ = ("first_done", "last_done", "last_shown", "shown", "started")
+
+    def __init__(self, started: float, first_done: int, last_shown: float, last_done: int, shown: bool) -> None:
+        self.started, self.first_done, self.last_shown, self.last_done, self.shown = (
+            started, first_done, last_shown, last_done, shown)
 
 
 _reporter: Reporter = Reporter()
-_lock = threading.RLock()  # guards _steps and every renderer's output
+_lock = _thread.RLock()  # guards _steps, _watchdog and every renderer's output
 _steps: dict[str, _Step] = {}
 _MAX_STEPS = 256  # a step never ended (an exception) must not grow this forever
-_beating = threading.local()  # depth: whether this thread is inside a heartbeat
+_beating = _thread._local()  # depth: whether this thread is inside a heartbeat
 _announced: tuple[str, float] | None = None  # the last step `say` announced, and when
 WATCHDOG_S = 1.5  # silence after which the announced step is said to be still running
 
@@ -98,6 +106,7 @@ def say(message: str) -> None:
         _reporter.message(message)
         if not message.startswith("$ "):
             _announced = (message, time.monotonic())
+            _start_watchdog()
 
 
 def progress(step: str, done: int, total: int | None, unit: str = "", *, since: float | None = None) -> None:
@@ -136,85 +145,110 @@ def progress(step: str, done: int, total: int | None, unit: str = "", *, since: 
         _reporter.show(Update(step, done, total, unit, elapsed, rate, eta, final=final))
 
 
-@contextmanager
-def heartbeat(step: str, *, tail: Callable[[], str] | None = None, every: float = HEARTBEAT_S) -> Iterator[None]:
-    """While the block runs, report `step` with the seconds it has taken, every `every` seconds,
-    from a timer thread (with `tail()`, e.g. the last line a child printed, as its detail). A block
-    shorter than `every` reports nothing; a longer one ends with a line saying how long it took.
-    Inside another heartbeat of the same thread it says nothing: the outer step speaks for it."""
-    if not _reporter.active or getattr(_beating, "depth", 0):
-        yield
-        return
-    _beating.depth = 1
-    started = time.monotonic()
-    stop = threading.Event()
-    beats = 0
+class heartbeat:
+    """`with heartbeat(step, tail=...):` — while the block runs, report `step` with the seconds it
+    has taken, every `every` seconds, from a timer thread (with `tail()`, e.g. the last line a child
+    printed, as its detail). A block shorter than `every` reports nothing; a longer one ends with a
+    line saying how long it took. Inside another heartbeat of the same thread it says nothing: the
+    outer step speaks for it."""
 
-    def beat(final: bool) -> None:
+    def __init__(self, step: str, *, tail: Callable[[], str] | None = None, every: float = HEARTBEAT_S) -> None:
+        self.step, self.tail, self.every = step, tail, every
+        self.thread = None
+
+    def __enter__(self) -> None:
+        if not _reporter.active or getattr(_beating, "depth", 0):
+            return
+        import threading
+
+        _beating.depth = 1
+        self.started = time.monotonic()
+        self.stop = threading.Event()
+        self.beats = 0
+        self.thread = threading.Thread(target=self._loop, name=f"heartbeat {self.step}", daemon=True)
+        self.thread.start()
+
+    def _beat(self, final: bool) -> None:
         detail: str | None = ""
-        if tail is not None:
+        if self.tail is not None:
             try:
-                detail = tail()
+                detail = self.tail()
             except Exception:  # a detail is never worth failing the step for
                 detail = ""
         if detail is None:  # the step reported its own progress
             return
-        elapsed = time.monotonic() - started
+        elapsed = time.monotonic() - self.started
         with _lock:
-            _reporter.show(Update(step, int(elapsed), None, "s", elapsed, detail=detail, final=final))
+            _reporter.show(Update(self.step, int(elapsed), None, "s", elapsed, detail=detail, final=final))
 
-    def loop() -> None:
-        nonlocal beats
-        while not stop.wait(every):
-            beat(False)
-            beats += 1
+    def _loop(self) -> None:
+        while not self.stop.wait(self.every):
+            self._beat(False)
+            self.beats += 1
 
-    thread = threading.Thread(target=loop, name=f"heartbeat {step}", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
+    def __exit__(self, *exc: object) -> None:
+        if self.thread is None:
+            return
         _beating.depth = 0
-        stop.set()
-        thread.join()
-        if beats:
-            beat(True)
+        self.stop.set()
+        self.thread.join()
+        if self.beats:
+            self._beat(True)
         with _lock:
-            _steps.pop(step, None)
-            _reporter.end(step)
+            _steps.pop(self.step, None)
+            _reporter.end(self.step)
 
 
-@contextmanager
-def reporting_to(sink: Reporter | Callable[[str], None]) -> Iterator[Reporter]:
-    """Send progress to `sink` while the block runs (the CLI wraps each command in this): a
-    Reporter, or a function taking each message and each progress update as one line of text."""
-    global _reporter, _announced
-    reporter = sink if isinstance(sink, Reporter) else _Lines(sink)
-    with _lock:
-        previous, _reporter = _reporter, reporter
-        _steps.clear()
-        _announced = None
-    stop = threading.Event()
-    watchdog = None
-    if isinstance(reporter, _Text):
-        watchdog = threading.Thread(target=_watch, args=(reporter, stop), name="progress watchdog", daemon=True)
-        watchdog.start()
-    try:
-        yield reporter
-    finally:
-        stop.set()
+class reporting_to:
+    """`with reporting_to(sink) as reporter:` — send progress to `sink` while the block runs (the
+    CLI wraps each command in this): a Reporter, or a function taking each message and each progress
+    update as one line of text. For a text renderer, the watchdog (`_watch`) starts with the first
+    step announced, not before: a command that says nothing starts no thread."""
+
+    def __init__(self, sink: Reporter | Callable[[str], None]) -> None:
+        self.reporter = sink if isinstance(sink, Reporter) else _Lines(sink)
+
+    def __enter__(self) -> Reporter:
+        global _reporter, _announced
+        with _lock:
+            self.previous, _reporter = _reporter, self.reporter
+            _steps.clear()
+            _announced = None
+        return self.reporter
+
+    def __exit__(self, *exc: object) -> None:
+        global _reporter, _announced, _watchdog
+        with _lock:
+            watchdog, _watchdog = _watchdog, None
         if watchdog is not None:
-            watchdog.join()
+            watchdog[1].set()
+            watchdog[0].join()
         with _lock:
             try:
-                reporter.close()
+                self.reporter.close()
             finally:
-                _reporter = previous
+                _reporter = self.previous
                 _steps.clear()
                 _announced = None
 
 
-def _watch(reporter: "_Text", stop: threading.Event) -> None:
+_watchdog = None  # (thread, stop event) of the running watchdog, guarded by _lock
+
+
+def _start_watchdog() -> None:
+    """Under _lock: the watchdog of the current text reporter, if it has none yet."""
+    global _watchdog
+    if _watchdog is not None or not isinstance(_reporter, _Text):
+        return
+    import threading
+
+    stop = threading.Event()
+    thread = threading.Thread(target=_watch, args=(_reporter, stop), name="progress watchdog", daemon=True)
+    _watchdog = (thread, stop)
+    thread.start()
+
+
+def _watch(reporter: _Text, stop) -> None:
     """The promise that a running command says something at least every 2 s, whatever it is doing
     (a lock wait, a slow import, a query, Python-side work between two children): after WATCHDOG_S
     of silence, the step last announced by `say` is reported as still running. Before any step is
@@ -235,10 +269,7 @@ def _watch(reporter: "_Text", stop: threading.Event) -> None:
 
 
 def _printable(text: str) -> str:
-    """`text` with every control character (ESC, \\r, \\n, DEL, C1 ...) shown as an escape."""
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() or c == "\t" else repr(c)[1:-1] for c in text)
+    return printable(text, tabs=True)
 
 
 def _duration(seconds: float) -> str:

@@ -1,15 +1,12 @@
 """Scratch trees under ROOT/var/tmp named after the process that made them (`check-<pid>-…`,
-`pull-<pid>-…`): removed by their maker on every way out it can see, SIGTERM included, and by the
-next command of their kind when the maker was killed by SIGKILL."""
+`pull-<pid>-…`): removed by their maker on every way out it can see, SIGTERM included (its maker
+runs inside core/signals.py's guard), and by the next command of their kind when the maker was
+killed by SIGKILL."""
 
 from __future__ import annotations
 
 import os
 import re
-import signal
-import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 from llmgw_store.core.fsutil import force_rmtree
@@ -31,22 +28,3 @@ def sweep_dead(tmp: Path, pattern: re.Pattern[str], max_scan: int, what: str) ->
         if m and int(m.group(1)) != os.getpid() and not pid_alive(int(m.group(1))):
             say(f"removing {n}, left by {what} that did not finish")
             force_rmtree(tmp / n)
-
-
-@contextmanager
-def sigterm_raises(exception: Callable[[], BaseException]) -> Iterator[None]:
-    """While the block runs, SIGTERM (systemd stopping a unit, a timeout's kill) raises
-    `exception()`, so the `finally` that removes a scratch tree runs. Only the main thread can take
-    a signal handler; elsewhere the default stays (and the next sweep removes what is left)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum, frame):
-        raise exception()
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)

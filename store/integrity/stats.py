@@ -59,7 +59,7 @@ def stats(*, root: str | Path | None = None, prometheus: str | Path | None = Non
                     if e.is_symlink() and not e.name.endswith("-link") and not e.name.startswith(".")]
         generations = sum(1 for e in os.scandir(layout.profiles) if e.name.endswith("-link"))
         result = Stats(
-            root=str(layout.root), paths=len(rows), bytes_apparent=sum(r["size"] for r in rows),
+            root=str(layout.root), paths=len(rows), bytes_apparent=sum(r.size for r in rows),
             bytes_on_disk=store_disk, profiles=len(profiles), generations=generations, pins=len(index.pins()),
             uv_cache_bytes=uv_apparent, uv_cache_bytes_unshared=uv_disk, downloads_bytes=dl_disk,
             free_bytes=free_bytes(layout.store), pyc_cache_bytes=pyc_disk, cache_bytes_on_disk=uv_disk + pyc_disk,

@@ -33,7 +33,7 @@ from typing import Any
 from llmgw_store.core import debug
 from llmgw_store.core.errors import IndexError_, UsageError
 from llmgw_store.core.fsutil import free_bytes
-from llmgw_store.core.index import now_iso
+from llmgw_store.core.index import ReferencedError, now_iso
 from llmgw_store.core.keys import is_store_name
 from llmgw_store.core.layout import Layout
 from llmgw_store.core.local_store import Store
@@ -100,7 +100,7 @@ def roots(store: Store, excluded_generations: set[tuple[str, int]] = frozenset()
         out["temp roots of live processes"] = sorted(live)
     for name, pids in runtime_roots(layout).items():
         out[f"in use by pid {', '.join(sorted(pids, key=int))}"] = [name]
-    uv = [r["name"] for r in store.index.paths() if r["engine"] == "uv" and r["version"] == UV_VERSION]
+    uv = [r.name for r in store.index.paths() if r.engine == "uv" and r.version == UV_VERSION]
     if uv:
         out["the store's pinned uv"] = uv
     return out
@@ -267,11 +267,17 @@ def _sweep(store: Store, excluded, budget, keep_dead_for, dry_run, lock_timeout,
         pooled = inodes_of(layout.links_pool) if (budget is not None or dry_run) else frozenset()
         dead = _choose(store, live, budget, checked=not dry_run, keep_dead_for=keep_dead_for, now=now,
                        pooled=pooled, report=report, predict=dry_run or budget is not None)
-        for item in dead:
+        order = {n: i for i, n in enumerate(store.index.referrers_first(item["name"] for item in dead))}
+        for item in sorted(dead, key=lambda item: order[item["name"]]):
             say(f"{'would delete' if dry_run else 'deleting'} {item['name']} ({human_size(item['size'])}, {item['reason']})")
             if dry_run:
                 continue
-            store.index.forget(item["name"])
+            try:
+                store.index.forget(item["name"])
+            except ReferencedError:  # a kept path (over the budget, in its grace) references it
+                say(f"keeping {item['name']}: a path gc keeps references it")
+                item["kept"] = True
+                continue
             store.index.forget_rooted(item["name"])
             if item["name"] not in store.index.generation_path_names():
                 store.index.forget_cache_uses(item["name"])  # no cold rollback can want its entries
@@ -280,6 +286,7 @@ def _sweep(store: Store, excluded, budget, keep_dead_for, dry_run, lock_timeout,
             if os.path.lexists(src):
                 item["trash"] = layout.trash / f"{item['name']}.{os.getpid()}.{time.monotonic_ns()}"
                 os.rename(src, item["trash"])
+        dead = [item for item in dead if not item.get("kept")]
         report["deleted"] += dead
     return dead, live
 
@@ -361,14 +368,14 @@ def _adopt_unregistered(store: Store, busy: set[str]) -> list[str]:
     when a root holds it, collected when none does. Called with the gc lock held exclusively: no
     temp root can be added, so a directory no live temp root names has no builder (a builder adds
     its temp root before it takes the key's lock) and nothing else writes it meanwhile."""
-    known = {r["name"] for r in store.index.paths()}
+    known = {r.name for r in store.index.paths()}
     adopted = []
     for entry in os.scandir(store.layout.store):
         name = entry.name
         if (name in known or name in busy or not is_store_name(name)
                 or not entry.is_dir(follow_symlinks=False)):
             continue
-        if store.adopt(name, rehash=True) is None:
+        if store.adopt(name, rehash=True, busy=busy) is None:
             say(f"registered {name} again from its manifest (complete, but not in the index)")
             adopted.append(name)
     return adopted
@@ -390,7 +397,7 @@ def _choose(store: Store, live: set[str], budget: int | None, *, checked: bool =
     disk, predicted by accounting.Tally). With `checked`, every unregistered directory left is one
     `_adopt_unregistered` found incomplete. With `keep_dead_for`, a registered dead path rooted
     (as a gc last saw it, or a generation record says) or used less than that long ago is kept."""
-    rows = {r["name"]: r for r in store.index.paths()}
+    rows = {r.name: r for r in store.index.paths()}
     rooted = store.index.last_rooted() if keep_dead_for is not None else {}
     leftovers, registered = [], []
     on_disk = set()
@@ -402,13 +409,13 @@ def _choose(store: Store, live: set[str], budget: int | None, *, checked: bool =
         if name in rows:
             row = rows[name]
             if keep_dead_for is not None:
-                last = max(_ts(rooted.get(name)), _ts(row["last_used"]))
+                last = max(_ts(rooted.get(name)), _ts(row.last_used))
                 if now - last < keep_dead_for:
                     if report is not None and name not in report["kept_by_grace"]:
                         report["kept_by_grace"].append(name)
                     continue
-            registered.append({"name": name, "size": row["size"], "reason": "no root holds it",
-                               "last_used": row["last_used"]})
+            registered.append({"name": name, "size": row.size, "reason": "no root holds it",
+                               "last_used": row.last_used})
         else:
             if name.endswith(".partial"):
                 what = "an unfinished build"
@@ -561,9 +568,9 @@ def _prune_uv_cache(store: Store, dry_run: bool) -> int:
         say("would run `uv cache prune`")
         return 0
     before = _cost(cache)
-    pinned = [r for r in store.index.paths() if r["engine"] == "uv" and r["version"] == uvmod.UV_VERSION]
+    pinned = [r for r in store.index.paths() if r.engine == "uv" and r.version == uvmod.UV_VERSION]
     if pinned:
-        binary = store.layout.path_of(pinned[0]["name"]) / "bin" / "uv"
+        binary = store.layout.path_of(pinned[0].name) / "bin" / "uv"
     else:
         from uv import find_uv_bin
 

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from llmgw_store.core import procs
 from llmgw_store.core.errors import CommandError, UsageError
+from llmgw_store.core.index import RegisteredPath
 from llmgw_store.core.names import printable, shown
 from llmgw_store.core.report import say
 from llmgw_store.core.results import Result
@@ -56,6 +55,8 @@ class CheckResult(Result):
 
 def parse(text: str) -> list[str]:
     """`--check 'CMD ARGS...'` as an argv (shell words, no shell run). UsageError when empty or huge."""
+    import shlex
+
     try:
         argv = shlex.split(text)
     except ValueError as exc:
@@ -70,20 +71,24 @@ def checked_argv(argv: Any, where: str) -> list[str]:
     return argv
 
 
-def recipe_health(row: dict[str, Any]) -> list[str] | None:
+def recipe_health(row: RegisteredPath) -> list[str] | None:
     """The `health` command the recipe recorded in the path's inputs (index row), if any."""
     try:
-        build = json.loads(row["inputs"]).get("build") or {}
+        build = json.loads(row.inputs).get("build") or {}
     except (TypeError, ValueError, KeyError, AttributeError):
         return None
     health = build.get("health") if isinstance(build, dict) else None
     if health is None:
         return None
-    return checked_argv(health, f"the health command recorded for {row['name']}")
+    return checked_argv(health, f"the health command recorded for {row.name}")
 
 
 def run(argv: list[str], env_dir: Path, timeout: float) -> CheckResult:
     """Run the check in the environment at `env_dir` (see the module docstring)."""
+    import shlex
+
+    from llmgw_store.core import procs  # here: an activation without a check starts no child
+
     env = dict(os.environ, VIRTUAL_ENV=str(env_dir))
     env["PATH"] = f"{env_dir / 'bin'}{os.pathsep}{env.get('PATH', '')}"
     env.pop("PYTHONHOME", None)
@@ -110,6 +115,8 @@ def _tail(output: str) -> str:
 
 def failure(result: CheckResult, what: str) -> CommandError:
     """The error for a failed check: one line ending in its last output lines (all of them with -v)."""
+    import shlex
+
     last = " | ".join(result.tail.splitlines()[-5:])
     message = f"the check `{printable(shlex.join(result.argv))}` {result.summary()}; {what}"
     if last:

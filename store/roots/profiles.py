@@ -34,8 +34,6 @@ from __future__ import annotations
 import math
 import os
 import re
-import signal
-import threading
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -50,6 +48,7 @@ from llmgw_store.core.local_store import Store
 from llmgw_store.core.names import check_generation, check_profile
 from llmgw_store.core.report import say
 from llmgw_store.core.results import Result
+from llmgw_store.core.signals import Window
 from llmgw_store.core.temproots import TempRoots
 from llmgw_store.roots import health, records
 from llmgw_store.roots.generations import current_generation, disk_generations, gen_link, generation_target
@@ -71,6 +70,8 @@ class Switch(Result):
 
 @dataclass(frozen=True)
 class Generation(Result):
+    """One generation of a profile, as `generations` lists it."""
+
     number: int
     path: str
     name: str
@@ -88,6 +89,8 @@ class Generation(Result):
 
 @dataclass(frozen=True)
 class GenerationList(Result):
+    """A profile's generations, and where the index and the records differ from the links."""
+
     profile: str
     current: int
     generations: tuple[Generation, ...]
@@ -98,6 +101,8 @@ class GenerationList(Result):
 
 @dataclass(frozen=True)
 class DeletedGenerations(Result):
+    """What `generations --delete/--older-than/--keep/--forget` deleted (or would)."""
+
     profile: str
     deleted: tuple[int, ...]
     dry_run: bool
@@ -108,6 +113,8 @@ class DeletedGenerations(Result):
 
 @dataclass(frozen=True)
 class ProfileSummary(Result):
+    """One profile: its current generation, how many it has, and the store path."""
+
     profile: str
     current: int
     generations: int
@@ -116,6 +123,8 @@ class ProfileSummary(Result):
 
 @dataclass(frozen=True)
 class ProfileList(Result):
+    """Every profile, as `list-profiles` shows them."""
+
     profiles: tuple[ProfileSummary, ...]
 
     def to_json(self) -> list[dict[str, Any]]:
@@ -125,57 +134,6 @@ class ProfileList(Result):
 def profile_lock(store: Store, profile: str, timeout: float = locks.LOCK_TIMEOUT_S):
     """The profile's lock: held for every change to its links, so two changes serialise."""
     return locks.hold(store.layout.locks, f"profile-{profile}", f"changing profile {profile}", timeout)
-
-
-class Signalled(KeyboardInterrupt):
-    """SIGTERM or SIGHUP arrived during a `--then-check`: handled as ^C is (the profile goes back),
-    then the process exits 128 + the signal's number (143, 129), as a process killed by it would."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum, self.exit_code = signum, 128 + signum
-
-
-_GUARDED = (signal.SIGTERM, signal.SIGHUP)
-
-
-class _Guard:
-    """SIGTERM and SIGHUP while the profile is at an unchecked generation. `hold` (before the switch)
-    installs a handler that raises Signalled (once; a second signal is ignored while the first is
-    being handled) and blocks both signals, so none lands between the switch and the `try` that
-    switches back; `arm` (inside that `try`) unblocks them; `block` (first thing when switching
-    back) keeps the switch back from being interrupted; `restore` puts the old handlers back.
-    Signal handlers exist only in the main thread: elsewhere this does nothing."""
-
-    def __init__(self) -> None:
-        self.active = threading.current_thread() is threading.main_thread()
-        self.old: dict[int, Any] = {}
-        self.raised = False
-
-    def _handler(self, signum: int, frame: Any) -> None:
-        if not self.raised:
-            self.raised = True
-            raise Signalled(signum)
-
-    def hold(self) -> None:
-        if self.active:
-            signal.pthread_sigmask(signal.SIG_BLOCK, _GUARDED)
-            self.old = {s: signal.signal(s, self._handler) for s in _GUARDED}
-
-    def arm(self) -> None:
-        if self.active:
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, _GUARDED)
-
-    def block(self) -> None:
-        if self.active:
-            self.raised = True  # what arrives now is not raised: the switch back is under way
-            signal.pthread_sigmask(signal.SIG_BLOCK, _GUARDED)
-
-    def restore(self) -> None:
-        if self.active and self.old:
-            for s, handler in self.old.items():
-                signal.signal(s, handler)
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, _GUARDED)
 
 
 def _switch(store: Store, profile: str, number: int) -> None:
@@ -216,11 +174,11 @@ def activate(
         raise UsageError("--keep-records must be at least 1")
     with Store.open(root, lock_timeout) as store:
         layout = store.layout
-        name = reference(store, str(target))["name"]
+        name = reference(store, str(target)).name
         TempRoots(layout).add(name, lock_timeout)
         # Checked again now that gc can no longer take it.
         row = registered(store, name)
-        env_dir = layout.path_of(row["name"])
+        env_dir = layout.path_of(row.name)
         if not env_dir.is_dir():
             raise NotFoundError(f"{name} is registered but missing on disk; build it again")
         argv = check if check is not None else (None if no_check else health.recipe_health(row))
@@ -259,7 +217,7 @@ def activate(
             # The record is on disk before the profile points at the generation.
             rec = records.write(layout, records.make(profile, number, described, activation))
             debug.pause("BEFORE_SWITCH")  # the new generation exists, the profile not yet switched
-            guard = _Guard()
+            guard = Window()  # SIGTERM/SIGHUP during a --then-check: switched back (core/signals.py)
             if then_check:
                 guard.hold()  # SIGTERM/SIGHUP from here on switch back (see _then_check)
             try:
@@ -268,7 +226,6 @@ def activate(
                 guard.restore()
                 raise
             store.index.record_generation(profile, number, name, _link_time(gen_link(layout, profile, number)))
-            store.index.record_switch(profile, current, number, "activate")
             records.add_event(layout, profile, "activate", **{"from": current}, to=number, name=name,
                               check=activation["check"])
             records.prune(layout, profile, keep_records, disk_generations(layout, profile))
@@ -282,7 +239,7 @@ def activate(
 
 
 def _then_check(store: Store, profile: str, rec: records.Record, previous: int, argv: list[str], env_dir: Path,
-                timeout: float, guard: _Guard) -> Switch:
+                timeout: float, guard: Window) -> Switch:
     """With the profile's lock held and the profile at `rec.generation`: run the check; if it does not
     pass (or this process is interrupted: ^C, SIGTERM, SIGHUP), switch back to `previous` before the
     lock is let go."""
@@ -293,7 +250,6 @@ def _then_check(store: Store, profile: str, rec: records.Record, previous: int, 
     except BaseException:
         guard.block()
         _switch(store, profile, previous)
-        store.index.record_switch(profile, number, previous, "auto-rollback")
         records.write(layout, records.with_activation(rec, {**rec.activation, "rolled_back_to": previous,
                                                             "check": {**rec.activation["check"], "result": "interrupted"}}))
         records.add_event(layout, profile, "auto-rollback", **{"from": number}, to=previous, why="interrupted")
@@ -304,7 +260,6 @@ def _then_check(store: Store, profile: str, rec: records.Record, previous: int, 
         records.add_event(layout, profile, "check-passed", generation=number, check=done)
         return Switch(profile, number, previous, str(env_dir), True, check=done)
     _switch(store, profile, previous)
-    store.index.record_switch(profile, number, previous, "auto-rollback")
     records.write(layout, records.with_activation(rec, {**rec.activation, "check": done, "rolled_back_to": previous}))
     records.add_event(layout, profile, "auto-rollback", **{"from": number}, to=previous, check=done)
     say(f"profile {profile}: check failed, back to generation {previous}")
@@ -393,7 +348,6 @@ def rollback(profile: str, *, to: int | None = None, root: str | Path | None = N
                 name = gens[to]
             if to != current:
                 _switch(store, profile, to)
-                store.index.record_switch(profile, current, to, "rollback")
                 records.add_event(layout, profile, "rollback", **{"from": current}, to=to, name=name, cold=cold)
                 say(f"profile {profile}: generation {current} -> {to} ({name})")
             return Switch(profile, to, current, str(layout.path_of(name)), to != current)
@@ -421,8 +375,8 @@ def _relink_cold(store: Store, profile: str, number: int, gens: dict[int, str], 
     if row is None or not records.present(layout, rec.name):
         raise NotFoundError(f"{rec.name} is not in the store: rebuild it first (`llmgw-store rollback {profile} "
                             f"--to {number}`)")
-    if row["content_hash"] != rec.content_hash or row["key"] != rec.key:
-        raise IntegrityError(f"{rec.name} is in the store with content hash {row['content_hash']}, not the "
+    if row.content_hash != rec.content_hash or row.key != rec.key:
+        raise IntegrityError(f"{rec.name} is in the store with content hash {row.content_hash}, not the "
                              f"{rec.content_hash} generation {number} recorded; nothing switched")
     symlink_atomically(f"../store/{rec.name}", gen_link(layout, profile, number))
     store.index.record_generation(profile, number, rec.name, _link_time(gen_link(layout, profile, number)))
@@ -447,15 +401,15 @@ def generations(profile: str, *, root: str | Path | None = None,
             rec = recs.get(number)
             linked = number in gens
             name = gens[number] if linked else rec.name  # type: ignore[union-attr]
-            row = store.index.path_by_name(name) or {}
+            row = store.index.path_by_name(name)
             act = rec.activation if rec is not None else {}
             out.append(Generation(
                 number=number, path=str(layout.path_of(name)), name=name,
                 created=_link_time(gen_link(layout, profile, number)) if linked else rec.created,  # type: ignore[union-attr]
                 current=number == current,
-                engine=row.get("engine") or (rec.engine if rec else None),
-                version=row.get("version") or (rec.version if rec else None),
-                variant=row.get("variant") or (rec.variant if rec else None),
+                engine=row.engine if row else (rec.engine if rec else None),
+                version=row.version if row else (rec.version if rec else None),
+                variant=row.variant if row else (rec.variant if rec else None),
                 state="hot" if records.present(layout, name) else "cold", record=rec is not None, linked=linked,
                 check=act.get("check"), rolled_back_to=act.get("rolled_back_to"),
             ))
@@ -574,12 +528,12 @@ def _sync_index(store: Store, profile: str, gens: dict[int, str], *, write: bool
     differs = []
     for n, name in gens.items():
         row = rows.get(n)
-        if row is None or row["deleted"] or row["name"] != name:
+        if row is None or row.deleted or row.name != name:
             if write:
                 store.index.record_generation(profile, n, name, _link_time(gen_link(store.layout, profile, n)))
             differs.append(f"generation {n} was on disk but not in the index")
     for n, row in rows.items():
-        if n not in gens and not row["deleted"]:
+        if n not in gens and not row.deleted:
             if write:
                 store.index.mark_generation_deleted(profile, n)
             differs.append(f"generation {n} was in the index but not on disk")

@@ -30,7 +30,7 @@ def env_lines(target: str, *, root: str | Path | None = None) -> EnvLines:
             current_generation(store.layout, target)  # a profile link that points at a generation
             env_dir = store.layout.profiles / target
         else:
-            env_dir = store.layout.path_of(reference(store, target)["name"])
+            env_dir = store.layout.path_of(reference(store, target).name)
         return EnvLines({"VIRTUAL_ENV": str(env_dir),
                          "PATH": f"{env_dir / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"})
 
@@ -46,7 +46,7 @@ def exec_in(target: str, argv: list[str], *, root: str | Path | None = None) -> 
     if not argv:
         raise UsageError("no command given: llmgw-store run PROFILE -- COMMAND [ARGS...]")
     with Store.open(root, readonly=True) as store:
-        env_dir = store.layout.path_of(reference(store, target)["name"])
+        env_dir = store.layout.path_of(reference(store, target).name)
         where = f"profile {target}" if is_profile(store, target) else target
     env = dict(os.environ, VIRTUAL_ENV=str(env_dir))
     env["PATH"] = f"{env_dir / 'bin'}{os.pathsep}{env.get('PATH', '')}"

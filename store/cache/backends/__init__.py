@@ -33,6 +33,9 @@ def backend_for(url: str, policy: RetryPolicy | None = None) -> Backend:
         from pathlib import Path
 
         return FileBackend(Path(url[len("file://"):]), policy)
+    from llmgw_store.core import network
+
+    network.require(f"the binary cache {url}", "only file:// caches can be used offline")
     if url.startswith(("http://", "https://")):
         from llmgw_store.cache.backends.http import HttpBackend
 

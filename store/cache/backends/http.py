@@ -47,6 +47,7 @@ from llmgw_store.cache.backends.base import (
     object_name,
 )
 from llmgw_store.cache.backends.retry import RetryPolicy, Transient, Watch, run
+from llmgw_store.core.credentials import netrc_file, public_url
 from llmgw_store.core.errors import IntegrityError, NetworkError, UsageError
 
 MAX_REDIRECTS = 5
@@ -74,10 +75,7 @@ def _origin(url: str) -> str:
 
 def _shown(url: str) -> str:
     """The URL without credentials: what messages may print."""
-    parts = urlsplit(url)
-    if "@" not in parts.netloc:
-        return url
-    return parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl()
+    return public_url(url)
 
 
 def _basic(user: str, password: str) -> str:
@@ -88,7 +86,9 @@ def _netrc_auth(host: str) -> str | None:
     """The Basic credential of the netrc entry for `host` ($NETRC, else ~/.netrc), if any. A netrc
     others could read or write, or owned by someone else, is refused (as Python's netrc does for
     ~/.netrc): its passwords are not secrets any more, or not ours."""
-    path = os.environ.get("NETRC") or os.path.expanduser("~/.netrc")
+    path = netrc_file()
+    if path is None:
+        return None
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:

@@ -1,0 +1,166 @@
+"""What `build`, `activate` and `rollback` do once their arguments are parsed, free of click: the
+click commands (cli/commands/) and the fast path (cli/fast.py) call these same functions with the
+same parameters (cli/spec.py), so both run the same library call and print the same lines.
+
+Each takes the command's Context (cli/output.py) and its parameters by their declared names, and
+imports the library only when it runs (a switch must not load the builder, a hit not even SQLite).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+
+def options_from(kw: dict):
+    """The BuildOptions a build's parameters give (their names are BuildOptions' fields)."""
+    from llmgw_store.build.builder import BuildOptions
+
+    return BuildOptions(version=kw["version"], variant=kw["variant"], as_of=kw["as_of"], index_url=kw["index_url"],
+                        uv=kw["uv"], python_preference=kw["python_preference"], lock_timeout=kw["lock_timeout"],
+                        substitute_only=kw["substitute_only"], offline=kw["offline"])
+
+
+def caches_from(kw: dict) -> dict:
+    return {"substituters": tuple(kw["substituters"]), "trusted_keys": tuple(kw["trusted_keys"])}
+
+
+def quoted(name: str) -> str:
+    """A file name on one line of human output: as it is when printable, else repr (a newline in a
+    name cannot start a line of its own, such as a forged `identical:`)."""
+    return name if name.isprintable() else repr(name)
+
+
+# -- build ------------------------------------------------------------------------------------------
+
+
+def build(ctx, kw: dict) -> None:
+    if kw["check"]:
+        return _build_check(ctx, kw)
+    from llmgw_store.api import build as do_build
+
+    result = do_build(kw["recipe"], options_from(kw), **caches_from(kw), root=ctx.root)
+    ctx.emit(result.to_json(), str(result.path))
+
+
+def memo_answer(ctx, kw: dict) -> bool:
+    """Answer a `build` from the build memo (core/buildmemo.py) if it is a cache hit: print what the
+    full command would print for it, record the use, and return True; False (nothing printed, nothing
+    changed) otherwise, and the full command builds."""
+    from llmgw_store.core import buildmemo, uses
+
+    recipe = kw["recipe"]
+    try:
+        fd = os.open(recipe, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return False
+    try:
+        data = os.read(fd, buildmemo.MAX_RECIPE_BYTES + 1)
+    finally:
+        os.close(fd)
+    if len(data) > buildmemo.MAX_RECIPE_BYTES:
+        return False
+    root = absolute(ctx.root or default_root())
+    if root is None:
+        return False
+    entry = buildmemo.read(root, buildmemo.memo_key(recipe, data, {k: kw[k] for k in buildmemo.KEY_OPTIONS}))
+    if entry is None:
+        return False
+    uses.touch_root(root, entry["name"])
+    path = os.path.join(root, "store", entry["name"])
+    if ctx.verbose:
+        ctx.progress(f"{entry['name']} is in the store (build memo)")
+    doc = {f: entry[f] for f in buildmemo.FIELDS}
+    doc.update(path=path, how="hit", cache_hit=True, steps={}, seconds=round(time.monotonic() - ctx.started, 3))
+    ctx.emit(doc, path)
+    return True
+
+
+def default_root() -> str:
+    """layout.default_root, without pathlib (the root was neither given nor set in the environment
+    nor in the config file)."""
+    if os.geteuid() == 0:
+        return "/var/lib/llmgw-store"
+    data = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
+    return os.path.join(data, "llmgw-store")
+
+
+def absolute(path: str) -> str | None:
+    """What Path(path).absolute() gives (layout.Layout.at), so the path printed is the full command's:
+    empty and `.` components dropped, `..` kept. None for a `//` start (pathlib keeps it)."""
+    if not path.startswith("/"):
+        path = os.getcwd() + "/" + path
+    elif path.startswith("//") and not path.startswith("///"):
+        return None
+    return "/" + "/".join(c for c in path.split("/") if c not in ("", "."))
+
+
+def _build_check(ctx, kw: dict) -> None:
+    from llmgw_store.build.check import check as do_check
+    from llmgw_store.cli.output import PROG, write
+
+    r = do_check(kw["recipe"], options_from(kw), root=ctx.root)
+    if r.identical:
+        ctx.emit(r.to_json(), f"identical: {r.path} ({r.files} entries, content hash {r.content_hash})")
+        return
+    n = len(r.differences) + len(r.problems)
+    lines = [f"{r.path}: {n} entr{'y differs' if n == 1 else 'ies differ'}"]
+    lines += [f"  {msg}" for msg in r.problems]
+    for d in r.differences:
+        store, rebuilt = d["store"], d["rebuilt"]
+        lines.append(f"  {quoted(d['path'])}  store: {_side(store)}  rebuilt: {_side(rebuilt)}")
+    ctx.emit(r.to_json(), "\n".join(lines))
+    import sys
+
+    write(sys.stderr, f"{PROG}: {r.name} differs from its rebuild in {n} entr{'y' if n == 1 else 'ies'} "
+                      "(not reproducible, or changed since it was built: `verify` tells which)\n")
+    ctx.exit(1)
+
+
+def _side(s: dict | None) -> str:
+    if s is None:
+        return "absent"
+    what = quoted(s["target"]) if "target" in s else (s["digest"][:12] if "digest" in s else "")
+    extra = [f"uid {s['uid']}"] + ([f"xattrs {','.join(map(quoted, s['xattrs']))}"] if s.get("xattrs") else [])
+    return " ".join(str(x) for x in (s["kind"], s.get("mode", ""), what, *extra) if x)
+
+
+# -- profiles ---------------------------------------------------------------------------------------
+
+
+def activate(ctx, kw: dict) -> None:
+    from llmgw_store.api import activate as do_activate
+    from llmgw_store.core.errors import UsageError
+
+    if kw["no_check"] and kw["check"] is not None:
+        raise UsageError("--no-check and --check exclude each other")
+    check = None
+    if kw["check"] is not None:
+        from llmgw_store.roots.health import parse as parse_check
+
+        check = parse_check(kw["check"])
+    target, profile = kw["target"], kw["profile"]
+    # Build options are made (and the builder loaded) only for a recipe.
+    options = options_from(kw) if target.endswith(".toml") else None
+    r = do_activate(profile, target, options, **caches_from(kw), root=ctx.root, lock_timeout=kw["lock_timeout"],
+                    check=check, no_check=kw["no_check"], check_timeout=kw["check_timeout"],
+                    then_check=kw["then_check"], keep_records=kw["keep_records"])
+    checked = f" (check {r.check['result']})" if r.check else ""
+    text = (f"{profile}: generation {r.generation} -> {r.path}{checked}" if r.changed
+            else f"{profile}: already at generation {r.generation} -> {r.path}")
+    ctx.emit(r.to_json(), text)
+
+
+def rollback(ctx, kw: dict) -> None:
+    from llmgw_store.api import rollback as do_rollback
+
+    profile = kw["profile"]
+    r = do_rollback(profile, to=kw["to"], substituters=tuple(kw["substituters"]),
+                    trusted_keys=tuple(kw["trusted_keys"]), uv=kw["uv"], python_preference=kw["python_preference"],
+                    root=ctx.root, lock_timeout=kw["lock_timeout"], substitute_only=kw["substitute_only"],
+                    offline=kw["offline"], index_url=kw["index_url"])
+    back = f" (cold: {r.rebuilt})" if r.rebuilt else ""
+    ctx.emit(r.to_json(), f"{profile}: generation {r.previous} -> {r.generation} ({r.path}){back}")
+
+
+HANDLERS = {"build": build, "activate": activate, "rollback": rollback}

@@ -1,0 +1,13 @@
+"""Text shown on a terminal: the one escaping of control characters, for error lines (core/names,
+the CLI) and progress lines (core/report) alike. Imports nothing: it is on every path."""
+
+from __future__ import annotations
+
+
+def printable(text: str, *, tabs: bool = False) -> str:
+    """`text` with every control character (ESC, BEL, \\r, \\n, DEL, C1 ...) shown as an escape, so
+    what a hostile command printed or was given can never drive the terminal it is shown on.
+    `tabs`: leave tab characters as they are (a progress line may align with them)."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() or (tabs and c == "\t") else repr(c)[1:-1] for c in text)
