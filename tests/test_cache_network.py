@@ -17,8 +17,9 @@ import pytest
 
 from tests.conftest import cli_cmd, run_cli, run_in_env
 from tests.support.barrier import Barrier
+from tests.support.delta import delta_wheels, push2, template, world  # noqa: F401  (fixtures)
 from tests.support.fault_server import FaultyCache
-from tests.test_fleet_delta import _plan, delta_wheels, push2, template, world  # noqa: F401  (fixtures)
+from tests.test_fleet_delta import _plan
 
 # Small clocks, so that a test waits seconds, not minutes: the defaults are 5 attempts, a 30 s stall
 # and a 5 s metadata timeout.

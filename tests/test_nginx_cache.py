@@ -20,7 +20,7 @@ from types import SimpleNamespace
 import pytest
 
 from tests.conftest import run_cli, run_in_env
-from tests.test_fleet_delta import delta_wheels, template, world  # noqa: F401  (fixtures)
+from tests.support.delta import delta_wheels, template, world  # noqa: F401  (fixtures)
 
 NGINX = shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx",) if os.path.exists(p)), None)
 pytestmark = pytest.mark.skipif(NGINX is None, reason="nginx is not installed (apt-get install nginx)")
