@@ -311,7 +311,7 @@ def test_a_record_holds_what_rebuilds_the_generation(warm):
     assert doc["content_hash"] == content_hash(root, Path(old).name) and doc["key"] == manifest["key"]
     assert doc["inputs"]["build"]["requirements"] == ["tinyengine=={version}".replace("{version}", "1.0")]
     assert doc["by"]["uid"] == os.getuid() and doc["activation"]["kind"] == "activate"
-    assert oct((root / "profiles" / ".r-1.record").stat().st_mode & 0o777) == "0o644"
+    assert oct((root / "profiles" / ".r-1.record").stat().st_mode & 0o777) == "0o600"  # the owner's: check output
 
 
 def _doc_blocks(*sections: str) -> list[str]:

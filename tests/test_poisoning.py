@@ -121,7 +121,11 @@ def test_optimise_never_spreads_a_tampered_file(root, recipe, index, uv_bin):
     # B, built after the edit, does not take the damaged inode at registration (core/dedupe.py)
     b = Path(build_json(root, recipe, index, uv_bin, "--as-of", "2024-06-02")["path"])
 
-    run_cli(root, "--json", "optimise", check=True)
+    proc = run_cli(root, "--json", "optimise")
+    # optimise never hides the tampering: A's module is named damaged (exit 1) and left as it is,
+    # the evidence for verify --repair, not replaced by the pool's good copy
+    assert proc.returncode == 1 and json.loads(proc.stdout)["damaged"] == [f"{a.name}/{MODULE}"], proc.stderr
+    assert b"def mian" in (a / MODULE).read_bytes() and run_cli(root, "verify", str(a)).returncode == 1
     assert (b / MODULE).read_bytes() == genuine
     assert os.stat(a / PYC).st_ino == os.stat(b / PYC).st_ino  # positive: identical files now one inode
     assert run_cli(root, "verify", str(b)).returncode == 0
@@ -138,7 +142,8 @@ def test_a_tampered_pool_entry_is_not_linked_into_another_path(root, recipe, ind
     damaged = os.stat(a / PYC).st_ino
     b = Path(build_json(root, recipe, index, uv_bin, "--as-of", "2024-06-02")["path"])
 
-    run_cli(root, "optimise", check=True)
+    assert run_cli(root, "optimise").returncode == 1  # A's pyc is named damaged, and left
+    assert os.stat(a / PYC).st_ino == damaged
     assert (b / PYC).read_bytes() == genuine and os.stat(b / PYC).st_ino != damaged
     assert run_cli(root, "verify", str(b)).returncode == 0
 

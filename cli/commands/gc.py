@@ -43,11 +43,12 @@ def gc(obj: Context, dry_run: bool, delete_older_than: str | None, keep: int | N
         return
     r = gcmod.collect(
         root=obj.root, dry_run=dry_run, keep=keep, lock_timeout=lock_timeout,
-        delete_older_than=parse_duration(delete_older_than) if delete_older_than else None,
-        max_freed=parse_size(max_freed) if max_freed else None,
-        min_free=parse_size(min_free) if min_free else None,
-        max_cache=parse_size(max_cache) if max_cache else None,
-        keep_dead_for=parse_duration(keep_dead_for) if keep_dead_for else None, prune_live=prune_live,
+        # `is not None`: an empty value given is parsed (and refused, exit 2), never taken as "no limit".
+        delete_older_than=parse_duration(delete_older_than) if delete_older_than is not None else None,
+        max_freed=parse_size(max_freed) if max_freed is not None else None,
+        min_free=parse_size(min_free) if min_free is not None else None,
+        max_cache=parse_size(max_cache) if max_cache is not None else None,
+        keep_dead_for=parse_duration(keep_dead_for) if keep_dead_for is not None else None, prune_live=prune_live,
         keep_records=keep_records,
     )
     verb = "would free" if dry_run else "freed"

@@ -41,6 +41,8 @@ def verify(obj: Context, paths: tuple[str, ...], repair: bool, uv: str | None, p
         lines += [f"           foreign: {quoted(f['path'])} (owner uid {f['uid']}"
                   + (f", xattrs {', '.join(map(quoted, f['xattrs']))}" if f["xattrs"] else "") + ")"
                   for f in p.get("foreign", [])]
+        lines += [f"           mode: {quoted(f['path'])} is {f['mode']}, not the store's 0444/0555"
+                  for f in p.get("modes", [])]
         lines += [f"           {msg}" for msg in p["problems"]]
     obj.emit(r.to_json(), "\n".join(lines))
     if r.damaged:
@@ -68,7 +70,8 @@ def doctor(obj: Context, rebuild_index: bool, lock_timeout: float) -> None:
                               + (f"old index kept in {r.backup}" if r.backup else "there was no old index"))
         return
     lines = [f"{kind.replace('_', ' ')}: {item}" for kind, items in r.problems.items() for item in items]
-    obj.emit(r.to_json(), "\n".join(lines) or "index and disk agree")
+    contained = f"children contained by: {r.containment['kind']} ({r.containment['detail']})"
+    obj.emit(r.to_json(), "\n".join([*lines, contained]) if lines else f"index and disk agree\n{contained}")
     if not r.ok:
         obj.exit(1)
 
@@ -78,13 +81,20 @@ def doctor(obj: Context, rebuild_index: bool, lock_timeout: float) -> None:
 @lock_timeout_option(locks.LOCK_TIMEOUT_S, "a gc to let go of the gc lock")
 @click.pass_obj
 def optimise(obj: Context, dry_run: bool, lock_timeout: float) -> None:
-    """Hardlink identical files across store paths (through ROOT/store/.links) and report the bytes saved."""
+    """Hardlink identical files across store paths (through ROOT/store/.links) and report the bytes saved.
+
+    Every file is hashed against its listing first: a damaged one is left as it is and named
+    (exit 1), for `verify --repair`."""
     from llmgw_store.core.units import human_size
     from llmgw_store.integrity.optimise import optimise as do_optimise
 
     r = do_optimise(root=obj.root, dry_run=dry_run, lock_timeout=lock_timeout)
     obj.emit(r.to_json(), f"{r.files_linked} of {r.files_examined} file(s) {'would be ' if dry_run else ''}linked, "
-                          f"{human_size(r.bytes_saved)} {'would be ' if dry_run else ''}freed")
+                          f"{human_size(r.bytes_saved)} {'would be ' if dry_run else ''}freed"
+                          + (f"; {len(r.damaged)} damaged file(s) left as they are: run `llmgw-store verify --repair`"
+                             if r.damaged else ""))
+    if r.damaged:
+        obj.exit(1)
 
 
 @cli.command()

@@ -81,11 +81,11 @@ def generations(obj: Context, profile: str, delete: tuple[int, ...], older_than:
     """
     from llmgw_store.roots import profiles
 
-    if delete or older_than or keep is not None or forget or keep_records is not None:
+    if delete or older_than is not None or keep is not None or forget or keep_records is not None:
         from llmgw_store.core.units import parse_duration
 
         r = profiles.delete_generations(profile, numbers=list(delete), keep=keep, dry_run=dry_run, root=obj.root,
-                                        older_than=parse_duration(older_than) if older_than else None,
+                                        older_than=parse_duration(older_than) if older_than is not None else None,
                                         forget=list(forget), keep_records=keep_records, lock_timeout=lock_timeout)
         verb = "would delete" if dry_run else "deleted"
         text = f"{profile}: {verb} generation(s) {', '.join(map(str, r.deleted)) or 'none'}"

@@ -296,30 +296,17 @@ if __name__ == "__main__":
 
 
 def cache_secret(path: Path) -> bytes:
-    """The store's secret that tags bytecode cache entries: 32 random bytes in `path` (made on first
-    use, 0600, never through a link). A file that is not the store user's own 32-byte regular file
-    is refused: the cache is then not used (a fresh random secret is returned, so every entry
-    fails its check and nothing planted is read)."""
-    import stat as stat_
+    """The store's secret that tags bytecode cache entries: 32 random bytes in `path`, made on first
+    use (core/files.private_secret: 0600, whole or absent, never through a link). A file that is
+    not the store user's own private 32-byte regular file with one link is refused: the cache is
+    then not used (a fresh random secret is returned, so every entry fails its check and nothing
+    planted is read)."""
+    from llmgw_store.core.files import private_secret
 
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(os.urandom(SECRET_BYTES))
-    except FileExistsError:
-        pass
-    try:
-        fd = os.open(path, flags)
-    except OSError:
+        return private_secret(path, SECRET_BYTES)
+    except OSError:  # refused (FileRefused is an OSError), or it cannot be made
         return os.urandom(SECRET_BYTES)
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
-        data = f.read(SECRET_BYTES + 1)
-    if (not stat_.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or stat_.S_IMODE(st.st_mode) & 0o077
-            or len(data) != SECRET_BYTES):
-        return os.urandom(SECRET_BYTES)
-    return data
 
 
 def compile_tree(python: Path, env: Path, cache: Path, run) -> tuple[int, int, int]:

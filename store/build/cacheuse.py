@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import os
 import re
-import stat
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from llmgw_store.core.files import read_bounded
 
 if TYPE_CHECKING:
     from llmgw_store.core.local_store import Store
@@ -30,23 +31,14 @@ ARCHIVE_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 DIST_INFO_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,199}\.dist-info")
 MAX_META = 1 << 20
 MAX_ARCHIVES = 1 << 20
-_NOFOLLOW = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 def _read_small(path: Path) -> bytes | None:
+    """At most MAX_META bytes of a regular file, never through a link (core/files); None otherwise."""
     try:
-        fd = os.open(path, _NOFOLLOW)
-    except OSError:
+        return read_bounded(path, MAX_META)
+    except OSError:  # absent, or refused (FileRefused is an OSError)
         return None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_META:
-            return None
-        return os.read(fd, MAX_META + 1)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
 
 
 def _fingerprint(dist_info: Path) -> tuple[bytes | None, bytes | None]:

@@ -32,7 +32,7 @@ from typing import Any
 from blake3 import blake3
 
 from llmgw_store.core.errors import IntegrityError
-from llmgw_store.core.manifest import CONTENTS, MANIFEST, MANIFEST_DIR, Entry
+from llmgw_store.core.manifest import CONTENTS, MANIFEST, MANIFEST_DIR, Entry, refused_entry
 
 FORMAT = 2
 BLOB_ALONE = 256 << 10  # files from this size up are blobs of their own; smaller ones are packed
@@ -188,6 +188,9 @@ def parse_listing(data: bytes, meta_size: int, meta_files: int, label: str) -> l
                           "listed before it (a link, a file, or nothing)")
         if e.path in (MANIFEST, CONTENTS) or (e.path == MANIFEST_DIR and e.kind != "d"):
             raise _refuse(label, f"its listing names the store's own {e.path}")
+        why = refused_entry(e)  # a link (or anything but a file) where the store writes or reads a file
+        if why:
+            raise _refuse(label, f"in its listing, {why}")
         if e.kind == "d":
             if e.size != 0 or e.digest:
                 raise _refuse(label, f"its listing gives the directory {e.path[:200]!r} a size or digest")

@@ -237,12 +237,30 @@ def _closure(caches: Caches, key: str, name: str | None, trusted: dict[str, byte
     return [found[k] for k in order]
 
 
+def _check_store_files(tree: Path, entries: list[manifest.Entry], name: str) -> None:
+    """Where the store writes or reads a file (`.llmgw/*`, `pyvenv.cfg`) an unpacked object holds a
+    regular file (manifest.refused_entry), and its `.llmgw/contents` is a regular file holding the
+    very listing the signed content hash covers: a link there (to /dev/zero) would be followed by
+    every later reader of the path."""
+    for e in entries:
+        why = manifest.refused_entry(e)
+        if why:
+            raise IntegrityError(f"{name}: {why}; refusing it")
+    try:
+        same = manifest.read_contents_bytes(tree) == manifest.listing(entries)
+    except ValueError as exc:
+        raise IntegrityError(f"{name}: its contents listing cannot be read as a file ({exc}); refusing it") from None
+    if not same:
+        raise IntegrityError(f"{name}: its contents listing is not the tree's; refusing it")
+
+
 def _check_relocatable(tree: Path, name: str) -> None:
     """The environment must find its interpreter here: pyvenv.cfg's home must hold a python."""
-    cfg = tree / "pyvenv.cfg"
-    if not cfg.exists():
-        return
-    for line in cfg.read_text().splitlines():
+    try:
+        text = manifest.read_pyvenv_cfg(tree)  # bounded, never through a link (a signed link to /dev/zero)
+    except (OSError, ValueError) as exc:
+        raise IntegrityError(f"{name}: its pyvenv.cfg cannot be read as a file ({exc}); refusing it") from None
+    for line in (text or "").splitlines():
         key, _, value = line.partition("=")
         if key.strip() == "home":
             home = Path(value.strip())
@@ -354,6 +372,7 @@ def _fetch_v1(store: Store, caches: Caches, meta: Meta, build_id: int, started: 
         if manifest.content_hash(entries) != meta.content_hash:
             raise IntegrityError(f"{meta.name}: the unpacked tree's content hash differs from the signed metadata; "
                                  "refusing it")
+        _check_store_files(tree, entries, meta.name)
         doc = manifest.read(tree)
         if doc.get("content_hash") != meta.content_hash or doc.get("key") != meta.key:
             raise IntegrityError(f"{meta.name}: its manifest does not match the signed metadata; refusing it")

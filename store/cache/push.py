@@ -144,12 +144,15 @@ def _push_v2(store: Store, backend, row: RegisteredPath, secret_key, lock_timeou
 
     name, key = row.name, row.key
     tree = store.layout.path_of(name)
-    listing = (tree / manifest.CONTENTS).read_bytes()
+    try:  # bounded, never through a link
+        listing = manifest.read_contents_bytes(tree)
+        manifest_bytes = manifest.read_manifest_bytes(tree)
+    except ValueError as exc:
+        raise IntegrityError(f"{name}: {exc}; run `llmgw-store verify --repair` before pushing it") from None
     if digest_of(listing) != row.content_hash:
         raise IntegrityError(f"{name}: its contents listing does not hash to its content hash; run "
                              "`llmgw-store verify --repair` before pushing it")
-    entries = manifest.read_contents(tree)
-    manifest_bytes = (tree / manifest.MANIFEST).read_bytes()
+    entries = manifest.parse_contents(listing)  # the very bytes just hashed
     blobs = make_plan(entries)
     by_digest = {}
     for e in entries:

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from llmgw_store.core.errors import IntegrityError, UsageError
+from llmgw_store.core.files import write_outside
 from llmgw_store.core.keys import canonical_json
 from llmgw_store.core.names import check_signing_key_name, shown
 from llmgw_store.core.results import Result
@@ -70,9 +71,11 @@ def _encoded(name: str, raw: bytes) -> str:
 
 
 def keygen(name: str, out_dir: str | Path) -> KeyPair:
-    """Write NAME.secret (0600) and NAME.public into `out_dir`. Both are created exclusively and
-    never through a link (O_CREAT|O_EXCL|O_NOFOLLOW): an existing file, or a link planted where one
-    goes, is refused and nothing is overwritten; if the second cannot be made, the first is removed."""
+    """Write NAME.secret (0600) and NAME.public into `out_dir`, which must be root's or this user's
+    and open to no one else (sticky excepted; core/files.write_outside, UnsafePathError otherwise).
+    Both are created exclusively and never through a link: an existing file, or a link planted where
+    one goes, is refused and nothing is overwritten; if the second cannot be made, the first is
+    removed."""
     from nacl.signing import SigningKey
 
     check_signing_key_name(name)
@@ -84,34 +87,21 @@ def keygen(name: str, out_dir: str | Path) -> KeyPair:
     for path in (secret, public):
         if os.path.lexists(path):
             raise UsageError(f"{path} exists; refusing to overwrite a key file (choose another NAME or --out)")
-    # TODO(lead): switch both writes to sec's core module for files written outside the root
-    # (no-follow, exclusive, 0600) once it lands; these are the same flags.
-    _write_new(secret, _encoded(name, bytes(sk) + public_raw), 0o600)
+    # Both files outside the root the safe way (core/files.write_outside: a checked directory, a
+    # random O_EXCL|O_NOFOLLOW name, then link(2), which replaces nothing — a link planted since
+    # the check included).
     try:
-        _write_new(public, _encoded(name, public_raw), 0o644)
-    except BaseException:
+        write_outside(secret, _encoded(name, bytes(sk) + public_raw).encode(), mode=0o600, exclusive=True)
+    except FileExistsError:
+        raise UsageError(f"{secret} exists; refusing to overwrite a key file") from None
+    try:
+        write_outside(public, _encoded(name, public_raw).encode(), mode=0o644, exclusive=True)
+    except BaseException as exc:
         os.unlink(secret)
+        if isinstance(exc, FileExistsError):
+            raise UsageError(f"{public} exists; refusing to overwrite a key file") from None
         raise
     return KeyPair(str(secret), str(public), _encoded(name, public_raw).strip())
-
-
-def _write_new(path: Path, text: str, mode: int) -> None:
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    try:
-        fd = os.open(path, flags, mode)
-    except FileExistsError:
-        raise UsageError(f"{path} exists; refusing to overwrite a key file") from None
-    except OSError as exc:
-        raise UsageError(f"cannot create {path}: {exc.strerror}") from None
-    try:
-        os.fchmod(fd, mode)  # the umask may have taken bits from a public key's 0644
-        os.write(fd, text.encode())
-        os.fsync(fd)
-    except BaseException:
-        os.close(fd)
-        os.unlink(path)
-        raise
-    os.close(fd)
 
 
 def _read_key_file(path: str | Path, what: str) -> str:

@@ -6,11 +6,13 @@ Order, for one checked object (cache/pull.py has checked its metadata: shape, si
    checked (cache/objects.py: paths inside the tree, nothing below a link, totals as signed);
 2. the plan and manifest blobs, each checked against its signed digest; the plan against the
    listing (every file held once, packs bounded);
-3. the files this node already holds — any registered store path whose contents listing has the
-   digest — are hashed, and hard-linked when the file is read-only, of the same kind and on the
-   same filesystem (two immutable store paths then share the inode, as `optimise` makes them);
-   else copied, hashed while copied. A local file that does not hash to its digest is left alone
-   and the blob fetched instead. Nothing is ever linked to a mutable cache;
+3. the files this node already holds — any registered store path whose contents listing (read
+   bounded, never through a link) has the digest — are hashed, and hard-linked only under the
+   store's one sharing rule (core/dedupe.py: the owner's plain file, exactly the canonical mode,
+   no xattrs or capability, one of the store's own inodes, same filesystem; two immutable store
+   paths then share the inode through the pool, as `optimise` makes them); else copied, hashed
+   while copied, into a new inode with the canonical mode. A local file that does not hash to its
+   digest is left alone and the blob fetched instead. Nothing is ever linked to a mutable cache;
 4. the blobs still needed are fetched in a thread pool: each is streamed (capped at its signed
    compressed size), inflated by a zstd stream writer that hands out at most 1 MiB at a time
    (so a bomb stops at the signed size with bounded memory), and written into the `.partial`
@@ -40,8 +42,8 @@ from typing import Any
 from blake3 import blake3
 
 from llmgw_store.cache.objects import EMPTY, Blob, blob_name, digest_of, parse_listing, parse_plan, read_listing
-from llmgw_store.core import debug, manifest
-from llmgw_store.core.errors import IntegrityError
+from llmgw_store.core import debug, dedupe, files, manifest
+from llmgw_store.core.errors import IntegrityError, StoreError
 from llmgw_store.core.manifest import MANIFEST_DIR, Entry
 from llmgw_store.core.report import say
 
@@ -263,52 +265,98 @@ def _put(tree: str, targets: list[Entry], data: memoryview) -> None:
             os.close(fd)
 
 
-def local_sources(store, wanted: set[str]) -> dict[str, Path]:
-    """digest -> a file of a registered store path here with that digest (by its contents listing;
-    the bytes are checked when copied)."""
-    found: dict[str, Path] = {}
+@dataclass(frozen=True)
+class LocalSource:
+    """A file of a registered store path here that its listing says holds a wanted digest: the
+    path's directory and the entry (its bytes and its inode are checked when used)."""
+
+    env: Path
+    entry: Entry
+    pool: Path
+
+    @property
+    def path(self) -> Path:
+        return self.env / self.entry.path
+
+
+def local_sources(store, wanted: set[str]) -> dict[str, LocalSource]:
+    """digest -> a file of a registered store path here with that digest (by its contents listing,
+    read as every store path's metadata is: bounded, never through a link — a signed object's
+    `.llmgw/contents` could be a link to /dev/zero; the bytes are checked when used)."""
+    found: dict[str, LocalSource] = {}
+    pool = store.layout.links_pool
     for row in store.index.paths():
         if len(found) == len(wanted):
             break
         env = store.layout.path_of(row.name)
         try:
-            entries = read_listing((env / manifest.CONTENTS).read_bytes())
+            entries = read_listing(manifest.read_contents_bytes(env))
         except (OSError, ValueError):
             continue
         for e in entries:
             if e.kind in "fx" and e.digest in wanted and e.digest not in found:
-                found[e.digest] = env / e.path
+                found[e.digest] = LocalSource(env, e, pool)
+    if found:
+        try:
+            store.layout.ensure_pool()  # a reused inode enters it (see _link_local); checked like every store dir
+        except (OSError, StoreError) as exc:
+            say(f"files reused from store paths here are copied, not linked (optimise's pool: {exc})")
     return found
 
 
-def _link_local(src: Path, tree: str, targets: list[Entry], digest: str, size: int) -> bool:
-    """Hard-link the paths `targets` of the partial tree to `src`, a file of another registered
-    (immutable) store path, once its bytes are shown to be `digest`'s: both names are then store
-    paths, which nothing writes (a mutable cache is never linked). Only when `src` is a read-only
-    regular file of the targets' kind on the same filesystem; False (nothing made) otherwise."""
+def _open_local(src: LocalSource) -> tuple[int, os.stat_result] | None:
+    """The source file, opened below its store path one component at a time without following a
+    link (a directory of the path swapped for a link cannot lead out of the store); None if it is
+    not a regular file there."""
     try:
-        fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        dfd = files.open_dir(src.env)
     except OSError:
-        return False
-    made: list[str] = []
+        return None
     try:
-        st = os.fstat(fd)
-        kind = "x" if st.st_mode & stat.S_IXUSR else "f"
-        if (not stat.S_ISREG(st.st_mode) or st.st_mode & 0o7222 or st.st_size != size
-                or any(e.kind != kind for e in targets)):
+        return files.open_regular(src.entry.path, dir_fd=dfd)
+    except OSError:
+        return None
+    finally:
+        os.close(dfd)
+
+
+def _link_local(src: LocalSource, tree: str, targets: list[Entry], digest: str, size: int) -> bool:
+    """Hard-link the paths `targets` of the partial tree to the inode of `src`, a file of another
+    registered (immutable) store path, only under the store's one sharing rule (core/dedupe.py):
+    a plain file of the store's owner with exactly the canonical mode of the targets' kind and no
+    extended attribute (no file capability), one of the store's own inodes (no other link, or the
+    pool's entry for its digest), on the same filesystem, whose bytes — read from the descriptor
+    that is then linked — are `digest`'s. Anything else is copied instead (False, nothing made):
+    a link would hand another user, a mode such as 0400 or a capability to the pulled path."""
+    opened = _open_local(src)
+    if opened is None:
+        return False
+    fd, st = opened
+    made: list[str] = []
+    proc_fd = None
+    try:
+        kind = targets[0].kind
+        if (st.st_size != size or any(e.kind != kind for e in targets) or st.st_dev != os.stat(tree).st_dev
+                or dedupe.shareable(fd, st, kind) is not None or not dedupe.store_inode(src.pool, st, src.entry)):
             return False
         h = blake3(max_threads=blake3.AUTO) if size >= 8 << 20 else blake3()
         while chunk := os.read(fd, CHUNK):
             h.update(chunk)
         if h.hexdigest() != digest:
             return False
+        proc_fd = dedupe.open_proc_fd()
+        if st.st_nlink == 1:
+            # Shared from now on: it enters the pool first, so it stays one of the store's own
+            # inodes by `store_inode`'s test (EEXIST: the pool holds another copy; still fine).
+            try:
+                dedupe.link_checked(fd, st, os.fspath(src.path), os.fspath(src.pool / dedupe.pool_name(src.entry)),
+                                    proc_fd)
+            except OSError:
+                pass  # no pool, or it holds another copy: linked anyway, this once (later pulls copy it)
         for e in targets:
             dest = f"{tree}/{e.path}"
-            os.link(src, dest, follow_symlinks=False)
+            dedupe.link_checked(fd, st, os.fspath(src.path), dest, proc_fd)  # the inode just hashed
             made.append(dest)
-            got = os.lstat(dest)
-            if (got.st_ino, got.st_dev) != (st.st_ino, st.st_dev):  # swapped since it was hashed
-                raise OSError("changed")
         return True
     except OSError:
         for dest in made:
@@ -316,18 +364,18 @@ def _link_local(src: Path, tree: str, targets: list[Entry], digest: str, size: i
         return False
     finally:
         os.close(fd)
+        if proc_fd is not None:
+            os.close(proc_fd)
 
 
-def _copy_local(src: Path, w: _Writer) -> bool:
-    """Copy `src` into the writer; False (nothing kept) when it is not a regular file or its bytes
-    are not the digest's."""
-    try:
-        fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
+def _copy_local(src: LocalSource, w: _Writer) -> bool:
+    """Copy `src` into the writer (a new inode with the canonical mode); False (nothing kept) when
+    it is not a regular file or its bytes are not the digest's."""
+    opened = _open_local(src)
+    if opened is None:
         return False
+    fd, _ = opened
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return False
         while chunk := os.read(fd, CHUNK):
             if w.count + len(chunk) > w.size:
                 return False

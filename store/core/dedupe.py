@@ -8,9 +8,10 @@ key's lock. For each regular, non-empty file of the listing:
 
 - the pool has no entry for its digest and kind: the file, if nothing else links it (so never an
   inode a cache or another tree shares), becomes the pool's copy (one more link, no byte moved);
-- the pool has an entry: it is opened O_NOFOLLOW|O_NONBLOCK and checked by its descriptor — a
-  regular file of the store's user with no write, setuid, setgid or sticky bit, the same size,
-  mode, owner and group as the new file — then hashed (blake3, mmap and threads for big files) and
+- the pool has an entry: it is opened O_NOFOLLOW|O_NONBLOCK and checked by its descriptor against
+  the one rule for sharing an inode (`shareable`: a regular file of the store's owner, exactly the
+  canonical frozen mode, no extended attribute — no file capability), the same size, mode, owner
+  and group as the new file — then hashed (blake3, mmap and threads for big files) and
   compared with the new file's listed digest. Only then is it linked under a temporary name in the
   new file's directory, the link checked to be that very inode, and renamed over the new file:
   rename(2) is atomic, so the name holds the new bytes or the identical pool bytes, never nothing.
@@ -38,7 +39,6 @@ from typing import TYPE_CHECKING
 
 from llmgw_store.core import manifest
 from llmgw_store.core.errors import StoreError
-from llmgw_store.core.fsutil import WRITE_BITS
 from llmgw_store.core.report import say
 
 if TYPE_CHECKING:
@@ -46,7 +46,9 @@ if TYPE_CHECKING:
 
 _OPEN = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _EUID = os.geteuid()
-_SPECIAL = WRITE_BITS | stat.S_ISUID | stat.S_ISGID | stat.S_ISVTX
+# The mode of every frozen store file (build/canonical.py, then freeze): an inode shared between
+# store paths has exactly this, so sharing it changes no path's modes.
+CANONICAL_FILE_MODES = {"f": 0o444, "x": 0o555}
 
 
 @dataclass(frozen=True)
@@ -56,11 +58,49 @@ class Shared:
     pooled: int  # files of the new tree entered into the pool for later paths
 
 
-def plain_ours(st: os.stat_result) -> bool:
-    """Whether a pool entry may be linked into store paths: a regular file of the store's user with
-    no write, setuid, setgid or sticky bit (as every frozen store file is). Anything else was
-    planted, and sharing its inode would hand its owner or its mode to every path that links it."""
-    return stat.S_ISREG(st.st_mode) and st.st_uid == _EUID and not st.st_mode & _SPECIAL
+def has_xattrs(fd: int) -> bool:
+    """Whether the open file carries any extended attribute (`security.capability` is one: a file
+    capability). A filesystem without xattrs has none."""
+    try:
+        return bool(os.listxattr(fd))
+    except OSError as exc:
+        if exc.errno in (errno.ENOTSUP, errno.EOPNOTSUPP):
+            return False
+        raise
+
+
+def shareable(fd: int, st: os.stat_result, kind: str) -> str | None:
+    """THE rule for an inode that another store path may link (registration-time sharing, optimise,
+    a delta pull's reuse), checked on the open descriptor `fd` (fstat `st`): why it may not be, or
+    None. It must be a regular file owned by the store's owner (uid and gid), with exactly the
+    canonical frozen mode of its kind (0444, or 0555 for `x`) and no extended attribute (no file
+    capability). The caller also proves its bytes (a digest of what it reads from `fd`) and that it
+    is one of the store's own inodes (`store_inode`). Anything else is copied, never linked: a
+    link would hand its owner, its mode or its capability to the path that links it."""
+    if not stat.S_ISREG(st.st_mode):
+        return "not a regular file"
+    if st.st_uid != _EUID or st.st_gid != os.getegid():
+        return f"owned by {st.st_uid}:{st.st_gid}, not by the store's owner"
+    want = CANONICAL_FILE_MODES.get(kind)
+    if stat.S_IMODE(st.st_mode) != want:
+        return f"mode {stat.S_IMODE(st.st_mode):04o}, not {want or 0:04o}"
+    if has_xattrs(fd):
+        return "it has extended attributes (a file capability?)"
+    return None
+
+
+def store_inode(pool: str | os.PathLike, st: os.stat_result, e: manifest.Entry) -> bool:
+    """Whether the inode `st`, found at a file of a store path listed as `e`, is the store's alone:
+    it has no other link, or it is the pool's entry for its digest (every link the store makes
+    between paths goes through the pool, so a shared inode without that entry may share itself
+    with a cache or a file outside the store, as paths made before issue 12 did with uv's cache)."""
+    if st.st_nlink == 1:
+        return True
+    try:
+        pst = os.lstat(os.path.join(pool, pool_name(e)))
+    except OSError:
+        return False
+    return (pst.st_dev, pst.st_ino) == (st.st_dev, st.st_ino)
 
 
 def pool_name(e: manifest.Entry) -> str:
@@ -104,10 +144,7 @@ def _share_all(layout: Layout, tree: Path, entries: list[manifest.Entry], starte
             st = os.lstat(d)
             dirs[d] = (stat.S_IMODE(st.st_mode), (st.st_atime_ns, st.st_mtime_ns))
     results: list[tuple[int, int, int]] = []
-    try:
-        proc_fd: int | None = os.open("/proc/self/fd", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError:
-        proc_fd = None
+    proc_fd = open_proc_fd()
     try:
         for d, (mode, _) in dirs.items():
             os.chmod(d, mode | stat.S_IWUSR)
@@ -155,6 +192,17 @@ _temp_serial = itertools.count()  # next() on a count is atomic under the GIL: o
 _PID = os.getpid()
 
 
+def _pool_new(path: str, entry: str, e: manifest.Entry) -> None:
+    """Make the new file `path` (hashed into its listing by this build, under its key's lock) the
+    pool's copy, if the sharing rule holds for it (EEXIST: another process pooled one first)."""
+    fd = os.open(path, _OPEN)
+    try:
+        if shareable(fd, os.fstat(fd), e.kind) is None:
+            os.link(path, entry)
+    finally:
+        os.close(fd)
+
+
 def _share_one(path: str, entry: str, e: manifest.Entry, proc_fd: int | None) -> int | None:
     """Bytes freed (st_blocks) once `path` is a link to the pool's identical copy; None if `path`
     became the pool's copy; 0 if nothing was done."""
@@ -164,28 +212,28 @@ def _share_one(path: str, entry: str, e: manifest.Entry, proc_fd: int | None) ->
     try:
         fd = os.open(entry, _OPEN)
     except FileNotFoundError:
-        os.link(path, entry)  # EEXIST: another process pooled it first; nothing lost
+        _pool_new(path, entry, e)
         return None
     except OSError:
-        _drop(entry, None)  # a link or a FIFO planted under a pool name
-        os.link(path, entry)
+        drop(entry, None)  # a link or a FIFO planted under a pool name
+        _pool_new(path, entry, e)
         return None
     try:
         pst = os.fstat(fd)
         if (pst.st_dev, pst.st_ino) == (st.st_dev, st.st_ino):
             return 0
-        if not plain_ours(pst) or pst.st_size != e.size:
-            _drop(entry, pst)
-            os.link(path, entry)
+        if shareable(fd, pst, e.kind) is not None or pst.st_size != e.size:
+            drop(entry, pst)  # planted, or gained a capability or a mode since: it leaves the pool
+            _pool_new(path, entry, e)
             return None
         if (stat.S_IMODE(pst.st_mode), pst.st_uid, pst.st_gid) != (stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid):
             return 0  # same bytes, another mode or owner: an inode has one of each, so not shared
         if manifest.digest_fd(fd, pst) != e.digest:
-            _drop(entry, pst)  # damaged since it was pooled: never linked into a new path
-            os.link(path, entry)
+            drop(entry, pst)  # damaged since it was pooled: never linked into a new path
+            _pool_new(path, entry, e)
             return None
         tmp = f"{os.path.dirname(path)}/.llmgw-share-{_PID}-{next(_temp_serial)}"
-        _link_checked(fd, pst, entry, tmp, proc_fd)
+        link_checked(fd, pst, entry, tmp, proc_fd)
         try:
             # Atomic: `path` names the new file or the identical, checked pool inode.
             os.rename(tmp, path)
@@ -197,7 +245,7 @@ def _share_one(path: str, entry: str, e: manifest.Entry, proc_fd: int | None) ->
         os.close(fd)
 
 
-def _link_checked(fd: int, pst: os.stat_result, entry: str, tmp: str, proc_fd: int | None) -> None:
+def link_checked(fd: int, pst: os.stat_result, entry: str, tmp: str, proc_fd: int | None) -> None:
     """Link, at `tmp`, the very inode open as `fd` (the one just hashed): through /proc/self/fd
     (`proc_fd`, linkat with AT_SYMLINK_FOLLOW), which names the open file, not whatever the pool
     name holds now; where /proc is missing, by the pool name, then checked to be that inode."""
@@ -211,7 +259,15 @@ def _link_checked(fd: int, pst: os.stat_result, entry: str, tmp: str, proc_fd: i
         raise OSError(errno.ESTALE, "the pool entry was replaced while it was checked", entry)
 
 
-def _drop(entry: Path, checked: os.stat_result | None) -> None:
+def open_proc_fd() -> int | None:
+    """/proc/self/fd, for `link_checked` (None where /proc is missing)."""
+    try:
+        return os.open("/proc/self/fd", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return None
+
+
+def drop(entry: str | os.PathLike, checked: os.stat_result | None) -> None:
     """Take a bad entry out of the pool, if the name still holds what was checked (`checked`, or
     for None anything that is not a regular file)."""
     try:

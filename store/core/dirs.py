@@ -92,45 +92,25 @@ def private_dir(name: str, parent_fd: int | None, create: bool) -> int | None:
 def replace_private(dir_fd: int, name: str, data: bytes) -> bool:
     """`data` as the file `name` of the private directory `dir_fd`: a new 0600 file (created
     exclusively, never through a link) renamed over it, so a reader sees the old file or the new
-    one, never a part. False when it could not be written; nothing is left behind then."""
-    tmp = f".tmp-{os.getpid()}-{name[:40]}"
+    one, never a part (core/files.write_atomic). False when it could not be written; nothing is
+    left behind then."""
+    from llmgw_store.core.files import write_atomic
+
     try:
-        try:
-            os.unlink(tmp, dir_fd=dir_fd)  # one of a dead process of this pid
-        except FileNotFoundError:
-            pass
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-        finally:
-            os.close(fd)
-        os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        write_atomic(name, data, dir_fd=dir_fd, mode=0o600, fsync=False)
         return True
     except OSError:
-        try:
-            os.unlink(tmp, dir_fd=dir_fd)
-        except OSError:
-            pass
         return False
 
 
 def read_private(dir_fd: int, name: str, limit: int) -> bytes | None:
     """The bytes of `name` in the private directory `dir_fd`, if it is a regular file of the running
-    user's that no one else may read or write, of at most `limit` bytes, reached without a link;
-    None for anything else (a miss, never an error: what `replace_private` wrote is read back)."""
+    user's that no one else may read or write, of at most `limit` bytes, reached without a link
+    (core/files.read_bounded); None for anything else (a miss, never an error: what
+    `replace_private` wrote is read back)."""
+    from llmgw_store.core.files import read_bounded
+
     try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
-    except OSError:
+        return read_bounded(name, limit, dir_fd=dir_fd, owner=os.geteuid(), deny_mode=0o077)
+    except OSError:  # absent, or refused (FileRefused is an OSError)
         return None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077 or st.st_size > limit:
-            return None
-        data = os.read(fd, limit + 1)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    return data if len(data) <= limit else None

@@ -3,7 +3,8 @@
     StoreError                      exit 1: an operation failed
     ├── UsageError                  exit 2: bad input from the user
     │   ├── RecipeError             a recipe file is malformed (names the file and the field)
-    │   └── NotFoundError           a store path, key or profile that does not exist
+    │   ├── NotFoundError           a store path, key or profile that does not exist
+    │   └── UnsafePathError         a directory to write into outside the root is a link or another user's
     ├── LockTimeout                 exit 75 (EX_TEMPFAIL): a lock could not be had in time
     ├── NetworkError                an index or download could not be reached or answered badly
     │   └── OfflineError            something needed the network under --offline
@@ -52,6 +53,11 @@ class RecipeError(UsageError):
 
 class NotFoundError(UsageError):
     """A store path, key, profile or generation named by the user does not exist."""
+
+
+class UnsafePathError(UsageError):
+    """A file the store was asked to write outside its root lies in a directory another user could
+    swap it in (a link, another user's, writable by others): nothing was written."""
 
 
 class LockTimeout(StoreError):

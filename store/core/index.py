@@ -38,6 +38,10 @@ from llmgw_store.core.report import say
 
 BUSY_TIMEOUT_S = 30.0
 DB_MODE = 0o600
+# What doctor copies from an old, possibly hostile, index file (copy_history_from).
+SALVAGE_MAX_ROWS = 200_000  # a table: far more history than a store keeps
+SALVAGE_MAX_BYTES = 256 << 20
+SALVAGE_DEADLINE_S = 60.0  # all tables together
 SCHEMA_FILE = Path(__file__).with_name("schema.sql")
 SCHEMA_VERSION = 5  # the last `-- version N` of schema.sql (tests/test_index.py checks they agree)
 VERSION_LINE = re.compile(r"-- version (\d+):")
@@ -453,10 +457,16 @@ class Index:
             conn.executemany(f"INSERT INTO paths ({', '.join(cols)}) VALUES ({', '.join('?' for _ in cols)})",
                              [astuple(r) for r in rows])
 
-    def copy_history_from(self, other: Path, tables: tuple[str, ...] | list[str]) -> dict[str, int]:
+    def copy_history_from(self, other: Path, tables: tuple[str, ...] | list[str],
+                          deadline_s: float = SALVAGE_DEADLINE_S) -> dict[str, int]:
         """Copy the rows of `tables` that a damaged or old index file still yields (doctor), row by
         row: a table is copied up to its first unreadable page, in the columns both files have.
-        Give it a scratch copy: SQLite writes to a file it opens (it replays or drops its WAL)."""
+        Give it a scratch copy: SQLite writes to a file it opens (it replays or drops its WAL).
+        The old file is hostile (doctor runs because something is wrong with it): only a real
+        table is read — a view (which may be an endless recursive query) or a virtual table is
+        not —, only the columns this schema has, at most SALVAGE_MAX_ROWS rows and
+        SALVAGE_MAX_BYTES bytes a table, and all of it within `deadline_s` seconds (SQLite's
+        progress handler interrupts the statement past it); what was read by then is kept."""
         copied: dict[str, int] = {}
         # A damaged schema may define views or triggers: they may call no function with side effects.
         self.conn.execute("PRAGMA trusted_schema=OFF")
@@ -464,30 +474,45 @@ class Index:
             self.conn.execute("ATTACH DATABASE ? AS old", (str(other),))
         except sqlite3.Error:
             return copied
+        deadline = time.monotonic() + deadline_s
         try:
             for table in tables:
-                copied[table] = self._salvage(table)
+                copied[table] = self._salvage(table, deadline)
         finally:
+            self.conn.set_progress_handler(None, 0)
             self.conn.execute("DETACH DATABASE old")
         return copied
 
-    def _salvage(self, table: str) -> int:
+    def _salvage(self, table: str, deadline: float) -> int:
         rows: list[tuple] = []
+        # Every statement reading the old file is interrupted past the deadline.
+        self.conn.set_progress_handler(lambda: 1 if time.monotonic() > deadline else 0, 10_000)
         try:
+            kind = self.conn.execute("SELECT type, sql FROM old.sqlite_master WHERE name = ?", (table,)).fetchone()
+            if kind is None or kind[0] != "table" or not isinstance(kind[1], str) \
+                    or kind[1].lstrip().upper().startswith("CREATE VIRTUAL"):
+                return 0  # not a real table: a view may never end, a virtual table runs a module's code
             mine = [r[1] for r in self.conn.execute(f"PRAGMA main.table_info({table})")]
             theirs = {r[1] for r in self.conn.execute(f"PRAGMA old.table_info({table})")}
-            cols = ", ".join(c for c in mine if c in theirs)
+            cols = ", ".join(f'"{c}"' for c in mine if c in theirs)
             if not cols:
                 return 0
-            cur = self.conn.execute(f"SELECT {cols} FROM old.{table}")
-            # Ends: the old file holds finitely many rows, and SQLite reports a damaged page (a
-            # loop in a damaged b-tree included) as an error, which ends the read here.
+            cur = self.conn.execute(f"SELECT {cols} FROM old.{table} LIMIT ?", (SALVAGE_MAX_ROWS,))
+            # Ends: a real table of the old file holds finitely many rows (and at most the LIMIT
+            # are read), SQLite reports a damaged page (a loop in a damaged b-tree included) as an
+            # error, and the progress handler interrupts past the deadline: each ends the read here.
+            size = 0
             while batch := cur.fetchmany(1000):
-                rows += [tuple(r) for r in batch]
+                for r in batch:
+                    size += sum(len(v) if isinstance(v, (str, bytes)) else 8 for v in r)
+                    if size > SALVAGE_MAX_BYTES:
+                        raise sqlite3.DataError("the table holds more than SALVAGE_MAX_BYTES")
+                    rows.append(tuple(r))
         except sqlite3.Error:
             pass
         if not rows:
             return 0
+        self.conn.set_progress_handler(None, 0)  # writing into our own file is not bounded by the old one
         insert = f"INSERT OR IGNORE INTO main.{table} ({cols}) VALUES ({', '.join('?' for _ in rows[0])})"
         with self.conn:
             self.conn.execute("BEGIN IMMEDIATE")

@@ -86,13 +86,12 @@ def _hostname() -> str:
 
 
 def _write_note(owner: Path, what: str) -> None:
-    """Replace the note atomically (rename), so a reader sees a whole note or the previous one."""
-    tmp = owner.with_name(f".{owner.name}.{os.getpid()}")
+    """Replace the note atomically (core/files.write_atomic: a new file renamed over), so a reader
+    sees a whole note or the previous one. No fsync: a note only matters while its writer lives."""
+    from llmgw_store.core.files import write_atomic
+
     note = json.dumps({"pid": os.getpid(), "host": _hostname(), "what": what, "since": time.time()})
-    tfd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, LOCK_MODE)
-    with os.fdopen(tfd, "w") as f:
-        f.write(note)
-    os.replace(tmp, owner)
+    write_atomic(owner, note.encode(), mode=LOCK_MODE, fsync=False)
 
 
 def _acquire(fd: int, path: Path, shared: bool, what: str, timeout: float, default_holder: str) -> bool:

@@ -29,7 +29,7 @@ from typing import Any, NamedTuple
 
 from blake3 import blake3
 
-from llmgw_store.core import debug
+from llmgw_store.core import debug, files
 from llmgw_store.core.report import progress
 
 MANIFEST_DIR = ".llmgw"
@@ -80,21 +80,6 @@ def _unesc(s: str) -> str:
     return _ESCAPED.sub(lambda m: _UNESC.get(m.group(1), m.group(1)), s)
 
 
-def _open_regular(path: str | Path) -> tuple[int, os.stat_result]:
-    """(fd, fstat) of the regular file at `path`, opened without following a link and without
-    blocking on a FIFO; OSError for anything else (what was listed as a file may have been swapped
-    since)."""
-    fd = os.open(path, _OPEN_FLAGS)
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise OSError(errno.EINVAL, "not a regular file", os.fspath(path))
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd, st
-
-
 def _mappable(st: os.stat_result) -> bool:
     """Whether the file may be hashed through mmap: only one no other user can truncate meanwhile
     (a truncated mapping faults with SIGBUS, which would kill the process): owned by this user or
@@ -131,7 +116,7 @@ def digest_fd(fd: int, st: os.stat_result) -> str:
 def file_digest(path: str | Path) -> str:
     """blake3 of the regular file at `path`, never through a symlink (OSError for a link, a FIFO,
     a device: what was listed as a file may have been swapped since)."""
-    fd, st = _open_regular(path)
+    fd, st = files.open_regular(path)  # FileRefused is an OSError
     try:
         return digest_fd(fd, st)
     finally:
@@ -214,7 +199,7 @@ class _Pool:
 
 
 def scan(root: Path, writable: list[str] | None = None, *, memo: dict | None = None,
-         foreign: list[dict[str, Any]] | None = None) -> list[Entry]:
+         foreign: list[dict[str, Any]] | None = None, modes: list[tuple[str, int]] | None = None) -> list[Entry]:
     """Every entry under `root` (manifest and listing excluded), in canonical order, files hashed.
     A depth-first walk over sorted names yields the component-wise sorted order directly. With
     `writable`, the paths of entries that have a write bit are appended to it (root itself as ".").
@@ -228,7 +213,11 @@ def scan(root: Path, writable: list[str] | None = None, *, memo: dict | None = N
     euid that runs the store, or carrying any extended attribute, is appended to it as
     {"path", "uid", "xattrs"}: a build makes neither, so either is a change made after it (a
     chown, a hardlink to an outside file, setcap). One listxattr per entry, skipped for the rest of
-    the tree once the filesystem says it has none (ENOTSUP)."""
+    the tree once the filesystem says it has none (ENOTSUP).
+    With `modes`, each file or directory (root as ".") with no write bit whose mode is not the
+    frozen canonical one (files 0444, or 0555 with the owner's exec bit; directories 0555) is
+    appended to it as (path, mode): a build leaves none (build/canonical.py), and a file of mode
+    0400 breaks the environment for the service users who run it while its bytes are right."""
     entries: list[Any] = []
     batch_idx: list[int] = []
     batch_paths: list[str] = []
@@ -256,6 +245,8 @@ def scan(root: Path, writable: list[str] | None = None, *, memo: dict | None = N
     if foreign is not None:
         alien(os.fspath(root), ".", root_st.st_uid)
     S_ISREG, S_ISDIR, S_ISLNK, S_IXUSR = stat.S_ISREG, stat.S_ISDIR, stat.S_ISLNK, stat.S_IXUSR
+    if modes is not None and not root_st.st_mode & _WRITE and stat.S_IMODE(root_st.st_mode) != 0o555:
+        modes.append((".", stat.S_IMODE(root_st.st_mode)))
     pool = _Pool()
 
     def flush() -> None:
@@ -276,6 +267,9 @@ def scan(root: Path, writable: list[str] | None = None, *, memo: dict | None = N
                 writable.append(rel)
             if foreign is not None:
                 alien(e.path, rel, st.st_uid)
+            if modes is not None and not mode & _WRITE and (S_ISREG(mode) or S_ISDIR(mode)) \
+                    and stat.S_IMODE(mode) != (0o555 if S_ISDIR(mode) or mode & S_IXUSR else 0o444):
+                modes.append((rel, stat.S_IMODE(mode)))
             if rel in _EXCLUDED:
                 continue
             if S_ISREG(mode):
@@ -409,7 +403,34 @@ def write(env: Path, manifest: dict[str, Any]) -> None:
 
 def read(env: Path) -> dict[str, Any]:
     """The manifest of `env`, read without following a link at any step (ValueError otherwise)."""
-    return json.loads(_read_meta_file(env, "manifest.json", MANIFEST_MAX))
+    return json.loads(read_manifest_bytes(env))
+
+
+def read_manifest_bytes(env: Path) -> bytes:
+    """`.llmgw/manifest.json` as it is on disk: no link followed, no FIFO waited on, bounded."""
+    return _read_meta_file(env, "manifest.json", MANIFEST_MAX)
+
+
+def read_meta_file(env: Path, name: str, limit: int | None = None) -> bytes:
+    """Another file of `.llmgw/` (a lock file), read as the manifest is (at most MANIFEST_MAX bytes)."""
+    return _read_meta_file(env, name, MANIFEST_MAX if limit is None else limit)
+
+
+PYVENV_CFG = "pyvenv.cfg"
+PYVENV_MAX = 64 << 10  # a few lines (home, version, prompt); a larger one is not read
+
+
+def read_pyvenv_cfg(tree: Path) -> str | None:
+    """The text of `tree`'s pyvenv.cfg, None when it has none. Read as every metadata file of a
+    store path is (core/files.read_bounded): never through a link (a signed object's pyvenv.cfg may
+    be a link to /dev/zero), at most PYVENV_MAX bytes; ValueError (FileRefused) otherwise."""
+    fd = files.open_dir(tree)
+    try:
+        return files.read_bounded(PYVENV_CFG, PYVENV_MAX, dir_fd=fd).decode("utf-8", "replace")
+    except FileNotFoundError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def references_of(tree: Path, store_dir: Path) -> list[str]:
@@ -418,10 +439,10 @@ def references_of(tree: Path, store_dir: Path) -> list[str]:
     store = os.path.realpath(store_dir)
     refs = set()
     try:
-        text = (tree / "pyvenv.cfg").read_text()
-    except OSError:
+        text = read_pyvenv_cfg(tree)
+    except (OSError, ValueError):
         return []
-    for line in text.splitlines()[:200]:
+    for line in (text or "").splitlines()[:200]:
         key, _, value = line.partition("=")
         if key.strip() == "home":
             home = os.path.realpath(value.strip())
@@ -438,30 +459,29 @@ REQUIRED = ("name", "key", "engine", "version", "variant", "content_hash", "size
 def _read_meta_file(env: Path, name: str, limit: int) -> bytes:
     """`ENV/.llmgw/<name>` of a directory not yet trusted, without following a link at any step (a
     planted link could make this read a device, a FIFO or another user's file), at most `limit`
-    bytes. Raises ValueError."""
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
-    fds: list[int] = []
+    bytes (core/files.read_bounded). Raises ValueError."""
     try:
-        fds.append(os.open(env, flags | os.O_DIRECTORY))
-        fds.append(os.open(MANIFEST_DIR, flags | os.O_DIRECTORY, dir_fd=fds[-1]))
-        fds.append(os.open(name, flags | os.O_NONBLOCK, dir_fd=fds[-1]))
-        st = os.fstat(fds[-1])
-        if not stat.S_ISREG(st.st_mode):
-            raise ValueError(f"{MANIFEST_DIR}/{name} is not a regular file")
-        if st.st_size > limit:
-            raise ValueError(f"{MANIFEST_DIR}/{name} is larger than {limit} bytes")
-        chunks, left = [], limit + 1
-        while left > 0 and (chunk := os.read(fds[-1], min(CHUNK, left))):
-            chunks.append(chunk)
-            left -= len(chunk)
-        if left <= 0:
-            raise ValueError(f"{MANIFEST_DIR}/{name} is larger than {limit} bytes")
-        return b"".join(chunks)
+        fd = files.open_dir(env)
+        try:
+            return files.read_bounded(f"{MANIFEST_DIR}/{name}", limit, dir_fd=fd)
+        finally:
+            os.close(fd)
+    except files.FileRefused as exc:
+        raise ValueError(f"{MANIFEST_DIR}/{name} {exc.reason}") from exc
     except OSError as exc:
         raise ValueError(f"cannot read {MANIFEST_DIR}/{name}: {exc.strerror}") from exc
-    finally:
-        for fd in reversed(fds):
-            os.close(fd)
+
+
+def refused_entry(e: Entry) -> str | None:
+    """Why a listed entry may not be in a store path the store takes in (a pull), or None: where
+    the store writes or reads a file — anything in `.llmgw/`, and `pyvenv.cfg` — only a regular
+    file may be (a link there could make a later read follow it to /dev/zero or a file of root's),
+    and `.llmgw` itself is a directory."""
+    if e.path == MANIFEST_DIR:
+        return None if e.kind == "d" else f"{MANIFEST_DIR} is not a directory"
+    if (e.path.startswith(MANIFEST_DIR + "/") or e.path == PYVENV_CFG) and e.kind not in ("f", "x"):
+        return f"{e.path} is not a regular file"
+    return None
 
 
 def check_complete(env: Path, name: str, *, rehash: bool) -> dict[str, Any]:

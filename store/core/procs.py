@@ -5,12 +5,16 @@ started it (issue 12: a SIGKILLed build left uv and the bytecode compiler writin
                                     └─▶ the command  (PR_SET_PDEATHSIG(SIGKILL), bound to the keeper)
                                           └─▶ its children (uv's, the compile pool's workers) …
 
-`run` starts a *keeper*: a few lines of Python (`KEEPER`, run by this interpreter with -I -S and
-the command's environment; it imports only C modules, so it costs an interpreter start per child) in a new session, so it
-leads a process group of its own, which the command and everything the command starts inherit. The keeper forks and execs the command and waits. The
-store holds the other end of a socketpair; the keeper acts on its end:
+`run` starts a *keeper*: a small program (core/keeper.py, run as a script by this interpreter
+with -I -S and the command's environment; it imports only C modules, so it costs an interpreter
+start per child) in a new session, so it leads a process group of its own, which the command and
+everything the command starts inherit — and, where the node allows one, in a cgroup v2 of its own
+(core/cgroups.py: a child cgroup, or a systemd scope), which the keeper joins before it starts the
+command. The keeper forks and execs the command and waits. The store holds the other end of a
+socketpair; the keeper acts on its end:
 - the command exits: the keeper writes its exit status on the socket and keeps waiting;
-- the socket reaches EOF: the keeper sends SIGKILL to its whole process group, itself included.
+- the socket reaches EOF: the keeper kills everything it started, itself included — its cgroup at
+  once through `cgroup.kill`, else its descendants and its process group (below).
 EOF comes when the store closes its end — `run` does so on every way out: the command finished,
 the timeout, an exception, KeyboardInterrupt — and also when the store process dies in any way,
 SIGKILL included, because the kernel closes a dead process's descriptors. So every child, and
@@ -44,10 +48,12 @@ Which signal, which group, and why it cannot hit an unrelated process:
   a child subreaper (PR_SET_CHILD_SUBREAPER), so an orphan below it is reparented to it, never to
   init. Before its group kill the keeper walks /proc/*/stat for every live process whose parent
   chain reaches it and SIGKILLs them, reaping and walking again until none is left (bounded: 5 s).
-  A descendant killed there has its pid held by a zombie of ours or its parent's until reaped. Only
-  a process that escaped while the keeper itself was SIGKILLed is out of its reach; `reap` below
-  is the backstop for builds (a cgroup would be the complete answer; the store does not assume
-  it may create one).
+  A descendant killed there has its pid held by a zombie of ours or its parent's until reaped. A
+  descendant that keeps changing pid (fork, parent exits, repeat) can outrun that walk; and a
+  process that escaped while the keeper itself was SIGKILLed is out of its reach: hence the
+  cgroup where the node gives one — `cgroup.kill` kills every member at once, and `run` returns
+  only once the cgroup is empty (`Scope.kill`), so nothing it started outlives it. Where no
+  cgroup can be made the walk is what there is, and `reap` below is the backstop for builds.
 
 Recording (`recording`, `reap`): while a build holds its key's lock, `recording(path)` writes
 `path` (ROOT/var/locks/<key>.pgids): a random token, and one line per child started (its pgid) and
@@ -79,145 +85,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from llmgw_store.core import report
+from llmgw_store.core import cgroups, report
 
 TOKEN_VAR = "LLMGW_STORE_BUILD"
 KILL_WAIT_S = 5.0
 
-# argv: <socket fd> <executable> <argv0> <args…>. Run with -I -S, so it imports little.
-KEEPER = r"""
-import os, select, sys
-fd, exe, argv = int(sys.argv[1]), sys.argv[2], sys.argv[3:]
-SIGKILL, SIGPIPE, SIGXFSZ = 9, 13, 25  # Linux's numbers (the store runs on Linux only)
-# The C modules, not `signal` and `ctypes`: those import enum, struct and more, which was most of
-# the keeper's start-up (30-50 ms per child on a loaded 2-core node; now an interpreter start).
-try:
-    import _signal
-except ImportError:
-    _signal = None
-try:
-    import _ctypes
-
-    class _int(_ctypes._SimpleCData):
-        _type_ = "i"
-
-    class _Fn(_ctypes.CFuncPtr):
-        _flags_ = _ctypes.FUNCFLAG_CDECL | _ctypes.FUNCFLAG_USE_ERRNO
-        _restype_ = _int
-
-    class _Libc:
-        _handle = _ctypes.dlopen(None)
-
-    prctl = _Fn(("prctl", _Libc))
-except Exception:
-    try:
-        import ctypes
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except Exception:  # no ctypes: the group kill below still reaches the command
-        prctl = None
-keeper = os.getpid()
-if prctl is not None:
-    prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER: orphans below us (setsid'd ones too) become ours
-
-def descendants():
-    # Live processes whose parent chain reaches the keeper (read from /proc/*/stat), zombies left out.
-    parents, alive = {}, set()
-    for e in os.listdir("/proc"):
-        if not e.isdigit():
-            continue
-        try:
-            with open("/proc/%s/stat" % e, "rb") as f:
-                raw = f.read()
-        except OSError:
-            continue
-        fields = raw[raw.rfind(b")") + 2:].split()
-        if len(fields) < 2:
-            continue
-        parents.setdefault(int(fields[1]), []).append(int(e))
-        if fields[0] not in (b"Z", b"X"):
-            alive.add(int(e))
-    out, todo = [], [keeper]
-    while todo and len(out) < 100000:
-        for child in parents.get(todo.pop(), ()):
-            out.append(child)
-            todo.append(child)
-    return [p for p in out if p in alive]
-
-def kill_descendants():
-    # Bounded: at most 5 s, or until none is left; orphans of the killed come back to us (subreaper).
-    import time
-    deadline = time.monotonic() + 5
-    while True:
-        try:
-            while os.waitpid(-1, os.WNOHANG)[0]:
-                pass
-        except ChildProcessError:
-            pass
-        left = descendants()
-        if not left or time.monotonic() >= deadline:
-            return
-        mine = set(left) | {keeper}
-        for p in left:
-            # Pinned by a pidfd, then its parent read again: a pid that died and was given to
-            # someone else meanwhile is not ours to signal.
-            try:
-                fd = os.pidfd_open(p)
-            except (AttributeError, OSError):
-                fd = None
-            try:
-                with open("/proc/%d/stat" % p, "rb") as f:
-                    raw = f.read()
-                if int(raw[raw.rfind(b")") + 2:].split()[1]) not in mine:
-                    continue
-                if fd is not None and _signal is not None:
-                    _signal.pidfd_send_signal(fd, SIGKILL)
-                else:
-                    os.kill(p, SIGKILL)
-            except (OSError, ValueError, IndexError):
-                pass
-            finally:
-                if fd is not None:
-                    os.close(fd)
-        time.sleep(0.005)
-
-pid = os.fork()
-if pid == 0:
-    try:
-        os.close(fd)
-        if prctl is not None:
-            prctl(1, SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG: die with the keeper
-        if os.getppid() != keeper:  # the keeper died before prctl took effect
-            os._exit(128 + SIGKILL)
-        if _signal is not None:
-            for sig in (SIGPIPE, SIGXFSZ):  # Python ignores them; the command gets the defaults
-                _signal.signal(sig, _signal.SIG_DFL)
-        os.execv(exe, argv)
-    except OSError as exc:
-        os.write(2, ("llmgw-store: cannot run %s: %s\n" % (exe, exc.strerror or exc)).encode())
-    finally:  # never fall through into the keeper's part
-        os._exit(127)
-try:
-    try:
-        pidfd = os.pidfd_open(pid)
-    except (AttributeError, OSError):
-        pidfd = None  # before Linux 5.3: poll
-    done = False
-    while True:
-        watch = [fd] if done or pidfd is None else [fd, pidfd]
-        ready = select.select(watch, [], [], None if done or pidfd is not None else 0.05)[0]
-        if fd in ready and not os.read(fd, 64):
-            break  # EOF: the store is done with us, or dead
-        if not done:
-            got, status = os.waitpid(pid, os.WNOHANG)
-            if got:
-                done = True
-                os.write(fd, b"%d\n" % os.waitstatus_to_exitcode(status))
-finally:
-    try:
-        kill_descendants()  # what left the group (setsid), reparented to us as the subreaper
-    finally:
-        os.killpg(0, SIGKILL)  # the whole group: the command, its children, this keeper
-"""
+# The keeper is a real module run as a script with -I -S (core/keeper.py): argv <socket fd>
+# <cgroup to join> <executable> <argv0> <args…>. It imports no module of the store.
+KEEPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "keeper.py")
 
 
 @dataclass(frozen=True)
@@ -251,13 +126,19 @@ def run(argv: Sequence[str | os.PathLike], *, env: dict[str, str], cwd: str | os
     if record is not None:
         env[TOKEN_VAR] = record.token
     ours, theirs = socket.socketpair()  # both close-on-exec: only the keeper gets `theirs`
+    scope = cgroups.new_scope()  # this child's cgroup, if the node gives one (core/cgroups.py)
     with ours, tempfile.TemporaryFile() as out:
         try:
             keeper = subprocess.Popen(
-                [sys.executable, "-I", "-S", "-c", KEEPER, str(theirs.fileno()), exe, *args],
+                [*(scope.prefix if scope else ()), sys.executable, "-I", "-S", KEEPER, str(theirs.fileno()),
+                 scope.keeper_arg if scope else "", exe, *args],
                 env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                 start_new_session=True, pass_fds=(theirs.fileno(),),
             )
+        except BaseException:
+            if scope is not None:
+                scope.kill()
+            raise
         finally:
             theirs.close()
         try:
@@ -267,8 +148,14 @@ def run(argv: Sequence[str | os.PathLike], *, env: dict[str, str], cwd: str | os
             with report.heartbeat(step, tail=Heartbeat(out.fileno(), step)):
                 code, timed_out = _status(ours, timeout)
         finally:
-            ours.close()  # EOF: the keeper kills its group, itself included
+            if scope is not None:
+                scope.locate(keeper.pid)  # a systemd scope: found while the keeper still runs in it
+            ours.close()  # EOF: the keeper kills its cgroup (or its descendants and group), itself included
             _bury(keeper)
+            if scope is not None:
+                # Whatever is left in the cgroup (the keeper killed alone, a fork racing its kill):
+                # killed, waited for and removed, so nothing started here outlives this call.
+                scope.kill()
             if record is not None:
                 record.note("ended", keeper.pid)
         out.seek(0)
@@ -441,10 +328,11 @@ def recording(path: Path) -> Iterator[str]:
     beside, after `reap(path)`. The file is removed when the block ends, however it ends (`run`
     returns only once a child's group is dead), so a file found by the next holder of the lock was
     left by a process that died holding it."""
+    from llmgw_store.core.files import write_atomic
+
     token = secrets.token_hex(16)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    tmp.write_text(json.dumps({"token": token, "pid": os.getpid(), "since": time.time()}) + "\n")
-    os.replace(tmp, path)
+    write_atomic(path, (json.dumps({"token": token, "pid": os.getpid(), "since": time.time()}) + "\n").encode(),
+                 mode=0o600, fsync=False)
     record = _Record(path, token)
     with _lock:
         _records.append(record)

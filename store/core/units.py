@@ -24,7 +24,11 @@ _SIZE_RE = re.compile(r"\s*([0-9]{1,20}(?:\.[0-9]{1,9})?)\s*(?:([kmgtp])(ib|b)?|
 
 
 def parse_duration(text: str) -> float:
-    """`45s`, `90m`, `12h`, `30d`, `2w` → seconds (at most a century)."""
+    """`45s`, `90m`, `12h`, `30d`, `2w` → seconds (at most a century). An empty value is an error,
+    never "no limit" (`--keep-dead-for ''` must not mean no grace at all)."""
+    if not text.strip():
+        raise UsageError("an empty value is not a duration: give one (a number and s, m, h, d or w, e.g. 30d), "
+                         "or leave the option out")
     m = re.fullmatch(r"\s*([0-9]{1,15}(?:\.[0-9]{1,9})?)\s*([smhdw])\s*", text.lower())
     if not m:
         raise UsageError(f"{shown(text)} is not a duration: use a number and s, m, h, d or w (e.g. 30d)")
@@ -35,7 +39,10 @@ def parse_duration(text: str) -> float:
 
 
 def parse_size(text: str) -> int:
-    """`500M`, `50G` or `50GiB` (powers of 1024), `50GB` (powers of 1000), `4096` (bytes) → bytes."""
+    """`500M`, `50G` or `50GiB` (powers of 1024), `50GB` (powers of 1000), `4096` (bytes) → bytes. An
+    empty value is an error, never "no limit"."""
+    if not text.strip():
+        raise UsageError("an empty value is not a size: give one (e.g. 50G), or leave the option out")
     m = _SIZE_RE.fullmatch(text)
     if not m:
         raise UsageError(f"{shown(text)} is not a size: use a number with K, M, G, T or P "

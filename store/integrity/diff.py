@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from llmgw_store.build import lockfiles
+from llmgw_store.core import manifest
 from llmgw_store.core.local_store import Store
-from llmgw_store.core.manifest import MANIFEST_DIR
 from llmgw_store.core.results import Result
 from llmgw_store.roots.resolve import reference
 
@@ -27,9 +27,11 @@ class Diff(Result):
 def lock_pins(env: Path) -> dict[str, str]:
     """Package -> version from an environment's lock, whichever format it has."""
     for name in ("pylock.toml", "requirements.lock"):
-        lock = env / MANIFEST_DIR / name
-        if lock.exists():
-            return lockfiles.pins(lock.read_text(), name)
+        try:  # bounded, never through a link (what a signed object ships is read so)
+            text = manifest.read_meta_file(env, name).decode("utf-8", "replace")
+        except ValueError:
+            continue
+        return lockfiles.pins(text, name)
     return {}
 
 

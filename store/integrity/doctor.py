@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import sqlite3
 import stat
 import time
 from dataclasses import dataclass, field
@@ -31,6 +32,7 @@ from llmgw_store.core.temproots import gc_lock, read_all
 
 HISTORY_TABLES = ("builds", "releases", "latest", "tools", "generations", "cache_uses", "gc_rooted")
 MAX_BACKUPS_PER_SECOND = 100
+MAX_OLD_DB_BYTES = 4 << 30  # an index this large is not one a store made: its history is not copied
 
 
 def _store_dirs(layout: Layout) -> list[str]:
@@ -80,6 +82,7 @@ class DoctorReport(Result):
 
     problems: dict[str, list[str]] = field(default_factory=dict)
     ok: bool = True
+    containment: dict[str, str] = field(default_factory=dict)  # how children are contained (core/cgroups.py)
     registered: tuple[str, ...] = ()
     skipped: tuple[str, ...] = ()
     generations: int = 0
@@ -92,9 +95,13 @@ class DoctorReport(Result):
 def doctor(*, root: str | Path | None = None, rebuild_index: bool = False,
            lock_timeout: float = LOCK_TIMEOUT_S) -> DoctorReport:
     if not rebuild_index:
+        from llmgw_store.core.cgroups import containment
+
         with Store.open(root, lock_timeout) as store:
             found = check(store)
-            return DoctorReport(problems=found, ok=not any(found.values()))
+            kind, detail = containment()
+            return DoctorReport(problems=found, ok=not any(found.values()),
+                                containment={"kind": kind, "detail": detail})
     # The old index is not opened where it lies: it may be damaged in any way (opening fails), and
     # SQLite writes to a file it opens (it replays or drops a WAL), where the operator may want the
     # damaged bytes as they were.
@@ -153,7 +160,13 @@ def _rebuild(layout: Layout, backup: Path | None) -> dict[str, Any]:
             else:
                 skipped.append(name)
                 say(f"{name}: not a complete store path ({why}); left unregistered (gc will remove it)")
-        copied = _copy_history(layout, store.index, backup) if backup is not None else {}
+        # History first (its generation rows carry who made them), bounded and never fatal; then
+        # the disk, which is the truth: a link's generation replaces whatever the old file said.
+        try:
+            copied = _copy_history(layout, store.index, backup) if backup is not None else {}
+        except (sqlite3.Error, OSError, StoreError) as exc:
+            say(f"the old index's history was not copied ({exc}); the index is rebuilt from the disk")
+            copied = {}
         index = store.index
         gens, pins = _links(layout)
         for (profile, number), target in gens.items():
@@ -171,7 +184,17 @@ def _rebuild(layout: Layout, backup: Path | None) -> dict[str, Any]:
 
 
 def _copy_history(layout: Layout, index: Index, backup: Path) -> dict[str, int]:
-    """History from the files moved aside, read through a scratch copy so they stay as they were."""
+    """History from the files moved aside, read through a scratch copy so they stay as they were.
+    The old file is hostile: a file larger than MAX_OLD_DB_BYTES is not copied (a sparse one could
+    fill the disk), and Index.copy_history_from bounds what it reads in rows, bytes and time."""
+    for name in (layout.db.name, f"{layout.db.name}-wal"):
+        try:
+            st = os.lstat(backup / name)
+        except FileNotFoundError:
+            continue
+        if st.st_size > MAX_OLD_DB_BYTES:
+            say(f"{backup / name} is larger than {MAX_OLD_DB_BYTES >> 30} GiB; its history is not copied (it is kept)")
+            return {}
     scratch = layout.tmp / f"doctor-{os.getpid()}-{time.monotonic_ns()}"
     scratch.mkdir(mode=0o700)
     try:

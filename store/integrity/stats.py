@@ -1,5 +1,6 @@
 """`stats`: what the store holds and costs, for people (`--json`) and for node monitoring (a
-Prometheus textfile, written atomically so the collector never reads half a file)."""
+Prometheus textfile, written atomically so the collector never reads half a file, and never
+through a link: core/files.write_outside)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from llmgw_store.core.files import write_outside
 from llmgw_store.core.fsutil import free_bytes, walk_files
 from llmgw_store.core.local_store import Store
 from llmgw_store.core.results import Result
@@ -96,6 +98,7 @@ def write_prometheus(path: Path, stats: Stats) -> None:
         "# TYPE llmgw_store_free_bytes gauge",
         f"llmgw_store_free_bytes{{{lab}}} {s['free_bytes']}",
     ]
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text("\n".join(lines) + "\n")
-    os.replace(tmp, path)  # atomic: node_exporter reads the old file or the new one
+    # Outside the root, in a directory a collector reads: a random name created O_EXCL|O_NOFOLLOW
+    # in the checked directory, renamed over (core/files.py); node_exporter reads the old file or
+    # the new one, and nothing is ever written through a link planted there.
+    write_outside(path, ("\n".join(lines) + "\n").encode(), mode=0o644)

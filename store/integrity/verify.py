@@ -51,7 +51,7 @@ def check_path(store: Store, row: RegisteredPath, memo: dict | None = None) -> d
     name = row.name
     env = store.layout.path_of(name)
     r: dict[str, Any] = {"name": name, "path": str(env), "ok": False, "modified": [], "missing": [], "extra": [],
-                         "writable": [], "foreign": [], "problems": []}
+                         "writable": [], "foreign": [], "modes": [], "problems": []}
     try:
         is_dir = stat.S_ISDIR(os.lstat(env).st_mode)  # never through a link put in its place
     except FileNotFoundError:
@@ -75,8 +75,9 @@ def check_path(store: Store, row: RegisteredPath, memo: dict | None = None) -> d
         r["problems"] += manifest.problems_of(doc, name)
     writable: list[str] = []
     foreign: list[dict[str, Any]] = []
+    modes: list[tuple[str, int]] = []
     try:
-        actual = manifest.scan(env, writable, memo=memo, foreign=foreign)
+        actual = manifest.scan(env, writable, memo=memo, foreign=foreign, modes=modes)
     except OSError as exc:
         r["problems"].append(f"the tree cannot be read: {exc}")
         return r
@@ -96,9 +97,12 @@ def check_path(store: Store, row: RegisteredPath, memo: dict | None = None) -> d
         r["problems"].append("the tree's content hash differs from the index")
     r["writable"] = sorted(writable)
     r["foreign"] = [{**f, "path": manifest.shown_path(f["path"])} for f in sorted(foreign, key=lambda f: f["path"])]
+    # Not the canonical frozen mode (0444/0555): e.g. 0400, unreadable to the service users that run it.
+    r["modes"] = [{"path": manifest.shown_path(p), "mode": f"{m:04o}"} for p, m in sorted(modes)]
     for kind in ("modified", "missing", "extra", "writable"):
         r[kind] = [manifest.shown_path(p) for p in r[kind]]
-    r["ok"] = not (r["modified"] or r["missing"] or r["extra"] or r["writable"] or r["foreign"] or r["problems"])
+    r["ok"] = not (r["modified"] or r["missing"] or r["extra"] or r["writable"] or r["foreign"] or r["modes"]
+                   or r["problems"])
     return r
 
 

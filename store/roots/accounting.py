@@ -184,24 +184,19 @@ def listed_files(tree: str | os.PathLike) -> list[tuple[str, str]] | None:
     """(kind, digest) of every file (`f`, `x`) in `tree`'s `.llmgw/contents`, read without following
     a link or blocking on a FIFO, at most LISTING_MAX bytes; None when there is no such plain file.
     Only the kind and digest columns are used: callers check digests with re.fullmatch."""
-    from llmgw_store.core.manifest import MANIFEST_DIR
+    from llmgw_store.core.files import read_bounded
+    from llmgw_store.core.manifest import CONTENTS
 
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     try:
-        dfd = os.open(os.path.join(tree, MANIFEST_DIR), _DIR_FLAGS)
+        dfd = os.open(tree, _DIR_FLAGS)
     except OSError:
         return None
     try:
-        fd = os.open("contents", flags, dir_fd=dfd)
-    except OSError:
+        data = read_bounded(CONTENTS, LISTING_MAX, dir_fd=dfd)
+    except OSError:  # absent, or refused (FileRefused is an OSError)
         return None
     finally:
         os.close(dfd)
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
-        if not stat.S_ISREG(st.st_mode) or st.st_size > LISTING_MAX:
-            return None
-        data = f.read(LISTING_MAX + 1)
     out = []
     for line in data.decode(errors="replace").split("\n"):
         parts = line.split("\t", 3)

@@ -41,7 +41,7 @@ from llmgw_store.core.locks import LOCK_TIMEOUT_S
 from llmgw_store.core.names import check_profile
 from llmgw_store.core.report import say
 from llmgw_store.core.results import Result
-from llmgw_store.core.temproots import gc_lock, read_all
+from llmgw_store.core.temproots import gc_lock, read_all, remove_stale
 from llmgw_store.core.units import human_size
 from llmgw_store.roots.accounting import Tally, inodes_of, listed_files, on_disk, remove_tree, walk
 
@@ -255,8 +255,7 @@ def _sweep(store: Store, excluded, budget, keep_dead_for, dry_run, lock_timeout,
         if first:
             report["kept"] = {desc: names for desc, names in root_map.items()}
             if not dry_run:
-                for f in stale:
-                    f.unlink(missing_ok=True)
+                remove_stale(stale)  # each under its own flock: never a live process's file
                 report["freed"]["stale_files"] = len(stale) + _remove_stale_key_locks(layout, live_temp)
         now = time.time()
         if not dry_run:

@@ -16,8 +16,11 @@ them; `.<p>-<N>.record` splits at its last `-` into one profile and one number.
 Invariants:
 - Written only under the profile's lock, atomically: a temporary file in the same directory,
   fsync, rename(2) over the old one, fsync of the directory. A reader sees the old record or the
-  new one, never a torn one; a killed writer leaves `.<name>.tmp-<pid>`, which the next change of
-  the profile (holding the lock) removes.
+  new one, never a torn one; a killed writer leaves `.<name>.tmp-<pid>-<random>`, which the next
+  change of the profile (holding the lock) removes.
+- Records and the history are 0600, the store owner's alone (profiles/ itself stays 0755 for its
+  links): they keep what a check printed, which may hold a token. One left 0644 by an older
+  llmgw-store is closed up when it is next read or appended to.
 - Deleting a generation removes its link, never its record (the generation becomes cold);
   `forget` and the `keep` bound remove records, and never the record of a generation whose link
   exists.
@@ -49,7 +52,7 @@ from typing import Any
 
 from blake3 import blake3
 
-from llmgw_store.core import manifest
+from llmgw_store.core import files, manifest
 from llmgw_store.core.errors import IntegrityError
 from llmgw_store.core.index import RegisteredPath, now_iso
 from llmgw_store.core.keys import KEY_RE, canonical_json, is_store_name, path_name, store_key
@@ -69,6 +72,9 @@ _SHORT = 200  # bound on the free-text strings of a record (dates, user names, c
 _LIST_MAX = 10_000  # bound on lists (requirements, argv)
 SECRET_BYTES = 32
 SECRET_FILE = "records.key"  # in ROOT/var (private)
+# Records and the history are the store owner's alone: a check's output (its last lines, which may
+# carry a token the check printed) is kept in them. profiles/ stays 0755 for the links.
+FILE_MODE = 0o600
 
 _FIELDS = {
     "format": int, "profile": str, "generation": int, "name": str, "key": str, "content_hash": str,
@@ -140,7 +146,7 @@ def history_file(profile: str) -> str:
 def temporary_pattern(profile: str) -> re.Pattern[str]:
     """Temporary files a killed writer of this profile's records left (removed under its lock)."""
     p = re.escape(profile)
-    return re.compile(rf"\.\.{p}(-\d+\.record|\.history)\.tmp-\d+")
+    return re.compile(rf"\.\.{p}(-\d+\.record|\.history)\.tmp-\d+(-[0-9a-f]{{16}})?")
 
 
 def numbers(layout: Layout, profile: str) -> list[int]:
@@ -215,71 +221,31 @@ def _dir_fd(layout: Layout) -> int:
 
 
 def _write_atomically(layout: Layout, filename: str, data: bytes) -> None:
-    """tmp + fsync + rename + fsync(dir): the file is the old one or the new one, whole, even after
-    a crash or a power cut once this returns. Called under the profile's lock."""
+    """tmp + fsync + rename + fsync(dir) (core/files.write_atomic): the file is the old one or the
+    new one, whole, even after a crash or a power cut once this returns; 0600, since a record and
+    the history carry check output, which may hold tokens. Called under the profile's lock."""
     dfd = _dir_fd(layout)
-    tmp = f".{filename}.tmp-{os.getpid()}"
     try:
-        try:
-            os.unlink(tmp, dir_fd=dfd)
-        except FileNotFoundError:
-            pass
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=dfd)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.rename(tmp, filename, src_dir_fd=dfd, dst_dir_fd=dfd)
-        os.fsync(dfd)
-    except BaseException:
-        try:
-            os.unlink(tmp, dir_fd=dfd)
-        except OSError:
-            pass
-        raise
+        files.write_atomic(filename, data, dir_fd=dfd, mode=FILE_MODE)
     finally:
         os.close(dfd)
 
 
 def secret(layout: Layout) -> bytes:
-    """The store's records key: 32 random bytes in ROOT/var/records.key, made on first use (0600,
-    O_EXCL, never through a link), as core/layout's bytecode secret is. A key file that is not the
-    store owner's private 32-byte regular file is refused (IntegrityError): no record is then
-    written or trusted."""
+    """The store's records key: 32 random bytes in ROOT/var/records.key, made on first use
+    (core/files.private_secret: 0600, whole or absent, never through a link), as the bytecode
+    secret is. A key file that is not the store owner's private 32-byte regular file with one link
+    is refused (IntegrityError): no record is then written or trusted."""
     path = layout.var / SECRET_FILE
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    except FileExistsError:
-        pass
-    except OSError as exc:
-        raise IntegrityError(f"cannot make the records key {path} ({exc.strerror}); records cannot be "
-                             "written or checked") from None
-    else:
-        try:
-            data = os.urandom(SECRET_BYTES)
-            os.write(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        raise IntegrityError(f"cannot read the records key {path} ({exc.strerror}); records cannot be "
-                             "checked") from None
-    try:
-        st = os.fstat(fd)
-        data = os.read(fd, SECRET_BYTES + 1)
-    finally:
-        os.close(fd)
-    if (not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) & 0o077
-            or st.st_nlink != 1 or len(data) != SECRET_BYTES):
+        return files.private_secret(path, SECRET_BYTES)
+    except files.FileRefused:
         raise IntegrityError(f"the records key {path} is not the store owner's private {SECRET_BYTES}-byte "
                              "file; no record is trusted until it is removed (records written with it are "
-                             "then refused)")
-    return data
+                             "then refused)") from None
+    except OSError as exc:
+        raise IntegrityError(f"cannot make or read the records key {path} ({exc.strerror}); records cannot be "
+                             "written or checked") from None
 
 
 def seal(key: bytes, body: dict[str, Any]) -> str:
@@ -335,41 +301,22 @@ def prune(layout: Layout, profile: str, keep: int, hot: set[int] | list[int] | d
 # --- reading (outside input: every byte checked before use) ----------------------------------
 
 def _read_bounded(layout: Layout, filename: str, limit: int) -> bytes | None:
-    """The file's bytes, or None when it does not exist. Never through a link, never a FIFO or a
-    device, never another user's file, never more than `limit` bytes. IntegrityError otherwise."""
+    """The file's bytes, or None when it does not exist (core/files.read_bounded): never through a
+    link, never a FIFO or a device, never another user's file, never one others may write or with
+    a second hard link, never more than `limit` bytes; IntegrityError otherwise. A record or
+    history an older llmgw-store left readable by all (0644) is closed up to 0600 first."""
     dfd = _dir_fd(layout)
     try:
-        try:
-            fd = os.open(filename, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
-        except FileNotFoundError:
-            return None
-        except OSError as exc:
-            raise IntegrityError(f"{layout.profiles / filename} cannot be read as a record ({exc.strerror}); "
-                                 "it is not a plain file: remove it") from None
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise IntegrityError(f"{layout.profiles / filename} is not a plain file; remove it")
-            if st.st_uid != os.geteuid():
-                raise IntegrityError(f"{layout.profiles / filename} is owned by uid {st.st_uid}, not by the store's "
-                                     "owner; it is not used: remove it")
-            if stat.S_IMODE(st.st_mode) & 0o022:
-                raise IntegrityError(f"{layout.profiles / filename} is writable by group or others (mode "
-                                     f"{stat.S_IMODE(st.st_mode):o}); it is not used: remove it")
-            if st.st_nlink != 1:
-                raise IntegrityError(f"{layout.profiles / filename} has {st.st_nlink} hard links; it is not used: "
-                                     "remove it")
-            if st.st_size > limit:
-                raise IntegrityError(f"{layout.profiles / filename} is larger than {limit} bytes; it is not used")
-            chunks, left = [], limit + 1
-            while left > 0 and (chunk := os.read(fd, min(1 << 20, left))):
-                chunks.append(chunk)
-                left -= len(chunk)
-            if left <= 0:
-                raise IntegrityError(f"{layout.profiles / filename} is larger than {limit} bytes; it is not used")
-            return b"".join(chunks)
-        finally:
-            os.close(fd)
+        return files.read_bounded(filename, limit, dir_fd=dfd, owner=os.geteuid(), deny_mode=0o022, one_link=True,
+                                  tighten=0o044)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if isinstance(exc, files.FileRefused) and "link" not in exc.reason and "regular" not in exc.reason:
+            raise IntegrityError(f"{layout.profiles / filename} {exc.reason}; it is not used: remove it") from None
+        why = exc.reason if isinstance(exc, files.FileRefused) else exc.strerror
+        raise IntegrityError(f"{layout.profiles / filename} cannot be read as a record ({why}); it is not a plain "
+                             "file: remove it") from None
     finally:
         os.close(dfd)
 
@@ -580,7 +527,7 @@ def add_event(layout: Layout, profile: str, event: str, **fields: Any) -> dict[s
     dfd = _dir_fd(layout)
     try:
         fd = os.open(history_file(profile), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
-                     | os.O_CLOEXEC, 0o644, dir_fd=dfd)
+                     | os.O_CLOEXEC, FILE_MODE, dir_fd=dfd)
     except OSError as exc:
         os.close(dfd)
         say(f"cannot record the event in {layout.profiles / history_file(profile)}: {exc.strerror}")
@@ -590,6 +537,8 @@ def add_event(layout: Layout, profile: str, event: str, **fields: Any) -> dict[s
         if not stat.S_ISREG(st.st_mode) or st.st_uid not in (os.geteuid(), 0):
             say(f"not recording the event: {layout.profiles / history_file(profile)} is not a plain file of ours")
             return entry
+        if st.st_mode & 0o077 and st.st_uid == os.geteuid():
+            os.fchmod(fd, FILE_MODE)  # an older llmgw-store made it 0644: check output is the owner's
         size = st.st_size
         if size + len(line) > HISTORY_ROTATE_BYTES:
             lines = [json.dumps(e, sort_keys=True).encode() + b"\n" for e in history(layout, profile)]

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from llmgw_store.core.errors import UsageError
+from llmgw_store.core.files import write_outside
 from llmgw_store.core.layout import Layout
 from llmgw_store.core.results import Result
 from llmgw_store.core.units import parse_duration
@@ -106,9 +107,6 @@ def write_units(out_dir: str | Path, *, root: str | Path | None = None, keep_dea
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     for name, text in ((SERVICE, service), (TIMER, timer)):
-        tmp = out / f".{name}.{os.getpid()}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, out / name)
+        # Outside the root (/etc/systemd/system): a checked directory, never through a link.
+        write_outside(out / name, text.encode(), mode=0o644)
     return Units(service=str(out / SERVICE), timer=str(out / TIMER), exec_start=exec_start)
