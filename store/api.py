@@ -52,7 +52,7 @@ def activate(profile: str, target: str | Path, options: BuildOptions | None = No
 
 
 def push(targets: list[str], to: str, secret_key: str, *, root: str | Path | None = None,
-         format: int = 2, lock_timeout: float | None = None) -> PushResult:
+         format: int = 2, lock_timeout: float | None = None, policy=None) -> PushResult:
     """Push store paths given as PROFILE, PROFILE@N, a store name, a key or a path (object `format`
     2: shared blobs; 1: one archive)."""
     from llmgw_store.cache.push import push as push_names
@@ -62,10 +62,10 @@ def push(targets: list[str], to: str, secret_key: str, *, root: str | Path | Non
     with Store.open(root) as store:
         names = [reference(store, t).name for t in targets]
     extra = {} if lock_timeout is None else {"lock_timeout": lock_timeout}
-    return push_names(names, to, secret_key, root=root, format=format, **extra)
+    return push_names(names, to, secret_key, root=root, format=format, policy=policy, **extra)
 
 
-def push_roots(to: str, secret_key: str, *, node: str | None = None, root: str | Path | None = None):
+def push_roots(to: str, secret_key: str, *, node: str | None = None, root: str | Path | None = None, policy=None):
     """Publish this node's roots to the binary cache `to` (cache/cache_gc.py): the keys of every
     store path its roots hold — profiles' generations, pins, paths in use or in flight, as the local
     gc sees them (roots/gc.py) — and what those reference, signed with `secret_key`."""
@@ -77,16 +77,19 @@ def push_roots(to: str, secret_key: str, *, node: str | None = None, root: str |
     with Store.open(root) as store:
         held = {name for names in roots(store).values() for name in names}
         names = store.index.closure(held)
-    return publish([k for k in (key_of_name(n) for n in names) if k], to, secret_key, node)
+        counter = store.layout.var / "roots-seq"  # the last sequence number published (cache_gc.next_sequence)
+    return publish([k for k in (key_of_name(n) for n in names) if k], to, secret_key, node, counter=counter,
+                   policy=policy)
 
 
 def cache_gc(url: str, keep_from: list[str], *, grace: str = "1d", dry_run: bool = False,
-             allow_no_roots: bool = False):
+             allow_no_roots: bool = False, policy=None):
     """Delete what no published root holds from the binary cache `url` (cache/cache_gc.py)."""
     from llmgw_store.cache.cache_gc import gc
     from llmgw_store.core.units import parse_duration
 
-    return gc(url, keep_from, grace=parse_duration(grace), dry_run=dry_run, allow_no_roots=allow_no_roots)
+    return gc(url, keep_from, grace=parse_duration(grace), dry_run=dry_run, allow_no_roots=allow_no_roots,
+              policy=policy)
 
 
 def rollback(profile: str, *, to: int | None = None, substituters: tuple[str, ...] = (),

@@ -33,11 +33,16 @@ def pause(point: str) -> None:
 
 def wait_at(directory: str, point: str) -> None:
     """Say `<point>.reached` in `directory`, then wait for `<point>.go` (at most MAX_WAIT_S)."""
+    import threading
+
     base = os.path.join(directory, point.lower())
-    tmp = f"{base}.reached.{os.getpid()}"
+    tmp = f"{base}.reached.{os.getpid()}.{threading.get_ident()}"  # several threads may reach one point
     with open(tmp, "w") as f:
         f.write(str(os.getpid()))
-    os.link(tmp, f"{base}.pid-{os.getpid()}")  # one per process: a test can count who is here
+    try:
+        os.link(tmp, f"{base}.pid-{os.getpid()}")  # one per process: a test can count who is here
+    except FileExistsError:
+        pass  # another thread of this process is here already
     os.replace(tmp, base + ".reached")  # the test never sees a half-written pid
     deadline = time.monotonic() + MAX_WAIT_S
     while not os.path.exists(base + ".go"):
