@@ -15,7 +15,7 @@ from typing import Any
 import click
 
 from llmgw_store.core import defaults, locks, report
-from llmgw_store.core.errors import StoreError
+from llmgw_store.core.errors import StoreError, translated
 from llmgw_store.core.names import printable
 
 PROG = "llmgw-store"
@@ -52,7 +52,8 @@ class StoreGroup(click.Group):
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
-            return super().invoke(ctx)
+            with translated():  # a full, read-only or foreign disk: a typed error, not an internal one
+                return super().invoke(ctx)
         except StoreError as err:
             _end_progress(ctx)
             click.echo(f"{PROG}: error: {printable(str(err))}", err=True)  # one line, whatever it quotes
@@ -118,6 +119,9 @@ def build_options(f):
                      help="Package index (simple API, PEP 691 JSON). Env: LLMGW_STORE_INDEX_URL."),
         click.option("--uv", "uv_path", type=click.Path(dir_okay=False), envvar="LLMGW_STORE_UV",
                      help="Use this uv binary instead of the store's pinned one (its --version enters the key). Env: LLMGW_STORE_UV."),
+        click.option("--python", "python", metavar="PATH|VERSION", envvar="LLMGW_STORE_PYTHON",
+                     help="Use this interpreter (an absolute path) or version request (3.12) instead of the recipe's "
+                          "build.python; it enters the key as the recipe's field would. Env: LLMGW_STORE_PYTHON."),
         click.option("--python-preference", envvar="LLMGW_STORE_PYTHON_PREFERENCE", default=defaults.PYTHON_PREFERENCE,
                      show_default=True, type=click.Choice(defaults.PYTHON_PREFERENCES),
                      help="Where the interpreter may come from: managed uses a store-managed one, else the host's, and "
@@ -139,7 +143,8 @@ def options_from(kw: dict):
     from llmgw_store.build.builder import BuildOptions
 
     return BuildOptions(version=kw["version"], variant=kw["variant"], as_of=kw["as_of"], index_url=kw["index_url"],
-                        uv=kw["uv_path"], python_preference=kw["python_preference"], lock_timeout=kw["lock_timeout"])
+                        uv=kw["uv_path"], python_preference=kw["python_preference"], lock_timeout=kw["lock_timeout"],
+                        python=kw["python"])
 
 
 def caches_from(kw: dict) -> dict:

@@ -102,6 +102,8 @@ def parse(argv: list[str]) -> dict | None:
         except ValueError:
             return None
     env = os.environ
+    if env.get("LLMGW_STORE_PYTHON"):
+        return None  # --python's variable: such a build is never memoised (builder.build)
     if opts["root"] is None:
         opts["root"] = env.get("LLMGW_STORE_ROOT") or None
     if "uv" not in opts:
@@ -167,7 +169,9 @@ def try_hit(argv: list[str], started: float) -> bool:
         import json
 
         doc = {f: entry[f] for f in buildmemo.FIELDS}
-        doc.update(path=path, how="hit", cache_hit=True, steps={}, seconds=round(time.monotonic() - started, 3))
+        doc["uv_version"] = doc.pop("uv")  # as BuildResult.to_json: the same document as the full command's
+        doc.update(schema_version=1, path=path, how="hit", cache_hit=True, steps={},
+                   seconds=round(time.monotonic() - started, 3))
         out = json.dumps(doc, indent=2, sort_keys=True)
     else:
         out = path
@@ -234,7 +238,7 @@ def switch(argv: list[str], started: float) -> int | None:
     if opts is None:
         return None
     from llmgw_store.core import locks
-    from llmgw_store.core.errors import CommandError, StoreError
+    from llmgw_store.core.errors import CommandError, StoreError, translated
     from llmgw_store.core.report import reporting_to
 
     def progress(message: str) -> None:
@@ -244,7 +248,7 @@ def switch(argv: list[str], started: float) -> int | None:
 
     profile = opts["args"][0]
     try:
-        with reporting_to(progress):
+        with reporting_to(progress), translated():  # a full or read-only disk: one line, exit 1
             if opts["command"] == "activate":
                 from llmgw_store.api import activate
 

@@ -3,7 +3,11 @@
     StoreError                      exit 1: an operation failed
     ├── UsageError                  exit 2: bad input from the user
     │   ├── RecipeError             a recipe file is malformed (names the file and the field)
-    │   └── NotFoundError           a store path, key or profile that does not exist
+    │   ├── NotFoundError           a store path, key or profile that does not exist
+    │   │   └── NoStoreError        the root holds no store yet (a looking command has nothing to do)
+    │   └── AccessDeniedError       a root or file this user may not use (EACCES, EPERM)
+    ├── DiskFullError               no space left on the store's filesystem (ENOSPC, EDQUOT, SQLite's full)
+    ├── ReadOnlyError               the filesystem or the index is read-only (EROFS)
     ├── LockTimeout                 exit 75 (EX_TEMPFAIL): a lock could not be had in time
     ├── NetworkError                an index or download could not be reached or answered badly
     ├── IntegrityError              bytes did not match their published digest
@@ -11,11 +15,22 @@
     └── IndexError_                 the SQLite index could not be read or written
 
 Callers catch `StoreError`; the CLI prints `str(err)` on one line and exits with `err.exit_code`.
+An OSError that says why the disk refused (full, read-only, not ours) is translated once, at the
+CLI's boundary (`translated()`), into the typed error naming the file and the next step; any other
+OSError stays a bug (an internal error).
 """
 
 from __future__ import annotations
 
+import errno
+import os
+from contextlib import contextmanager
 from pathlib import Path
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (a hot path loads this module)
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 EX_OK = 0
 EX_FAILED = 1
@@ -46,6 +61,33 @@ class RecipeError(UsageError):
 
 class NotFoundError(UsageError):
     """A store path, key, profile or generation named by the user does not exist."""
+
+
+class NoStoreError(NotFoundError):
+    """The root holds no store (nothing was ever built there, or --root has a typo). Commands that
+    only look or collect (list, stats, verify, gc) answer "nothing to do" instead: a timer
+    installed before the first build must not fail every night."""
+
+    def __init__(self, message: str, root: str | Path = ""):
+        self.root = str(root)
+        super().__init__(message)
+
+    def nothing_to(self, what: str) -> str:
+        """The line a command that has nothing to do says instead of failing."""
+        return f"no store at {self.root} yet: nothing to {what}"
+
+
+class AccessDeniedError(UsageError):
+    """The running user may not open or write a file or directory of the store (another user's root)."""
+
+
+class DiskFullError(StoreError):
+    """The store's filesystem (or the user's quota) has no space left for what the command writes;
+    the command changed nothing it had not finished. `gc` still runs (its reserve, see layout.py)."""
+
+
+class ReadOnlyError(StoreError):
+    """The store's filesystem is mounted read-only, or the index cannot be written."""
 
 
 class LockTimeout(StoreError):
@@ -81,9 +123,85 @@ def _last_reason(output: str) -> str:
     lines = [ln.strip() for ln in output.splitlines() if ln.strip()]
     for i in range(len(lines) - 1, -1, -1):
         if lines[i].startswith("error:") or lines[i].startswith("×"):
-            return " ".join(lines[i : i + 4])[:600]
-    return lines[-1][:600] if lines else ""
+            return cut_at_word(" ".join(lines[i : i + 4]), 600)
+    return cut_at_word(lines[-1], 600) if lines else ""
+
+
+def cut_at_word(text: str, limit: int) -> str:
+    """`text` at most `limit` characters, cut at a word boundary with an ellipsis (never mid-word)."""
+    if len(text) <= limit:
+        return text
+    head = text[: limit - 1]
+    space = head.rfind(" ")
+    return (head[:space] if space > limit // 2 else head).rstrip() + "…"
 
 
 class IndexError_(StoreError):
     """The SQLite index could not be opened, migrated, read or written."""
+
+
+# errno values that say the disk refused, not that the program is wrong.
+_FULL = (errno.ENOSPC, errno.EDQUOT)
+_DENIED = (errno.EACCES, errno.EPERM)
+
+
+def _where(exc: OSError) -> str:
+    name = exc.filename if exc.filename is not None else None
+    return f" {os.fsdecode(name)}" if isinstance(name, (str, bytes)) else ""
+
+
+def from_os_error(exc: BaseException) -> StoreError | None:
+    """The typed error for an OSError that says the disk is full, read-only or not this user's,
+    naming the file and the next step; None for anything else (a bug: let it be one)."""
+    if not isinstance(exc, OSError):
+        return None
+    where = _where(exc)
+    if exc.errno in _FULL:
+        return DiskFullError(f"no space left on the filesystem of{where or ' the store'} ({exc.strerror}): "
+                             "free some space and try again (`llmgw-store gc --min-free SIZE` runs on a full disk)")
+    if exc.errno == errno.EROFS:
+        return ReadOnlyError(f"the filesystem of{where or ' the store'} is read-only: remount it read-write, or "
+                             "use only commands that look (list, info, stats, verify, env, run)")
+    if exc.errno in _DENIED:
+        return AccessDeniedError(f"permission denied:{where or ' a file of the store'}: run llmgw-store as the "
+                                 f"user that owns the store (this is uid {os.geteuid()}), or pass another --root")
+    return None
+
+
+# SQLite's primary result codes (sqlite3.SQLITE_*, without importing sqlite3 here).
+_SQLITE_READONLY, _SQLITE_IOERR, _SQLITE_FULL, _SQLITE_CANTOPEN = 8, 10, 13, 14
+
+
+def from_sqlite_error(db: Path, exc: BaseException) -> StoreError | None:
+    """DiskFullError or ReadOnlyError when SQLite's error on the index `db` comes from a full or
+    read-only filesystem ("disk I/O error" is what a -shm that cannot grow says on a full disk), else None."""
+    code = getattr(exc, "sqlite_errorcode", 0) & 0xFF
+    if code not in (_SQLITE_READONLY, _SQLITE_IOERR, _SQLITE_FULL, _SQLITE_CANTOPEN):
+        return None
+    try:
+        st = os.statvfs(db.parent)
+    except OSError:
+        return None
+    if code == _SQLITE_FULL or (code == _SQLITE_IOERR and st.f_bavail == 0):
+        return DiskFullError(f"no space left on the filesystem of the index {db} ({exc}): free some space and "
+                             "try again (`llmgw-store gc --min-free SIZE` runs on a full disk)")
+    if st.f_flag & os.ST_RDONLY:
+        return ReadOnlyError(f"the filesystem of the index {db} is read-only ({exc}): remount it read-write, or "
+                             "use only commands that look (list, info, stats, verify, env, run)")
+    if code == _SQLITE_READONLY:
+        return ReadOnlyError(f"the index {db} cannot be written ({exc}): check its owner and mode "
+                             "(`llmgw-store doctor`), and that you run as the store's owner")
+    return None
+
+
+@contextmanager
+def translated() -> Iterator[None]:
+    """Turn an OSError that says the disk is full, read-only or not ours into its typed StoreError
+    (from_os_error): the one place the CLI (and the fast path) calls, around each command."""
+    try:
+        yield
+    except OSError as exc:
+        err = from_os_error(exc)
+        if err is None:
+            raise
+        raise err from exc

@@ -10,6 +10,7 @@
     ROOT/var/trash/                     dead paths gc has renamed out of store/ and is deleting
     ROOT/var/tmp/                       scratch space on the store's filesystem (renames stay atomic)
     ROOT/var/temproots/<pid>            store paths a live process is building or using (gc keeps them)
+    ROOT/var/gc-reserve                 space kept for gc on a full disk (core/reserve.py)
     ROOT/profiles/<p> -> <p>-<N>-link -> ../store/<key>-<name>     generations of a profile
     ROOT/gcroots/<pin> -> ../store/<key>-<name>                    pins
     ROOT/python/                        interpreters uv manages for the store
@@ -33,7 +34,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from llmgw_store.core.errors import IndexError_, UsageError
+from llmgw_store.core.errors import AccessDeniedError, IndexError_, UsageError
 from llmgw_store.core.keys import is_store_name
 
 PUBLIC_DIR = 0o755
@@ -100,6 +101,11 @@ class Layout:
         return self.root / "gcroots"
 
     @property
+    def gc_reserve(self) -> Path:
+        """Blocks gc gives back first on a full disk (core/reserve.py)."""
+        return self.var / "gc-reserve"
+
+    @property
     def gc_lock(self) -> Path:
         return self.locks / "gc.lock"
 
@@ -142,6 +148,17 @@ class Layout:
             (self.downloads, PRIVATE_DIR),
         ]
 
+    def check_readable(self) -> None:
+        """Check the directories a reader uses (the root, store/, profiles/, gcroots/, python/),
+        changing nothing, for a user who is not the store's owner (a service running an engine):
+        each must be a real directory owned by the store's owner (the root's) or root, and
+        writable by no one else. The private ones (var/, cache/) are not this user's to open."""
+        try:
+            owner = os.stat(self.root, follow_symlinks=False).st_uid
+        except OSError:
+            owner = os.geteuid()
+        self._walk(create=False, fix=False, public_only=True, owner=owner)
+
     def check(self) -> None:
         """Check every directory of the store that exists, changing nothing (for commands that only
         look): a link, another user's directory or one others may write in is refused all the same."""
@@ -159,7 +176,8 @@ class Layout:
         self._walk(create=False, fix=True)
         self._walk(create=True, fix=True, pool=True)
 
-    def _walk(self, *, create: bool, fix: bool, pool: bool = False) -> None:
+    def _walk(self, *, create: bool, fix: bool, pool: bool = False, public_only: bool = False,
+              owner: int | None = None) -> None:
         if create:
             self.root.parent.mkdir(parents=True, exist_ok=True)
         fds: dict[Path, int] = {}
@@ -168,7 +186,9 @@ class Layout:
                 parent = fds.get(path.parent)
                 if parent is None and path != self.root:
                     continue  # its parent is missing: checked once made
-                fd = _own_dir(path, mode, parent, create and (pool or path != self.links_pool), fix)
+                if public_only and mode != PUBLIC_DIR:
+                    continue
+                fd = _own_dir(path, mode, parent, create and (pool or path != self.links_pool), fix, owner)
                 if fd is not None:
                     fds[path] = fd
             if create:
@@ -205,7 +225,8 @@ def _refuse(path: Path, why: str) -> UsageError:
                       "another user may have planted it — check it, then remove it or fix its owner and mode")
 
 
-def _own_dir(path: Path, mode: int, parent_fd: int | None, create: bool, fix: bool = True) -> int | None:
+def _own_dir(path: Path, mode: int, parent_fd: int | None, create: bool, fix: bool = True,
+             owner: int | None = None) -> int | None:
     """A descriptor on the directory `path` (made with `mode` if missing and `create`, relative to
     `parent_fd`, an already checked directory); None when it is missing and not to be made. The
     descriptor, not the name, is checked, so a link swapped in between the check and a chmod cannot
@@ -226,16 +247,18 @@ def _own_dir(path: Path, mode: int, parent_fd: int | None, create: bool, fix: bo
             raise
         return None
     except PermissionError as exc:
-        raise UsageError(f"cannot open the store directory {path}: permission denied; "
-                         "run llmgw-store as the user that owns the store") from exc
+        raise AccessDeniedError(f"cannot open the store directory {path}: permission denied; "
+                                "run llmgw-store as the user that owns the store") from exc
     except OSError as exc:
         kind = "a symlink" if os.path.islink(path) else "not a directory"
         raise _refuse(path, f"it is {kind} (pass the real directory as --root)" if parent_fd is None
                       else f"it is {kind}") from exc
     try:
         st = os.fstat(fd)
-        if st.st_uid not in (os.geteuid(), 0):
-            raise _refuse(path, f"it is owned by uid {st.st_uid}, not by this user ({os.geteuid()}) or root")
+        trusted = os.geteuid() if owner is None else owner  # a reader trusts the store's owner
+        if st.st_uid not in (trusted, 0):
+            who = "this user" if owner is None else "the store's owner"
+            raise _refuse(path, f"it is owned by uid {st.st_uid}, not by {who} ({trusted}) or root")
         if stat.S_IMODE(st.st_mode) & (stat.S_IWGRP | stat.S_IWOTH):
             raise _refuse(path, f"other users may write in it (mode {stat.S_IMODE(st.st_mode):o})")
         have = stat.S_IMODE(st.st_mode)

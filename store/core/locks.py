@@ -25,6 +25,7 @@ below) and ends in LockTimeout (exit 75) naming the holder.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import time
@@ -85,13 +86,19 @@ def _hostname() -> str:
 
 
 def _write_note(owner: Path, what: str) -> None:
-    """Replace the note atomically (rename), so a reader sees a whole note or the previous one."""
+    """Replace the note atomically (rename), so a reader sees a whole note or the previous one. The
+    note is advisory: on a full disk the lock is held without one (gc must run there)."""
     tmp = owner.with_name(f".{owner.name}.{os.getpid()}")
     note = json.dumps({"pid": os.getpid(), "host": _hostname(), "what": what, "since": time.time()})
-    tfd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, LOCK_MODE)
-    with os.fdopen(tfd, "w") as f:
-        f.write(note)
-    os.replace(tmp, owner)
+    try:
+        tfd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, LOCK_MODE)
+        with os.fdopen(tfd, "w") as f:
+            f.write(note)
+        os.replace(tmp, owner)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        tmp.unlink(missing_ok=True)
 
 
 def _acquire(fd: int, path: Path, shared: bool, what: str, timeout: float, default_holder: str) -> bool:

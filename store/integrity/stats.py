@@ -8,7 +8,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from llmgw_store.core.fsutil import free_bytes, walk_files
+from llmgw_store.core.errors import NoStoreError
+from llmgw_store.core.layout import Layout
 from llmgw_store.core.local_store import Store
+from llmgw_store.core.report import say
 from llmgw_store.core.results import Result
 
 
@@ -47,25 +50,45 @@ def _disk_usage(tree: Path, seen: set[tuple[int, int]]) -> tuple[int, int]:
 
 
 def stats(*, root: str | Path | None = None, prometheus: str | Path | None = None) -> Stats:
-    with Store.open(root, readonly=True) as store:
-        layout, index = store.layout, store.index
-        rows = index.paths()
-        seen: set[tuple[int, int]] = set()
-        _, store_disk = _disk_usage(layout.store, seen)
-        uv_apparent, uv_disk = _disk_usage(layout.uv_cache, seen)  # only what environments do not share
-        _, pyc_disk = _disk_usage(layout.pyc_cache, seen)
-        _, dl_disk = _disk_usage(layout.downloads, seen)
-        profiles = [e.name for e in os.scandir(layout.profiles)
-                    if e.is_symlink() and not e.name.endswith("-link") and not e.name.startswith(".")]
-        generations = sum(1 for e in os.scandir(layout.profiles) if e.name.endswith("-link"))
-        result = Stats(
-            root=str(layout.root), paths=len(rows), bytes_apparent=sum(r["size"] for r in rows),
-            bytes_on_disk=store_disk, profiles=len(profiles), generations=generations, pins=len(index.pins()),
-            uv_cache_bytes=uv_apparent, uv_cache_bytes_unshared=uv_disk, downloads_bytes=dl_disk,
-            free_bytes=free_bytes(layout.store), pyc_cache_bytes=pyc_disk, cache_bytes_on_disk=uv_disk + pyc_disk,
-        )
+    try:
+        store = Store.open(root, readonly=True)
+    except NoStoreError as exc:
+        say(exc.nothing_to("count"))
+        result = _empty(Layout.at(root))
+    else:
+        with store:
+            result = _count(store)
     if prometheus is not None:
         write_prometheus(Path(prometheus), result)
+    return result
+
+
+def _empty(layout: Layout) -> Stats:
+    """The figures of a root that holds no store yet: nothing, and the free space where it would be."""
+    where = layout.root
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    return Stats(root=str(layout.root), paths=0, bytes_apparent=0, bytes_on_disk=0, profiles=0, generations=0, pins=0,
+                 uv_cache_bytes=0, uv_cache_bytes_unshared=0, downloads_bytes=0, free_bytes=free_bytes(where))
+
+
+def _count(store: Store) -> Stats:
+    layout, index = store.layout, store.index
+    rows = index.paths()
+    seen: set[tuple[int, int]] = set()
+    _, store_disk = _disk_usage(layout.store, seen)
+    uv_apparent, uv_disk = _disk_usage(layout.uv_cache, seen)  # only what environments do not share
+    _, pyc_disk = _disk_usage(layout.pyc_cache, seen)
+    _, dl_disk = _disk_usage(layout.downloads, seen)
+    profiles = [e.name for e in os.scandir(layout.profiles)
+                if e.is_symlink() and not e.name.endswith("-link") and not e.name.startswith(".")]
+    generations = sum(1 for e in os.scandir(layout.profiles) if e.name.endswith("-link"))
+    result = Stats(
+        root=str(layout.root), paths=len(rows), bytes_apparent=sum(r["size"] for r in rows),
+        bytes_on_disk=store_disk, profiles=len(profiles), generations=generations, pins=len(index.pins()),
+        uv_cache_bytes=uv_apparent, uv_cache_bytes_unshared=uv_disk, downloads_bytes=dl_disk,
+        free_bytes=free_bytes(layout.store), pyc_cache_bytes=pyc_disk, cache_bytes_on_disk=uv_disk + pyc_disk,
+    )
     return result
 
 

@@ -26,7 +26,7 @@ from typing import Any
 from blake3 import blake3
 
 from llmgw_store.core import locks, manifest
-from llmgw_store.core.errors import NotFoundError, UsageError
+from llmgw_store.core.errors import NoStoreError, NotFoundError, UsageError
 from llmgw_store.core.fsutil import force_rmtree
 from llmgw_store.core.local_store import Store
 from llmgw_store.core.report import progress, say
@@ -115,7 +115,14 @@ def verify(
     """Check `targets` (default: every path); with `repair`, rebuild the damaged ones, waiting at
     most `lock_timeout` s for each lock (the gc lock to add a temp root, the key's, the index).
     Without `repair` verify only looks: the store is opened read-only."""
-    with Store.open(root, lock_timeout, readonly=not repair) as store:
+    try:
+        store = Store.open(root, lock_timeout, readonly=not repair)
+    except NoStoreError as exc:
+        if targets:
+            raise  # a path was named: it is not there
+        say(exc.nothing_to("verify"))
+        return VerifyReport((), 0, ())
+    with store:
         rows = [reference(store, t) for t in targets] if targets else store.index.paths()
         results = []
         memo: dict = {}  # shared inodes hashed in this run (see check_path)
