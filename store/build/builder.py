@@ -27,6 +27,7 @@ from llmgw_store.core.keys import SCHEMA_VERSION, path_name, store_key
 from llmgw_store.core.local_store import Store
 from llmgw_store.core.names import shown
 from llmgw_store.core.report import say
+from llmgw_store.core.results import document
 from llmgw_store.core.units import human_size
 
 PYPI_SIMPLE = defaults.PYPI_SIMPLE
@@ -52,6 +53,7 @@ class BuildOptions:
     python_preference: str = interpreters.DEFAULT_PREFERENCE
     lock_timeout: float = DEFAULT_LOCK_TIMEOUT_S
     latest_ttl: float = LATEST_TTL_S
+    python: str | None = None  # `--python`: in place of the recipe's build.python, entering the key as it would
 
 
 @dataclass(frozen=True)
@@ -111,7 +113,9 @@ class BuildResult:
         return self.how != "built"
 
     def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "path": str(self.path), "cache_hit": self.cache_hit}
+        fields = asdict(self)
+        fields["uv_version"] = fields.pop("uv")  # one name per concept across commands (docs/json.md)
+        return document({**fields, "path": str(self.path), "cache_hit": self.cache_hit})
 
 
 def build(
@@ -138,6 +142,9 @@ def build(
         past_time(options.as_of)  # a bad --as-of is a usage error before the store is touched
     if options.version is not None and not recipes.VERSION_RE.fullmatch(options.version):
         raise UsageError(f"--version {shown(options.version)} is not a version")
+    if options.python is not None:
+        chosen.with_python(options.python)  # a bad --python is a usage error before the store is touched
+        memo = None  # the memo key (and the fast path that reads it) holds no --python
     steps: dict[str, float] = {}
     with Store.open(root, options.lock_timeout, create=True) as store:
         plan = _plan(store, recipe, chosen, options)
@@ -154,11 +161,12 @@ def build(
         inputs = plan.inputs
         seconds = round(time.monotonic() - started, 3)
         if how == "built":
+            interpreters.warn_if_private(store.layout, path)  # a store others read, an env they cannot run
             # One figure for the whole build, the same as the result's `seconds`; what make_env
             # did not time is freezing, hashing, verifying and registering.
             steps["hash, verify, register"] = round(max(0.0, seconds - sum(steps.values())), 3)
             row = store.index.path_by_key(plan.key) or {}
-            say(f"built {plan.name} in {seconds:.1f}s ({row.get('size', 0) / 1e6:.1f} MB, {row.get('files', 0)} files; "
+            say(f"built {plan.name} in {seconds:.1f}s ({human_size(row.get('size', 0))}, {row.get('files', 0)} files; "
                 + ", ".join(f"{k} {v:.2f}s" for k, v in steps.items()) + ")")
         result = BuildResult(
             path=path, name=plan.name, key=plan.key, engine=recipe.name, version=plan.version,
@@ -215,6 +223,7 @@ def _remember(store: Store, memo: tuple[str, bytes], result: BuildResult, plan: 
 
 def _plan(store: Store, recipe: Recipe, chosen: Build, options: BuildOptions) -> BuildPlan:
     """Everything that decides the result, and the key and name that follow from it."""
+    chosen = chosen.with_python(options.python)
     index_url = options.index_url.rstrip("/")
     # A fresh store asks uv its version, asks the index (the latest version, a publication time)
     # and finds an interpreter: independent waits, so the first two run in threads meanwhile.
