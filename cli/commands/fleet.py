@@ -92,10 +92,11 @@ def cache_gc(obj: Context, url: str, keep_from: tuple[str, ...], grace: str, dry
       llmgw-store cache gc s3://llmgw-cache/prod --keep-from /etc/llmgw-store/nodes/ --grace 7d --dry-run
     """
     from llmgw_store.api import cache_gc as do_cache_gc
+    from llmgw_store.core.units import human_size
 
     r = do_cache_gc(url, list(keep_from), grace=grace, dry_run=dry_run, allow_no_roots=allow_no_roots)
     verb = "would delete" if r.dry_run else "deleted"
     summary = (f"{verb} {len(r.deleted_objects)} object file(s), {r.deleted_blobs} blob(s), "
-               f"{r.freed_bytes / 1e6:.1f} MB; kept {r.kept_objects} object(s), {r.kept_blobs} blob(s) for "
+               f"{human_size(r.freed_bytes)}; kept {r.kept_objects} object(s), {r.kept_blobs} blob(s) for "
                f"{len(r.roots)} node(s)")
     obj.emit(r.to_json(), "\n".join([*r.deleted_objects, summary]))

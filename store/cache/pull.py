@@ -45,6 +45,7 @@ from llmgw_store.core.report import say
 from llmgw_store.core.results import Result
 from llmgw_store.core.scratch import sigterm_raises, sweep_dead
 from llmgw_store.core.temproots import TempRoots
+from llmgw_store.core.units import human_size
 
 MAX_REFERENCES = 64  # of one object
 MAX_OBJECTS = 256  # in one pull's closure
@@ -365,7 +366,7 @@ def fetch_v2_into_store(store: Store, backend, meta: MetaV2) -> tuple[Path, Stat
     stats.phases["register"] = time.monotonic() - t0
     seconds = time.monotonic() - started
     say(f"substituted {meta.name} from the cache (signed by {meta.signer}) in {seconds:.1f}s: fetched "
-        f"{stats.bytes_fetched / 1e6:.1f} MB in {stats.blobs_fetched} blobs, reused {stats.bytes_reused / 1e6:.1f} MB "
+        f"{human_size(stats.bytes_fetched)} in {stats.blobs_fetched} blobs, reused {human_size(stats.bytes_reused)} "
         "from store paths here")
     say("time: " + ", ".join(f"{k} {v:.2f}s" for k, v in stats.phases.items()))
     return final, stats
