@@ -20,6 +20,7 @@ import pytest
 from llmgw_store.core.errors import AccessDeniedError, DiskFullError, ReadOnlyError, cut_at_word, from_os_error
 from llmgw_store.core.index import Index
 from tests.conftest import build_store, copy_store, run_cli, write_recipe
+from tests.support.tmpfs import mounted_tmpfs
 from tests.support.wheels import build_wheel
 
 # Two keys of one recipe: p holds OLD (tinydep 1.0); NEW resolves tinydep 2.0, whose 4 MiB of
@@ -52,17 +53,8 @@ def template(tmp_path_factory, fat_wheels):
 @pytest.fixture
 def tmpfs(tmp_path):
     """A fresh tmpfs (64 MiB): only this test writes to it."""
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m,mode=0755", "tmpfs", str(mnt)],
-                          capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
-    try:
+    with mounted_tmpfs(tmp_path / "mnt", "64m") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["mount", "-o", "remount,rw", str(mnt)], capture_output=True, check=False)
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 def fill(mnt: Path) -> Path:

@@ -10,9 +10,7 @@ import json
 import os
 import shutil
 import stat
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -20,18 +18,15 @@ import pytest
 from llmgw_store.build.interpreters import others_reach, why_others_cannot_run
 from llmgw_store.build.recipe import python_problem
 from tests.conftest import PYTHON, build_json, copy_store, run_cli, start_index, write_recipe
-from tests.support.users import cli_as, local_user, run_as, system_python
+from tests.support.users import cli_as, local_user, run_as, shared_dir, system_python
 
 PRIVATE_PYTHON = os.path.realpath(sys.executable)  # here: root's pyenv, under the 0700 /root
 
 
 @pytest.fixture(scope="module")
 def shared():
-    """A directory every user may traverse (pytest's tmp_path is private to root)."""
-    d = Path(tempfile.mkdtemp(prefix="llmgw-svc-", dir="/tmp"))
-    d.chmod(0o755)
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
+    with shared_dir("llmgw-svc-") as d:
+        yield d
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +98,7 @@ def test_a_service_user_runs_and_sources_a_root_owned_profile(store, service):
     lines = cli_as(service, store, "env", "p")
     assert lines.returncode == 0, lines.stderr
     assert f"export VIRTUAL_ENV={store / 'profiles' / 'p'}" in lines.stdout
-    sourced = run_as(service, ["/bin/sh", "-c", f'eval "$1" && tinyengine', "sh", lines.stdout])
+    sourced = run_as(service, ["/bin/sh", "-c", 'eval "$1" && tinyengine', "sh", lines.stdout])
     assert sourced.returncode == 0 and "tinyengine 1.0" in sourced.stdout, sourced.stderr
     doc = json.loads(cli_as(service, store, "--json", "env", "p@1").stdout)
     assert doc["schema_version"] == 1 and doc["variables"]["VIRTUAL_ENV"].endswith("-tinyengine-1.0-cpu")

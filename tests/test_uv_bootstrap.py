@@ -24,7 +24,7 @@ def test_pinned_uv_is_installed_into_the_store_once(root, recipe, index, uv_whee
     index.add("uv", uv_wheel, "2026-11-20T00:00:00Z")
     proc = run_cli(root, "--json", "build", str(recipe), "--index-url", index.url, check=True)
     doc = json.loads(proc.stdout)
-    assert doc["uv"] == UV_VERSION and f"installing uv {UV_VERSION} from its wheel" in proc.stderr
+    assert doc["uv_version"] == UV_VERSION and f"installing uv {UV_VERSION} from its wheel" in proc.stderr
     con = sqlite3.connect(root / "var" / "db.sqlite")
     [(uv_name,)] = con.execute("SELECT name FROM paths WHERE engine = 'uv'").fetchall()
     assert uv_name.endswith(f"-uv-{UV_VERSION}-bin")

@@ -2,7 +2,7 @@
 
 The key is computed first, from facts that are memoised in the index (the uv version, the
 interpreter, the latest version, the publication time), so a build whose key is already in the
-store reads the recipe and the index and returns, asking the network nothing (DESIGN invariant 6).
+store reads the recipe and the index and returns, asking the network nothing.
 Only a miss validates requirements, resolves and installs; see realise.py for the locking.
 """
 
@@ -26,6 +26,7 @@ from llmgw_store.core.host import platform_facts
 from llmgw_store.core.keys import SCHEMA_VERSION, path_name, store_key
 from llmgw_store.core.local_store import Store
 from llmgw_store.core.names import shown
+from llmgw_store.core.oplog import recorded
 from llmgw_store.core.report import say
 from llmgw_store.core.results import document
 from llmgw_store.core.units import human_size
@@ -118,6 +119,7 @@ class BuildResult:
         return document({**fields, "path": str(self.path), "cache_hit": self.cache_hit})
 
 
+@recorded("build")
 def build(
     recipe_file: str | Path,
     options: BuildOptions = BuildOptions(),

@@ -7,7 +7,7 @@ With the default preference, `managed`, an interpreter uv manages for the store 
 first, then one the host has, and only when neither exists is one downloaded (`uv python install`
 into ROOT/python): a host with a suitable Python spends no time on a download. `only-managed`
 always wants a managed one and falls back to the host's when the download cannot be reached
-(DESIGN.md: "system where managed downloads cannot be reached"); `only-system` never downloads.
+("system where managed downloads cannot be reached"); `only-system` never downloads.
 
 A download is attempted only after a connect probe (PROBE_TIMEOUT_S) to its host — or to the
 proxy the environment names — succeeds, so an unreachable host costs at most that long, not uv's

@@ -21,7 +21,7 @@ from llmgw_store.core.names import check_engine, check_variant, shown
 
 VERSION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9+._!-]{0,63}")  # always re.fullmatch: `$` lets "1.0\n" through
 
-# field -> (python types, required): the fields of DESIGN.md, each documented in docs/recipes.md.
+# field -> (python types, required): each documented in docs/recipes.md.
 ENGINE_FIELDS: dict[str, tuple[tuple[type, ...], bool]] = {
     "name": ((str,), True),
     "pypi": ((str,), False),

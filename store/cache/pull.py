@@ -41,6 +41,7 @@ from llmgw_store.core.fsutil import force_rmtree
 from llmgw_store.core.index import row_from_manifest
 from llmgw_store.core.keys import KEY_RE, is_store_name, key_of_name
 from llmgw_store.core.local_store import Store
+from llmgw_store.core.oplog import recorded
 from llmgw_store.core.report import say
 from llmgw_store.core.results import Result
 from llmgw_store.core.scratch import sigterm_raises, sweep_dead
@@ -407,6 +408,7 @@ def sweep_stale_pulls(tmp: Path) -> None:
     sweep_dead(tmp, SCRATCH_RE, MAX_STALE_SCAN, "a pull")
 
 
+@recorded("pull")
 def pull(target: str, from_: list[str], trusted: list[str], *, root: str | Path | None = None,
          lock_timeout: float = locks.BUILD_LOCK_TIMEOUT_S) -> PullResult:
     started = time.monotonic()

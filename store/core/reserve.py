@@ -16,6 +16,7 @@ from __future__ import annotations
 import errno
 import os
 
+from llmgw_store.core.buildmemo import open_var
 from llmgw_store.core.layout import Layout
 
 RESERVE_BYTES = 8 << 20  # Nix's default gc-reserved-space
@@ -24,11 +25,8 @@ _CHUNK = 1 << 20
 
 
 def _open_var(layout: Layout) -> int | None:
-    """var/, opened without following a link (layout.ensure has checked it); None when absent."""
-    try:
-        return os.open(layout.var, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return None
+    """var/, as layout.ensure leaves it, never through a link; None when absent or not so."""
+    return open_var(str(layout.root))
 
 
 def keep(layout: Layout, size: int = RESERVE_BYTES) -> bool:

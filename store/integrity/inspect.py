@@ -338,8 +338,8 @@ def _pylock_from_requirements(p: _Opened, lock_text: str, index_url: str) -> str
             lines.append("]")
         if sdists:
             f = sdists[0]
-            lines += [f"sdist = {{ name = {_toml(f.filename)}, url = {_toml(f.url)}, "
-                      f"hashes = {{ sha256 = {_toml(str(f.sha256))} }} }}"]
+            lines.append(f"sdist = {{ name = {_toml(f.filename)}, url = {_toml(f.url)}, "
+                         f"hashes = {{ sha256 = {_toml(str(f.sha256))} }} }}")
     return "\n".join(lines) + "\n"
 
 

@@ -1,18 +1,26 @@
 """`stats`: what the store holds and costs, for people (`--json`) and for node monitoring (a
-Prometheus textfile, written atomically so the collector never reads half a file)."""
+Prometheus textfile, written atomically so the collector never reads half a file): besides the
+gauges of paths, bytes and caches, when gc, verify, build and pull last succeeded and how often
+they failed (core/oplog.py), and each profile's current generation and what it runs, so that an
+alert sees a node that stopped collecting, found damage, or drifted from the fleet
+(docs/operations.md#metrics-and-alerts)."""
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+from llmgw_store.core import oplog
+from llmgw_store.core.errors import NoStoreError, StoreError
 from llmgw_store.core.fsutil import free_bytes, walk_files
-from llmgw_store.core.errors import NoStoreError
 from llmgw_store.core.layout import Layout
 from llmgw_store.core.local_store import Store
+from llmgw_store.core.names import check_profile
 from llmgw_store.core.report import say
 from llmgw_store.core.results import Result
+from llmgw_store.roots.generations import current_generation, generation_target
 
 
 @dataclass(frozen=True)
@@ -35,6 +43,8 @@ class Stats(Result):
     free_bytes: int
     pyc_cache_bytes: int = 0
     cache_bytes_on_disk: int = 0
+    operations: dict[str, dict[str, Any]] = field(default_factory=dict)
+    current_generations: tuple[dict[str, Any], ...] = ()
 
 
 def _disk_usage(tree: Path, seen: set[tuple[int, int]]) -> tuple[int, int]:
@@ -88,14 +98,36 @@ def _count(store: Store) -> Stats:
         bytes_on_disk=store_disk, profiles=len(profiles), generations=generations, pins=len(index.pins()),
         uv_cache_bytes=uv_apparent, uv_cache_bytes_unshared=uv_disk, downloads_bytes=dl_disk,
         free_bytes=free_bytes(layout.store), pyc_cache_bytes=pyc_disk, cache_bytes_on_disk=uv_disk + pyc_disk,
+        operations=oplog.read_all(layout), current_generations=tuple(_current(store, profiles)),
     )
     return result
 
 
-def write_prometheus(path: Path, stats: Stats) -> None:
+def _current(store: Store, profiles: list[str]) -> list[dict[str, Any]]:
+    """Each profile's current generation and what its store path is (engine, version, variant)."""
+    out = []
+    for profile in sorted(profiles):
+        try:
+            check_profile(profile)
+            number = current_generation(store.layout, profile)
+            name = Path(generation_target(store.layout, profile, number)).name
+        except (StoreError, OSError):
+            continue  # not a profile (a stray link), or one mid-switch: the next stats shows it
+        row = store.index.path_by_name(name) or {}
+        out.append({"profile": profile, "generation": number, "name": name, "engine": row.get("engine"),
+                    "version": row.get("version"), "variant": row.get("variant")})
+    return out
+
+
+def _label(value: object) -> str:
+    """A Prometheus label value: backslash, quote and newline escaped."""
+    return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def prometheus_text(stats: Stats) -> str:
+    """The textfile: every figure of `stats` as Prometheus samples, labelled with the store's root."""
     s = stats.to_json()
-    root = s["root"].replace("\\", "\\\\").replace('"', '\\"')
-    lab = f'root="{root}"'
+    lab = f'root="{_label(s["root"])}"'
     lines = [
         "# HELP llmgw_store_paths Store paths registered in the index.",
         "# TYPE llmgw_store_paths gauge",
@@ -119,6 +151,41 @@ def write_prometheus(path: Path, stats: Stats) -> None:
         "# TYPE llmgw_store_free_bytes gauge",
         f"llmgw_store_free_bytes{{{lab}}} {s['free_bytes']}",
     ]
+    ops = s["operations"]
+    for metric, kind, field_, help_ in (
+        ("last_success_timestamp_seconds", "gauge", "last_success",
+         "When the operation last succeeded (seconds since the epoch; 0: never)."),
+        ("last_failure_timestamp_seconds", "gauge", "last_failure",
+         "When the operation last failed (seconds since the epoch; 0: never)."),
+        ("successes_total", "counter", "successes", "Runs of the operation that succeeded."),
+        ("failures_total", "counter", "failures",
+         "Runs of the operation that failed (verify: found a damaged path)."),
+    ):
+        lines += [f"# HELP llmgw_store_{metric} {help_}", f"# TYPE llmgw_store_{metric} {kind}"]
+        lines += [f'llmgw_store_{metric}{{{lab},op="{op}"}} {_number(ops[op][field_])}' for op in sorted(ops)]
+    if "verify" in ops:
+        lines += ["# HELP llmgw_store_verify_damaged_paths Damaged store paths the last verify found.",
+                  "# TYPE llmgw_store_verify_damaged_paths gauge",
+                  f"llmgw_store_verify_damaged_paths{{{lab}}} {_number(ops['verify']['damaged'])}"]
+    current = s["current_generations"]
+    lines += ["# HELP llmgw_store_profile_generation The current generation of each profile.",
+              "# TYPE llmgw_store_profile_generation gauge"]
+    lines += [f'llmgw_store_profile_generation{{{lab},profile="{_label(c["profile"])}"}} {c["generation"]}'
+              for c in current]
+    lines += ["# HELP llmgw_store_profile_info What each profile's current generation runs (always 1).",
+              "# TYPE llmgw_store_profile_info gauge"]
+    lines += [f'llmgw_store_profile_info{{{lab},profile="{_label(c["profile"])}",engine="{_label(c["engine"] or "")}",'
+              f'version="{_label(c["version"] or "")}",variant="{_label(c["variant"] or "")}",'
+              f'path="{_label(c["name"])}"}} 1' for c in current]
+    return "\n".join(lines) + "\n"
+
+
+def _number(value: object) -> str:
+    return f"{value:.3f}" if isinstance(value, float) else str(int(value))  # type: ignore[call-overload]
+
+
+def write_prometheus(path: Path, stats: Stats) -> None:
+    text = prometheus_text(stats)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text("\n".join(lines) + "\n")
+    tmp.write_text(text)
     os.replace(tmp, path)  # atomic: node_exporter reads the old file or the new one

@@ -29,6 +29,7 @@ from llmgw_store.core import locks, manifest
 from llmgw_store.core.errors import NoStoreError, NotFoundError, UsageError
 from llmgw_store.core.fsutil import force_rmtree
 from llmgw_store.core.local_store import Store
+from llmgw_store.core.oplog import recorded
 from llmgw_store.core.report import progress, say
 from llmgw_store.core.results import Result
 from llmgw_store.roots.resolve import reference
@@ -103,6 +104,7 @@ def check_path(store: Store, row: dict[str, Any], memo: dict | None = None) -> d
 
 
 
+@recorded("verify")
 def verify(
     targets: list[str] | None = None,
     *,

@@ -46,6 +46,7 @@ from llmgw_store.core.layout import Layout
 from llmgw_store.core.local_store import Store
 from llmgw_store.core.locks import LOCK_TIMEOUT_S
 from llmgw_store.core.names import check_profile
+from llmgw_store.core.oplog import recorded
 from llmgw_store.core.report import say
 from llmgw_store.core.results import Result, fields_of
 from llmgw_store.core.temproots import gc_lock, read_all
@@ -178,6 +179,7 @@ class Roots(Result):
         return {"roots": [r.body() for r in self.roots]}
 
 
+@recorded("gc")
 def collect(
     *,
     root: str | Path | None = None,

@@ -15,6 +15,7 @@ import stat
 import subprocess
 import sys
 import sysconfig
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -39,6 +40,17 @@ def _world_readable(path: Path) -> str | None:
         if not mode & stat.S_IXOTH or (p == path and not mode & stat.S_IROTH):
             return f"{p} is mode {stat.S_IMODE(mode):o}"
     return None
+
+
+@contextmanager
+def shared_dir(prefix: str = "llmgw-shared-") -> Iterator[Path]:
+    """A directory under /tmp every user may traverse (pytest's tmp_path is private to root)."""
+    d = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    d.chmod(0o755)
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def site_packages() -> Path:
@@ -86,9 +98,9 @@ def cli_as(user, root: Path, *args: str, env: dict | None = None, python: str | 
     base = {"PATH": SYSTEM_PATH, "LANG": "C.UTF-8", "LLMGW_STORE_PROGRESS": "plain"}
     return subprocess.run([python, "-I", "-c", _RUN_CLI, str(site_packages()), "--root", str(root), *args],
                           user=user.pw_uid, group=user.pw_gid, extra_groups=[], cwd="/", capture_output=True,
-                          text=True, timeout=timeout, env={**base, **(env or {})})
+                          text=True, timeout=timeout, env={**base, **(env or {})}, check=False)
 
 
 def run_as(user, argv: list[str], env: dict | None = None, timeout: float = TIMEOUT_S) -> subprocess.CompletedProcess:
     return subprocess.run(argv, user=user.pw_uid, group=user.pw_gid, extra_groups=[], cwd="/", capture_output=True,
-                          text=True, timeout=timeout, env={"PATH": SYSTEM_PATH, **(env or {})})
+                          text=True, timeout=timeout, env={"PATH": SYSTEM_PATH, **(env or {})}, check=False)
