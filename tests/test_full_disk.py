@@ -204,7 +204,9 @@ def test_a_read_only_filesystem_is_one_line_and_looking_still_works(template, tm
         one_line(proc, 1, "read-only")
     assert snapshot(root) == before
     assert listed(root) == set(template["names"])
-    assert run_cli(root, "--json", "stats").returncode == 0
+    for looking in (["--json", "stats"], ["verify"], ["info", "p"], ["packages", "p"], ["env", "p"]):
+        proc = run_cli(root, *looking)
+        assert proc.returncode == 0, (looking, proc.stderr)
     assert run_cli(root, "run", "p", "--", "tinyengine").returncode == 0
 
 
