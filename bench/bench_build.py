@@ -1,21 +1,38 @@
-"""Benchmark `llmgw-store build` against its baselines, side by side in one run.
+"""Benchmark `llmgw-store build` against what a user would run instead, side by side
+(bench/harness.py: alternating fresh processes, medians, median of per-round ratios, load, peak RSS
+of the command alone, CPU seconds with every child, compileall's unwaited workers included).
 
-(a) cache hit: `llmgw-store build RECIPE` of a key already in the store, against a bare interpreter
-    start (`python -c pass` with the same python), interleaved, N runs each; medians and ratio.
-(b) cold build: a fresh store building RECIPE, against the same work done by hand (uv venv --python
-    REQUEST (the recipe's: uv finds the interpreter, as the store must), uv pip compile --generate-hashes --exclude-newer DATE, uv pip install --require-hashes --no-deps
-    --link-mode copy, `python -m compileall -j N --invalidation-mode unchecked-hash` (the store's
-    pyc mode and number of workers), the recipe's verify command) on the same requirements. The store builds twice per
-    round: a copy of RECIPE with `as_of = DATE` (the ratio: the same work as the baseline, which is
-    given DATE by hand) and RECIPE as it is (the store asks the index for the publication date).
-    All start from a copy of one warm uv cache and use the same uv binary, so the ratio is
-    llmgw-store's own cost, not the network's. Interleaved, R rounds; medians, ratios, and each
-    side's steps in its median run (the store's: the JSON's `steps`).
-Peak RSS: measured by GNU time (`/usr/bin/time -f %M`), of each command and the children it waited for.
+A warm-up build of RECIPE fills a store (and its uv cache). Then:
+  hit          `llmgw-store build RECIPE` of that key (a cache hit) against the same interpreter's
+               bare start, `python -c pass` (issue 25: <= 1.5x from a regular install) and
+               `python -I -S -c pass` beside it. A hot-path row: refused from an editable install
+               (or flagged, with --allow-editable and in --quick); it names the interpreter.
+  cold build, warm cache
+               the store building a copy of RECIPE with `as_of` fixed to the warm-up's date into a
+               fresh root whose uv cache is a copy (cp -al) of the warm one, against the seed's
+               commands by hand from another copy of it, with the same uv and the same date:
+                   uv venv --relocatable --python REQUEST --python-preference P
+                   uv pip compile --generate-hashes --exclude-newer DATE --index-url URL
+                   uv pip install --require-hashes --no-deps -r LOCK     (uv's DEFAULT link mode)
+                   python -m compileall -j N --invalidation-mode unchecked-hash lib/
+                       (the store compiles; N = the store's workers for this tree)
+                   the recipe's `verify` command, the environment's bin/ first on PATH
+               (issue 25: <= 1.10x for vLLM, <= 1.25x black, <= 1.10x transformers). Each side's
+               steps (the store's from its JSON `steps`, the script's timed by bash) and the disk
+               of what it made (du, each inode once) are kept.
+  cold build, cold cache
+               the same two sides with empty caches (both download: PyPI, or the loopback index).
+  disk         one environment plus everything the store keeps for it after the default `gc`
+               (the path rooted by a profile) against the environment alone (<= 1.15x).
+  neighbour    (--neighbour-as-of / --neighbour-version) a neighbouring build into that store:
+               the disk it adds against its size (<= 15 %), and its bytecode step against the
+               first build's (<= 25 %).
 
-    .venv/bin/python bench/bench_build.py --out /tmp/bench [--recipe examples/black.toml] [--hits 30] [--colds 3]
-
-Needs PyPI (the recipe resolves there). Prints a table and writes OUT/build.json (never into the checkout).
+    python bench/bench_build.py [--recipe examples/black.toml] [--rounds 5] [--out DIR]   # needs PyPI
+    python bench/bench_build.py --recipe bench/recipes/transformers.toml --rounds 5
+    python bench/bench_build.py --quick --out DIR                           # the test suite's (offline)
+A recipe with an extra index (PEP 751 lock) has no by-hand baseline here and is refused.
+bench/bench_vllm.sh runs this bench on vLLM.
 """
 
 from __future__ import annotations
@@ -23,193 +40,223 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
-import statistics
 import subprocess
 import sys
-import tempfile
-import time
 import tomllib
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "bench"))
-from common import CLI, PY, peak_rss_mb, timed  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import PY, REPO, cli, packages, store_json, uv_bin  # noqa: E402
+from harness import Bench, BenchError, Run, Side, add_common_args, clean_env, du_bytes, rmtree  # noqa: E402
+
+# The seed's commands, one bash script (one process tree, measured as a whole); each step's start
+# and end go to stdout for the row's steps.
+BY_HAND = r"""
+set -euo pipefail
+uv=$1 request=$2 pref=$3 venv=$4 reqs=$5 lock=$6 asof=$7 index=$8 jobs=$9; shift 9
+step() { local name=$1 t0=$EPOCHREALTIME; shift; "$@" >/dev/null; echo "step $name $t0 $EPOCHREALTIME"; }
+step venv "$uv" venv -q --relocatable --python "$request" --python-preference "$pref" "$venv"
+step resolve "$uv" pip compile -q "$reqs" -o "$lock" --generate-hashes --exclude-newer "$asof" \
+    --index-url "$index" --python "$venv/bin/python" --no-header
+step install "$uv" pip install -q --require-hashes --no-deps -r "$lock" --index-url "$index" --python "$venv/bin/python"
+step bytecode "$venv/bin/python" -m compileall -q -j "$jobs" --invalidation-mode unchecked-hash "$venv/lib"
+if [ $# -gt 0 ]; then PATH="$venv/bin:$PATH" VIRTUAL_ENV="$venv" step verify "$@"; fi
+"""
 
 
-def build(root: Path, recipe: Path, uv: Path, *extra: str) -> dict:
-    out = subprocess.run([str(CLI), "--root", str(root), "--json", "build", str(recipe), "--uv", str(uv), *extra],
-                         check=True, capture_output=True, text=True).stdout
-    return json.loads(out)
+def script_steps(stdout: str) -> dict[str, float]:
+    steps = {}
+    for line in stdout.splitlines():
+        parts = line.split()
+        if len(parts) == 4 and parts[0] == "step":
+            steps[parts[1]] = round(float(parts[3]) - float(parts[2]), 3)
+    return steps
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--recipe", type=Path, default=REPO / "examples" / "black.toml")
-    ap.add_argument("--hits", type=int, default=30)
-    ap.add_argument("--colds", type=int, default=3)
-    ap.add_argument("--python-preference", default="only-system")
-    ap.add_argument("--out", type=Path, required=True, help="directory for build.json (outside the checkout)")
-    args = ap.parse_args()
+def step_of(steps: dict, *words: str) -> float | None:
+    """The seconds of the first step whose name has one of `words` (names are the store's own)."""
+    for name, secs in (steps or {}).items():
+        if any(w in name for w in words) and isinstance(secs, (int, float)):
+            return float(secs)
+    return None
 
-    from uv import find_uv_bin
 
-    uv = Path(find_uv_bin())
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    env["LLMGW_STORE_PYTHON_PREFERENCE"] = args.python_preference
-    os.environ.update(env)
-    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
-    work = Path(tempfile.mkdtemp(prefix="llmgw-bench-"))
+def compile_workers(env_path: Path) -> int:
+    """The store's number of compile workers for this tree (all cores where it cannot be asked)."""
+    modules = sum(f.endswith(".py") for _, _, fs in os.walk(env_path / "lib") for f in fs)
     try:
-        # Warm-up: one build fills a uv cache both sides of (b) start from, and is the store of (a).
-        warm = work / "warm"
-        first = build(warm, args.recipe, uv)
-        print(f"warm-up build: {first['path']} ({first['seconds']:.2f}s)", file=sys.stderr)
-        manifest = json.loads((Path(first["path"]) / ".llmgw" / "manifest.json").read_text())
+        from llmgw_store.build.bytecode import workers
 
-        # (a) cache hit vs bare interpreter start, interleaved.
-        hit_t, bare_t = [], []
-        hit_argv = [str(CLI), "--root", str(warm), "build", str(args.recipe), "--uv", str(uv)]
-        for _ in range(args.hits):
-            bare_t.append(timed([str(PY), "-c", "pass"]))
-            hit_t.append(timed(hit_argv))
-        hit_rss, bare_rss = peak_rss_mb(hit_argv), peak_rss_mb([str(PY), "-c", "pass"])
-        # The same hit as a library call in one process (no interpreter start, no click).
-        sys.path.insert(0, str(REPO))
-        from llmgw_store.build.builder import BuildOptions
-        from llmgw_store.build.builder import build as lib_build
-        from llmgw_store.build.uv import clean_env  # the variables a store build passes to uv (proxy, CA)
+        return int(workers(modules))
+    except (ImportError, TypeError, ValueError):
+        return len(os.sched_getaffinity(0))
 
-        opts = BuildOptions(uv=uv, python_preference=args.python_preference)
-        lib_t = []
-        for _ in range(args.hits):
-            t = time.perf_counter()
-            assert lib_build(args.recipe, opts, root=warm).cache_hit
-            lib_t.append(time.perf_counter() - t)
 
-        # (b) cold build vs the same work by hand, each from a copy of the warm uv cache. Two store
-        # builds per round: RECIPE as it is (the store asks the index when the release was published:
-        # one request), and a copy of it with that date fixed as `as_of` (no request) — the baseline is
-        # given the date by hand, so the second is the same work.
-        request = manifest["inputs"]["python"]["request"]
-        as_of = manifest["exclude_newer"]
-        index_url = manifest["index_url"]
-        reqs = work / "requirements.in"
-        reqs.write_text("".join(r + "\n" for r in manifest["requirements"]))
-        fixed = work / args.recipe.name
-        fixed.write_text("".join(line + (f'\nas_of = "{as_of}"' if line.strip() == "[[build]]" else "") + "\n"
-                                 for line in args.recipe.read_text().splitlines()))
-        verify = tomllib.loads(args.recipe.read_text())["build"][0].get("verify")
-        from llmgw_store.build.bytecode import workers  # the store's choice: every core, fewer for a small tree
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_common_args(ap, rounds=5)
+    ap.add_argument("--recipe", type=Path, help="default examples/black.toml (--quick: a tiny recipe, loopback index)")
+    ap.add_argument("--variant", help="passed to build")
+    ap.add_argument("--version", help="passed to build")
+    ap.add_argument("--python-preference", default=os.environ.get("LLMGW_STORE_PYTHON_PREFERENCE", "only-system"),
+                    help="both sides' (default only-system: this host's interpreters)")
+    ap.add_argument("--skip-hit", action="store_true")
+    ap.add_argument("--skip-cold-cache", action="store_true", help="no cold-cache row (it downloads every run)")
+    ap.add_argument("--neighbour-as-of", help="a neighbouring build: the recipe at this date (ISO, or +Nd from the "
+                    "first build's date)")
+    ap.add_argument("--neighbour-version", help="a neighbouring build: this version")
+    ap.add_argument("--name", default="build", help="the bench's name in its result file (NAME.json)")
+    args = ap.parse_args(argv)
+    with Bench(args.name, args) as bench:
+        os.environ["LLMGW_STORE_PYTHON_PREFERENCE"] = args.python_preference
+        with packages(bench.work, bench.quick, args.recipe, REPO / "examples" / "black.toml") as src:
+            run_all(bench, args, src.recipe, src.index_args)
+        bench.finish()
 
-        modules = sum(f.endswith(".py") for _, _, fs in os.walk(Path(first["path"]) / "lib") for f in fs)
-        jobs = workers(modules)
-        sides = {"cold_as_of": fixed, "cold_lookup": args.recipe}
-        times: dict[str, list[float]] = {k: [] for k in [*sides, "raw"]}
-        steps: dict[str, list] = {k: [] for k in [*sides, "raw"]}
-        cold_rss, raw_rss = [0.0], [0.0]
-        for i in range(args.colds):
-            for side, recipe in sides.items():
-                root = work / f"{side}{i}"
+
+def run_all(bench: Bench, args, recipe: Path, index_args: list[str]) -> None:
+    flag = None if args.skip_hit else bench.hot_path()  # refused before any work, not after the warm-up
+    uv = uv_bin()
+    pick = [*(["--variant", args.variant] if args.variant else []),
+            *(["--version", args.version] if args.version else [])]
+    warm = bench.work / "warm"
+    first, _ = store_json(bench.meter, warm, "build", recipe, "--uv", uv, *index_args, *pick)
+    env = Path(first["path"])
+    manifest = json.loads((env / ".llmgw" / "manifest.json").read_text())
+    as_of = first.get("as_of") or manifest.get("exclude_newer")
+    request = (manifest.get("inputs", {}).get("python") or {}).get("request")
+    index_url = manifest.get("index_url") or (index_args[1] if index_args else "https://pypi.org/simple")
+    build = next((b for b in tomllib.loads(recipe.read_text()).get("build", [])
+                  if not args.variant or b.get("variant") == args.variant), {})
+    if build.get("extra_index"):
+        raise BenchError(f"{recipe}: a build with an extra index has no by-hand baseline here")
+    if not (as_of and request):
+        raise BenchError(f"the warm-up build's JSON/manifest gives no as_of or python request: {first}")
+    uv_cache = warm / "cache" / "uv"
+    if not uv_cache.is_dir():
+        raise BenchError(f"the store keeps no uv cache at {uv_cache}: update bench_build's warm-cache copy")
+    print(f"warm-up build: {env.name} (as_of {as_of}, python {request})", file=sys.stderr)
+
+    if not args.skip_hit:
+        hit_argv = cli(warm, "build", recipe, "--uv", uv, *index_args, *pick)
+
+        def hit_after(_i, run: Run):
+            if run.stdout.strip() != str(env):
+                raise BenchError(f"the hit printed {run.stdout.strip()!r}, not {env}")
+
+        bench.compare("cache-hit build", Side("llmgw-store build (hit)", hit_argv, after=hit_after),
+                      [Side("python -c pass", [str(PY), "-c", "pass"]),
+                       Side("python -I -S -c pass", [str(PY), "-I", "-S", "-c", "pass"])],
+                      goal=[("<=", 1.5), None], hot=True, note=flag)
+
+    fixed = bench.work / f"as-of-{recipe.name}"
+    fixed.write_text("".join(line + (f'\nas_of = "{as_of}"' if line.strip() == "[[build]]" else "") + "\n"
+                             for line in recipe.read_text().splitlines()))
+    reqs = bench.work / "requirements.in"
+    reqs.write_text("".join(r + "\n" for r in manifest.get("requirements", [])))
+    verify = [str(a) for a in build.get("verify") or []]
+    jobs = compile_workers(env)
+    hand_env = clean_env({"UV_NO_CONFIG": "1", "UV_PYTHON_DOWNLOADS": "never"})
+    last_store_root: dict[str, Path] = {}
+
+    def sides(cache: str) -> tuple[Side, Side]:
+        def store_argv(i):
+            root = bench.work / f"store-{cache}-{i}"
+            rmtree(root)
+            if cache == "warm":
                 (root / "cache").mkdir(parents=True)
-                subprocess.run(["cp", "-al", str(warm / "cache" / "uv"), str(root / "cache" / "uv")], check=True)
-                out_file = work / f"{side}{i}.json"
-                rss_file = work / f"{side}{i}.rss"
-                t = time.perf_counter()
-                with open(out_file, "w") as out:
-                    # GNU time (a small parent) measures the peak RSS; its own cost is a millisecond.
-                    subprocess.run(["/usr/bin/time", "-f", "%M", "-o", str(rss_file), str(CLI), "--root", str(root),
-                                    "--json", "build", str(recipe), "--uv", str(uv)], stdout=out,
-                                   stderr=subprocess.DEVNULL, check=True)
-                times[side].append(time.perf_counter() - t)
-                cold_rss.append(int(rss_file.read_text().split()[-1]) / 1024)
-                doc = json.loads(out_file.read_text())
-                assert doc["how"] == "built" and doc["as_of"] == as_of, doc  # the same date (the key also holds the recipe)
-                steps[side].append((times[side][-1], doc.get("steps", {})))
+                subprocess.run(["cp", "-al", str(uv_cache), str(root / "cache" / "uv")], check=True)
+            return cli(root, "--json", "build", fixed, "--uv", uv, *index_args, *pick)
 
-            raw = work / f"raw{i}"
-            raw.mkdir()
-            subprocess.run(["cp", "-al", str(warm / "cache" / "uv"), str(raw / "cache")], check=True)
-            uv_env = clean_env(UV_NO_CONFIG="1", UV_CACHE_DIR=str(raw / "cache"), UV_PYTHON_DOWNLOADS="never")
-            venv = raw / "env"
-            vpy = str(venv / "bin" / "python")
-            raw_argvs = {
-                # The recipe's request (`python = "3.11"`), as one would type it: uv finds the
-                # interpreter, as the store must before it can compute the key.
-                "venv": [str(uv), "venv", "--relocatable", "--python", request, "--python-preference",
-                         args.python_preference, str(venv), "-q"],
-                "resolve": [str(uv), "pip", "compile", str(reqs), "-o", str(raw / "lock"), "--generate-hashes",
-                            "--exclude-newer", as_of, "--index-url", index_url, "--python", vpy, "--no-header", "-q"],
-                "install": [str(uv), "pip", "install", "--require-hashes", "--no-deps", "-r", str(raw / "lock"),
-                            "--index-url", index_url, "--python", vpy, "--link-mode", "copy", "-q"],
-                # The store's pycs: unchecked-hash, on every core (uv's --compile-bytecode writes
-                # timestamp pycs, which are not reproducible; see bench/README.md).
-                "bytecode": [vpy, "-m", "compileall", "-q", "-j", str(jobs), "--invalidation-mode", "unchecked-hash",
-                             str(venv / "lib")],
-            }
-            if verify:
-                raw_argvs["verify"] = list(verify)  # found on PATH, venv/bin first, as the store runs it
-            verify_env = {**clean_env(VIRTUAL_ENV=str(venv)), "PATH": f"{venv / 'bin'}{os.pathsep}{os.environ['PATH']}"}
-            raw_steps = {}
-            t = time.perf_counter()
-            for name, argv in raw_argvs.items():
-                s0 = time.perf_counter()
-                subprocess.run(argv, check=True, env=verify_env if name == "verify" else uv_env,
-                               stdout=subprocess.DEVNULL)
-                raw_steps[name] = round(time.perf_counter() - s0, 3)
-            times["raw"].append(time.perf_counter() - t)
-            steps["raw"].append((times["raw"][-1], raw_steps))
-            if i == 0:  # peak RSS of the same commands once more, on a fresh copy, outside the timing
-                again = work / "raw-rss"
-                subprocess.run(["cp", "-al", str(warm / "cache" / "uv"), str(again)], check=True)
-                rss_env = {**uv_env, "UV_CACHE_DIR": str(again)}
-                shutil.rmtree(venv)
-                raw_rss.append(max(peak_rss_mb(argv, env=verify_env if name == "verify" else rss_env) or 0.0
-                                   for name, argv in raw_argvs.items()))
+        def store_after(i, run: Run):
+            doc = json.loads(run.stdout)
+            if doc.get("cache_hit") or doc.get("as_of", as_of) != as_of:
+                raise BenchError(f"the store's cold build was a hit or resolved at another date: {doc}")
+            root = bench.work / f"store-{cache}-{i}"
+            out = {"disk_env_bytes": du_bytes(Path(doc["path"])), "steps": doc.get("steps") or {}}
+            previous = last_store_root.get(cache)
+            if previous and previous != root:
+                rmtree(previous)
+            last_store_root[cache] = root
+            return out
 
-        med = statistics.median
-        result = {
-            "recipe": str(args.recipe),
-            "env_size_mb": round(manifest["size"] / 1e6, 1),
-            "env_files": manifest["files"],
-            "hit_cli_ms": round(med(hit_t) * 1e3, 1),
-            "bare_python_ms": round(med(bare_t) * 1e3, 1),
-            "hit_ratio": round(med(hit_t) / med(bare_t), 2),
-            "hit_library_ms": round(med(lib_t) * 1e3, 2),
-            "cold_build_s": round(med(times["cold_as_of"]), 3),
-            "cold_build_lookup_s": round(med(times["cold_lookup"]), 3),
-            "raw_uv_s": round(med(times["raw"]), 3),
-            "cold_ratio": round(med(times["cold_as_of"]) / med(times["raw"]), 3),
-            "cold_ratio_lookup": round(med(times["cold_lookup"]) / med(times["raw"]), 3),
-            # Per round (each store build beside the baseline run right after it), then the median:
-            # steadier than a ratio of medians when the machine's load swings between rounds.
-            "cold_ratio_paired": round(med([a / b for a, b in zip(times["cold_as_of"], times["raw"])]), 3),
-            "cold_ratio_lookup_paired": round(med([a / b for a, b in zip(times["cold_lookup"], times["raw"])]), 3),
-            "cold_steps_s": {k: sorted(v, key=lambda x: x[0])[len(v) // 2][1] for k, v in steps.items()},
-            "cold_times_s": {k: [round(x, 3) for x in v] for k, v in times.items()},
-            "peak_rss_mb": {"hit": hit_rss, "bare_python": bare_rss, "cold_build": round(max(cold_rss), 1),
-                            "raw_uv": round(max(raw_rss), 1)},
-            "runs": {"hits": args.hits, "colds": args.colds},
-        }
-        print(f"recipe {args.recipe.name}: environment {result['env_size_mb']} MB, {result['env_files']} files")
-        print(f"(a) cache-hit build (CLI)   {result['hit_cli_ms']:8.1f} ms   python -c pass {result['bare_python_ms']:6.1f} ms"
-              f"   ratio {result['hit_ratio']:.2f}  (goal <= 3)")
-        print(f"    cache-hit build (library call, in process) {result['hit_library_ms']:.2f} ms")
-        print(f"(b) cold build, as_of fixed {result['cold_build_s']:8.3f} s    same work by hand {result['raw_uv_s']:6.3f} s"
-              f"    ratio {result['cold_ratio']:.3f} (goal <= 1.10)")
-        print(f"    cold build, date looked up {result['cold_build_lookup_s']:6.3f} s    ratio {result['cold_ratio_lookup']:.3f}")
-        print(f"    median of per-round ratios: as_of fixed {result['cold_ratio_paired']:.3f}, "
-              f"date looked up {result['cold_ratio_lookup_paired']:.3f}")
-        for k, v in result["cold_steps_s"].items():
-            print(f"    steps of the median run, {k}: " + ", ".join(f"{n} {x:.2f}s" for n, x in v.items()))
-        rss = result["peak_rss_mb"]
-        print(f"peak RSS: hit {rss['hit']} MB (python -c pass {rss['bare_python']} MB), cold build {rss['cold_build']} MB "
-              f"(raw uv {rss['raw_uv']} MB)")
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "build.json").write_text(json.dumps(result, indent=2) + "\n")
-    finally:
-        subprocess.run(["chmod", "-R", "u+w", str(work)], check=False)
-        shutil.rmtree(work, ignore_errors=True)
+        def hand_argv(i):
+            d = bench.work / f"hand-{cache}-{i}"
+            rmtree(d)
+            d.mkdir()
+            if cache == "warm":
+                subprocess.run(["cp", "-al", str(uv_cache), str(d / "cache")], check=True)
+            hand_env["UV_CACHE_DIR"] = str(d / "cache")
+            return ["/bin/bash", "-c", BY_HAND, "by-hand", uv, request, args.python_preference, d / "env", reqs,
+                    d / "lock", as_of, index_url, str(jobs), *verify]
+
+        def hand_after(i, run: Run):
+            d = bench.work / f"hand-{cache}-{i}"
+            out = {"disk_env_bytes": du_bytes(d / "env"), "disk_env_and_cache_bytes": du_bytes(d / "env", d / "cache"),
+                   "steps": script_steps(run.stdout)}
+            rmtree(d)
+            return out
+
+        return (Side("llmgw-store build (as_of fixed)", store_argv, after=store_after),
+                Side("seed's uv commands (default link mode) + compileall", hand_argv, env=hand_env, after=hand_after))
+
+    note = (f"by hand: uv venv/pip compile/pip install (link mode: uv's default), compileall -j {jobs} "
+            f"unchecked-hash, verify {verify or '(none)'}; same uv ({uv}), same date {as_of}")
+    store_side, hand_side = sides("warm")
+    bench.compare("cold build, warm cache", store_side, [hand_side], goal=("<=", 1.10), note=note,
+                  names=["cold build, warm uv cache vs the seed's commands"], warmup=False)
+    if not args.skip_cold_cache:
+        s, h = sides("cold")
+        bench.compare("cold build, cold cache", s, [h], goal=("<=", 1.10), note=note,
+                      names=["cold build, empty caches vs the seed's commands"], warmup=False)
+        rmtree(last_store_root.pop("cold", Path("/nonexistent")))
+    first_steps = store_side.extras[-1].get("steps", {})
+    disk_and_neighbour(bench, args, last_store_root["warm"], fixed, recipe, uv, index_args, pick, as_of, first_steps)
+
+
+def disk_and_neighbour(bench: Bench, args, root: Path, fixed: Path, recipe: Path, uv: str, index_args: list[str],
+                       pick: list[str], as_of: str, first_steps: dict) -> None:
+    doc = json.loads(subprocess.run(cli(root, "--json", "build", fixed, "--uv", uv, *index_args, *pick),
+                                    check=True, capture_output=True, text=True).stdout)
+    env = Path(doc["path"])
+    subprocess.run(cli(root, "activate", "bench", env), check=True, capture_output=True)  # rooted: gc keeps it
+    gc = bench.meter.run(cli(root, "--json", "gc"))
+    kept, alone = du_bytes(root), du_bytes(env)
+    bench.figure("disk: one environment + all the store keeps for it after the default gc", kept, "bytes",
+                 "the environment alone", alone, goal=("<=", 1.15),
+                 note="du of the whole root (store, caches, index; each inode once) after `gc`",
+                 detail={"gc_s": round(gc.wall_s, 3), "gc_freed": (json.loads(gc.stdout).get("freed") or {}),
+                         "by_parts": {p.name: du_bytes(p) for p in sorted(root.iterdir())}})
+    if not (args.neighbour_as_of or args.neighbour_version):
+        return
+    when = args.neighbour_as_of
+    if when and when.startswith("+") and when.endswith("d"):
+        from datetime import datetime, timedelta
+
+        base = datetime.fromisoformat(as_of.replace("Z", "+00:00"))
+        when = (base + timedelta(days=int(when[1:-1]))).strftime("%Y-%m-%dT%H:%M:%SZ")
+    extra = ["--as-of", when] if when else []
+    version = args.neighbour_version or args.version
+    npick = [*(["--variant", args.variant] if args.variant else []), *(["--version", version] if version else [])]
+    before = du_bytes(root)
+    ndoc, run = store_json(bench.meter, root, "build", recipe, "--uv", uv, *index_args, *npick, *extra)
+    if ndoc.get("cache_hit") or ndoc.get("path") == str(env):
+        raise BenchError(f"the neighbour ({' '.join(extra)}) is the same store path: pick another")
+    added = du_bytes(root) - before
+    npath = Path(ndoc["path"])
+    size = json.loads((npath / ".llmgw" / "manifest.json").read_text()).get("size") or du_bytes(npath)
+    label = " ".join([*extra, *(["--version", args.neighbour_version] if args.neighbour_version else [])])
+    bench.figure(f"neighbour ({label}): disk it adds vs its size", added, "bytes", "its size", size,
+                 goal=("<=", 0.15), note="du of the root before and after its build",
+                 detail={"build_s": round(run.wall_s, 3), "rss_mib": run.rss_mib, "path": npath.name})
+    nb, fb = step_of(ndoc.get("steps"), "bytecode", "compile"), step_of(first_steps, "bytecode", "compile")
+    if nb is None or fb is None:
+        bench.note(f"no bytecode step in the build JSON's steps ({list((ndoc.get('steps') or {}).keys())}): "
+                   "the neighbour's bytecode row is missing")
+        return
+    bench.figure(f"neighbour ({label}): its bytecode step vs the first build's", nb, "s", "first build's bytecode",
+                 fb, goal=("<=", 0.25), note="the build JSON's steps (seconds)",
+                 detail={"steps": ndoc.get("steps"), "first_steps": first_steps})
 
 
 if __name__ == "__main__":

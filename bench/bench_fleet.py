@@ -1,26 +1,32 @@
-"""Benchmark a fleet's hot path: pulling an environment from a binary cache, against its baselines.
+"""Benchmark a fleet's hot path — pulling an environment from a binary cache — against what moves
+the same bytes without the store, side by side (bench/harness.py: alternating fresh processes,
+medians, median of per-round ratios, load, peak RSS of the command alone, CPU seconds with every
+child).
 
-One run, side by side (all over HTTP from one local server where a network is involved):
-  cold build     `llmgw-store build RECIPE` into an empty store (empty uv cache)
-  warm build     a neighbouring version (`--neighbour`, default 4.46.2) built in the same store
-                 afterwards (uv's cache warm: what a builder pays for an upgrade)
-  push           `llmgw-store push` of the environment (format 2: blobs) to a file:// cache
-  pull           `llmgw-store pull` into an empty store, from the cache served over HTTP
-  curl|zstd|tar  `curl URL | zstd -d | tar -x` of the same environment's format-1 archive, from the
-                 same server: the floor for moving these bytes
-  delta pull     the node that pulled RECIPE pulls the neighbour: bytes fetched vs its full object
-Each with wall seconds and peak RSS (wait4's ru_maxrss of the command and its children), and the
-ratios the issue asks for: cold build / pull (goal >= 5), pull / curl|zstd|tar (goal <= 1.3),
-delta bytes / full object (goal < 25 %).
+A builder store builds RECIPE (full: bench/recipes/transformers.toml from PyPI; --quick: a tiny
+recipe from a loopback index) and its neighbouring version, pushes both (format 2: shared blobs)
+and the first as a format-1 archive to file:// caches under WORK/served, which one HTTP server
+serves: nginx when it is installed (Debian: nginx-light), else a Python ThreadingHTTPServer — the
+document says which (the Python server's per-request cost counts against the pull only). All
+destinations are under --work: the rows measure the disk it is on, whose file system is reported.
+Rows:
+  pull vs curl|zstd|tar   `llmgw-store pull KEY` into an empty, initialised store (a fleet node
+                          has one; made outside the timing) against `curl URL | zstd -d | tar -x` of
+                          the same environment's format-1 archive from the same server (issue 25:
+                          <= 1.3x wall); CPU ratio beside
+  pull (format 1)         the same pull from the format-1 archive, against the same pipe
+  push                    `llmgw-store push` (format 2) to a new file:// cache against
+                          `tar -c | zstd` of the same tree into a file
+  cold build vs pull      `llmgw-store build RECIPE` into an empty store with an empty uv cache
+                          against the pull (the fleet's point: >= 5x)
+  delta pull              the node that holds RECIPE pulls the neighbour: bytes fetched against the
+                          neighbour's full object (< 25 %)
 
-    .venv/bin/python bench/bench_fleet.py [--recipe bench/recipes/transformers.toml] [--neighbour 4.46.2]
-    .venv/bin/python bench/bench_fleet.py --work /dev/shm/fleet-bench     # keeps builds and caches
-    .venv/bin/python bench/bench_fleet.py --work /dev/shm/fleet-bench --pull-only [--repeat 3]
-The second form reuses the caches a full run left in --work and times only pull against
-curl|zstd|tar (best of --repeat; each pull into a new store, initialised before the clock starts,
-as a fleet node's is): the loop to iterate on pull's speed.
-
-Needs PyPI (the recipe resolves there), curl and zstd. The machine is shared: figures are noisy.
+    python bench/bench_fleet.py --work /var/tmp/fleet-bench [--rounds 3] [--out DIR]   # full run (PyPI)
+    python bench/bench_fleet.py --work /var/tmp/fleet-bench --pull-only [--rounds 5]   # pull rows only
+    python bench/bench_fleet.py --quick --out DIR                                        # the test suite's
+--pull-only reuses what a full run left in the same --work (WORK/fleet-state.json): the loop to
+iterate on pull's speed. Needs curl and zstd.
 """
 
 from __future__ import annotations
@@ -30,177 +36,289 @@ import functools
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
+from contextlib import nullcontext
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import CLI, REPO
+from common import REPO, cli, packages, store_json, uv_bin  # noqa: E402
+from harness import Bench, BenchError, Side, add_common_args, du_bytes, rmtree  # noqa: E402
 
-CPU: dict[str, float] = {}  # step -> CPU seconds (user + system) of the command and its children
+NGINX_CONF = """daemon off;
+master_process on;
+worker_processes auto;
+{user}
+pid {dir}/nginx.pid;
+error_log {dir}/error.log;
+events {{ worker_connections 256; }}
+http {{
+    access_log off;
+    sendfile on;
+    tcp_nopush on;
+    keepalive_requests 100000;
+    default_type application/octet-stream;
+    types {{ application/json json; }}
+    client_body_temp_path {dir}/body;
+    proxy_temp_path {dir}/proxy;
+    fastcgi_temp_path {dir}/fastcgi;
+    uwsgi_temp_path {dir}/uwsgi;
+    scgi_temp_path {dir}/scgi;
+    server {{
+        listen 127.0.0.1:{port};
+        root {root};
+        location / {{ }}
+    }}
+}}
+"""
 
 
-def run(argv: list[str], *, shell: bool = False) -> tuple[float, int, str]:
-    """(wall seconds, peak RSS in MiB of the command and its children, stdout) of one command; its
-    CPU seconds go to CPU["last"] (on a shared machine CPU time is steadier than wall time)."""
-    t = time.perf_counter()
-    proc = subprocess.Popen(argv, shell=shell, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            executable="/bin/bash" if shell else None)
-    out, err = [], []
-    readers = [threading.Thread(target=lambda s=s, b=b: b.append(s.read())) for s, b in
-               ((proc.stdout, out), (proc.stderr, err))]
-    for r in readers:
-        r.start()
-    _, status, usage = os.wait4(proc.pid, 0)
-    for r in readers:
-        r.join()
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    seconds = time.perf_counter() - t
-    CPU["last"] = usage.ru_utime + usage.ru_stime
-    if proc.returncode != 0:
-        raise SystemExit(f"failed ({proc.returncode}): {argv}\n{''.join(err)[-3000:]}")
-    return seconds, usage.ru_maxrss // 1024, "".join(out)
+class Server:
+    """`directory` over HTTP on 127.0.0.1: nginx where installed, else Python's server."""
+
+    def __init__(self, directory: Path, scratch: Path) -> None:
+        self.proc: subprocess.Popen | None = None
+        self.srv: ThreadingHTTPServer | None = None
+        nginx = shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx",) if os.access(p, os.X_OK)), None)
+        if nginx:
+            self.what = self._nginx(nginx, directory, scratch)
+        else:
+            self.what = ("Python ThreadingHTTPServer (nginx not installed; Debian: apt-get install nginx-light): "
+                         "its per-request cost counts against the pull, not the single-file pipe")
+            self._python(directory)
+
+    def _nginx(self, nginx: str, directory: Path, scratch: Path) -> str:
+        d = scratch / "nginx"
+        d.mkdir(parents=True, exist_ok=True)
+        with socket.socket() as s:  # a free port (nginx binds it a moment later)
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        conf = d / "nginx.conf"
+        conf.write_text(NGINX_CONF.format(dir=d, port=port, root=directory,
+                                          user="user root;" if os.geteuid() == 0 else ""))
+        self.proc = subprocess.Popen([nginx, "-e", str(d / "error.log"), "-p", str(d), "-c", str(conf)],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise BenchError(f"nginx exited {self.proc.returncode}: {self.proc.stderr.read().decode()[-500:]}")
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                time.sleep(0.02)
+        else:
+            self.stop()
+            raise BenchError("nginx did not listen within 10 s")
+        self.url = f"http://127.0.0.1:{port}"
+        version = subprocess.run([nginx, "-v"], capture_output=True, text=True).stderr.strip().split("/")[-1]
+        return f"nginx {version} (sendfile, keep-alive)"
+
+    def _python(self, directory: Path) -> None:
+        class Quiet(SimpleHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # keep-alive, as a real cache server
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.srv = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(directory)))
+        self.srv.daemon_threads = True
+        threading.Thread(target=self.srv.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.srv.server_address[1]}"
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self.srv is not None:
+            self.srv.shutdown()
+            self.srv.server_close()
 
 
-def serve(directory: Path) -> tuple[ThreadingHTTPServer, str]:
-    class Quiet(SimpleHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"  # keep-alive: what a real cache server does
+def init_store(root: Path) -> None:
+    """An initialised, empty store (its index and directories), as a fleet node has before it pulls."""
+    from llmgw_store.core.local_store import Store
 
-        def log_message(self, *args) -> None:
-            pass
-
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(directory)))
-    srv.daemon_threads = True
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    return srv, f"http://127.0.0.1:{srv.server_address[1]}"
+    Store.open(root, create=True).close()
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--recipe", type=Path, default=REPO / "bench" / "recipes" / "transformers.toml")
-    ap.add_argument("--neighbour", default="4.46.2", help="The neighbouring version for the warm build and delta pull.")
-    ap.add_argument("--work", type=Path, help="Keep everything here (default: a temporary directory, removed).")
+    add_common_args(ap, rounds=3)
+    ap.add_argument("--recipe", type=Path, help="default bench/recipes/transformers.toml (--quick: a tiny recipe)")
+    ap.add_argument("--version", help="The recipe's version (default: the recipe's; --quick 1.0).")
+    ap.add_argument("--neighbour", help="The neighbouring version for the delta pull (default 4.46.2; --quick 1.1).")
     ap.add_argument("--pull-only", action="store_true",
-                    help="Reuse the caches of an earlier full run in --work; time only pull and curl|zstd|tar.")
-    ap.add_argument("--repeat", type=int, default=3, help="With --pull-only: runs of each, the best kept.")
+                    help="Reuse what a full run left in --work; only the pull rows.")
     args = ap.parse_args()
-    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
-    os.environ["LLMGW_STORE_PYTHON_PREFERENCE"] = "only-system"
-    from uv import find_uv_bin
-
-    uv = find_uv_bin()
-    work = args.work or Path(tempfile.mkdtemp(prefix="llmgw-bench-fleet-"))
-    work.mkdir(parents=True, exist_ok=True)
-    cli = [str(CLI)]
-    rows: list[tuple[str, float, int, str]] = []
-    cpu: list[float] = []
-
-    def record(what: str, seconds: float, rss: int, note: str) -> None:
-        rows.append((what, seconds, rss, note))
-        cpu.append(CPU["last"])
-    if args.pull_only:
-        return pull_only(work, cli, max(1, args.repeat))
-    try:
-        builder = work / "builder"
-        t, rss, out = run(cli + ["--root", str(builder), "--json", "build", str(args.recipe), "--uv", uv])
-        a = json.loads(out)
-        record("cold build", t, rss, a["path"].rsplit("/", 1)[1])
-        t, rss, out = run(cli + ["--root", str(builder), "--json", "build", str(args.recipe), "--uv", uv,
-                                 "--version", args.neighbour])
-        b = json.loads(out)
-        record(f"warm build ({args.neighbour})", t, rss, b["path"].rsplit("/", 1)[1])
-        run(cli + ["--root", str(builder), "keygen", "bench", "--out", str(work / "keys")])
-        secret, public = str(work / "keys" / "bench.secret"), str(work / "keys" / "bench.public")
-        served = work / "served"
-        t, rss, out = run(cli + ["--root", str(builder), "--json", "push", a["path"], "--to", f"file://{served}/v2",
-                                 "--secret-key", secret])
-        record("push (format 2)", t, rss, f"{json.loads(out)['bytes_uploaded'] / 1e6:.0f} MB uploaded")
-        run(cli + ["--root", str(builder), "push", b["path"], "--to", f"file://{served}/v2", "--secret-key", secret])
-        run(cli + ["--root", str(builder), "push", a["path"], "--to", f"file://{served}/v1", "--secret-key", secret,
-                   "--format", "1"])
-        srv, url = serve(served)
-        try:
-            full_a = json.loads((served / "v2" / f"{a['key']}.json").read_text())["blobs_csize"]
-            full_b = json.loads((served / "v2" / f"{b['key']}.json").read_text())["blobs_csize"]
-            archive = served / "v1" / f"{a['key']}.tar.zst"
-            node = work / "node"
-            t, rss, out = run(cli + ["--root", str(node), "--json", "-v", "pull", a["key"], "--from", f"{url}/v2",
-                                     "--trusted-key", public])
-            pulled = json.loads(out)
-            pull_t, pull_cpu = t, CPU["last"]
-            phases = ", ".join(f"{k} {v:.2f}s" for k, v in (pulled.get("phases") or {}).items())
-            record("pull (format 2, HTTP)", t, rss, f"{pulled['bytes_fetched'] / 1e6:.0f} MB fetched; {phases}")
-            (work / "raw").mkdir()
-            t, rss, _ = run(f"curl -sf {url}/v1/{archive.name} | zstd -d -q | tar -x -C {work / 'raw'}", shell=True)
-            raw_t, raw_cpu = t, CPU["last"]
-            record("curl | zstd -d | tar -x", t, rss, f"{archive.stat().st_size / 1e6:.0f} MB archive")
-            t, rss, out = run(cli + ["--root", str(work / "node-v1"), "--json", "pull", a["key"], "--from",
-                                     f"{url}/v1", "--trusted-key", public])
-            record("pull (format 1, HTTP)", t, rss, "one archive, for comparison")
-            t, rss, out = run(cli + ["--root", str(node), "--json", "pull", b["key"], "--from", f"{url}/v2",
-                                     "--trusted-key", public])
-            delta = json.loads(out)
-            record(f"delta pull ({args.neighbour})", t, rss,
-                         f"{delta['bytes_fetched'] / 1e6:.1f} MB fetched of {full_b / 1e6:.0f} MB "
-                         f"({100 * delta['bytes_fetched'] / full_b:.1f} %), {delta['bytes_reused'] / 1e6:.0f} MB reused")
-        finally:
-            srv.shutdown()
-        size = json.loads((Path(a["path"]) / ".llmgw" / "manifest.json").read_text())
-        print(f"{args.recipe.name}: {size['size'] / 1e6:.0f} MB in {size['files']} entries; format-2 object "
-              f"{full_a / 1e6:.0f} MB, format-1 archive {archive.stat().st_size / 1e6:.0f} MB")
-        print(f"{'step':32} {'seconds':>8} {'CPU s':>7} {'peak RSS':>9}  notes")
-        for (what, secs, rss, note), c in zip(rows, cpu):
-            print(f"{what:32} {secs:8.2f} {c:7.2f} {rss:6d} MiB  {note}")
-        cold = rows[0][1]
-        print(f"cold build / pull        {cold / pull_t:6.1f}x  (goal >= 5)")
-        print(f"pull / curl|zstd|tar     {pull_t / raw_t:6.2f}   (goal <= 1.3; in CPU seconds {pull_cpu / raw_cpu:.2f})")
-        print(f"delta / full object      {100 * delta['bytes_fetched'] / full_b:6.1f} %  (goal < 25 %)")
-    finally:
-        if args.work is None:
-            subprocess.run(["chmod", "-R", "u+w", str(work)], check=False)
-            shutil.rmtree(work, ignore_errors=True)
+    if args.pull_only and args.work is None:
+        raise BenchError("--pull-only needs the --work of an earlier full run")
+    for tool in ("curl", "zstd", "tar"):
+        if not shutil.which(tool):
+            raise BenchError(f"{tool} is not installed (the baseline pipe needs curl, zstd and tar)")
+    with Bench("fleet-pull" if args.pull_only else "fleet", args) as bench:
+        state_file = bench.work / "fleet-state.json"
+        if args.pull_only and not state_file.is_file():
+            raise BenchError(f"{bench.work} holds no full run (no {state_file.name}): run once without "
+                             f"--pull-only and with --work {bench.work}")
+        transformers = REPO / "bench" / "recipes" / "transformers.toml"
+        # the recipe's packages stay served through the rows: the cold-build row builds it again
+        with (nullcontext() if args.pull_only else
+              packages(bench.work, bench.quick, args.recipe, transformers, tiny_extra="")) as pk:
+            if pk is None:
+                state = json.loads(state_file.read_text())
+            else:
+                state = prepare(bench, args, pk)
+                state_file.write_text(json.dumps(state, indent=2) + "\n")
+            server = Server(bench.work / "served", bench.work)
+            try:
+                bench.note(f"served by {server.what}")
+                pull_rows(bench, state, server.url, full=not args.pull_only, index_args=pk.index_args if pk else [])
+            finally:
+                server.stop()
+        bench.finish()
 
 
-def pull_only(work: Path, cli: list[str], repeat: int) -> None:
-    """pull vs curl|zstd|tar from the caches a full run left in `work`; best of `repeat`, wall and CPU."""
-    served, public = work / "served", str(work / "keys" / "bench.public")
-    if not (served / "v1").is_dir():
-        raise SystemExit(f"{work} holds no caches: run once without --pull-only and with --work {work}")
-    archive = max((served / "v1").glob("*.tar.zst"), key=lambda p: p.stat().st_size)
-    key = archive.name[:32]
-    srv, url = serve(served)
-    best: dict[str, tuple[float, float]] = {}
-    try:
-        for i in range(repeat):
-            for what in ("pull", "raw"):
-                dest = work / f"pull-only-{what}"
-                if dest.exists():
-                    subprocess.run(["chmod", "-R", "u+w", str(dest)], check=True)
-                    shutil.rmtree(dest)
-                if what == "pull":
-                    # An initialised, empty store (a fleet node has one): its creation (the index
-                    # and its migrations) is not what is compared with tar.
-                    run(cli + ["--root", str(dest), "gc", "--dry-run"])
-                    t, rss, out = run(cli + ["--root", str(dest), "--json", "pull", key, "--from", f"{url}/v2",
-                                             "--trusted-key", public])
-                    phases = json.loads(out).get("phases") or {}
-                    print(f"pull {i + 1}: {t:.2f}s, {CPU['last']:.2f} CPU s, {rss} MiB; "
-                          + ", ".join(f"{k} {v:.2f}s" for k, v in phases.items()))
-                else:
-                    dest.mkdir()
-                    t, rss, _ = run(f"curl -sf {url}/v1/{archive.name} | zstd -d -q | tar -x -C {dest}", shell=True)
-                    print(f"curl|zstd|tar {i + 1}: {t:.2f}s, {CPU['last']:.2f} CPU s, {rss} MiB")
-                old = best.get(what)
-                best[what] = (min(t, old[0]) if old else t, min(CPU["last"], old[1]) if old else CPU["last"])
-    finally:
-        srv.shutdown()
-    (pt, pc), (rt, rc) = best["pull"], best["raw"]
-    print(f"best of {repeat}: pull {pt:.2f}s ({pc:.2f} CPU s), curl|zstd|tar {rt:.2f}s ({rc:.2f} CPU s)")
-    print(f"pull / curl|zstd|tar     {pt / rt:6.2f}   (goal <= 1.3; in CPU seconds {pc / rc:.2f})")
+def prepare(bench: Bench, args, pk) -> dict:
+    """Build, push: the caches the pull rows read (kept in --work for --pull-only)."""
+    work = bench.work
+    for d in ("builder", "served", "keys"):
+        rmtree(work / d)
+    recipe, extra = pk.recipe, pk.index_args
+    tiny = pk.tiny is not None and recipe == pk.tiny
+    version = args.version or ("1.0" if tiny else None)
+    neighbour = args.neighbour or ("1.1" if tiny else "4.46.2")
+    builder = work / "builder"
+    vargs = ["--version", version] if version else []
+    a, cold = store_json(bench.meter, builder, "build", recipe, "--uv", uv_bin(), *extra, *vargs)
+    b, warm = store_json(bench.meter, builder, "build", recipe, "--uv", uv_bin(), *extra, "--version", neighbour)
+    subprocess.run(cli(builder, "keygen", "bench", "--out", work / "keys"), check=True, capture_output=True)
+    secret = str(work / "keys" / "bench.secret")
+    served = work / "served"
+    for path, fmt in ((a["path"], "2"), (b["path"], "2"), (a["path"], "1")):
+        subprocess.run(cli(builder, "push", path, "--to", f"file://{served}/v{fmt}", "--secret-key", secret,
+                           "--format", fmt), check=True, capture_output=True)
+    state = {"recipe": str(recipe), "extra": extra, "version": version, "neighbour": neighbour,
+             "a": {"key": a["key"], "path": a["path"]}, "b": {"key": b["key"], "path": b["path"]},
+             "public": str(work / "keys" / "bench.public"), "archive": f"v1/{a['key']}.tar.zst",
+             "builds_s": {"cold": round(cold.wall_s, 3), "warm_neighbour": round(warm.wall_s, 3)}}
+    return state
+
+
+def pull_rows(bench: Bench, state: dict, url: str, *, full: bool, index_args: list[str]) -> None:
+    work = bench.work
+    key, public = state["a"]["key"], state["public"]
+    nodes = work / "nodes"
+    rmtree(nodes)
+    nodes.mkdir()
+    archive = work / "served" / state["archive"]
+    manifest = json.loads((Path(state["a"]["path"]) / ".llmgw" / "manifest.json").read_text())
+    expect = manifest.get("content_hash")
+
+    def pull_argv(fmt):
+        def argv(i):
+            dest = nodes / f"pull{fmt}-{i}"
+            rmtree(dest)
+            init_store(dest)
+            return cli(dest, "--json", "pull", key, "--from", f"{url}/v{fmt}", "--trusted-key", public)
+        return argv
+
+    def pull_after(fmt):
+        def after(i, run):
+            doc = json.loads(run.stdout)
+            got = Path(doc.get("path") or nodes / f"pull{fmt}-{i}" / "store" / Path(state["a"]["path"]).name)
+            if not got.is_dir():
+                raise BenchError(f"pull reported {doc} but {got} is not there")
+            out = {"disk_env_bytes": du_bytes(got),
+                   **{k: doc[k] for k in ("bytes_fetched", "bytes_reused") if k in doc}}
+            rmtree(nodes / f"pull{fmt}-{i}")
+            return out
+        return after
+
+    def pipe_argv(i):
+        dest = nodes / f"pipe-{i}"
+        rmtree(dest)
+        dest.mkdir()
+        return ["/bin/bash", "-c", "set -o pipefail; curl -sf \"$1\" | zstd -d -q | tar -x -C \"$2\"", "pipe",
+                f"{url}/{state['archive']}", str(dest)]
+
+    def pipe_after(i, _run):
+        out = {"disk_env_bytes": du_bytes(nodes / f"pipe-{i}")}
+        rmtree(nodes / f"pipe-{i}")
+        return out
+
+    pipe_name = "curl | zstd -d | tar -x"
+    note = (f"{manifest.get('size', 0) / 1e6:.0f} MB in {manifest.get('files')} entries; format-1 archive "
+            f"{archive.stat().st_size / 1e6:.1f} MB; content hash {expect}")
+    bench.compare("pull", Side("llmgw-store pull (format 2)", pull_argv(2), after=pull_after(2)),
+                  [Side(pipe_name, pipe_argv, after=pipe_after)], goal=("<=", 1.3), note=note,
+                  names=[f"pull vs {pipe_name}"])
+    bench.compare("pull (format 1)", Side("llmgw-store pull (format 1)", pull_argv(1), after=pull_after(1)),
+                  [Side(pipe_name, pipe_argv, after=pipe_after)], names=[f"pull (format 1) vs {pipe_name}"])
+    if not full:
+        return
+    builder = work / "builder"
+    secret = str(work / "keys" / "bench.secret")
+
+    def push_argv(i):
+        dest = work / "push" / f"c{i}"
+        rmtree(dest)
+        return cli(builder, "--json", "push", state["a"]["path"], "--to", f"file://{dest}", "--secret-key", secret)
+
+    def tar_argv(i):
+        dest = work / "push" / f"t{i}.tar.zst"
+        dest.parent.mkdir(exist_ok=True)
+        dest.unlink(missing_ok=True)
+        return ["/bin/bash", "-c", 'set -o pipefail; tar -C "$1" -cf - . | zstd -q -o "$2"', "tar",
+                state["a"]["path"], str(dest)]
+
+    bench.compare("push", Side("llmgw-store push (format 2)", push_argv), [Side("tar -c | zstd", tar_argv)],
+                  names=["push vs tar -c | zstd"])
+    cold_rows(bench, state, pull_argv(2), pull_after(2), index_args)
+    # delta: a node holding A pulls the neighbour B
+    full_b = json.loads((work / "served" / "v2" / f"{state['b']['key']}.json").read_text()).get("blobs_csize")
+    node = nodes / "delta"
+    init_store(node)
+    subprocess.run(cli(node, "pull", key, "--from", f"{url}/v2", "--trusted-key", public), check=True,
+                   capture_output=True)
+    run = bench.meter.run(cli(node, "--json", "pull", state["b"]["key"], "--from", f"{url}/v2",
+                              "--trusted-key", public))
+    delta = json.loads(run.stdout)
+    bench.figure(f"delta pull of the neighbour ({state['neighbour']}): bytes fetched vs its full object",
+                 delta.get("bytes_fetched"), "bytes", "full object (compressed blobs)", full_b, goal=("<=", 0.25),
+                 detail={"wall_s": round(run.wall_s, 3), "rss_mib": run.rss_mib,
+                         "bytes_reused": delta.get("bytes_reused"),
+                         "builds_s": state.get("builds_s")})
+
+
+def cold_rows(bench: Bench, state: dict, pull_argv, pull_after, extra: list[str]) -> None:
+    """cold build (empty store, empty uv cache) against the pull, alternating (the index the
+    builder used: the same key)."""
+    vargs = ["--version", state["version"]] if state.get("version") else []
+
+    def build_argv(i):
+        root = bench.work / "nodes" / f"cold-{i}"
+        rmtree(root)
+        return cli(root, "--json", "build", state["recipe"], "--uv", uv_bin(), *extra, *vargs)
+
+    def build_after(i, run):
+        if json.loads(run.stdout).get("key") != state["a"]["key"]:
+            raise BenchError("the cold build made another key than the pushed one")
+        rmtree(bench.work / "nodes" / f"cold-{i}")
+
+    r = bench.compare("cold build", Side("llmgw-store build (cold: empty store and uv cache)", build_argv,
+                                         after=build_after),
+                      [Side("llmgw-store pull (format 2)", pull_argv, after=pull_after)], goal=(">=", 5),
+                      names=["cold build vs pull"])
+    r[0]["note"] = "the fleet's point: a node pulls instead of building"
 
 
 if __name__ == "__main__":

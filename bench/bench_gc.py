@@ -1,150 +1,214 @@
-"""Benchmark gc, side by side with its baselines.
+"""Benchmark gc against what a person would type instead, and its planning as the store grows,
+side by side (bench/harness.py: alternating fresh processes, medians, median of per-round ratios,
+load, peak RSS of the command alone, CPU seconds with every child).
 
-(a) sweep: gc of K dead environments against what a person would type to delete the same trees:
-    `chmod -R u+w` (a store path is read-only) then `rm -rf`, BOTH timed. Each environment is a
-    copy (cp -a, no shared inodes) of one real environment built from PyPI (default
-    bench/recipes/transformers.toml, ~200 MB, ~6,800 files); the copies are registered in the
-    index as store paths nothing holds. Repeated --reps times, alternating which side runs first
-    (the first to run meets a colder dentry cache); ratio = gc wall time / baseline wall time, the
-    median of the reps. Peak RSS of each side's process (wait4) is reported too.
-(b) planning: `gc --dry-run` on an index of 10,000 paths and 100 profiles with 3 generations each
-    (small directories: the cost measured is reading roots, marking and choosing).
+(a) sweep: `llmgw-store gc` of K dead environments against `chmod -R u+w` + `rm -rf` (one shell
+    command: a store path is read-only, so both are what deleting it takes) of K identical copies
+    (cp -a, no shared inodes) of the same tree. Each environment is a copy of one real environment
+    (full: bench/recipes/transformers.toml from PyPI, ~200 MB, ~6,800 files; --quick: a tiny one
+    from the loopback index), registered as a store path nothing holds; each round prepares fresh
+    copies for both sides outside the timing, and the bytes on disk they held (du, each inode once).
+(b) scale, `gc --dry-run` and `generations` as the store grows (issue 25: <= 1.3x):
+    - `gc --dry-run` with N registered paths (empty directories: the cost is reading roots,
+      marking, choosing), a third of them held by profiles of 3 generations, against 2 paths;
+    - `generations p` with 1,000 generations (made by the library's activate, between two real
+      paths) against 10;
+    - `gc --dry-run` at those 1,000 generations against 10, and at 1,000 generations with 1,000
+      stale temp-roots files (of dead processes) against without.
 
-    .venv/bin/python bench/bench_gc.py --out /tmp/bench-results [--k 5] [--reps 4] [--recipe ...]
-
-Results go to OUT/gc.json (never into the checkout). The machine is shared and noisy: compare
-ratios from one run, not absolute times across runs.
+    python bench/bench_gc.py [--rounds 4] [--k 5] [--out DIR] [--work DIR]    # full run (needs PyPI)
+    python bench/bench_gc.py --quick --out DIR                                  # what the test suite runs
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
-import shutil
-import statistics
 import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import CLI, clone_registered  # noqa: E402
-
-REPO = Path(__file__).resolve().parent.parent
-
-
-def measured(argv: list[str], cwd: Path | None = None) -> tuple[float, int, str]:
-    """(wall seconds, peak RSS in KiB, stdout) of one command, waited for with wait4."""
-    with tempfile.TemporaryFile() as out:
-        t = time.perf_counter()
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.DEVNULL, cwd=cwd)
-        _, status, usage = os.wait4(proc.pid, 0)
-        seconds = time.perf_counter() - t
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        if proc.returncode != 0:
-            raise SystemExit(f"{argv[0]} exited {proc.returncode}")
-        out.seek(0)
-        return seconds, usage.ru_maxrss, out.read().decode()
+from common import REPO, cli, clone_registered, packages, store_json, uv_bin  # noqa: E402
+from harness import Bench, BenchError, Side, add_common_args, du_bytes  # noqa: E402
 
 
-def baseline(trees: list[Path]) -> tuple[float, int]:
-    """`chmod -R u+w` then `rm -rf` of the trees, timed together; peak RSS of the larger."""
-    s1, r1, _ = measured(["chmod", "-R", "u+w", *map(str, trees)])
-    s2, r2, _ = measured(["rm", "-rf", *map(str, trees)])
-    return s1 + s2, max(r1, r2)
+def register_empty(root: Path, template, n: int, profiles: int) -> int:
+    """A new store with `n` registered paths (empty directories; rows copied from `template`, a
+    real path's row, so no column is named here), and `profiles` profiles of 3 generations each
+    over the first 3 * profiles of them. Returns how many paths no profile holds."""
+    from llmgw_store.core.keys import store_key
+    from llmgw_store.core.local_store import Store
+
+    with Store.open(root, create=True) as store:
+        names, rows = [], []
+        for i in range(n):
+            key = store_key({"bench-scale": i})
+            name = f"{key}-{template.name.split('-', 1)[1]}"
+            (store.layout.store / name).mkdir()
+            rows.append(dataclasses.replace(template, name=name, key=key, last_used=f"2025-01-01T{i % 24:02d}:00:00Z"))
+            names.append(name)
+        store.index.insert_paths(rows)
+        for p in range(profiles):
+            for g in range(1, 4):
+                os.symlink(f"../store/{names[(p * 3 + g - 1) % n]}", store.layout.profiles / f"bp{p}-{g}-link")
+            os.symlink(f"bp{p}-3-link", store.layout.profiles / f"bp{p}")
+    return n - len({(p * 3 + g - 1) % n for p in range(profiles) for g in range(1, 4)})
+
+
+def make_generations(root: Path, paths: list[str], n: int) -> None:
+    """Profile `p` with `n` generations, alternating between two store paths (the library's
+    activate, as the command does it, without a check)."""
+    from llmgw_store.roots.profiles import activate
+
+    for i in range(n):
+        activate("p", paths[i % 2], root=root, no_check=True)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, required=True, help="Directory for gc.json (created).")
-    ap.add_argument("--k", type=int, default=5)
-    ap.add_argument("--reps", type=int, default=4, help="Sweeps; even ones run gc first, odd ones the baseline first.")
-    ap.add_argument("--recipe", type=Path, default=REPO / "bench" / "recipes" / "transformers.toml")
-    ap.add_argument("--paths", type=int, default=10_000)
-    ap.add_argument("--profiles", type=int, default=100)
-    ap.add_argument("--work", type=Path, help="Scratch directory (default: a new one under $TMPDIR).")
+    add_common_args(ap, rounds=4)
+    ap.add_argument("--k", type=int, help="Dead environments per sweep (default 5; --quick 2).")
+    ap.add_argument("--recipe", type=Path, help="Recipe of the swept environments (default "
+                    "bench/recipes/transformers.toml from PyPI; --quick: a tiny one from a loopback index).")
+    ap.add_argument("--paths", type=int, nargs="+", help="Path counts for the gc --dry-run rows (default 200 "
+                    "10000; --quick 20).")
+    ap.add_argument("--generations", type=int, help="Generations of the large profile (default 1000; --quick 30).")
+    ap.add_argument("--profiles", type=int, help="Profiles (of 3 generations) in each gc --dry-run store "
+                    "(default: one per 9 paths).")
     args = ap.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
-    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
-    os.environ["LLMGW_STORE_PYTHON_PREFERENCE"] = "only-system"
-    from uv import find_uv_bin
+    with Bench("gc", args) as bench:
+        k = args.k or (2 if bench.quick else 5)
+        counts = args.paths or ([20] if bench.quick else [200, 10_000])
+        many = args.generations or (30 if bench.quick else 1000)
+        root = bench.work / "root"
+        transformers = REPO / "bench" / "recipes" / "transformers.toml"
+        # the index runs in every mode: the generations rows build two tiny paths, offline
+        with packages(bench.work, bench.quick, args.recipe, transformers, index=True) as pk:
+            src = Path(store_json(bench.meter, root, "build", pk.recipe, "--uv", uv_bin(), *pk.index_args)[0]["path"])
+            # the original is held by a profile, so gc deletes exactly the K copies
+            subprocess.run(cli(root, "activate", "keep", src), check=True, capture_output=True)
+            sweep(bench, root, src, k)
+            groot = bench.work / "gens-small"
+            two = [store_json(bench.meter, groot, "build", pk.tiny, "--index-url", pk.index.url, "--uv", uv_bin(),
+                              "--as-of", d)[0]["path"] for d in ("2024-02-02", "2024-06-02")]
+        scale(bench, src.name, root, counts, args.profiles)
+        generations(bench, groot, [Path(p).name for p in two], many)
+        bench.finish()
 
-    work = Path(tempfile.mkdtemp(prefix="llmgw-bench-gc-", dir=args.work))
-    results: dict = {"k": args.k, "recipe": str(args.recipe), "sweeps": []}
-    try:
-        root = work / "root"
-        doc = json.loads(subprocess.run([str(CLI), "--root", str(root), "--json", "build", str(args.recipe), "--uv",
-                                         find_uv_bin()], check=True, capture_output=True, text=True).stdout)
-        src = Path(doc["path"])
-        # the original is held by a profile, so gc deletes exactly the K copies
-        subprocess.run([str(CLI), "--root", str(root), "activate", "keep", str(src)], check=True, capture_output=True)
-        entries = json.loads((src / ".llmgw" / "manifest.json").read_text())["files"]
-        for rep in range(args.reps):
-            names = clone_registered(root, src.name, args.k, tag=f"rep{rep}")
-            base = work / f"rm{rep}"
-            base.mkdir()
-            trees = [base / f"env{i}" for i in range(args.k)]
-            for t in trees:
-                subprocess.run(["cp", "-a", str(src), str(t)], check=True)
-            subprocess.run(["sync"], check=True)
-            gc_first = rep % 2 == 0
 
-            def run_gc() -> tuple[float, int, dict]:
-                s, rss, out = measured([str(CLI), "--root", str(root), "--json", "gc"])
-                return s, rss, json.loads(out)
+def sweep(bench: Bench, root: Path, src: Path, k: int) -> None:
+    disk: dict[int, int] = {}
+    clones: dict[int, list[str]] = {}
 
-            if gc_first:
-                gc_s, gc_rss, report = run_gc()
-                rm_s, rm_rss = baseline(trees)
-            else:
-                rm_s, rm_rss = baseline(trees)
-                gc_s, gc_rss, report = run_gc()
-            assert sorted(d["name"] for d in report["deleted"]) == sorted(names), report["deleted"]
-            base.rmdir()
-            sweep = {"first": "gc" if gc_first else "baseline", "gc_s": round(gc_s, 3), "baseline_s": round(rm_s, 3),
-                     "ratio": round(gc_s / rm_s, 3), "gc_peak_rss_kib": gc_rss, "baseline_peak_rss_kib": rm_rss,
-                     "freed_on_disk": report["freed"]["store_paths"],
-                     "apparent": sum(d["size"] for d in report["deleted"])}
-            results["sweeps"].append(sweep)
-            print(f"(a) sweep {rep + 1}/{args.reps} ({sweep['first']} first): gc {gc_s:.2f} s (peak RSS {gc_rss / 1024:.0f} MiB)"
-                  f"   chmod -R u+w + rm -rf {rm_s:.2f} s (peak RSS {rm_rss / 1024:.0f} MiB)   ratio {gc_s / rm_s:.2f}")
-        ratios = [s["ratio"] for s in results["sweeps"]]
-        results["ratio_median"] = statistics.median(ratios)
-        size = results["sweeps"][0]["freed_on_disk"]
-        print(f"(a) gc of {args.k} dead environments ({size / 2**20:.0f} MiB on disk, {entries * args.k} entries): "
-              f"median ratio {results['ratio_median']:.2f} over {len(ratios)} sweeps (goal <= 1.1)")
+    def gc_argv(i):
+        clones[i] = clone_registered(root, src.name, k, tag=f"round{i}")
+        disk[i] = du_bytes(*(root / "store" / n for n in clones[i]))
+        subprocess.run(["sync"], check=True)
+        return cli(root, "--json", "gc")
 
-        # (b) planning on a big index
-        proot = work / "plan"
-        sys.path.insert(0, str(REPO))
-        from llmgw_store.core.local_store import Store
+    def gc_after(i, run):
+        report = json.loads(run.stdout)
+        deleted = sorted(d.get("name") for d in report.get("deleted", []))
+        if deleted != sorted(clones[i]):
+            raise BenchError(f"gc deleted {deleted}, not the {k} copies {sorted(clones[i])}")
+        return {"disk_bytes": disk[i], "freed_on_disk": (report.get("freed") or {}).get("store_paths")}
 
-        with Store.open(proot) as store:
-            conn = store.index.conn
-            conn.execute("BEGIN")
-            for i in range(args.paths):
-                name = f"{i:032d}-eng-1.0-cpu"
-                (store.layout.store / name).mkdir()
-                conn.execute("INSERT INTO paths (name, key, engine, version, variant, size, files, inputs, last_used) "
-                             "VALUES (?, ?, 'eng', '1.0', 'cpu', 1000, 1, '{}', ?)", (name, f"{i:032d}", f"2025-01-01T{i % 24:02d}:00:00Z"))
-            conn.execute("COMMIT")
-            for p in range(args.profiles):
-                for g in range(1, 4):
-                    os.symlink(f"../store/{(p * 3 + g):032d}-eng-1.0-cpu", store.layout.profiles / f"p{p}-{g}-link")
-                os.symlink(f"p{p}-3-link", store.layout.profiles / f"p{p}")
-        plan_s, plan_rss, out = measured([str(CLI), "--root", str(proot), "--json", "gc", "--dry-run"])
-        plan = json.loads(out)
-        results["planning"] = {"paths": args.paths, "profiles": args.profiles, "seconds": round(plan_s, 3),
-                               "peak_rss_kib": plan_rss, "dead": len(plan["deleted"])}
-        print(f"(b) gc --dry-run planning on {args.paths} paths, {args.profiles} profiles x 3 generations: "
-              f"{plan_s:.2f} s, peak RSS {plan_rss / 1024:.0f} MiB ({len(plan['deleted'])} dead)")
-    finally:
-        (args.out / "gc.json").write_text(json.dumps(results, indent=2) + "\n")
-        print(f"results: {args.out / 'gc.json'}")
-        subprocess.run(["chmod", "-R", "u+w", str(work)], check=False)
-        shutil.rmtree(work, ignore_errors=True)
+    trees: dict[int, list[Path]] = {}
+
+    def rm_argv(i):
+        base = bench.work / f"rm{i}"
+        base.mkdir()
+        trees[i] = [base / f"env{j}" for j in range(k)]
+        for t in trees[i]:
+            subprocess.run(["cp", "-a", str(src), str(t)], check=True)
+        disk[1000 + i] = du_bytes(*trees[i])
+        subprocess.run(["sync"], check=True)
+        return ["/bin/sh", "-c", 'chmod -R u+w "$@" && rm -rf "$@"', "sh", *map(str, trees[i])]
+
+    def rm_after(i, _run):
+        if any(os.path.lexists(t) for t in trees[i]):
+            raise BenchError(f"rm -rf left {trees[i]}")
+        return {"disk_bytes": disk[1000 + i]}
+
+    entries = json.loads((src / ".llmgw" / "manifest.json").read_text()).get("files")
+    bench.compare(f"gc of {k} dead environments", Side("llmgw-store gc", gc_argv, after=gc_after),
+                  [Side("chmod -R u+w + rm -rf", rm_argv, after=rm_after)], goal=("<=", 1.1),
+                  note=f"{k} copies of {src.name} ({entries} entries each); disk_bytes: du of the trees deleted")
+
+
+def scale(bench: Bench, src_name: str, built: Path, counts: list[int], profiles: int | None) -> None:
+    """gc --dry-run at each count of paths against 2 paths."""
+    from llmgw_store.core.local_store import Store
+
+    with Store.open(built, readonly=True) as store:
+        template = store.index.path_by_name(src_name)
+    roots, dead = {}, {}
+    for n in [2, *counts]:
+        roots[n] = bench.work / f"scale-{n}"
+        dead[n] = register_empty(roots[n], template, n, min(profiles or max(1, n // 9), max(1, n // 3)))
+
+    def plans(n):
+        def after(_i, run):
+            got = len(json.loads(run.stdout).get("deleted", []))
+            if got != dead[n]:
+                raise BenchError(f"gc --dry-run at {n} paths would delete {got}, not the {dead[n]} no profile holds")
+        return after
+
+    for n in counts:
+        bench.compare(f"gc --dry-run at {n} paths",
+                      Side(f"gc --dry-run, {n} paths", dry_run(roots[n]), after=plans(n)),
+                      [Side("gc --dry-run, 2 paths", dry_run(roots[2]), after=plans(2))],
+                      goal=("<=", 1.3) if n <= 200 else None, names=[f"gc --dry-run, {n} paths vs 2 paths"])
+
+
+def dry_run(root: Path) -> list[str]:
+    return cli(root, "--json", "gc", "--dry-run")
+
+
+def generations(bench: Bench, small: Path, names: list[str], many: int) -> None:
+    """generations and gc --dry-run at `many` generations against 10, and with stale temp roots."""
+    big = bench.work / "gens-big"
+    subprocess.run(["cp", "-a", str(small), str(big)], check=True)
+    make_generations(small, names, 10)
+    make_generations(big, names, many)
+    stale = bench.work / "gens-stale"
+    subprocess.run(["cp", "-a", str(big), str(stale)], check=True)
+
+    def with_stale(_i):
+        # dead processes' temp-roots files (numeric names, nobody holds their lock): made again
+        # every round, outside the timing, as a dry run may leave or remove them
+        d = stale / "var" / "temproots"
+        d.mkdir(mode=0o700, exist_ok=True)
+        for j in range(many):
+            f = d / str(4_000_000 + j)
+            if not f.exists():
+                f.write_text("")
+                f.chmod(0o600)
+        return dry_run(stale)
+
+    def lists(n):
+        def after(_i, run):
+            doc = json.loads(run.stdout)
+            got = len(doc.get("generations", []) if isinstance(doc, dict) else doc)
+            if got != n:
+                raise BenchError(f"generations listed {got} generations, not {n}")
+        return after
+
+    bench.compare(f"generations at {many}",
+                  Side(f"generations p, {many} generations", cli(big, "--json", "generations", "p"), after=lists(many)),
+                  [Side("generations p, 10 generations", cli(small, "--json", "generations", "p"), after=lists(10))],
+                  goal=("<=", 1.3), names=[f"generations, {many} generations vs 10"])
+    bench.compare(f"gc --dry-run at {many} generations",
+                  Side(f"gc --dry-run, {many} generations", dry_run(big)),
+                  [Side("gc --dry-run, 10 generations", dry_run(small))], goal=("<=", 1.3),
+                  names=[f"gc --dry-run, {many} generations vs 10"])
+    bench.compare(f"gc --dry-run with {many} stale temp roots",
+                  Side(f"gc --dry-run, {many} generations + {many} stale temp roots", with_stale),
+                  [Side(f"gc --dry-run, {many} generations", dry_run(big))], goal=("<=", 1.3),
+                  names=[f"gc --dry-run, {many} stale temp-roots files vs none ({many} generations)"])
 
 
 if __name__ == "__main__":

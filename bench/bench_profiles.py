@@ -1,93 +1,132 @@
-"""Benchmark `activate` and `rollback` wall time against a bare interpreter start, side by side.
+"""Benchmark the profile hot paths — `activate`, `rollback`, `list`, `info` — against what a user
+would compare them with, side by side (bench/harness.py: alternating fresh processes, medians,
+median of per-round ratios, load, peak RSS, CPU).
 
-Builds two small environments A and B from a package index on 127.0.0.1 (offline), activates A
-(generation 1), then times, interleaved N times each: `python -c pass`, `llmgw-store activate p B`
-(from A: a new generation every time, never "already at generation N") and `llmgw-store rollback p
---to 1` (from B back to A: a real switch every time). The script checks after each round that both
-commands switched. Medians and ratios, and the peak RSS of each command (one more run under GNU time).
+Two small environments A and B are built from a package index on 127.0.0.1 (offline) and profile
+`p` is set to A (generation 1). Then, each in its own alternating comparison:
+  activate   `llmgw-store activate p B` from A (a new generation every run; the untimed preparation
+             rolls back to A first when a rotation left the profile at B), against the same
+             interpreter's bare start (`python -c pass`, and `python -I -S -c pass` beside it) and
+             Nix's `nix-env -p PROFILE --set PATH` (a new generation of a Nix profile every run);
+  rollback   `llmgw-store rollback p --to 1` from B, against the same bare starts and
+             `nix-env -p PROFILE --switch-generation 1`;
+  list, info `llmgw-store list` and `llmgw-store info p`, against the bare start.
+Each store run is checked (the profile link points where it should). Nix is Debian's `nix-bin` (as
+root it writes /nix/store); without it the Nix rows are skipped and the document says so.
+These are hot-path rows: from an editable install they are refused (or, with --allow-editable and
+in --quick, flagged), and every row names the interpreter it measured.
 
-    .venv/bin/python bench/bench_profiles.py [--runs 30]
+    python bench/bench_profiles.py [--rounds 15] [--out DIR]        # full run (a regular install)
+    python bench/bench_profiles.py --quick --out DIR                   # what the test suite runs
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "bench"))
-from common import CLI, PY, peak_rss_mb, timed  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import PY, cli, packages, store_json, uv_bin  # noqa: E402
+from harness import Bench, BenchError, Side, add_common_args  # noqa: E402
 
-sys.path.insert(0, str(REPO))
 
-from tests.support.index_server import PackageIndex  # noqa: E402
-from tests.support.wheels import build_wheel  # noqa: E402
+def nix_profile(bench: Bench, rounds: int) -> tuple[Path, str, list[str]] | None:
+    """A Nix profile at generation 1 (path A) and enough distinct store paths B_i that every timed
+    `--set` makes a new generation; None (with a note) where Nix cannot be used here."""
+    if not (shutil.which("nix-env") and shutil.which("nix-store")):
+        bench.note("nix-env not installed (Debian: apt-get install nix-bin): the Nix rows are skipped")
+        return None
+    d = bench.work / "nix"
+    paths = []
+    for i in range(2 * rounds + 8):
+        src = d / "src" / f"llmgw-bench-{i}"
+        src.mkdir(parents=True)
+        (src / "f").write_text(f"{os.getpid()} {i}\n")
+        proc = subprocess.run(["nix-store", "--add", str(src)], capture_output=True, text=True)
+        if proc.returncode != 0:
+            bench.note(f"nix-store --add failed ({proc.stderr.strip()[-200:]}): the Nix rows are skipped")
+            return None
+        paths.append(proc.stdout.strip())
+    prof = d / "profile"
+    subprocess.run(["nix-env", "-p", str(prof), "--set", paths[0]], check=True, capture_output=True)
+    version = subprocess.run(["nix-env", "--version"], capture_output=True, text=True).stdout.split()[-1]
+    return prof, version, paths
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--runs", type=int, default=30)
+    add_common_args(ap, rounds=15)
     args = ap.parse_args()
-    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
-    os.environ["LLMGW_STORE_PYTHON_PREFERENCE"] = "only-system"
-    from uv import find_uv_bin
-
-    work = Path(tempfile.mkdtemp(prefix="llmgw-bench-prof-"))
-    index = PackageIndex()
-    try:
-        for name, version, date in [("tinydep", "1.0", "2024-01-01"), ("tinydep", "2.0", "2024-06-01"),
-                                    ("tinyengine", "1.0", "2024-02-01")]:
-            reqs = ("tinydep",) if name == "tinyengine" else ()
-            scripts = {"tinyengine": "tinyengine:main"} if name == "tinyengine" else None
-            index.add(name, build_wheel(work / "wheels", name, version, requires=reqs, scripts=scripts), date + "T00:00:00Z")
-        index.start()
-        recipe = work / "tiny.toml"
-        recipe.write_text(
-            '[engine]\nname = "tinyengine"\nbinary = "tinyengine"\n\n[[build]]\nvariant = "cpu"\n'
-            f'python = "{sys.version_info.major}.{sys.version_info.minor}"\nversion = "1.0"\n'
-            'requirements = ["tinyengine=={version}"]\n'
-        )
-        root = work / "root"
-        base = [str(CLI), "--root", str(root)]
-        paths = []
-        for as_of in ("2024-02-02", "2024-06-02"):
-            out = subprocess.run(base + ["--json", "build", str(recipe), "--index-url", index.url, "--uv",
-                                         find_uv_bin(), "--as-of", as_of], check=True, capture_output=True, text=True)
-            paths.append(json.loads(out.stdout)["path"])
-        subprocess.run(base + ["activate", "p", paths[0]], check=True, capture_output=True)
-        bare, act, back = [], [], []
+    with Bench("profiles", args) as bench:
+        flag = bench.hot_path()
+        root = bench.work / "root"
+        with packages(bench.work, bench.quick) as pk:  # the tiny recipe, offline
+            paths = [store_json(bench.meter, root, "build", pk.recipe, *pk.index_args, "--uv", uv_bin(),
+                                "--as-of", as_of)[0]["path"] for as_of in ("2024-02-02", "2024-06-02")]
+        a, b = paths
+        assert a != b, "the two builds gave one path"
+        subprocess.run(cli(root, "activate", "p", a), check=True, capture_output=True)
         link = root / "profiles" / "p"
-        for _ in range(args.runs):
-            # each round: a new generation for paths[1] (current: paths[0]), then back to generation 1
-            for what, argv, times in (("bare", [str(PY), "-c", "pass"], bare),
-                                      ("activate", base + ["activate", "p", paths[1]], act),
-                                      ("rollback", base + ["rollback", "p", "--to", "1"], back)):
-                times.append(timed(argv))
-                if what != "bare":
-                    want = paths[1] if what == "activate" else paths[0]
-                    assert os.path.realpath(link) == want, f"{what} did not switch to {want}"
-        # Peak RSS: one more run of each, under GNU time (outside the timed runs).
-        rss = {"bare": peak_rss_mb([str(PY), "-c", "pass"]),
-               "activate": peak_rss_mb(base + ["activate", "p", paths[1]]),
-               "rollback": peak_rss_mb(base + ["rollback", "p", "--to", "1"])}
-        med = statistics.median
-        b = med(bare)
-        print(f"python -c pass     {b * 1e3:7.1f} ms   peak RSS {rss['bare']} MB")
-        print(f"activate           {med(act) * 1e3:7.1f} ms   ratio {med(act) / b:.2f} (goal <= 3)   "
-              f"peak RSS {rss['activate']} MB")
-        print(f"rollback           {med(back) * 1e3:7.1f} ms   ratio {med(back) / b:.2f} (goal <= 3)   "
-              f"peak RSS {rss['rollback']} MB")
-    finally:
-        index.stop()
-        subprocess.run(["chmod", "-R", "u+w", str(work)], check=False)
-        shutil.rmtree(work, ignore_errors=True)
+
+        def at(want: str) -> bool:
+            return os.path.realpath(link) == want
+
+        def checked(want: str):
+            def after(_i, _run):
+                if not at(want):
+                    raise BenchError(f"the profile is at {os.path.realpath(link)}, not {want}")
+            return after
+
+        def activate_argv(_i):
+            if not at(a):  # untimed: back to A, so the timed run switches
+                subprocess.run(cli(root, "rollback", "p", "--to", "1"), check=True, capture_output=True)
+            return cli(root, "activate", "p", b)
+
+        def rollback_argv(_i):
+            if not at(b):
+                subprocess.run(cli(root, "activate", "p", b), check=True, capture_output=True)
+            return cli(root, "rollback", "p", "--to", "1")
+
+        nix = nix_profile(bench, bench.rounds)
+        nix_set, nix_switch = [], []
+        if nix:
+            prof, version, npaths = nix
+            fresh = iter(npaths[1:])
+
+            def nix_set_argv(_i):
+                return ["nix-env", "-p", str(prof), "--set", next(fresh)]
+
+            def nix_switch_argv(_i):
+                if os.readlink(prof) == f"{prof.name}-1-link":  # untimed: leave generation 1 first
+                    subprocess.run(["nix-env", "-p", str(prof), "--set", next(fresh)], check=True, capture_output=True)
+                return ["nix-env", "-p", str(prof), "--switch-generation", "1"]
+
+            def nix_at(gen_one: bool):
+                def after(_i, _run):
+                    if (os.readlink(prof) == f"{prof.name}-1-link") != gen_one:
+                        raise BenchError(f"the Nix profile is at {os.readlink(prof)}")
+                return after
+
+            nix_set = [Side(f"nix-env --set (Nix {version})", nix_set_argv, after=nix_at(False))]
+            nix_switch = [Side(f"nix-env --switch-generation (Nix {version})", nix_switch_argv, after=nix_at(True))]
+        # issue 25's goals: <= 3x the bare start, <= 1.5x Nix's time (none against -I -S: shown beside)
+        goals = [("<=", 3.0), None, ("<=", 1.5)]
+
+        def bare_sides():
+            return [Side("python -c pass", [str(PY), "-c", "pass"]),
+                    Side("python -I -S -c pass", [str(PY), "-I", "-S", "-c", "pass"])]
+
+        bench.compare("activate", Side("llmgw-store activate p B", activate_argv, after=checked(b)),
+                      bare_sides() + nix_set, goal=goals, hot=True, note=flag)
+        bench.compare("rollback", Side("llmgw-store rollback p --to 1", rollback_argv, after=checked(a)),
+                      bare_sides() + nix_switch, goal=goals, hot=True, note=flag)
+        for what, argv in (("list", cli(root, "list")), ("info", cli(root, "info", "p"))):
+            bench.compare(what, Side(f"llmgw-store {what}", argv), bare_sides()[:1], hot=True, note=flag)
+        bench.finish()
 
 
 if __name__ == "__main__":

@@ -109,6 +109,19 @@ def lock_timeout_option(default: float, waits_for: str):
                         help=f"Seconds to wait for {waits_for}; then exit 75 naming the holder.")
 
 
+def substitute_only_option():
+    return click.option("--substitute-only", is_flag=True, envvar="LLMGW_STORE_SUBSTITUTE_ONLY",
+                        help="Pull from the --substituter caches and never build: a miss is exit 1 naming the key and "
+                             "the caches asked, with nothing built. For a node; the recipe's version and as_of "
+                             "pinned (or a recorded generation), its key needs no index. Env: LLMGW_STORE_SUBSTITUTE_ONLY.")
+
+
+def offline_option():
+    return click.option("--offline", is_flag=True, envvar="LLMGW_STORE_OFFLINE",
+                        help="No network but file:// caches: uv reads only its cache, http(s)/s3 caches are passed "
+                             "over, and what would need the index says so (exit 1). Env: LLMGW_STORE_OFFLINE.")
+
+
 def build_options(f):
     """The options that decide a build, shared by `build` and `activate RECIPE.toml`."""
     for opt in reversed([
@@ -134,6 +147,8 @@ def build_options(f):
         click.option("--trusted-key", "trusted_keys", multiple=True,
                      help="Public key (name:base64, or a .public file) whose signatures are accepted; repeatable. "
                           "Also LLMGW_STORE_TRUSTED_KEYS."),
+        substitute_only_option(),
+        offline_option(),
     ]):
         f = opt(f)
     return f
@@ -144,6 +159,7 @@ def options_from(kw: dict):
 
     return BuildOptions(version=kw["version"], variant=kw["variant"], as_of=kw["as_of"], index_url=kw["index_url"],
                         uv=kw["uv_path"], python_preference=kw["python_preference"], lock_timeout=kw["lock_timeout"],
+                        substitute_only=kw["substitute_only"], offline=kw["offline"],
                         python=kw["python"])
 
 

@@ -182,6 +182,11 @@ def try_hit(argv: list[str], started: float) -> bool:
     return True
 
 
+# What click reads as a true or false boolean flag from its environment variable.
+ENV_TRUE = ("1", "true", "t", "yes", "y", "on")
+ENV_FALSE = ("", "0", "false", "f", "no", "n", "off")
+
+
 def parse_switch(argv: list[str]) -> dict | None:
     """`activate PROFILE STORE-PATH` or `rollback PROFILE [--to N]`, each with [--lock-timeout S]:
     the options, or None (left to click). A recipe target, any build option, --help: click's."""
@@ -216,6 +221,9 @@ def parse_switch(argv: list[str]) -> dict | None:
         return None
     if os.environ.get("LLMGW_STORE_PYTHON_PREFERENCE", PYTHON_PREFERENCE) not in PYTHON_PREFERENCES:
         return None  # click says what is wrong with it
+    for flag in ("LLMGW_STORE_SUBSTITUTE_ONLY", "LLMGW_STORE_OFFLINE"):
+        if os.environ.get(flag, "").strip().lower() not in ENV_TRUE + ENV_FALSE:
+            return None  # click says what is wrong with it
     try:
         if "--lock-timeout" in opts and not float(opts["--lock-timeout"]) >= 0:
             return None
@@ -264,7 +272,10 @@ def switch(argv: list[str], started: float) -> int | None:
                 r = rollback(profile, to=opts.get("--to"), root=opts["root"], lock_timeout=timeout,
                              substituters=tuple(env.get("LLMGW_STORE_SUBSTITUTERS", "").split()),
                              uv=env.get("LLMGW_STORE_UV") or None,
-                             python_preference=env.get("LLMGW_STORE_PYTHON_PREFERENCE") or None)
+                             python_preference=env.get("LLMGW_STORE_PYTHON_PREFERENCE") or None,
+                             substitute_only=env.get("LLMGW_STORE_SUBSTITUTE_ONLY", "").strip().lower() in ENV_TRUE,
+                             offline=env.get("LLMGW_STORE_OFFLINE", "").strip().lower() in ENV_TRUE,
+                             index_url=env.get("LLMGW_STORE_INDEX_URL") or None)
                 back = f" (cold: {r.rebuilt})" if r.rebuilt else ""
                 text = f"{profile}: generation {r.previous} -> {r.generation} ({r.path}){back}"
     except StoreError as err:

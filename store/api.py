@@ -26,16 +26,13 @@ if TYPE_CHECKING:
 
 def build(recipe: str | Path, options: BuildOptions | None = None, *, substituters: tuple[str, ...] = (),
           trusted_keys: tuple[str, ...] = (), root: str | Path | None = None) -> BuildResult:
-    """Build a recipe, asking the binary caches `substituters` (signed by `trusted_keys`) first."""
+    """Build a recipe, asking the binary caches `substituters` (signed by `trusted_keys`) first
+    (only them with `options.substitute_only`; only the file:// ones with `options.offline`)."""
     from llmgw_store.build.builder import BuildOptions
     from llmgw_store.build.builder import build as build_recipe
 
-    substituter = None
-    if substituters:
-        from llmgw_store.cache.pull import CacheSubstituter
-
-        substituter = CacheSubstituter(substituters, trusted_keys)
-    return build_recipe(recipe, options or BuildOptions(), root=root, substituter=substituter)
+    options = options or BuildOptions()
+    return build_recipe(recipe, options, root=root, substituter=_substituter(substituters, trusted_keys, options.offline))
 
 
 def activate(profile: str, target: str | Path, options: BuildOptions | None = None, *,
@@ -63,7 +60,7 @@ def push(targets: list[str], to: str, secret_key: str, *, root: str | Path | Non
     from llmgw_store.roots.resolve import reference
 
     with Store.open(root) as store:
-        names = [reference(store, t)["name"] for t in targets]
+        names = [reference(store, t).name for t in targets]
     extra = {} if lock_timeout is None else {"lock_timeout": lock_timeout}
     return push_names(names, to, secret_key, root=root, format=format, **extra)
 
@@ -94,43 +91,63 @@ def cache_gc(url: str, keep_from: list[str], *, grace: str = "1d", dry_run: bool
 
 def rollback(profile: str, *, to: int | None = None, substituters: tuple[str, ...] = (),
              trusted_keys: tuple[str, ...] = (), uv: str | Path | None = None, python_preference: str | None = None,
-             root: str | Path | None = None, lock_timeout: float = locks.BUILD_LOCK_TIMEOUT_S) -> Switch:
+             root: str | Path | None = None, lock_timeout: float = locks.BUILD_LOCK_TIMEOUT_S,
+             substitute_only: bool = False, offline: bool = False, index_url: str | None = None) -> Switch:
     """Switch PROFILE to generation `to` (default: the previous one). A cold generation (deleted, its
     store path gone to gc) comes back from its record first: pulled from `substituters` (signed by
     `trusted_keys`), else rebuilt from its recorded lock, offline from uv's cache when it can be,
     then from the recorded index, with the recorded uv and interpreter; either way the path must
     have the recorded key and content hash before the profile switches (IntegrityError otherwise,
-    and nothing switched)."""
+    and nothing switched). `substitute_only`: pulled, never rebuilt (a miss is NotSubstituted, exit
+    1); `offline`: no network but file:// caches, and no second try from the index. `index_url`:
+    the index URL the user configured, whose credentials (if any) a rebuild sends to the recorded
+    index when it is the same one."""
     from dataclasses import replace
 
+    from llmgw_store.core import network
     from llmgw_store.roots import profiles
 
-    if to is not None:
-        rec = profiles.cold_record(profile, to, root=root, lock_timeout=lock_timeout)
-        if rec is not None:
-            how = _realise_record(rec, substituters, trusted_keys, uv, python_preference, root, lock_timeout)
-            switched = profiles.rollback(profile, to=to, root=root, lock_timeout=lock_timeout, record=rec)
-            return replace(switched, rebuilt=None if how == "hit" else how)  # "hit": it was still there
-    return profiles.rollback(profile, to=to, root=root, lock_timeout=lock_timeout)
+    with network.offline(offline):
+        if to is not None:
+            rec = profiles.cold_record(profile, to, root=root, lock_timeout=lock_timeout)
+            if rec is not None:
+                how = _realise_record(rec, substituters, trusted_keys, uv, python_preference, root, lock_timeout,
+                                      substitute_only=substitute_only, offline=offline, index_url=index_url)
+                switched = profiles.rollback(profile, to=to, root=root, lock_timeout=lock_timeout, record=rec)
+                return replace(switched, rebuilt=None if how == "hit" else how)  # "hit": it was still there
+        return profiles.rollback(profile, to=to, root=root, lock_timeout=lock_timeout)
+
+
+def _substituter(substituters: tuple[str, ...], trusted_keys: tuple[str, ...], offline: bool):
+    """The binary caches to ask, as the build layer's Substituter (None: none given). Offline, a
+    cache that needs the network is passed over with one line (only file:// ones are asked)."""
+    if offline:
+        from llmgw_store.core.report import say
+
+        for url in substituters:
+            if not url.startswith("file://"):
+                say(f"cache {url}: passed over (--offline: file:// caches only)")
+        substituters = tuple(u for u in substituters if u.startswith("file://"))
+    if not substituters:
+        return None
+    from llmgw_store.cache.pull import CacheSubstituter
+
+    return CacheSubstituter(substituters, trusted_keys)
 
 
 def _realise_record(rec: Record, substituters: tuple[str, ...], trusted_keys: tuple[str, ...], uv_path,
-                    python_preference: str | None, root, lock_timeout: float) -> str:
+                    python_preference: str | None, root, lock_timeout: float, *, substitute_only: bool = False,
+                    offline: bool = False, index_url: str | None = None) -> str:
     """Put the store path a generation record names back in the store; returns how ("built",
     "substituted", or "hit" when another process brought it back meanwhile). The record was checked
     when read (records.load: names, key recomputed from the inputs, lock digest, document digest);
-    its build table is checked again here as a recipe's would be. A tree built here is compared
-    with the recorded content hash before it is registered: a rebuild that gives other bytes never
-    becomes a store path. A pulled path is checked by the cache layer (signature, key, listing),
-    then against the record."""
-    from dataclasses import replace
-
-    from llmgw_store.build import builder, interpreters
-    from llmgw_store.build import recipe as recipes
-    from llmgw_store.build import uv as uvmod
+    the rebuild (build/rebuild.py, the one shared with repair and `build --check`) checks its build
+    table again as a recipe's would be, and compares the tree with the recorded content hash
+    before it is registered: a rebuild that gives other bytes never becomes a store path. A pulled
+    path is checked by the cache layer (signature, key, listing), then against the record."""
+    from llmgw_store.build import builder, rebuild
     from llmgw_store.build.realise import realise
-    from llmgw_store.core import manifest
-    from llmgw_store.core.errors import CommandError, IntegrityError, NotFoundError, RecipeError, UsageError
+    from llmgw_store.core.errors import IntegrityError, NotFoundError
     from llmgw_store.core.local_store import Store
     from llmgw_store.core.report import say
 
@@ -139,92 +156,39 @@ def _realise_record(rec: Record, substituters: tuple[str, ...], trusted_keys: tu
         # Only the link went: the recorded path is still here, registered with the recorded key and
         # content hash. Nothing to bring back (profiles.rollback checks it again under its locks).
         row = store.index.path_by_name(rec.name)
-        if row is not None and row["key"] == rec.key and row["content_hash"] == rec.content_hash \
+        if row is not None and row.key == rec.key and row.content_hash == rec.content_hash \
                 and store.layout.path_of(rec.name).is_dir():
             say(f"{what}: its store path is still there, as recorded")
             return "hit"
-    substituter = None
-    if substituters:
-        from llmgw_store.cache.pull import CacheSubstituter
-
-        substituter = CacheSubstituter(substituters, trusted_keys)
-    inputs = rec.inputs
-    rebuildable = rec.lock is not None and isinstance(inputs.get("build"), dict)
-    if not rebuildable and substituter is None:
+    substituter = _substituter(substituters, trusted_keys, offline)
+    recorded = rebuild.Recorded(key=rec.key, name=rec.name, inputs=rec.inputs, content_hash=rec.content_hash,
+                                engine=rec.engine, version=rec.version, variant=rec.variant, lock=rec.lock,
+                                lock_format=rec.lock_format, what=what)
+    if not recorded.rebuildable and substituter is None:
         raise NotFoundError(f"{what} is cold and its record holds no lock to rebuild it from: pass --substituter "
                             "(and --trusted-key) to pull it from a binary cache")
-    meta = {"engine": rec.engine, "version": rec.version, "variant": rec.variant, "binary": inputs.get("binary")}
-    substitute = (lambda: substituter.substitute(store, rec.key, rec.name)) if substituter else None
     with Store.open(root, lock_timeout) as store:
-        if not rebuildable:
+        substitute = builder.substitution(substituter, store, rec.key, rec.name, only=substitute_only)
+        if substitute_only or not recorded.rebuildable:
             def nothing_to_build(partial):
                 raise NotFoundError(f"no binary cache given has {rec.name}, and its record holds no lock to rebuild "
                                     "it from")
 
             say(f"{what} is cold: pulling it")
-            _, how = realise(store, rec.key, rec.name, inputs, meta, nothing_to_build, lock_timeout=lock_timeout,
+            meta = {"engine": rec.engine, "version": rec.version, "variant": rec.variant,
+                    "binary": rec.inputs.get("binary")}
+            _, how = realise(store, rec.key, rec.name, rec.inputs, meta, nothing_to_build, lock_timeout=lock_timeout,
                              substitute=substitute)
         else:
-            origin = f"the record of {what}"
-            try:
-                engine = {k: inputs[k] for k in ("pypi", "binary", "repo") if inputs.get(k)}
-                recipes.parse({"engine": {"name": inputs["engine"], **engine}, "build": [inputs["build"]]}, origin)
-                if uv_path is None and inputs["uv"] != uvmod.UV_VERSION:
-                    raise UsageError(f"rebuilding {what} needs uv {inputs['uv']}, and the store's own is "
-                                     f"{uvmod.UV_VERSION}: pass --uv PATH to a uv {inputs['uv']}")
-                uv = uvmod.resolve(store, uv_path, inputs["index_url"])
-                if uv.version != inputs["uv"]:
-                    raise UsageError(f"rebuilding {what} needs uv {inputs['uv']}, not {uv.version}: pass --uv PATH to "
-                                     f"a uv {inputs['uv']}")
-                want = inputs["python"]
-                interp = interpreters.find(store, uv, want["request"],
-                                           python_preference or interpreters.DEFAULT_PREFERENCE)
-                if (interp.implementation, interp.version) != (want["implementation"], want["version"]):
-                    raise NotFoundError(f"rebuilding {what} needs {want['implementation']} {want['version']}; found "
-                                        f"{interp.implementation} {interp.version}")
-                plan = builder.BuildPlan(
-                    key=rec.key, name=rec.name, inputs=inputs, version=rec.version, fields=inputs["build"], uv=uv,
-                    interpreter=interp, index_url=inputs["index_url"], meta=meta, origin=origin,
-                    lock_text=rec.lock, offline=True,
-                )
-            except RecipeError as exc:
-                raise IntegrityError(f"{origin} holds a build table no recipe could have ({exc})") from None
-            except (KeyError, TypeError, AttributeError) as exc:
-                raise IntegrityError(f"{origin} does not say how to rebuild it (missing {exc}); pull it with "
-                                     "--substituter instead") from None
-
-            def expect(tree) -> None:
-                # Runs on the frozen tree before it is registered (realise's verify step): the tree
-                # must hash to the recorded content hash, or it never becomes a store path.
-                # The hash got is not in the one line (a forger of records would need it); -v shows it.
-                got = manifest.content_hash(manifest.scan(tree))
-                if got != rec.content_hash:
-                    err = IntegrityError(f"the rebuild of {what} gives a content hash other than the recorded one; "
-                                         "it is not registered and nothing switched (-v shows both)")
-                    err.output_tail = f"rebuilt: {got}\nrecorded: {rec.content_hash}"
-                    raise err
-
-            def attempt(p: builder.BuildPlan) -> str:
-                deadline = builder.Deadline(p)
-                return realise(
-                    store, p.key, p.name, p.inputs, p.meta,
-                    lambda partial: builder.make_env(store, p, partial, deadline),
-                    verify=lambda tree: (builder.verify_env(store, p, tree, deadline), expect(tree)),
-                    lock_timeout=lock_timeout, check=lambda: builder.check_requirements(p), substitute=substitute,
-                )[1]
-
             say(f"{what} is cold: bringing it back from its record ({rec.lock_format}, hashes as recorded)")
-            try:
-                how = attempt(plan)  # offline: uv's cache and the locked hashes, no index asked
-            except CommandError as exc:
-                # uv's cache lacks a file the lock names: the recorded index, still the same hashes.
-                say(f"offline rebuild failed ({exc}); trying again with {inputs['index_url']}")
-                how = attempt(replace(plan, offline=False))
+            how = rebuild.rebuild(store, recorded, rebuild.STORE, uv_path=uv_path, python_preference=python_preference,
+                                  offline=True, online_fallback=not offline, index_url=index_url,
+                                  lock_timeout=lock_timeout, substitute=substitute).how
         row = store.index.path_by_name(rec.name)
-        if row is None or row["key"] != rec.key or row["content_hash"] != rec.content_hash:
+        if row is None or row.key != rec.key or row.content_hash != rec.content_hash:
             err = IntegrityError(f"{rec.name} came back with a content hash other than the one {what} recorded; "
                                  f"nothing switched (`llmgw-store verify {rec.name}`; -v shows both)")
-            err.output_tail = f"in the store: {row['content_hash'] if row else 'nothing'}\nrecorded: {rec.content_hash}"
+            err.output_tail = f"in the store: {row.content_hash if row else 'nothing'}\nrecorded: {rec.content_hash}"
             raise err
         say(f"{rec.name}: back in the store ({how}), content hash {rec.content_hash[:16]}… as recorded")
         return how

@@ -8,8 +8,10 @@ A build of tinyengine 1.0 resolves as of 2024-02-02 and must get tinydep 1.0, no
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -17,9 +19,67 @@ from pathlib import Path
 import pytest
 
 from tests.support.index_server import PackageIndex
+from tests.support.recipes import PYTHON, TINY_RECIPE, tiny_recipe, write_recipe  # noqa: F401  (importable from here)
 from tests.support.wheels import build_wheel
 
 REPO = Path(__file__).resolve().parent.parent
+
+# A suite started in the background by a shell without job control (`pytest &`, CI, nohup) inherits
+# SIGINT ignored, and an ignored signal stays ignored across exec: every store process a test starts
+# would then ignore the ^C the interrupt tests send it. A handler (not an ignore) is reset to the
+# default by exec, so each child starts as it would from a terminal.
+signal.signal(signal.SIGINT, signal.default_int_handler)
+
+# --- the quick loop: `pytest -m "not system"` ------------------------------------------------------
+# A test is `system` when it takes a fixture that builds or serves (the package index, the wheels,
+# uv, a store root, a binary cache) or when it, a fixture it takes, or a helper of the tests either
+# calls, runs the CLI, a build or another process. Decided from the fixtures it takes and the names
+# their code uses, so a new test is classified without anyone remembering to mark it.
+SYSTEM_FIXTURES = frozenset({"index", "wheels", "uv_bin", "root", "recipe", "delta_wheels", "cache", "s3_server"})
+SYSTEM_CALLS = frozenset({"run_cli", "cli_cmd", "build_json", "build_store", "copy_store", "real_uv", "start_index",
+                          "CliRunner", "Popen"})
+
+
+def _uses_system(fn, seen: set) -> bool:
+    """Whether `fn`'s code, its nested functions', or a test helper's it names, uses SYSTEM_CALLS."""
+    fn = inspect.unwrap(fn)
+    code = getattr(fn, "__code__", None)
+    if code is None or fn in seen:
+        return False
+    seen.add(fn)
+    scope = getattr(fn, "__globals__", {})
+    stack = [code]
+    while stack:
+        c = stack.pop()
+        for name in c.co_names:
+            if name in SYSTEM_CALLS:
+                return True
+            helper = scope.get(name)
+            if not getattr(helper, "__module__", "").startswith("tests"):
+                continue
+            # a test helper: a function, or a class whose methods do the work
+            methods = [helper] if inspect.isfunction(helper) else \
+                [m for m in vars(helper).values() if inspect.isfunction(m)] if inspect.isclass(helper) else []
+            if any(_uses_system(m, seen) for m in methods):
+                return True
+        stack += [k for k in c.co_consts if inspect.iscode(k)]
+    return False
+
+
+def _fixture_functions(item) -> list:
+    """The functions of every fixture `item` takes, directly or through other fixtures."""
+    info = getattr(item, "_fixtureinfo", None)
+    defs = info.name2fixturedefs.values() if info is not None else ()
+    return [d.func for ds in defs for d in ds]
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        fn = getattr(item, "function", None)
+        seen: set = set()
+        if SYSTEM_FIXTURES & set(getattr(item, "fixturenames", ())) or \
+                any(_uses_system(f, seen) for f in ([fn] if fn is not None else []) + _fixture_functions(item)):
+            item.add_marker(pytest.mark.system)
 
 
 def real_uv() -> Path:
@@ -79,29 +139,6 @@ def _store_env(monkeypatch):
 @pytest.fixture
 def root(tmp_path) -> Path:
     return tmp_path / "store-root"
-
-
-TINY_RECIPE = """
-[engine]
-name = "tinyengine"
-pypi = "tinyengine"
-binary = "tinyengine"
-
-[[build]]
-variant = "cpu"
-python = "{python}"
-requirements = ["tinyengine=={{version}}"]
-verify = ["tinyengine"]
-{extra}
-"""
-
-PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"
-
-
-def write_recipe(dir: Path, extra: str = "", name: str = "tiny.toml") -> Path:
-    p = dir / name
-    p.write_text(TINY_RECIPE.format(python=PYTHON, extra=extra))
-    return p
 
 
 @pytest.fixture

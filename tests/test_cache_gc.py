@@ -13,8 +13,9 @@ import pytest
 
 from llmgw_store.cache.backends import backend_for
 from tests.conftest import cli_cmd, run_cli, run_in_env
-from tests.test_fleet import cache, s3_server  # noqa: F401  (fixtures: the three real backends)
-from tests.test_fleet_delta import _plan, delta_wheels, push2, template, world  # noqa: F401  (fixtures)
+from tests.support.barrier import Barrier
+from tests.support.caches import cache, s3_server  # noqa: F401  (fixtures: the three real backends)
+from tests.support.delta import delta_wheels, push2, template, world  # noqa: F401  (fixtures)
 
 
 def names_in(url: str) -> set[str]:
@@ -138,14 +139,6 @@ def test_no_roots_document_stops_gc_unless_allowed(fleet, tmp_path):
     assert names_in(url) == set()
 
 
-def _wait_for(predicate, proc, what, timeout=60):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert proc.poll() is None, f"{what}: the process ended first: {proc.communicate()}"
-        assert time.monotonic() < deadline, f"{what}: never happened"
-        time.sleep(0.05)
-
-
 def _race_setup(w, tmp_path):
     """A is in the cache, old enough and unrooted (grace 0s): a gc deletes it, and with it the blobs
     it shares with B — unless a push of B in flight is honoured."""
@@ -161,16 +154,17 @@ def test_a_push_in_flight_keeps_the_blobs_it_will_reference(fleet, tmp_path):
     blobs the cache has: a gc now keeps those blobs. B pulls whole afterwards."""
     w = fleet
     url, a, b, a_blobs = _race_setup(w, tmp_path)
+    gate = Barrier(tmp_path)
     pusher = subprocess.Popen(cli_cmd(w["root"], "push", b, "--to", url, "--secret-key",
                                       str(w["keys"] / "builder-1.secret")),
-                              env={**os.environ, "LLMGW_STORE_DEBUG_PUSH_BLOBS_PAUSE": "15"},
+                              env={**os.environ, **gate.env("PUSH_BLOBS_PAUSE")},
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        _wait_for(lambda: any((tmp_path / "cache" / "pending").glob("*.json")), pusher, "the pending marker")
-        time.sleep(0.5)  # past the push's look for a gc marker: it is in its pause now
+        gate.reached("PUSH_BLOBS_PAUSE", pusher)  # marker written, no gc seen, the cache's blobs trusted
+        assert any((tmp_path / "cache" / "pending").glob("*.json"))
         done = cache_gc(w, url, "--grace", "0s", "--allow-no-roots")
-        assert pusher.poll() is None, "the push finished before the gc: the race was not run"
         assert done["deleted_objects"] == [f"{a[:32]}.json"]
+        gate.go("PUSH_BLOBS_PAUSE")
         assert pusher.wait(120) == 0, pusher.communicate()
     finally:
         pusher.kill()
@@ -188,22 +182,31 @@ def test_a_push_during_a_gc_waits_for_it_then_uploads_what_it_deleted(fleet, tmp
     starts now waits for the gc's marker to go, then finds those blobs gone and uploads them."""
     w = fleet
     url, a, b, a_blobs = _race_setup(w, tmp_path)
+    gate = Barrier(tmp_path)
+    gate.go("PUSH_WAITS_FOR_GC")  # open: the push only says it has started waiting
     gc_proc = subprocess.Popen(cli_cmd(w["root"], "--json", "cache", "gc", url, "--keep-from",
                                        str(w["keys"] / "node-1.public"), "--grace", "0s", "--allow-no-roots"),
-                               env={**os.environ, "LLMGW_STORE_DEBUG_CACHE_GC_PAUSE": "8"},
+                               env={**os.environ, **gate.env("CACHE_GC_PAUSE")},
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    pusher = None
     try:
-        _wait_for(lambda: any((tmp_path / "cache" / "gc").glob("*.json")), gc_proc, "the gc marker")
-        time.sleep(1)  # past its listing: it is in its pause, with A's blobs doomed
-        push = run_cli(w["root"], "--json", "push", b, "--to", url, "--secret-key", str(w["keys"] / "builder-1.secret"),
-                       check=True)
-        assert "waiting for the cache gc" in push.stderr
+        gate.reached("CACHE_GC_PAUSE", gc_proc)  # past its listing, A's blobs doomed, its marker up
+        pusher = subprocess.Popen(cli_cmd(w["root"], "--json", "push", b, "--to", url, "--secret-key",
+                                          str(w["keys"] / "builder-1.secret")),
+                                  env={**os.environ, **gate.env("PUSH_WAITS_FOR_GC")},
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        gate.reached("PUSH_WAITS_FOR_GC", pusher)
+        gate.go("CACHE_GC_PAUSE")
         out, err = gc_proc.communicate(timeout=120)
         assert gc_proc.returncode == 0, err
         assert json.loads(out)["deleted_objects"] == [f"{a[:32]}.json"]
+        _, err = pusher.communicate(timeout=120)
+        assert pusher.returncode == 0 and "waiting for the cache gc" in err, err
     finally:
-        gc_proc.kill()
-        gc_proc.wait()
+        for proc in (gc_proc, pusher):
+            if proc is not None:
+                proc.kill()
+                proc.wait()
     assert blobs_of(url, b[:32]) <= names_in(url)
     got = json.loads(run_cli(w["node"], "--json", "pull", b, "--from", url, "--trusted-key",
                              str(w["keys"] / "builder-1.public"), check=True).stdout)
@@ -310,15 +313,18 @@ def test_a_gc_whose_marker_expired_stops_before_deleting(fleet, tmp_path):
     w = fleet
     url, a, _, _ = _race_setup(w, tmp_path)
     before = names_in(url)
+    gate = Barrier(tmp_path)
     gc_proc = subprocess.Popen(cli_cmd(w["root"], "--json", "cache", "gc", url, "--keep-from",
                                        str(w["keys"] / "node-1.public"), "--grace", "0s", "--allow-no-roots"),
-                               env={**os.environ, "LLMGW_STORE_DEBUG_CACHE_GC_PAUSE": "5"},
+                               env={**os.environ, **gate.env("CACHE_GC_PAUSE")},
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        _wait_for(lambda: any((tmp_path / "cache" / "gc").glob("*.json")), gc_proc, "the gc marker")
-        time.sleep(1)  # past its listing: it is in its pause, with A doomed
-        for m in (tmp_path / "cache" / "gc").glob("*.json"):
+        gate.reached("CACHE_GC_PAUSE", gc_proc)  # past its listing, with A doomed
+        markers = list((tmp_path / "cache" / "gc").glob("*.json"))
+        assert markers
+        for m in markers:
             m.write_text(json.dumps({"time": time.time() - 3700, "expires": time.time() - 100}))
+        gate.go("CACHE_GC_PAUSE")
         _, err = gc_proc.communicate(timeout=120)
     finally:
         gc_proc.kill()

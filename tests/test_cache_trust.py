@@ -20,7 +20,7 @@ from llmgw_store.cache import signing
 from llmgw_store.cache.backends import backend_for
 from llmgw_store.core.errors import IntegrityError
 from tests.conftest import build_store, copy_store, run_cli, run_in_env
-from tests.test_fleet import cache, push, s3_server  # noqa: F401  (fixtures: the three real backends)
+from tests.support.caches import cache, push, s3_server  # noqa: F401  (fixtures: the three real backends)
 
 OTHER_KEY = "0" * 32  # a well-formed key no object of the cache has
 MiB = 1 << 20

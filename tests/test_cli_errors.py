@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from datetime import UTC
 from pathlib import Path
 
 import pytest
@@ -241,14 +242,14 @@ def test_list_and_info_say_entries_and_iec_sizes(built):
 
 
 def test_an_index_publishing_an_absurd_upload_time_is_a_failed_operation(tmp_path, wheels):
-    from datetime import datetime, timezone
+    from datetime import datetime
 
     from tests.support.index_server import PackageIndex
 
     idx = PackageIndex()
     idx.add("tinydep", wheels["tinydep-1.0"], "2024-01-01T00:00:00Z")
     rel = idx.add("tinyengine", wheels["tinyengine-1.0"], "2024-02-01T00:00:00Z")
-    rel.uploaded = datetime(1900, 1, 1, tzinfo=timezone.utc)  # a hostile or broken mirror
+    rel.uploaded = datetime(1900, 1, 1, tzinfo=UTC)  # a hostile or broken mirror
     idx.start()
     try:
         recipe = write_recipe(tmp_path)  # no as_of: the upload time decides it

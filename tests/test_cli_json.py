@@ -52,6 +52,7 @@ def cases(t, tmp) -> list[list[str]]:
         ["optimise"],
         ["stats"],
         ["keygen", "k", "--out", str(keys)],
+        ["key", "public", str(keys / "k.secret")],
         ["push", "p", "--to", cache, "--secret-key", str(keys / "k.secret")],
         ["pull", t["names"][0], "--from", cache, "--trusted-key", str(keys / "k.public")],
         ["push-roots", "--to", cache, "--secret-key", str(keys / "k.secret"), "--node", "k"],

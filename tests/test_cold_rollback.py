@@ -279,7 +279,8 @@ def test_records_are_bounded_and_hot_ones_always_kept(warm):
     for target in (old, new, old, new):
         act(root, "b", target)
     run_cli(root, "generations", "b", "--delete", "1", "--delete", "2", check=True)
-    records = lambda: sorted(p.name for p in (root / "profiles").glob(".b-*.record"))
+    def records() -> list[str]:
+        return sorted(p.name for p in (root / "profiles").glob(".b-*.record"))
     assert records() == [".b-1.record", ".b-2.record", ".b-3.record", ".b-4.record"]
     assert act(root, "b", old, "--keep-records", "3")["generation"] == 5
     assert records() == [".b-3.record", ".b-4.record", ".b-5.record"]  # the oldest cold ones went

@@ -13,19 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import PYTHON, TINY_RECIPE, build_json, cli_cmd, run_cli, run_in_env
+from tests.conftest import build_json, cli_cmd, run_cli, run_in_env
 from tests.support import procscan
-
-
-def wait_for_partial(root: Path, timeout: float = 60) -> list[Path]:
-    """The .partial directories once one holds a venv (the build reached its debug pause)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        partials = list((root / "store").glob("*.partial")) if (root / "store").exists() else []
-        if any((p / "bin" / "python").exists() for p in partials):
-            return partials
-        time.sleep(0.05)
-    raise AssertionError("the build never reached its pause")
+from tests.support.barrier import Barrier
+from tests.support.recipes import write_recipe
 
 
 def outcomes(root: Path) -> list[str]:
@@ -33,11 +24,17 @@ def outcomes(root: Path) -> list[str]:
     return [r[0] for r in con.execute("SELECT outcome FROM builds ORDER BY id")]
 
 
-def test_four_processes_building_one_key_run_one_build(root, recipe, index, uv_bin):
-    # Each builder pauses 2 s with its .partial open, so all four meet at the lock.
-    env = {**os.environ, "LLMGW_STORE_DEBUG_BUILD_PAUSE": "2"}
+def test_four_processes_building_one_key_run_one_build(root, recipe, index, uv_bin, tmp_path):
+    # The builder that takes the key's lock is held with its .partial open until the three others
+    # are queued behind it: all four meet at the lock.
+    gate = Barrier(tmp_path)
+    gate.go("LOCK_WAIT")  # open: a waiter only says it is queued
+    env = {**os.environ, **gate.env("BUILD_PAUSE", "LOCK_WAIT")}
     cmd = cli_cmd(root, "--json", "build", str(recipe), "--index-url", index.url, "--uv", str(uv_bin))
     procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for _ in range(4)]
+    builder = gate.reached("BUILD_PAUSE", procs[0])
+    assert builder not in gate.reached_by("LOCK_WAIT", 3, procs)
+    gate.go("BUILD_PAUSE")
     results = []
     for p in procs:
         out, err = p.communicate(timeout=240)
@@ -53,11 +50,15 @@ def test_four_processes_building_one_key_run_one_build(root, recipe, index, uv_b
     assert run_in_env(Path(paths.pop()), "tinyengine") == "tinyengine 1.0 tinydep 1.0"
 
 
-def test_different_keys_build_in_parallel(root, recipe, index, uv_bin):
-    env = {**os.environ, "LLMGW_STORE_DEBUG_BUILD_PAUSE": "3"}
+def test_different_keys_build_in_parallel(root, recipe, index, uv_bin, tmp_path):
+    # Both builders are held inside their builds at once (each holding its own key's lock), then let go.
+    gate = Barrier(tmp_path)
+    env = {**os.environ, **gate.env("BUILD_PAUSE")}
     base = cli_cmd(root, "--json", "build", str(recipe), "--index-url", index.url, "--uv", str(uv_bin))
     procs = [subprocess.Popen(base + ["--as-of", d], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
              for d in ("2024-02-02", "2024-06-02")]
+    gate.reached_by("BUILD_PAUSE", 2, procs)
+    gate.go("BUILD_PAUSE")
     docs = []
     for p in procs:
         out, err = p.communicate(timeout=240)
@@ -70,11 +71,13 @@ def test_different_keys_build_in_parallel(root, recipe, index, uv_bin):
     assert s1 < f2 and s2 < f1
 
 
-def test_sigkill_mid_build_leaves_nothing_registered_and_next_build_succeeds(root, recipe, index, uv_bin):
-    env = {**os.environ, "LLMGW_STORE_DEBUG_BUILD_PAUSE": "60"}
+def test_sigkill_mid_build_leaves_nothing_registered_and_next_build_succeeds(root, recipe, index, uv_bin, tmp_path):
+    gate = Barrier(tmp_path)
     cmd = cli_cmd(root, "build", str(recipe), "--index-url", index.url, "--uv", str(uv_bin))
-    victim = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-    partials = wait_for_partial(root)
+    victim = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                              env={**os.environ, **gate.env("BUILD_PAUSE")})
+    gate.reached("BUILD_PAUSE", victim)  # a .partial with a venv exists, nothing is registered
+    partials = list((root / "store").glob("*.partial"))
     victim.send_signal(signal.SIGKILL)
     victim.wait(timeout=10)
 
@@ -91,12 +94,13 @@ def test_sigkill_mid_build_leaves_nothing_registered_and_next_build_succeeds(roo
     assert run_in_env(Path(doc["path"]), "tinyengine") == "tinyengine 1.0 tinydep 1.0"
 
 
-def test_lock_timeout_exits_75(root, recipe, index, uv_bin):
-    env = {**os.environ, "LLMGW_STORE_DEBUG_BUILD_PAUSE": "30"}
+def test_lock_timeout_exits_75(root, recipe, index, uv_bin, tmp_path):
+    gate = Barrier(tmp_path)
     cmd = cli_cmd(root, "build", str(recipe), "--index-url", index.url, "--uv", str(uv_bin))
-    holder = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    holder = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                              env={**os.environ, **gate.env("BUILD_PAUSE")})
     try:
-        wait_for_partial(root)
+        gate.reached("BUILD_PAUSE", holder)  # it holds the key's lock until told to go on
         waiter = subprocess.run(cmd + ["--lock-timeout", "1"], capture_output=True, text=True, timeout=60)
         assert waiter.returncode == 75, waiter.stderr
         assert "gave up after 1s waiting for pid" in waiter.stderr
@@ -124,15 +128,16 @@ def _compile_workers(root: Path):
 
 
 @pytest.mark.parametrize("phase", ["uv install", "bytecode compile"])
-def test_sigkill_during_a_child_leaves_no_process_behind(root, recipe, index, uv_bin, phase):
+def test_sigkill_during_a_child_leaves_no_process_behind(root, recipe, index, uv_bin, phase, tmp_path):
     env = dict(os.environ)
+    gate = Barrier(tmp_path)
     if phase == "uv install":
         # Once resolved (the lock file is written), every wheel download takes 20 s: uv sits in `pip install`.
         index.slow(20, when=lambda: any((root / "store").glob("*.partial/.llmgw/requirements.lock")))
         caught = lambda: _uv_installing(root)  # noqa: E731
     else:
-        env["LLMGW_STORE_DEBUG_COMPILE_PAUSE"] = "30"  # each compile worker sleeps 30 s first
-        caught = lambda: _compile_workers(root)  # noqa: E731
+        env.update(gate.env("COMPILE_PAUSE"))  # each compile worker is held before its first file
+        caught = lambda: gate.pids("COMPILE_PAUSE") and _compile_workers(root)  # noqa: E731
     cmd = cli_cmd(root, "build", str(recipe), "--index-url", index.url, "--uv", str(uv_bin))
     victim = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     try:
@@ -146,31 +151,39 @@ def test_sigkill_during_a_child_leaves_no_process_behind(root, recipe, index, uv
     assert not left, "left running after SIGKILL of the build:\n" + "\n".join(map(str, left))
 
 
-def test_twenty_builds_killed_at_random_points_leave_nothing_and_rebuild(root, recipe, index, uv_bin):
-    """SIGKILL a build at a random moment of its run, 20 times (a different key each time, one root,
-    so the uv and pyc caches are shared as on a real host), and start the same build again at once:
-    within half a second nothing of the killed build may still run, and the rebuild must succeed.
-    The killed builds' compile workers first sleep `pause` seconds, so that many random moments
-    fall inside a child, as they do for a real engine, whose compile is most of its build. (Their
-    install is quick whatever one does: the wheels are in the shared uv cache after the first build.)"""
-    pause = 1.0
+# Where a killed build can stand: a random moment of its run, or held at one of its debug points
+# (with its venv made; inside a compile worker, a child of the build; while hashing the frozen tree).
+KILL_POINTS = (None, "BUILD_PAUSE", "COMPILE_PAUSE", "HASH_PAUSE")
+
+
+def test_twenty_builds_killed_at_random_points_leave_nothing_and_rebuild(root, recipe, index, uv_bin, tmp_path):
+    """SIGKILL a build 20 times (a different key each time, one root, so the uv and pyc caches are
+    shared as on a real host), each time at a random moment of its run or held at a random one of
+    its debug points, and start the same build again at once: within half a second nothing of the
+    killed build may still run, and the rebuild must succeed. The points make sure the kills land
+    inside a child and inside each phase, as they do for a real engine, whose compile is most of
+    its build; the random moments cover what lies between them."""
     seed = int(os.environ.get("LLMGW_STORE_TEST_SEED") or time.time_ns() % 10**6)
     rng = random.Random(seed)
-    victim_env = {**os.environ, "LLMGW_STORE_DEBUG_COMPILE_PAUSE": str(pause)}
     cmd = cli_cmd(root, "--json", "build", str(recipe), "--index-url", index.url, "--uv", str(uv_bin))
     started = time.monotonic()
     build_json(root, recipe, index, uv_bin, "--as-of", "2024-03-01")  # the interpreter etc. memoised
     calibrate = time.monotonic()
-    build_json(root, recipe, index, uv_bin, "--as-of", "2024-03-02", env=victim_env)
+    build_json(root, recipe, index, uv_bin, "--as-of", "2024-03-02")
     run_time = time.monotonic() - calibrate
     report = []
     for i in range(20):
         as_of = f"2024-02-{i + 2:02d}"
+        point = KILL_POINTS[i % len(KILL_POINTS)] if i < len(KILL_POINTS) else rng.choice(KILL_POINTS)
         delay = rng.uniform(0, run_time)
-        where = f"seed {seed}, iteration {i} (killed after {delay:.2f}s of {run_time:.2f}s)"
+        gate = Barrier(tmp_path / f"kill-{i}")
+        where = f"seed {seed}, iteration {i} (killed " + (f"at {point})" if point else f"after {delay:.2f}s of {run_time:.2f}s)")
         victim = subprocess.Popen(cmd + ["--as-of", as_of], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                  env=victim_env)
-        time.sleep(delay)
+                                  env={**os.environ, **(gate.env(point) if point else {})})
+        if point:
+            gate.reached(point, victim)
+        else:
+            time.sleep(delay)  # the random moment itself: any outcome but "nothing left, rebuilt" fails
         victim.send_signal(signal.SIGKILL)
         victim.wait(timeout=10)
         rebuild = subprocess.Popen(cmd + ["--as-of", as_of], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -180,10 +193,10 @@ def test_twenty_builds_killed_at_random_points_leave_nothing_and_rebuild(root, r
         assert not left, f"{where}: left running:\n" + "\n".join(map(str, left))
         assert rebuild.returncode == 0, f"{where}: the rebuild failed: {err}"
         doc = json.loads(out)
-        report.append(f"{delay:.2f}s:{doc['how']}")
+        report.append(f"{point or f'{delay:.2f}s'}:{doc['how']}")
         assert run_in_env(Path(doc["path"]), "tinyengine") == "tinyengine 1.0 tinydep 1.0"
         assert procscan.gone_within(str(root), ORPHAN_GRACE_S) == []
-    print(f"seed {seed}, one slowed build {run_time:.2f}s, 20/20 rebuilt in {time.monotonic() - started:.0f}s: "
+    print(f"seed {seed}, one build {run_time:.2f}s, 20/20 rebuilt in {time.monotonic() - started:.0f}s: "
           + " ".join(report))
 
 
@@ -192,10 +205,8 @@ def test_a_child_that_left_its_group_dies_with_the_build(root, tmp_path, index, 
     subreaper, so the escaped process is still its descendant and is killed with the rest when the
     build is SIGKILLed (before: only the next build of the key found it, by its token)."""
     flag = tmp_path / "escape"
-    verify = f'["sh", "-c", "if [ -e {flag} ]; then setsid sleep 300 & sleep 300; fi"]'
-    recipe = tmp_path / "escaping.toml"
-    recipe.write_text(TINY_RECIPE.format(python=PYTHON, extra='version = "1.0"')
-                      .replace('verify = ["tinyengine"]', f"verify = {verify}"))
+    recipe = write_recipe(tmp_path, 'version = "1.0"', "escaping.toml",
+                          verify=["sh", "-c", f"if [ -e {flag} ]; then setsid sleep 300 & sleep 300; fi"])
     flag.touch()
     cmd = cli_cmd(root, "build", str(recipe), "--index-url", index.url, "--uv", str(uv_bin))
     victim = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

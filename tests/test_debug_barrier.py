@@ -35,3 +35,14 @@ def test_unset_points_cost_nothing_and_numbers_still_sleep(tmp_path):
     out = subprocess.run([sys.executable, "-c", HOLD], capture_output=True, text=True, timeout=60,
                          env={**os.environ, "LLMGW_STORE_DEBUG_SOMEWHERE": "0.01"})
     assert out.stdout == "after\n"
+
+
+def test_several_processes_at_one_point_are_counted(tmp_path):
+    gate = Barrier(tmp_path)
+    gate.go("SOMEWHERE")  # open: each passes through, and says so
+    procs = [subprocess.Popen([sys.executable, "-c", HOLD], env={**os.environ, **gate.env("SOMEWHERE")},
+                              stdout=subprocess.PIPE, text=True) for _ in range(3)]
+    assert gate.reached_by("SOMEWHERE", 3, procs) == sorted(p.pid for p in procs)
+    assert all(p.communicate(timeout=60)[0] == "after\n" for p in procs)
+    gate.reset("SOMEWHERE")
+    assert gate.pids("SOMEWHERE") == []

@@ -12,25 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import PYTHON, build_json, run_cli, run_in_env
+from tests.conftest import build_json, run_cli, run_in_env
 from tests.support.index_server import PackageIndex
+from tests.support.recipes import write_recipe
 from tests.support.wheels import build_wheel
-
-RECIPE = """
-[engine]
-name = "tinyengine"
-binary = "tinyengine"
-
-[[build]]
-variant = "cu126"
-python = "{python}"
-version = "1.0"
-requirements = {requirements}
-verify = ["tinyengine"]
-extra_index = "{extra}"
-index_packages = ["tinytorch"]
-{pins}
-"""
 
 
 @pytest.fixture(scope="module")
@@ -56,9 +41,8 @@ def indexes(tmp_path_factory):
 
 
 def _recipe(tmp_path: Path, extra: PackageIndex, pins: str = "", requirements=("tinyengine=={version}",)) -> Path:
-    f = tmp_path / "cuda.toml"
-    f.write_text(RECIPE.format(python=PYTHON, extra=extra.url, pins=pins, requirements=json.dumps(list(requirements))))
-    return f
+    return write_recipe(tmp_path, f'version = "1.0"\n{pins}', "cuda.toml", variant="cu126", requirements=requirements,
+                        extra_index=extra.url, index_packages=["tinytorch"])
 
 
 def _store_names(root: Path) -> list[str]:
@@ -158,10 +142,8 @@ def test_bad_index_pins_are_recipe_errors(tmp_path, indexes, pins, field, says):
 
 def test_index_pins_without_an_extra_index_is_a_recipe_error(tmp_path, indexes):
     main, extra, _ = indexes
-    f = tmp_path / "r.toml"
-    f.write_text(RECIPE.format(python=PYTHON, extra=extra.url, pins='index_pins = { tinytorch = "2.0" }',
-                               requirements='["tinyengine"]').replace(f'extra_index = "{extra.url}"\n', "")
-                 .replace('index_packages = ["tinytorch"]\n', ""))
+    f = write_recipe(tmp_path, 'version = "1.0"\nindex_pins = { tinytorch = "2.0" }', "r.toml", variant="cu126",
+                     requirements=["tinyengine"])
     proc = run_cli(tmp_path / "root", "build", str(f), "--index-url", main.url)
     assert proc.returncode == 2 and "build[0].index_pins: pins packages of the extra index" in proc.stderr
 
@@ -186,9 +168,7 @@ def test_pin_from_main_index_takes_the_engines_own_requirement(tmp_path, indexes
 
 def test_pin_from_main_index_of_a_package_nothing_requires_is_refused(tmp_path, indexes, uv_bin):
     main, extra, _ = indexes
-    f = tmp_path / "r.toml"
-    f.write_text(RECIPE.format(python=PYTHON, extra=extra.url, pins='index_pins = { tinytorch = "from-main-index" }',
-                               requirements='["tinydep"]'))
+    f = _recipe(tmp_path, extra, 'index_pins = { tinytorch = "from-main-index" }', requirements=["tinydep"])
     proc = run_cli(tmp_path / "root", "build", str(f), "--index-url", main.url, "--uv", str(uv_bin), "--version", "1.0")
     assert proc.returncode == 2, proc.stderr
     assert "build[0].index_pins.tinytorch" in proc.stderr and "nothing the build requires needs tinytorch" in proc.stderr

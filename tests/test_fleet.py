@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import build_store, copy_store, run_cli, run_in_env
+from tests.support.barrier import Barrier
+from tests.support.caches import cache, push, s3_server  # noqa: F401  (fixtures: the three real backends)
 from tests.support.object_server import ObjectServer
 
 
@@ -28,45 +30,6 @@ def builder(template, tmp_path):
     run_cli(root, "keygen", "builder-1", "--out", str(keys), check=True)
     run_cli(root, "keygen", "intruder", "--out", str(keys), check=True)
     return root, Path(template["paths"][0]).name, keys
-
-
-@pytest.fixture(scope="module")
-def s3_server():
-    """A real S3-protocol server (moto's server mode) on 127.0.0.1."""
-    from moto.server import ThreadedMotoServer
-
-    srv = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    srv.start()
-    host, port = srv.get_host_and_port()
-    yield f"http://{host}:{port}"
-    srv.stop()
-
-
-@pytest.fixture(params=["file", "http", "s3"])
-def cache(request, tmp_path, monkeypatch):
-    if request.param == "file":
-        yield f"file://{tmp_path / 'cache'}"
-    elif request.param == "http":
-        srv = ObjectServer()
-        yield srv.url
-        srv.stop()
-    else:
-        import boto3
-
-        endpoint = request.getfixturevalue("s3_server")
-        for k, v in {"LLMGW_STORE_S3_ENDPOINT": endpoint, "AWS_ACCESS_KEY_ID": "test",
-                     "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1"}.items():
-            monkeypatch.setenv(k, v)
-        bucket = f"llmgw-{tmp_path.name.lower().replace('_', '-')[:40]}"
-        boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket=bucket)
-        yield f"s3://{bucket}/nodes"
-
-
-def push(root, name, cache, secret, format="1"):
-    """Push as format 1 (one archive) unless told: the v1 tests here and in test_cache_trust keep
-    the monolithic path covered; tests/test_fleet_delta.py covers format 2."""
-    return json.loads(run_cli(root, "--json", "push", str(root / "store" / name), "--to", cache,
-                              "--secret-key", str(secret), "--format", format, check=True).stdout)
 
 
 def test_push_then_pull_into_another_store(builder, cache, tmp_path):
@@ -204,21 +167,17 @@ def test_gc_racing_a_push_keeps_the_path_being_pushed(builder, tmp_path):
     otherwise) keeps it, and the pushed object is whole. The positive control: once the push is
     done, the same gc deletes the path."""
     import subprocess
-    import time
 
     from tests.conftest import cli_cmd
 
     root, name, keys = builder
     cache = f"file://{tmp_path / 'cache'}"
-    env = {**os.environ, "LLMGW_STORE_DEBUG_PUSH_PAUSE": "30"}
+    gate = Barrier(tmp_path)
     pusher = subprocess.Popen(cli_cmd(root, "push", name, "--to", cache, "--secret-key", str(keys / "builder-1.secret")),
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                              env={**os.environ, **gate.env("PUSH_PAUSE")}, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 60
-        mine = root / "var" / "temproots" / str(pusher.pid)
-        while not (mine.exists() and name in mine.read_text()):
-            assert pusher.poll() is None and time.monotonic() < deadline, "push never held its path"
-            time.sleep(0.05)
+        gate.reached("PUSH_PAUSE", pusher)  # its temp root holds the path
         gc = json.loads(run_cli(root, "--json", "gc", check=True).stdout)
         assert name not in [d["name"] for d in gc["deleted"]]
         assert (root / "store" / name).is_dir()

@@ -14,64 +14,10 @@ from blake3 import blake3
 from llmgw_store.cache import signing
 from llmgw_store.cache.objects import pack_digest
 from llmgw_store.core.keys import canonical_json
-from tests.conftest import build_store, copy_store, run_cli, run_in_env
-from tests.test_fleet import cache, s3_server  # noqa: F401  (fixtures: the three real backends)
-
-
-@pytest.fixture(scope="module")
-def delta_wheels(tmp_path_factory):
-    """The test wheels, with a 1 MiB file in tinyengine (a blob of its own) and a few small ones in
-    tinydep (a pack)."""
-    import random
-
-    from tests.support.wheels import build_wheel
-
-    d = tmp_path_factory.mktemp("delta-wheels")
-    script = {"tinyengine": "tinyengine:main"}
-    weights = {"tinyengine/weights.bin": random.Random(1).randbytes(1 << 20)}
-
-    def small(v):
-        return {f"tinydep/data{i}.txt": f"tinydep {v} data {i}\n".encode() * 50 for i in range(5)}
-    return {
-        "tinydep-1.0": build_wheel(d, "tinydep", "1.0", extra_files=small("1.0")),
-        "tinydep-2.0": build_wheel(d, "tinydep", "2.0", extra_files=small("2.0")),
-        "tinyengine-1.0": build_wheel(d, "tinyengine", "1.0", requires=("tinydep",), scripts=script,
-                                      extra_files=weights),
-        "tinyengine-1.1": build_wheel(d, "tinyengine", "1.1", requires=("tinydep",), scripts=script,
-                                      extra_files=weights),
-    }
-
-
-@pytest.fixture(scope="module")
-def template(tmp_path_factory, delta_wheels):
-    """tinyengine 1.0 resolved as of two dates: with tinydep 1.0, then with tinydep 2.0 (one
-    package differs: neighbouring environments)."""
-    t = build_store(tmp_path_factory.mktemp("delta"), delta_wheels, "2024-02-02", "2024-06-02")
-    yield t
-    t["index"].stop()
-
-
-@pytest.fixture
-def world(template, tmp_path):
-    root = copy_store(template["root"], tmp_path / "builder")
-    keys = tmp_path / "keys"
-    run_cli(root, "keygen", "builder-1", "--out", str(keys), check=True)
-    run_cli(root, "keygen", "intruder", "--out", str(keys), check=True)
-    outside = tmp_path / "outside"
-    outside.mkdir()
-    return {"root": root, "keys": keys, "names": template["names"], "node": tmp_path / "node", "tmp": tmp_path,
-            "outside": outside}
-
-
-def push2(w, name, cache):
-    return json.loads(run_cli(w["root"], "--json", "push", name, "--to", cache, "--secret-key",
-                              str(w["keys"] / "builder-1.secret"), check=True).stdout)
-
-
-def pull2(w, target, cache, check=True):
-    proc = run_cli(w["node"], "--json", "pull", target, "--from", cache, "--trusted-key",
-                   str(w["keys"] / "builder-1.public"), check=check)
-    return json.loads(proc.stdout) if check else proc
+from tests.conftest import run_cli, run_in_env
+from tests.support.barrier import Barrier
+from tests.support.caches import cache, s3_server  # noqa: F401  (fixtures: the three real backends)
+from tests.support.delta import delta_wheels, pull2, push2, template, world  # noqa: F401  (fixtures)
 
 
 def test_push_and_pull_format_2(world, cache):
@@ -332,7 +278,6 @@ def test_a_killed_pull_leaves_no_scratch_tree_behind(world, tmp_path, sig):
     import os
     import signal
     import subprocess
-    import time
 
     from tests.conftest import cli_cmd
 
@@ -341,15 +286,14 @@ def test_a_killed_pull_leaves_no_scratch_tree_behind(world, tmp_path, sig):
     push2(world, a, url)
     run_cli(world["node"], "verify")  # creates the node's store
     tmp = world["node"] / "var" / "tmp"
+    gate = Barrier(tmp_path)
     proc = subprocess.Popen(cli_cmd(world["node"], "pull", a, "--from", url, "--trusted-key",
                                     str(world["keys"] / "builder-1.public")),
-                            env={**os.environ, "LLMGW_STORE_DEBUG_PULL_PAUSE": "60"},
+                            env={**os.environ, **gate.env("PULL_PAUSE")},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 60
-        while not (tmp.is_dir() and any(p.name.startswith(f"pull-{proc.pid}-") for p in tmp.iterdir())):
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-            time.sleep(0.05)
+        gate.reached("PULL_PAUSE", proc)
+        assert any(p.name.startswith(f"pull-{proc.pid}-") for p in tmp.iterdir())  # its scratch tree exists
         proc.send_signal(getattr(signal, sig))
         _, err = proc.communicate(timeout=60)
     finally:

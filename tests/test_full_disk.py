@@ -20,7 +20,7 @@ import pytest
 from llmgw_store.core.errors import AccessDeniedError, DiskFullError, ReadOnlyError, cut_at_word, from_os_error
 from llmgw_store.core.index import Index
 from tests.conftest import build_store, copy_store, run_cli, write_recipe
-from tests.support.tmpfs import mounted_tmpfs
+from tests.support.tmpfs import tmpfs as mounted_tmpfs
 from tests.support.wheels import build_wheel
 
 # Two keys of one recipe: p holds OLD (tinydep 1.0); NEW resolves tinydep 2.0, whose 4 MiB of

@@ -16,6 +16,7 @@ import pytest
 from llmgw_store.core.manifest import read as read_manifest
 from llmgw_store.core.manifest import tree_hash
 from tests.conftest import build_store, cli_cmd, copy_store, real_uv, run_cli
+from tests.support.barrier import Barrier
 
 DATES = ("2024-02-02", "2024-06-02", "2024-08-01")
 
@@ -113,9 +114,10 @@ def test_min_free(store):
 def test_running_process_keeps_its_environment(store):
     root, (a, b, c) = store
     env = root / "store" / a
-    proc = subprocess.Popen([str(env / "bin" / "python"), "-c", "import time; time.sleep(120)"], cwd="/")
+    proc = subprocess.Popen([str(env / "bin" / "python"), "-c", "import time; print('up', flush=True); time.sleep(120)"],
+                            cwd="/", stdout=subprocess.PIPE, text=True)
     try:
-        time.sleep(0.3)
+        assert proc.stdout.readline() == "up\n"  # running from the environment now
         r = gc(root)
         assert {d["name"] for d in r["deleted"]} == {b, c}
         assert on_disk(root) == {a}
@@ -128,9 +130,10 @@ def test_running_process_keeps_its_environment(store):
 
 def test_open_file_keeps_its_environment(store):
     root, (a, b, c) = store
-    holder = subprocess.Popen(["sh", "-c", f"exec 3<'{root / 'store' / b / 'pyvenv.cfg'}'; cd /; sleep 120"])
+    holder = subprocess.Popen(["sh", "-c", f"exec 3<'{root / 'store' / b / 'pyvenv.cfg'}'; cd /; echo up; exec sleep 120"],
+                              stdout=subprocess.PIPE, text=True)
     try:
-        time.sleep(0.3)
+        assert holder.stdout.readline() == "up\n"  # the file is open now
         gc(root)
         assert on_disk(root) == {b}
     finally:
@@ -138,20 +141,17 @@ def test_open_file_keeps_its_environment(store):
         holder.wait()
 
 
-def test_crash_leftovers_are_garbage_but_builds_in_flight_are_not(store, template):
+def test_crash_leftovers_are_garbage_but_builds_in_flight_are_not(store, template, tmp_path):
     root, names = store
     (root / "store" / "zzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzz-junk-1-cpu").mkdir()
     (root / "store" / "yyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyy-junk-1-cpu.partial").mkdir()
-    env = {**os.environ, "LLMGW_STORE_DEBUG_BUILD_PAUSE": "60"}
+    gate = Barrier(tmp_path)
     builder = subprocess.Popen(cli_cmd(root, "build", str(template["recipe"]), "--index-url", template["index"].url,
-                                       "--uv", str(real_uv()), "--as-of", "2024-09-09"), env=env,
+                                       "--uv", str(real_uv()), "--as-of", "2024-09-09"),
+                               env={**os.environ, **gate.env("BUILD_PAUSE")},
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 60
-        while not any(p.name.endswith(".partial") and (p / "bin" / "python").exists() and "junk" not in p.name
-                      for p in (root / "store").iterdir()):
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        gate.reached("BUILD_PAUSE", builder)  # its .partial holds a venv, its temp root is up
         r = gc(root)
         deleted = {d["name"] for d in r["deleted"]}
         assert "zzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzz-junk-1-cpu" in deleted
@@ -165,15 +165,17 @@ def test_crash_leftovers_are_garbage_but_builds_in_flight_are_not(store, templat
 
 
 @pytest.mark.parametrize("point", ["GC_AFTER_FORGET", "GC_BEFORE_EMPTY_TRASH"])
-def test_sigkill_mid_sweep_leaves_a_consistent_store(store, point):
+def test_sigkill_mid_sweep_leaves_a_consistent_store(store, point, tmp_path):
     root, (a, b, c) = store
     run_cli(root, "activate", "p", str(root / "store" / a), check=True)
-    env = {**os.environ, f"LLMGW_STORE_DEBUG_{point}": "60"}
-    victim = subprocess.Popen(cli_cmd(root, "gc"), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 60
-    while len(indexed(root)) == 3 if point == "GC_AFTER_FORGET" else not list((root / "var" / "trash").iterdir()):
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
+    gate = Barrier(tmp_path)
+    victim = subprocess.Popen(cli_cmd(root, "gc"), env={**os.environ, **gate.env(point)},
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    gate.reached(point, victim)
+    if point == "GC_AFTER_FORGET":
+        assert len(indexed(root)) == 2  # one path forgotten, still in store/
+    else:
+        assert list((root / "var" / "trash").iterdir())  # renamed to the trash, not yet emptied
     victim.send_signal(signal.SIGKILL)
     victim.wait(timeout=10)
     # Every registered path is complete on disk; what is not registered is garbage for the next gc.
@@ -185,15 +187,13 @@ def test_sigkill_mid_sweep_leaves_a_consistent_store(store, point):
     assert list((root / "var" / "trash").iterdir()) == []
 
 
-def test_second_gc_gives_up_with_75(store):
+def test_second_gc_gives_up_with_75(store, tmp_path):
     root, _ = store
-    env = {**os.environ, "LLMGW_STORE_DEBUG_GC_AFTER_FORGET": "30"}
-    first = subprocess.Popen(cli_cmd(root, "gc"), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    gate = Barrier(tmp_path)
+    first = subprocess.Popen(cli_cmd(root, "gc"), env={**os.environ, **gate.env("GC_AFTER_FORGET")},
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 60
-        while len(indexed(root)) == 3:
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
+        gate.reached("GC_AFTER_FORGET", first)  # it holds the gc lock
         second = run_cli(root, "gc", "--lock-timeout", "1")
         assert second.returncode == 75
         error = second.stderr.splitlines()[-1]

@@ -51,9 +51,10 @@ def deleted(r: dict) -> set[str]:
 
 def test_a_path_whose_process_just_ended_is_kept(store):
     root, (a, b, c) = store
-    proc = subprocess.Popen([str(root / "store" / a / "bin" / "python"), "-c", "import time; time.sleep(120)"], cwd="/")
+    proc = subprocess.Popen([str(root / "store" / a / "bin" / "python"), "-c",
+                             "import time; print('up', flush=True); time.sleep(120)"], cwd="/", stdout=subprocess.PIPE, text=True)
     try:
-        time.sleep(0.3)
+        assert proc.stdout.readline() == "up\n"  # running from the environment now
         r = gc(root, "--keep-dead-for", "1h")
         assert deleted(r) == {b, c}  # never rooted, last used long ago: no grace
     finally:
@@ -63,9 +64,13 @@ def test_a_path_whose_process_just_ended_is_kept(store):
     r = gc(root, "--keep-dead-for", "1h")
     assert deleted(r) == set() and r["kept_by_grace"] == [a]
     assert (root / "store" / a).is_dir()
-    # The grace period is over once it is shorter than the time since.
-    time.sleep(1.1)
-    assert deleted(gc(root, "--keep-dead-for", "1s")) == {a}
+    # The grace period is over once it is shorter than the time since: two hours ago, for one of 1h.
+    con = sqlite3.connect(root / "var" / "db.sqlite")
+    two_hours_ago = time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime(time.time() - 7200))
+    assert con.execute("UPDATE gc_rooted SET last_rooted = ? WHERE name = ?", (two_hours_ago, a)).rowcount == 1
+    con.commit()
+    con.close()
+    assert deleted(gc(root, "--keep-dead-for", "1h")) == {a}
 
 
 def test_a_deleted_generation_keeps_its_path_for_the_grace_period(store):

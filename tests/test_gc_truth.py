@@ -18,6 +18,7 @@ import pytest
 from llmgw_store.core.fsutil import free_bytes
 from tests.conftest import RELEASE_DATES, build_json, real_uv, run_cli, write_recipe
 from tests.support.index_server import PackageIndex
+from tests.support.tmpfs import tmpfs
 from tests.support.wheels import build_wheel
 
 MiB = 1 << 20
@@ -61,17 +62,8 @@ def fat_index(fat_wheel_files):
 def small_fs(tmp_path):
     """A fresh 128 MiB tmpfs: nothing else writes to it, so its statvfs counts only what the test
     does. Skipped where mounting is not permitted."""
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=128m,mode=0755", "tmpfs", str(mnt)],
-                          capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
-    try:
+    with tmpfs(tmp_path / "mnt", "128m") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["chmod", "-R", "u+w", str(mnt)], check=False)
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 def _build(root: Path, index: PackageIndex, as_of: str, tmp: Path) -> str:

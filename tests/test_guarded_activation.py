@@ -8,13 +8,14 @@ from __future__ import annotations
 import json
 import os
 import signal
-import sqlite3
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
+from llmgw_store.core.layout import Layout
+from llmgw_store.roots import records
 from tests.conftest import build_json, build_store, cli_cmd, real_uv, run_cli, write_recipe
 
 
@@ -40,12 +41,9 @@ def generations(root: Path, profile: str) -> dict:
 
 
 def switches(root: Path, profile: str) -> list[tuple]:
-    con = sqlite3.connect(root / "var" / "db.sqlite")
-    try:
-        return [tuple(r) for r in con.execute(
-            "SELECT from_number, to_number, kind FROM switches WHERE profile = ? ORDER BY id", (profile,))]
-    finally:
-        con.close()
+    """The switches the profile's history records: (from, to, kind)."""
+    return [(e.get("from"), e["to"], e["event"]) for e in records.history(Layout.at(root), profile)
+            if e["event"] in ("activate", "auto-rollback", "rollback")]
 
 
 def wait_for(predicate, what: str, seconds: float = 60) -> None:

@@ -101,7 +101,7 @@ def test_rebuild_index_whatever_state_the_file_is_in(store, how):
     assert run_cli(root, "doctor").returncode == 0
     assert list_names(root) >= {a.name, b.name}
     if how == "garbage_wal":  # the main file is intact: its history is all still there
-        assert r["history_copied"]["builds"] >= 2 and r["history_copied"]["switches"] >= 2
+        assert r["history_copied"]["builds"] >= 2 and r["history_copied"]["generations"] >= 2
 
 
 def test_history_is_salvaged_from_a_file_sqlite_can_still_partly_read(store, tmp_path):
@@ -240,3 +240,30 @@ def test_gc_with_the_index_deleted_keeps_rooted_paths(store):
     assert not stray.exists() and "incomplete" in deleted[stray.name]
     # B is complete but no root holds it: registered again, then collected like any unrooted path.
     assert deleted[b.name] == "no root holds it" and not b.exists()
+
+
+def test_a_path_and_its_reference_are_registered_again_in_order_and_forgotten_in_order(store):
+    """The index's references are foreign keys: doctor registers a reference before its referrer
+    (whichever name it meets first), and gc, once nothing roots them, forgets the referrer first."""
+    root, (a, b) = store
+    referrer, reference = sorted((a, b), key=lambda p: p.name)  # the referrer is met first
+    doc = json.loads((referrer / ".llmgw" / "manifest.json").read_text())
+    doc["references"] = [reference.name]
+    os.chmod(referrer / ".llmgw", 0o755)
+    os.chmod(referrer / ".llmgw" / "manifest.json", 0o644)
+    (referrer / ".llmgw" / "manifest.json").write_text(json.dumps(doc))
+    os.chmod(referrer / ".llmgw" / "manifest.json", 0o444)
+    os.chmod(referrer / ".llmgw", 0o555)
+    remove_db(root)
+
+    r = json.loads(run_cli(root, "--json", "doctor", "--rebuild-index", check=True).stdout)
+    assert set(r["registered"]) == {a.name, b.name} and r["skipped"] == []
+    con = sqlite3.connect(db_of(root))
+    assert con.execute("SELECT referrer, reference FROM refs").fetchall() == [(referrer.name, reference.name)]
+    con.close()
+    # Unrooted (no profile, no pin), both go; the referrer is forgotten before what it references.
+    for link in (root / "profiles").glob("p*"):
+        link.unlink()
+    (root / "gcroots" / "good").unlink()
+    gone = json.loads(run_cli(root, "--json", "gc", check=True).stdout)["deleted"]
+    assert [d["name"] for d in gone] == [referrer.name, reference.name]

@@ -23,7 +23,7 @@ def _plant_row(root: Path, name: str) -> None:
     """A copy of the first `paths` row, under another key, named `name`."""
     con = sqlite3.connect(root / "var" / "db.sqlite")
     cur = con.execute("SELECT * FROM paths")
-    row = dict(zip([d[0] for d in cur.description], cur.fetchone()))
+    row = dict(zip([d[0] for d in cur.description], cur.fetchone(), strict=True))
     row.update(name=name, key="x" * 32)
     con.execute(f"INSERT INTO paths ({','.join(row)}) VALUES ({','.join('?' * len(row))})", tuple(row.values()))
     con.commit()

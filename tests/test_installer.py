@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import tarfile
 import tomllib
 from pathlib import Path
 
@@ -10,49 +12,15 @@ import pytest
 
 from tests.conftest import PYTHON, build_json, run_cli, run_in_env
 from tests.support.index_server import PackageIndex
+from tests.support.indexes import releases, two_indexes  # noqa: F401  (fixtures)
+from tests.support.recipes import FULL, GOOD_SOURCE, file_member, make_tar, write_recipe
+from tests.support.release_server import ReleaseServer
 from tests.support.wheels import build_wheel
-
-RECIPE = """
-[engine]
-name = "tinyengine"
-binary = "tinyengine"
-
-[[build]]
-variant = "cu126"
-python = "{python}"
-version = "1.0"
-requirements = ["tinyengine=={{version}}"]
-verify = ["tinyengine"]
-extra_index = "{extra}"
-index_packages = {packages}
-"""
-
-
-@pytest.fixture(scope="module")
-def two_indexes(tmp_path_factory):
-    """The main index serves tinyengine (which needs tinytorch and tinytriton) and both of those;
-    the second index serves tinytorch's CUDA build and a *higher* tinytriton, as an attacker who
-    registered it there would."""
-    d = tmp_path_factory.mktemp("two-indexes")
-    main, extra = PackageIndex(), PackageIndex()
-    day = "2024-01-01T00:00:00Z"
-    engine = build_wheel(d / "main", "tinyengine", "1.0", requires=("tinytorch", "tinytriton"),
-                         scripts={"tinyengine": "tinyengine:main"})
-    main.add("tinyengine", engine, "2024-02-01T00:00:00Z")
-    main.add("tinytorch", build_wheel(d / "main", "tinytorch", "1.0"), day)
-    main.add("tinytriton", build_wheel(d / "main", "tinytriton", "1.0"), day)
-    extra.add("tinytorch", build_wheel(d / "extra", "tinytorch", "1.0+cu126"), day)
-    extra.add("tinytorch", build_wheel(d / "extra", "tinytorch", "2.0+cu126"), "2024-06-01T00:00:00Z")  # after as_of
-    extra.add("tinytriton", build_wheel(d / "extra", "tinytriton", "9.0"), day)
-    main.start(), extra.start()
-    yield main, extra
-    main.stop(), extra.stop()
 
 
 def _recipe(tmp_path: Path, extra: PackageIndex, packages: list[str]) -> Path:
-    f = tmp_path / "cuda.toml"
-    f.write_text(RECIPE.format(python=PYTHON, extra=extra.url, packages=json.dumps(packages)))
-    return f
+    return write_recipe(tmp_path, 'version = "1.0"', "cuda.toml", variant="cu126", extra_index=extra.url,
+                        index_packages=packages)
 
 
 def test_second_index_serves_only_the_packages_named_for_it(tmp_path, two_indexes, uv_bin):
@@ -84,74 +52,12 @@ def test_unnamed_packages_never_come_from_the_second_index(tmp_path, two_indexes
 
 def test_extra_index_without_packages_is_a_recipe_error(tmp_path, two_indexes):
     main, extra = two_indexes
-    f = tmp_path / "bad.toml"
-    f.write_text(RECIPE.format(python=PYTHON, extra=extra.url, packages="[]"))
+    f = write_recipe(tmp_path, 'version = "1.0"', "bad.toml", variant="cu126", extra_index=extra.url, index_packages=[])
     proc = run_cli(tmp_path / "root", "build", str(f), "--index-url", main.url)
     assert proc.returncode == 2 and "build[0].extra_index: extra_index and a non-empty index_packages go together" in proc.stderr
 
 
 # --- source archives, release assets, release wheels -------------------------------------------
-
-import hashlib  # noqa: E402
-import io  # noqa: E402
-import tarfile  # noqa: E402
-
-from tests.support.release_server import ReleaseServer  # noqa: E402
-
-FULL = """
-[engine]
-name = "tinyengine"
-binary = "tinyengine"
-repo = "org/tinyengine"
-
-[[build]]
-variant = "full"
-python = "{python}"
-version = "1.0"
-requirements = []
-verify = ["tinyengine"]
-assets = ["tinytool"]
-asset_tag = "v{{version}}"
-
-[build.source]
-url = "{base}/download/src/tinysrc.tar.gz"
-sha256 = "{sha}"
-requirements = "requirements.txt"
-dir = "src"
-
-[build.wheel]
-tag = "v{{version}}"
-prefix = "tinyengine-"
-project = "tinyengine"
-"""
-
-
-def make_tar(members: list[tuple[tarfile.TarInfo, bytes | None]]) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz") as tf:
-        for info, data in members:
-            tf.addfile(info, io.BytesIO(data) if data is not None else None)
-    return buf.getvalue()
-
-
-def file_member(name: str, data: bytes) -> tuple[tarfile.TarInfo, bytes]:
-    info = tarfile.TarInfo(name)
-    info.size = len(data)
-    return info, data
-
-
-GOOD_SOURCE = [file_member("tinysrc-1.0/requirements.txt", b"# what serve.py needs\ntinydep<2\n"),
-               file_member("tinysrc-1.0/serve.py", b"print('serving')\n")]
-
-
-@pytest.fixture
-def releases(wheels):
-    srv = ReleaseServer()
-    srv.add("org/tinyengine", "v1.0", wheels["tinyengine-1.0"].name, wheels["tinyengine-1.0"].read_bytes())
-    srv.add("org/tinyengine", "v1.0", "tinytool", b"#!/bin/sh\necho tinytool 1.0\n")
-    yield srv
-    srv.stop()
-
 
 def _full(tmp_path: Path, releases: ReleaseServer, source: bytes, text: str = FULL) -> Path:
     sha = releases.add("org/tinyengine", "src", "tinysrc.tar.gz", source)

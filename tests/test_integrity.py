@@ -58,7 +58,8 @@ def test_rebuild_index_after_deleting_the_database(store):
     assert {a.name, b.name} <= set(r["registered"]) and r["skipped"] == [] and r["generations"] == 2 and r["pins"] == 1
     assert run_cli(root, "doctor").returncode == 0
     after = json.loads(run_cli(root, "--json", "list", check=True).stdout)["paths"]
-    key = lambda rows: sorted((x["name"], x["key"], x["content_hash"], x["size"], x["files"], x["as_of"]) for x in rows)
+    def key(rows):
+        return sorted((x["name"], x["key"], x["content_hash"], x["size"], x["files"], x["as_of"]) for x in rows)
     assert key(after) == key(before)
     gens = json.loads(run_cli(root, "--json", "generations", "p", check=True).stdout)
     assert [g["number"] for g in gens["generations"]] == [1, 2] and gens["current"] == 2 and gens["index_differs"] == []

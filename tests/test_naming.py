@@ -8,26 +8,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.conftest import PYTHON, run_cli, run_in_env
-
-BARE = """
-[engine]
-name = "tinyengine"
-pypi = "tinyengine"
-binary = "tinyengine"
-
-[[build]]
-variant = "cpu"
-python = "{python}"
-requirements = [{requirements}]
-verify = ["tinyengine"]
-"""
+from tests.conftest import run_cli, run_in_env
+from tests.support.recipes import write_recipe
 
 
-def _recipe(tmp_path: Path, requirements: str) -> Path:
-    p = tmp_path / "bare.toml"
-    p.write_text(BARE.format(python=PYTHON, requirements=requirements))
-    return p
+def _recipe(tmp_path: Path, requirement: str) -> Path:
+    return write_recipe(tmp_path, name="bare.toml", requirements=[requirement])
 
 
 def _build(root, recipe, index, uv_bin, *extra):
@@ -36,7 +22,7 @@ def _build(root, recipe, index, uv_bin, *extra):
 
 def test_bare_requirements_before_the_latest_release_are_named_after_what_resolves(root, tmp_path, index, uv_bin):
     # "the latest release" as the index stood at --as-of: 1.0 (1.1 came later), and 1.0 is inside.
-    recipe = _recipe(tmp_path, '"tinyengine"')
+    recipe = _recipe(tmp_path, "tinyengine")
     proc = _build(root, recipe, index, uv_bin, "--as-of", "2024-03-01T00:00:00Z")
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
@@ -48,7 +34,7 @@ def test_bare_requirements_before_the_latest_release_are_named_after_what_resolv
 
 
 def test_requirements_that_resolve_another_version_than_the_name_are_refused(root, tmp_path, index, uv_bin):
-    recipe = _recipe(tmp_path, '"tinyengine==1.0"')
+    recipe = _recipe(tmp_path, "tinyengine==1.0")
     proc = _build(root, recipe, index, uv_bin, "--version", "1.1", "--as-of", "2024-08-01T00:00:00Z")
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1].startswith("llmgw-store: error: ")

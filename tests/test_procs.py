@@ -18,6 +18,7 @@ import pytest
 from llmgw_store.build import bytecode
 from llmgw_store.core import procs
 from tests.support import procscan
+from tests.support.barrier import Barrier
 
 SH_TWO_SLEEPS = ["sh", "-c", "sleep 100 & sleep 100"]
 
@@ -193,17 +194,19 @@ def test_reap_without_a_record_does_nothing(tmp_path):
 
 
 def test_compile_workers_die_with_the_compile_script_alone(tmp_path, mark):
-    """The script is SIGKILLed by itself (no keeper around it here): its pool worker, which sleeps
-    in the COMPILE_PAUSE hook, dies too (PR_SET_PDEATHSIG set by the pool's initializer)."""
+    """The script is SIGKILLed by itself (no keeper around it here): its pool worker, which is held
+    at the COMPILE_PAUSE hook, dies too (PR_SET_PDEATHSIG set by the pool's initializer)."""
     env_dir = tmp_path / "env"
     (env_dir / "lib").mkdir(parents=True)
     (env_dir / "lib" / "m.py").write_text("x = 1\n")
+    gate = Barrier(tmp_path)
     script = subprocess.Popen(
         [sys.executable, "-c", bytecode.SCRIPT, env_dir, env_dir / "lib", tmp_path / "cache"],
-        env=env_with(mark, LLMGW_STORE_DEBUG_COMPILE_PAUSE="100"), start_new_session=True,
+        env=env_with(mark, **gate.env("COMPILE_PAUSE")), start_new_session=True,
     )
-    worker = procscan.wait_for(lambda: [p for p in procscan.mentioning(mark) if p.ppid == script.pid], 30,
-                               "the compile worker")
+    held = gate.reached("COMPILE_PAUSE", script)
+    worker = [p for p in procscan.mentioning(mark) if p.pid == held]
+    assert worker and worker[0].ppid == script.pid  # a pool worker, not the script itself
     script.kill()
     script.wait(timeout=10)
     assert procscan.gone_within(mark, 5) == [], worker

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import build_store, cli_cmd, run_cli
+from tests.support.barrier import Barrier
 
 
 @pytest.fixture(scope="module")
@@ -185,18 +186,17 @@ def test_switching_2000_times_is_atomic_for_readers(built, tmp_path):
 
 
 @pytest.mark.parametrize("point, expect_current, expect_repair", [("BEFORE_SWITCH", 1, True), ("AFTER_SWITCH", 2, True)])
-def test_sigkill_mid_activation_leaves_old_or_new(built, point, expect_current, expect_repair):
+def test_sigkill_mid_activation_leaves_old_or_new(built, point, expect_current, expect_repair, tmp_path):
     root, old, new = built["root"], built["old"], built["new"]
     profile = f"k-{point.lower().replace('_', '-')}"
     act(root, profile, old)
-    env = {**os.environ, f"LLMGW_STORE_DEBUG_{point}": "60"}
-    victim = subprocess.Popen(cli_cmd(root, "activate", profile, new), env=env,
+    gate = Barrier(tmp_path)
+    victim = subprocess.Popen(cli_cmd(root, "activate", profile, new), env={**os.environ, **gate.env(point)},
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    gate.reached(point, victim)
     link2 = root / "profiles" / f"{profile}-2-link"
-    deadline = time.monotonic() + 60
-    while not link2.is_symlink() or (point == "AFTER_SWITCH" and os.readlink(root / "profiles" / profile) != link2.name):
-        assert time.monotonic() < deadline, "activation never reached its pause"
-        time.sleep(0.02)
+    assert link2.is_symlink()  # the new generation exists; the profile is switched after, not before
+    assert (os.readlink(root / "profiles" / profile) == link2.name) == (point == "AFTER_SWITCH")
     victim.send_signal(signal.SIGKILL)
     victim.wait(timeout=10)
     assert os.path.realpath(root / "profiles" / profile) == (old if expect_current == 1 else new)

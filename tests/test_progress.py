@@ -10,42 +10,47 @@ import itertools
 import json
 import os
 import re
+import subprocess
 import tempfile
 import threading
 
 import pytest
 
 from llmgw_store.core import procs, report
-from tests.conftest import PYTHON, run_cli
-
-SLOW = {"LLMGW_STORE_DEBUG_COMPILE_PAUSE": "3"}
-RECIPE = """
-[engine]
-name = "tinyengine"
-binary = "tinyengine"
-
-[[build]]
-variant = "cpu"
-python = "%s"
-version = "1.0"
-requirements = ["tinyengine=={version}"]
-verify = ["sh", "-c", %s]
-"""
+from tests.conftest import cli_cmd, run_cli
+from tests.support import recipes
+from tests.support.barrier import Barrier
 
 
 def write_recipe(tmp_path, verify: str, name: str):
-    p = tmp_path / name
-    p.write_text(RECIPE % (PYTHON, json.dumps(verify)))
-    return p
+    return recipes.write_recipe(tmp_path, 'version = "1.0"', name, verify=["sh", "-c", verify])
 
 
 def slow_recipe(tmp_path):
     return write_recipe(tmp_path, "sleep 3; tinyengine", "slow.toml")
 
 
-def build(root, recipe, index, uv_bin, *global_opts):
-    return run_cli(root, *global_opts, "build", str(recipe), "--index-url", index.url, "--uv", str(uv_bin),
-                   env=SLOW)
+def build(root, recipe, index, uv_bin, *global_opts) -> subprocess.CompletedProcess:
+    """A build whose bytecode compile is held (COMPILE_PAUSE) until its progress has reported the
+    compile's count (the heartbeat of a step that lasts), whatever the machine's speed."""
+    gate = Barrier(root.parent / f"gate-{root.name}")
+    cmd = cli_cmd(root, *global_opts, "build", str(recipe), "--index-url", index.url, "--uv", str(uv_bin))
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **gate.env("COMPILE_PAUSE")})
+    seen = []
+    try:
+        gate.reached("COMPILE_PAUSE", proc)
+        for line in proc.stderr:  # the build's own word, line by line (bounded: it ends when the build does)
+            seen.append(line)
+            if "compiling bytecode" in line and "modules" in line:  # `0/N modules`, or its JSON event
+                break
+        gate.go("COMPILE_PAUSE")
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, "".join(seen) + err)
 
 
 def test_a_slow_build_reports_at_least_every_two_seconds(tmp_path, index, uv_bin):

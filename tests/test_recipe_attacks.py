@@ -24,11 +24,11 @@ from llmgw_store.build import recipe as recipes
 from llmgw_store.core.errors import RecipeError
 from llmgw_store.core.fsutil import sha256_of
 from tests.conftest import PYTHON, build_json, run_cli, run_in_env
+from tests.support.indexes import releases  # noqa: F401  (fixture)
+from tests.support.recipes import FULL, GOOD_SOURCE, TOOL, file_member, make_tar
 from tests.support.release_server import ReleaseServer
-from tests.test_installer import FULL, GOOD_SOURCE, file_member, make_tar
 
 REAL_PYTHON = Path(sys.executable).resolve()
-TOOL = b"#!/bin/sh\necho tinytool 1.0\n"
 SITE = f"lib/python{PYTHON}/site-packages"
 
 
@@ -41,15 +41,6 @@ def base_python(tmp_path_factory) -> Path:
     copy = bindir / REAL_PYTHON.name
     shutil.copy2(REAL_PYTHON, copy)
     return copy
-
-
-@pytest.fixture
-def releases(wheels):
-    srv = ReleaseServer()
-    srv.add("org/tinyengine", "v1.0", wheels["tinyengine-1.0"].name, wheels["tinyengine-1.0"].read_bytes())
-    srv.add("org/tinyengine", "v1.0", "tinytool", TOOL)
-    yield srv
-    srv.stop()
 
 
 class Untouched:

@@ -13,30 +13,14 @@ import os
 import signal
 import stat
 import subprocess
-import time
 from datetime import datetime
 from pathlib import Path
 
-import pytest
-
 from tests.conftest import PYTHON, build_json, cli_cmd, run_cli, run_in_env
-from tests.support.index_server import PackageIndex
+from tests.support.barrier import Barrier
+from tests.support.indexes import two_indexes  # noqa: F401  (fixture)
+from tests.support.recipes import write_recipe
 from tests.support.wheels import build_wheel
-
-CUDA_RECIPE = """
-[engine]
-name = "tinyengine"
-binary = "tinyengine"
-
-[[build]]
-variant = "cu126"
-python = "{python}"
-version = "1.0"
-requirements = ["tinyengine=={{version}}"]
-verify = ["tinyengine"]
-extra_index = "{extra}"
-index_packages = ["tinytorch"]
-"""
 
 
 def _info(root: Path, name: str) -> dict:
@@ -98,24 +82,10 @@ def test_the_builders_umask_and_clock_do_not_reach_the_store(tmp_path, index, re
     assert run_in_env(pb, "tinyengine") == "tinyengine 1.0 tinydep 1.0"
 
 
-@pytest.fixture(scope="module")
-def two_indexes(tmp_path_factory):
-    d = tmp_path_factory.mktemp("two-indexes")
-    main, extra = PackageIndex(), PackageIndex()
-    day = "2024-01-01T00:00:00Z"
-    main.add("tinyengine", build_wheel(d / "main", "tinyengine", "1.0", requires=("tinytorch",),
-                                       scripts={"tinyengine": "tinyengine:main"}), "2024-02-01T00:00:00Z")
-    main.add("tinytorch", build_wheel(d / "main", "tinytorch", "1.0"), day)
-    extra.add("tinytorch", build_wheel(d / "extra", "tinytorch", "1.0+cu126"), day)
-    main.start(), extra.start()
-    yield main, extra
-    main.stop(), extra.stop()
-
-
 def test_pylock_build_two_fresh_roots_same_content_hash(tmp_path, two_indexes, uv_bin):
     main, extra = two_indexes
-    recipe = tmp_path / "cuda.toml"
-    recipe.write_text(CUDA_RECIPE.format(python=PYTHON, extra=extra.url))
+    recipe = write_recipe(tmp_path, 'version = "1.0"', "cuda.toml", variant="cu126", extra_index=extra.url,
+                          index_packages=["tinytorch"])
     a = build_json(tmp_path / "a", recipe, main, uv_bin)
     b = build_json(tmp_path / "b", recipe, main, uv_bin)
     pa, pb = Path(a["path"]), Path(b["path"])
@@ -234,19 +204,15 @@ def test_check_leaves_no_temporary_tree_when_terminated_and_sweeps_a_killed_ones
     (stale / "env" / "f").write_text("x")
     os.chmod(stale / "env", 0o555)
     # SIGTERM while the rebuild is paused just after its venv exists.
+    gate = Barrier(tmp_path)
     proc = subprocess.Popen(cli_cmd(root, "build", str(recipe), "--check", "--index-url", index.url, "--uv", str(uv_bin)),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "LLMGW_STORE_DEBUG_BUILD_PAUSE": "60"})
+                            env={**os.environ, **gate.env("BUILD_PAUSE")})
     tmp = root / "var" / "tmp"
     try:
-        for _ in range(600):
-            mine = [n for n in _tmp_entries(root) if n.startswith(f"check-{proc.pid}-")]
-            if mine and (tmp / mine[0] / "env" / "pyvenv.cfg").exists():
-                break
-            assert proc.poll() is None, proc.communicate()
-            time.sleep(0.1)
-        else:
-            raise AssertionError("the check never reached its rebuild")
+        gate.reached("BUILD_PAUSE", proc)
+        mine = [n for n in _tmp_entries(root) if n.startswith(f"check-{proc.pid}-")]
+        assert mine and (tmp / mine[0] / "env" / "pyvenv.cfg").exists()  # inside its rebuild
         assert not stale.exists()  # swept before this check made its own
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=60)

@@ -9,13 +9,12 @@ import os
 import shutil
 import stat
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
-from llmgw_store.core import manifest
 from tests.conftest import build_store, cli_cmd, copy_store, run_cli
+from tests.support.barrier import Barrier
 
 TIMEOUT = 120  # a verify that blocks on a FIFO would never end: the test fails instead of hanging
 
@@ -86,20 +85,18 @@ def test_file_swapped_between_the_walk_and_the_hashing(env, tmp_path, kind):
     copy = tmp_path / "same-bytes.py"
     shutil.copyfile(target, copy)
     _writable(target.parent)
+    gate = Barrier(tmp_path)
     proc = subprocess.Popen(cli_cmd(root, "--json", "verify"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env={**os.environ, "LLMGW_STORE_DEBUG_HASH_PAUSE": "3"})
+                            text=True, env={**os.environ, **gate.env("HASH_PAUSE", "HASH_WALKED")})
     try:
-        # the walk of this small tree is done long before the pause ends once the threads exist
-        deadline = time.monotonic() + 60
-        while len(os.listdir(f"/proc/{proc.pid}/task")) < 1 + manifest.THREADS:
-            assert proc.poll() is None and time.monotonic() < deadline, "verify never started hashing"
-            time.sleep(0.01)
-        time.sleep(0.5)
+        gate.reached("HASH_WALKED", proc)  # the walk saw a regular file; no thread has hashed it
         target.unlink()
         if kind == "fifo":
             os.mkfifo(target, 0o444)
         else:
             os.symlink(copy, target)
+        gate.go("HASH_PAUSE")
+        gate.go("HASH_WALKED")
         out, err = proc.communicate(timeout=TIMEOUT)
     finally:
         if proc.poll() is None:

@@ -1,4 +1,4 @@
-"""Binary caches: `keygen`, `push`, `pull`, `push-roots`, `cache gc`."""
+"""Binary caches: `push`, `pull`, `push-roots`, `cache gc`, `key public` (`keygen` is in integrity.py)."""
 
 from __future__ import annotations
 
@@ -100,3 +100,25 @@ def cache_gc(obj: Context, url: str, keep_from: tuple[str, ...], grace: str, dry
                f"{human_size(r.freed_bytes)}; kept {r.kept_objects} object(s), {r.kept_blobs} blob(s) for "
                f"{len(r.roots)} node(s)")
     obj.emit(r.to_json(), "\n".join([*r.deleted_objects, summary]))
+
+
+@cli.group()
+def key() -> None:
+    """Signing keys (made by `keygen`)."""
+
+
+@key.command("public")
+@click.argument("secret", type=click.Path(dir_okay=False))
+@click.pass_obj
+def key_public(obj: Context, secret: str) -> None:
+    """Print the public key (name:base64) of the SECRET key file, to pass as --trusted-key or to
+    write to NAME.public.
+
+    \b
+    Example:
+      llmgw-store key public /etc/llmgw-store/builder-1.secret > builder-1.public
+    """
+    from llmgw_store.cache.signing import public_key_of
+
+    public = public_key_of(secret)
+    obj.emit({"public_key": public}, public)

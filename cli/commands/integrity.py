@@ -15,9 +15,12 @@ from llmgw_store.core import defaults, locks
 @click.option("--python-preference", envvar="LLMGW_STORE_PYTHON_PREFERENCE", default=defaults.PYTHON_PREFERENCE, show_default=True,
               type=click.Choice(defaults.PYTHON_PREFERENCES), help="For --repair: where the interpreter may come from.")
 @lock_timeout_option(locks.BUILD_LOCK_TIMEOUT_S, "each lock --repair takes (the gc lock, the key's)")
+@click.option("--index-url", envvar="LLMGW_STORE_INDEX_URL", metavar="URL",
+              help="For --repair: the configured index URL, whose credentials (if any) are sent to the index a "
+                   "path records, when it is that index. Env: LLMGW_STORE_INDEX_URL.")
 @click.pass_obj
 def verify(obj: Context, paths: tuple[str, ...], repair: bool, uv_path: str | None, python_preference: str,
-           lock_timeout: float) -> None:
+           lock_timeout: float, index_url: str | None) -> None:
     """Recompute the content hash of PATHS (store paths, names, keys, PROFILE or PROFILE@N; default:
     every store path) and compare with the manifest
     and the index; name modified, missing, extra and writable files. Exit 1 if any path is damaged.
@@ -30,7 +33,7 @@ def verify(obj: Context, paths: tuple[str, ...], repair: bool, uv_path: str | No
     from llmgw_store.integrity.verify import verify as do_verify
 
     r = do_verify(list(paths) or None, root=obj.root, repair=repair, uv=uv_path,
-                  python_preference=python_preference, lock_timeout=lock_timeout)
+                  python_preference=python_preference, lock_timeout=lock_timeout, index_url=index_url)
     lines = []
     for p in r.paths:
         state = "ok" if p["ok"] else ("repaired" if p.get("ok_after_repair") else "DAMAGED")

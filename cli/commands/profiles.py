@@ -5,7 +5,16 @@ from __future__ import annotations
 
 import click
 
-from llmgw_store.cli.app import Context, build_options, caches_from, cli, lock_timeout_option, options_from
+from llmgw_store.cli.app import (
+    Context,
+    build_options,
+    caches_from,
+    cli,
+    lock_timeout_option,
+    offline_option,
+    options_from,
+    substitute_only_option,
+)
 from llmgw_store.core import defaults, locks
 from llmgw_store.core.names import printable
 
@@ -79,9 +88,15 @@ def activate(obj: Context, profile: str, target: str, **kw) -> None:
               show_default=True, type=click.Choice(defaults.PYTHON_PREFERENCES),
               help="Where the interpreter of a rebuild may come from.")
 @lock_timeout_option(locks.LOCK_TIMEOUT_S, "the profile's lock (and a rebuild's locks)")
+@substitute_only_option()
+@offline_option()
+@click.option("--index-url", envvar="LLMGW_STORE_INDEX_URL", metavar="URL",
+              help="The configured index URL: its credentials (if any) are sent to the index a cold generation "
+                   "records, when it is that index. Env: LLMGW_STORE_INDEX_URL.")
 @click.pass_obj
 def rollback(obj: Context, profile: str, to: int | None, substituters: tuple[str, ...], trusted_keys: tuple[str, ...],
-             uv_path: str | None, python_preference: str, lock_timeout: float) -> None:
+             uv_path: str | None, python_preference: str, lock_timeout: float, substitute_only: bool, offline: bool,
+             index_url: str | None) -> None:
     """Switch PROFILE back to its previous generation, or to generation N with --to N.
 
     A cold generation N (deleted, its store path collected) comes back from its record: pulled
@@ -96,7 +111,8 @@ def rollback(obj: Context, profile: str, to: int | None, substituters: tuple[str
     from llmgw_store.api import rollback as do_rollback
 
     r = do_rollback(profile, to=to, substituters=substituters, trusted_keys=trusted_keys, uv=uv_path,
-                    python_preference=python_preference, root=obj.root, lock_timeout=lock_timeout)
+                    python_preference=python_preference, root=obj.root, lock_timeout=lock_timeout,
+                    substitute_only=substitute_only, offline=offline, index_url=index_url)
     back = f" (cold: {r.rebuilt})" if r.rebuilt else ""
     obj.emit(r.to_json(), f"{profile}: generation {r.previous} -> {r.generation} ({r.path}){back}")
 

@@ -12,15 +12,16 @@ import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 from llmgw_store.build import bytecode, cacheuse, canonical, indexpins, interpreters, lockfiles
 from llmgw_store.build import recipe as recipes
 from llmgw_store.build import uv as uvmod
 from llmgw_store.build.realise import DEFAULT_LOCK_TIMEOUT_S, realise
 from llmgw_store.build.recipe import ONE_DAY, Build, Recipe, format_time, parse_time, past_time
-from llmgw_store.core import debug, defaults
-from llmgw_store.core.errors import CommandError, RecipeError, StoreError, UsageError
+from llmgw_store.core import credentials, debug, defaults, network
+from llmgw_store.core.credentials import IndexAuth
+from llmgw_store.core.errors import CommandError, NotSubstituted, RecipeError, StoreError, UsageError
 from llmgw_store.core.fsutil import force_rmtree, free_bytes
 from llmgw_store.core.host import platform_facts
 from llmgw_store.core.keys import SCHEMA_VERSION, path_name, store_key
@@ -39,9 +40,38 @@ MAX_RECIPE_BYTES = 1 << 20  # a larger recipe file is built, never memoised
 
 class Substituter(Protocol):
     """Something that can put a store path in place instead of building it (a binary cache).
-    Called with the key's lock held; returns True once the path is registered, False to build."""
+    Called with the key's lock held; returns True once the path is registered, False to build.
+    `urls` names the caches it asks (a substitute-only miss names them)."""
+
+    urls: tuple[str, ...]
 
     def substitute(self, store: Store, key: str, name: str) -> bool: ...
+
+
+NO_CACHE = "--substitute-only needs a binary cache to pull from: pass --substituter URL (and --trusted-key)"
+
+
+def substitution(substituter: Substituter | None, store: Store, key: str, name: str, *,
+                 only: bool = False) -> Callable[[], bool] | None:
+    """What realise asks before it builds `key`: the substituter, and with `only` (--substitute-only)
+    a miss is NotSubstituted (exit 1) instead of a build. It runs under the key's lock, before a
+    `.partial` or a build-log row exists, so a refused build leaves nothing behind. The one place
+    that decides "pull, else build" (build, activate RECIPE, cold rollback)."""
+    if substituter is None:
+        if only:
+            raise UsageError(NO_CACHE)
+        return None
+
+    def substitute() -> bool:
+        if substituter.substitute(store, key, name):
+            return True
+        if only:
+            asked = ", ".join(credentials.public_url(u) for u in getattr(substituter, "urls", ())) or "none"
+            raise NotSubstituted(f"--substitute-only: no binary cache has {name} (key {key}; asked: {asked}); "
+                                 "nothing was built: push it from a builder, or drop --substitute-only to build here")
+        return False
+
+    return substitute
 
 
 @dataclass(frozen=True)
@@ -49,11 +79,15 @@ class BuildOptions:
     version: str | None = None
     variant: str | None = None
     as_of: str | None = None
-    index_url: str = PYPI_SIMPLE
+    index_url: str = field(default=PYPI_SIMPLE, repr=False)  # may carry a token: never shown
     uv: str | Path | None = None
     python_preference: str = interpreters.DEFAULT_PREFERENCE
     lock_timeout: float = DEFAULT_LOCK_TIMEOUT_S
     latest_ttl: float = LATEST_TTL_S
+    # --substitute-only: pull from the substituters, never build (a miss is NotSubstituted, exit 1).
+    substitute_only: bool = False
+    # --offline: no network but file:// caches (core/network.py); uv runs with UV_OFFLINE.
+    offline: bool = False
     python: str | None = None  # `--python`: in place of the recipe's build.python, entering the key as it would
 
 
@@ -77,6 +111,9 @@ class BuildPlan:
     uv_cache: Path | None = None  # a private uv cache (a repair) instead of the store's
     pyc_cache: Path | None = None  # a private bytecode cache (a repair) instead of the store's
     offline: bool = False  # uv reads only its cache (a cold generation rebuilt from its recorded lock)
+    # The credentials of `index_url` (which never holds any): given to uv in its environment and
+    # to the store's own index queries, never recorded (core/credentials.py).
+    index_auth: IndexAuth | None = field(default=None, repr=False, compare=False)
 
 
 class Deadline:
@@ -128,7 +165,15 @@ def build(
     substituter: Substituter | None = None,
 ) -> BuildResult:
     """Build the recipe into the store, or find it there. `substituter` (a binary cache, from the
-    cache layer) is asked for the key under its lock before anything is built."""
+    cache layer) is asked for the key under its lock before anything is built; with
+    `options.substitute_only` it is the only way the path may come (nothing is built), and with
+    `options.offline` nothing but file:// caches is reached (core/network.py)."""
+    with network.offline(options.offline):
+        return _build(recipe_file, options, root, substituter)
+
+
+def _build(recipe_file: str | Path, options: BuildOptions, root: str | Path | None,
+           substituter: Substituter | None) -> BuildResult:
     started = time.monotonic()
     memo = _memo_key(recipe_file, options)
     recipe = recipes.load(recipe_file)
@@ -144,6 +189,8 @@ def build(
         past_time(options.as_of)  # a bad --as-of is a usage error before the store is touched
     if options.version is not None and not recipes.VERSION_RE.fullmatch(options.version):
         raise UsageError(f"--version {shown(options.version)} is not a version")
+    if options.substitute_only and substituter is None:
+        raise UsageError(NO_CACHE)  # before the store is touched: a node with no cache cannot pull
     if options.python is not None:
         chosen.with_python(options.python)  # a bad --python is a usage error before the store is touched
         memo = None  # the memo key (and the fast path that reads it) holds no --python
@@ -158,7 +205,7 @@ def build(
             verify=lambda tree: verify_env(store, plan, tree, deadline),
             lock_timeout=options.lock_timeout,
             check=lambda: check_requirements(plan),
-            substitute=(lambda: substituter.substitute(store, plan.key, plan.name)) if substituter else None,
+            substitute=substitution(substituter, store, plan.key, plan.name, only=options.substitute_only),
         )
         inputs = plan.inputs
         seconds = round(time.monotonic() - started, 3)
@@ -167,8 +214,8 @@ def build(
             # One figure for the whole build, the same as the result's `seconds`; what make_env
             # did not time is freezing, hashing, verifying and registering.
             steps["hash, verify, register"] = round(max(0.0, seconds - sum(steps.values())), 3)
-            row = store.index.path_by_key(plan.key) or {}
-            say(f"built {plan.name} in {seconds:.1f}s ({human_size(row.get('size', 0))}, {row.get('files', 0)} files; "
+            row = store.index.path_by_key(plan.key)
+            say(f"built {plan.name} in {seconds:.1f}s ({human_size(row.size if row else 0)}, {row.files if row else 0} files; "
                 + ", ".join(f"{k} {v:.2f}s" for k, v in steps.items()) + ")")
         result = BuildResult(
             path=path, name=plan.name, key=plan.key, engine=recipe.name, version=plan.version,
@@ -226,11 +273,15 @@ def _remember(store: Store, memo: tuple[str, bytes], result: BuildResult, plan: 
 def _plan(store: Store, recipe: Recipe, chosen: Build, options: BuildOptions) -> BuildPlan:
     """Everything that decides the result, and the key and name that follow from it."""
     chosen = chosen.with_python(options.python)
-    index_url = options.index_url.rstrip("/")
+    # The key, the memo tables and every message take the URL without its userinfo; the token
+    # (if any) travels beside it as `auth`, to uv's environment and to httpx only.
+    auth = credentials.auth_of(options.index_url)
+    index_url = credentials.public_url(options.index_url).rstrip("/")
     # A fresh store asks uv its version, asks the index (the latest version, a publication time)
     # and finds an interpreter: independent waits, so the first two run in threads meanwhile.
-    pending = uvmod.resolve(store, options.uv, index_url, later=True)
-    files = _prefetch(store, recipe, chosen, options, index_url)
+    # A substitute-only command never builds, so it never installs the store's own uv either.
+    pending = uvmod.resolve(store, options.uv, index_url, later=True, auth=auth, install=not options.substitute_only)
+    files = _prefetch(store, recipe, chosen, options, index_url, auth)
     interp = None
     if (files is not None or getattr(pending, "pending", False)) and "{" not in chosen.fields["python"]:
         try:
@@ -242,8 +293,8 @@ def _plan(store: Store, recipe: Recipe, chosen: Build, options: BuildOptions) ->
     uv = pending.tool() if isinstance(pending, uvmod.PendingUv) else pending
     fixed_as_of = format_time(past_time(options.as_of)) if options.as_of is not None else chosen.fields.get("as_of")
     version = (options.version or chosen.fields.get("version")
-               or (_latest_as_of(store, recipe, index_url, fixed_as_of, files) if fixed_as_of
-                   else _latest(store, recipe, index_url, options, files)))
+               or (_latest_as_of(store, recipe, index_url, fixed_as_of, files, auth) if fixed_as_of
+                   else _latest(store, recipe, index_url, options, files, auth)))
     if not recipes.VERSION_RE.fullmatch(version):
         raise UsageError(f"{version!r} is not a version")
     fields = chosen.resolved(version)
@@ -252,7 +303,7 @@ def _plan(store: Store, recipe: Recipe, chosen: Build, options: BuildOptions) ->
     elif "as_of" in fields:
         as_of = fields["as_of"]
     else:
-        as_of = _published_plus_a_day(store, recipe, version, index_url, files)
+        as_of = _published_plus_a_day(store, recipe, version, index_url, files, auth)
     if interp is None or fields["python"] != chosen.fields["python"]:
         interp = interpreters.find(store, uv, fields["python"], options.python_preference)
     inputs = {
@@ -275,7 +326,7 @@ def _plan(store: Store, recipe: Recipe, chosen: Build, options: BuildOptions) ->
         key=key, name=path_name(key, recipe.name, version, chosen.variant), inputs=inputs, version=version,
         fields=fields, uv=uv, interpreter=interp, index_url=index_url,
         meta={"engine": recipe.name, "version": version, "variant": chosen.variant, "binary": recipe.binary},
-        origin=str(recipe.file), build_index=chosen.index,
+        origin=str(recipe.file), build_index=chosen.index, offline=options.offline, index_auth=auth,
     )
 
 
@@ -284,7 +335,8 @@ def plan_build(store: Store, recipe: Recipe, chosen: Build, options: BuildOption
     return _plan(store, recipe, chosen, options)
 
 
-def _prefetch(store: Store, recipe: Recipe, chosen: Build, options: BuildOptions, index_url: str):
+def _prefetch(store: Store, recipe: Recipe, chosen: Build, options: BuildOptions, index_url: str,
+              auth: IndexAuth | None = None):
     """The project's file list, asked in a thread (a Future), when planning will need it: the latest
     version is not remembered, or the publication time of a known version is not. Else None.
     The thread only reads the network; the index (one SQLite connection, this thread's) is written
@@ -294,42 +346,48 @@ def _prefetch(store: Store, recipe: Recipe, chosen: Build, options: BuildOptions
         if (options.as_of is not None or "as_of" in chosen.fields or not recipes.VERSION_RE.fullmatch(fixed)
                 or store.index.published(index_url, recipe.pypi, fixed) is not None):
             return None
-        say(f"asking {index_url} when {recipe.pypi} {fixed} was published")
+        asking = f"when {recipe.pypi} {fixed} was published"
     elif options.as_of is not None or "as_of" in chosen.fields:
         as_of = format_time(past_time(options.as_of)) if options.as_of is not None else chosen.fields["as_of"]
         if store.index.latest(index_url, f"{recipe.pypi}@{as_of}", float("inf")) is not None:
             return None
-        say(f"asking {index_url} for the latest release of {recipe.pypi} as of {as_of}")
+        asking = f"for the latest release of {recipe.pypi} as of {as_of}"
     else:
         if store.index.latest(index_url, recipe.pypi, options.latest_ttl) is not None:
             return None
-        say(f"asking {index_url} for the latest release of {recipe.pypi}")
+        asking = f"for the latest release of {recipe.pypi}"
+    # The key needs the index: a pinned version and as_of (or a memo of them) would not.
+    network.require(f"the key of {recipe.name} (asking {index_url} {asking})",
+                    "pin version and as_of in the recipe (or pass --version and --as-of) to compute it offline")
+    say(f"asking {index_url} {asking}")
     from concurrent.futures import ThreadPoolExecutor
 
     from llmgw_store.build import pypi
 
     pool = ThreadPoolExecutor(max_workers=1)
     try:
-        return pool.submit(pypi.project_files, index_url, recipe.pypi)
+        return pool.submit(pypi.project_files, index_url, recipe.pypi, auth)
     finally:
         pool.shutdown(wait=False)
 
 
-def _latest(store: Store, recipe: Recipe, index_url: str, options: BuildOptions, prefetched=None) -> str:
+def _latest(store: Store, recipe: Recipe, index_url: str, options: BuildOptions, prefetched=None,
+            auth: IndexAuth | None = None) -> str:
     version = store.index.latest(index_url, recipe.pypi, options.latest_ttl)
     if version is None:
         from llmgw_store.build import pypi
 
         if prefetched is None:
             say(f"asking {index_url} for the latest release of {recipe.pypi}")
-        files = prefetched.result() if prefetched is not None else pypi.project_files(index_url, recipe.pypi)
+        files = prefetched.result() if prefetched is not None else pypi.project_files(index_url, recipe.pypi, auth)
         version = pypi.latest_version(files, recipe.pypi)
         store.index.remember_latest(index_url, recipe.pypi, version)
         _remember_published(store, files, recipe.pypi, version, index_url)
     return version
 
 
-def _latest_as_of(store: Store, recipe: Recipe, index_url: str, as_of: str, prefetched=None) -> str:
+def _latest_as_of(store: Store, recipe: Recipe, index_url: str, as_of: str, prefetched=None,
+                  auth: IndexAuth | None = None) -> str:
     """The latest release as the index stood at `as_of` (the path's name must say the version the
     resolution, bound by that date, installs). Remembered for good: what was uploaded by a past date
     does not change (a yank does not change what `--exclude-newer` resolved)."""
@@ -340,20 +398,21 @@ def _latest_as_of(store: Store, recipe: Recipe, index_url: str, as_of: str, pref
 
         if prefetched is None:
             say(f"asking {index_url} for the latest release of {recipe.pypi} as of {as_of}")
-        files = prefetched.result() if prefetched is not None else pypi.project_files(index_url, recipe.pypi)
+        files = prefetched.result() if prefetched is not None else pypi.project_files(index_url, recipe.pypi, auth)
         version = pypi.latest_version(files, recipe.pypi, parse_time(as_of))
         store.index.remember_latest(index_url, memo, version)
     return version
 
 
-def _published_plus_a_day(store: Store, recipe: Recipe, version: str, index_url: str, prefetched=None) -> str:
+def _published_plus_a_day(store: Store, recipe: Recipe, version: str, index_url: str, prefetched=None,
+                          auth: IndexAuth | None = None) -> str:
     published = store.index.published(index_url, recipe.pypi, version)
     if published is None:
         from llmgw_store.build import pypi
 
         if prefetched is None:
             say(f"asking {index_url} when {recipe.pypi} {version} was published")
-        files = prefetched.result() if prefetched is not None else pypi.project_files(index_url, recipe.pypi)
+        files = prefetched.result() if prefetched is not None else pypi.project_files(index_url, recipe.pypi, auth)
         published = _remember_published(store, files, recipe.pypi, version, index_url)
     return format_time(parse_time(published) + ONE_DAY)
 
@@ -417,14 +476,17 @@ def make_env(store: Store, plan: BuildPlan, partial: Path, deadline: Deadline,
         UV_PYTHON_INSTALL_DIR=str(layout.python_installs),
         UV_PYTHON_DOWNLOADS="never",
         TMPDIR=str(layout.tmp),
-        **({"UV_OFFLINE": "1"} if plan.offline else {}),
+        **({"UV_OFFLINE": "1"} if plan.offline or network.is_offline() else {}),
     )
+    # uv alone learns the index, and its credentials, from its environment: never from its argv
+    # (/proc/<pid>/cmdline is world-readable), never in a log or a line shown (core/credentials.py).
+    uv_env = {**env, "UV_INDEX_URL": credentials.with_auth(plan.index_url, plan.index_auth)}
     python = partial / "bin" / "python"
     meta_dir = partial / ".llmgw"
     meta_dir.mkdir()
 
     def uv_run(args: list, what: str, cwd: Path = layout.tmp) -> str:
-        return uvmod.run([uv.path, *args], what=what, env=env, log_dir=layout.logs, cwd=cwd,
+        return uvmod.run([uv.path, *args], what=what, env=uv_env, log_dir=layout.logs, cwd=cwd,
                          timeout=remaining(), show=say)
 
     say(f"creating the environment ({interp.implementation} {interp.version}, {interp.path})")
@@ -462,7 +524,7 @@ def make_env(store: Store, plan: BuildPlan, partial: Path, deadline: Deadline,
         # directory, so the lock (a file of the tree) is the same in every root (reproducible).
         uv_run(
             ["pip", "compile", source.name, "-o", lock.name, *fmt, "--exclude-newer", as_of,
-             "--index-url", plan.index_url, "--python", python, "--no-header", "--quiet"],
+             "--python", python, "--no-header", "--quiet"],
             "uv pip compile", cwd=meta_dir,
         )
         indexpins.check_lock(lock.read_text(), index_pins)
@@ -476,7 +538,7 @@ def make_env(store: Store, plan: BuildPlan, partial: Path, deadline: Deadline,
     # edit in place to one environment change the cache and every later build installed from it.
     # Not `clone` either: uv 0.13 falls back from a failed reflink to a HARDLINK (ext4, tmpfs).
     uv_run(
-        ["pip", "install", "--require-hashes", "--no-deps", "-r", lock, "--index-url", plan.index_url,
+        ["pip", "install", "--require-hashes", "--no-deps", "-r", lock,
          "--python", python, "--link-mode", "copy"],  # not --quiet: its lines are the progress detail
         "uv pip install",
     )
@@ -528,7 +590,7 @@ def _index_pins(store: Store, plan: BuildPlan, requirements: list[str], python: 
             (scratch / "requirements.in").write_text("".join(r + "\n" for r in requirements))
             say(f"resolving on {plan.index_url} alone for the versions of {', '.join(names)} (index_pins)")
             uv_run(["pip", "compile", "requirements.in", "-o", "requirements.lock", "--exclude-newer",
-                    plan.inputs["as_of"], "--index-url", plan.index_url, "--python", python,
+                    plan.inputs["as_of"], "--python", python,
                     "--no-header", "--quiet"], "uv pip compile (main index, for index_pins)", scratch)
             versions = indexpins.derived((scratch / "requirements.lock").read_text(), "requirements.lock", names,
                                          plan.origin, where)

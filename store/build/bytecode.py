@@ -230,6 +230,7 @@ def work(args):
             base = os.path.join(pause[5:], "compile_pause")
             with open("%%s.reached.%%d" %% (base, os.getpid()), "w") as f:
                 f.write(str(os.getpid()))
+            os.link("%%s.reached.%%d" %% (base, os.getpid()), "%%s.pid-%%d" %% (base, os.getpid()))
             os.replace("%%s.reached.%%d" %% (base, os.getpid()), base + ".reached")
             deadline = time.monotonic() + 300
             while not os.path.exists(base + ".go") and time.monotonic() < deadline:

@@ -2,9 +2,10 @@
 
     plan the recipe (the key, as `build` computes it; a key not in the store is refused)
     temp root for the store path   (gc keeps it while it is compared)
-    the lock the path records      (proved: listing -> manifest -> index; never resolved again)
-    make_env into ROOT/var/tmp/check-<pid>-<ns>/env   with private, empty uv and bytecode caches
-    make it canonical and frozen, as a build does
+    the lock the path records      (lockproof.proved_lock: listing -> manifest -> index; never resolved again)
+    rebuild it from its record     (build/rebuild.py, as a repair and a cold rollback do) into
+                                   ROOT/var/tmp/check-<pid>-<ns>/env with private, empty uv and
+                                   bytecode caches; canonical and frozen, as a build makes it
     compare with the store path as it is now: kind, bytes (blake3), size, mode, symlink target,
                                    owner and xattrs, the store path's own directory (".") too;
                                    and its .llmgw/manifest.json and contents: read-only, the
@@ -21,7 +22,6 @@ The store path is compared as it is on disk, not as its listing says: a file cha
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 import stat
@@ -31,14 +31,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from blake3 import blake3
-
-from llmgw_store.build import builder
+from llmgw_store.build import builder, rebuild
 from llmgw_store.build import recipe as recipes
-from llmgw_store.build.builder import BuildOptions, Deadline
+from llmgw_store.build.builder import BuildOptions
 from llmgw_store.core import manifest
-from llmgw_store.core.errors import IntegrityError, NotFoundError
-from llmgw_store.core.fsutil import force_rmtree, freeze
+from llmgw_store.core.errors import NotFoundError
+from llmgw_store.core.fsutil import force_rmtree
 from llmgw_store.core.local_store import Store
 from llmgw_store.core.report import say
 from llmgw_store.core.results import Result
@@ -88,7 +86,7 @@ def check(recipe_file: str | Path, options: BuildOptions = BuildOptions(), *,
         row = store.index.path_by_key(plan.key)
         if row is None or not final.is_dir():
             raise NotFoundError(f"{plan.name} was collected while the check started; build it again")
-        lock_text = recorded_lock(final, plan.name, row["content_hash"])
+        recorded = rebuild.recorded_in_store(store, row, need_lock=True)  # a check never resolves again
         sweep_dead(layout.tmp, SCRATCH_RE, MAX_STALE_SCAN, "a check")
         scratch = layout.tmp / f"check-{os.getpid()}-{time.monotonic_ns()}"
         problems: list[str] = []
@@ -97,11 +95,9 @@ def check(recipe_file: str | Path, options: BuildOptions = BuildOptions(), *,
             try:
                 tree = scratch / "env"
                 tree.mkdir()
-                rebuild = dataclasses.replace(plan, lock_text=lock_text, uv_cache=scratch / "uv",
-                                              pyc_cache=scratch / "pyc")
                 say(f"rebuilding {plan.name} from its recorded lock into {tree}")
-                builder.make_env(store, rebuild, tree, Deadline(rebuild))
-                freeze(tree)
+                rebuild.rebuild(store, recorded, tree, uv_path=options.uv, python_preference=options.python_preference,
+                                private=scratch, index_url=options.index_url, lock_timeout=options.lock_timeout)
                 say("comparing the rebuilt tree with the store path")
                 ours, theirs = describe(tree), describe(final, problems)
             finally:
@@ -114,7 +110,7 @@ def check(recipe_file: str | Path, options: BuildOptions = BuildOptions(), *,
     rebuilt_hash = manifest.content_hash([d.entry for p, d in ours.items() if p != ROOT])
     return CheckResult(
         path=str(final), name=plan.name, key=plan.key, identical=not differences and not problems,
-        content_hash=row["content_hash"], rebuilt_content_hash=rebuilt_hash, files=len(ours) - 1,
+        content_hash=row.content_hash, rebuilt_content_hash=rebuilt_hash, files=len(ours) - 1,
         differences=differences, problems=tuple(problems), seconds=round(time.monotonic() - started, 3),
     )
 
@@ -128,33 +124,6 @@ def _chosen(recipe: recipes.Recipe, options: BuildOptions) -> recipes.Build:
         say(f"chose build {chosen.variant!r}: {why}")
         return chosen
     return recipe.build_for(options.variant)
-
-
-def recorded_lock(env: Path, name: str, recorded_hash: str) -> str:
-    """The lock `env` was built from, once proved: the manifest names `name`, its contents listing
-    hashes to the manifest's content hash and to `recorded_hash` (the index's), and the manifest's
-    lock text hashes to the listed digest of the lock file. Else IntegrityError: a check never
-    resolves again (that would compare another environment)."""
-    why = None
-    try:
-        doc = manifest.check_complete(env, name, rehash=False)  # no-follow, bounded reads
-        listing = manifest.read_contents(env)
-        lock_text, lock_format = doc.get("lock"), doc.get("lock_format")
-        if not manifest.content_hash(listing) == doc["content_hash"] == recorded_hash:
-            why = "its listing does not hash to the content hash the index records"
-        elif not isinstance(lock_text, str) or lock_format not in ("requirements.lock", "pylock.toml"):
-            why = "its manifest records no lock"
-        else:
-            path = f"{manifest.MANIFEST_DIR}/{lock_format}"
-            listed = [e for e in listing if e.path == path and e.kind == "f"]
-            if not listed or blake3(lock_text.encode()).hexdigest() != listed[0].digest:
-                why = "the lock text in its manifest is not the lock file its listing records"
-            else:
-                return lock_text
-    except (OSError, ValueError) as exc:
-        why = str(exc)
-    raise IntegrityError(f"the lock {name} was built from cannot be proved ({why}); "
-                         f"`llmgw-store verify {name}` says what changed")
 
 
 @dataclass(frozen=True)

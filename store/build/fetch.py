@@ -235,7 +235,10 @@ def release(repo: str, tag: str) -> list[dict[str, Any]]:
     requirement line, may hold no space, newline or `#`."""
     import httpx
 
+    from llmgw_store.core import network
+
     url = f"{api_base()}/repos/{repo}/releases/tags/{tag}"
+    network.require(f"asking {url} for the assets of release {tag}")
     try:
         resp = httpx.get(url, timeout=60, follow_redirects=True, headers={"Accept": "application/vnd.github+json"})
     except httpx.HTTPError as exc:

@@ -64,7 +64,7 @@ class Interpreter:
         return {"request": request, "implementation": self.implementation, "version": self.version}
 
 
-def find(store: "Store", uv: UvTool, request: str, preference: str) -> Interpreter:
+def find(store: Store, uv: UvTool, request: str, preference: str) -> Interpreter:
     if preference not in PREFERENCES:
         raise UsageError(f"python preference {preference!r} is not one of {', '.join(PREFERENCES)}")
     # A uv whose version is still being asked (uv.PendingUv: one this store has not seen, so no
@@ -87,12 +87,12 @@ _PYENV_HAS = re.compile(r"exists in these Python versions:\s*\n((?:[ \t]+[0-9A-Z
 MAX_SHIMS = 4
 
 
-def _discover(store: "Store", uv: UvTool, request: str, preference: str) -> Interpreter:
+def _discover(store: Store, uv: UvTool, request: str, preference: str) -> Interpreter:
     with heartbeat(f"looking for a Python {request} (--python-preference {preference})"):
         return _discover_quietly(store, uv, request, preference)
 
 
-def _discover_quietly(store: "Store", uv: UvTool, request: str, preference: str) -> Interpreter:
+def _discover_quietly(store: Store, uv: UvTool, request: str, preference: str) -> Interpreter:
     path, skipped = _uv_find(store, uv, request, preference)
     if path is None and preference in ("only-managed", "managed"):
         path = _install_managed(store, uv, request, preference)
@@ -113,7 +113,7 @@ def _discover_quietly(store: "Store", uv: UvTool, request: str, preference: str)
     return found
 
 
-def _probe(store: "Store", path: str, request: str, preference: str) -> Interpreter:
+def _probe(store: Store, path: str, request: str, preference: str) -> Interpreter:
     try:
         # -I -S: the answer does not depend on site-packages or PYTHON* variables, and the start is shorter.
         out = run([path, "-I", "-S", "-c", _PROBE], what=f"inspect {path}", env=clean_env(), log_dir=store.layout.logs)
@@ -128,7 +128,7 @@ def _probe(store: "Store", path: str, request: str, preference: str) -> Interpre
 MAX_CANDIDATES = 16
 
 
-def _runnable_by_all(store: "Store", uv: UvTool, request: str, preference: str) -> Interpreter | None:
+def _runnable_by_all(store: Store, uv: UvTool, request: str, preference: str) -> Interpreter | None:
     """An interpreter for `request` that every user can run: among the installations uv knows
     (`uv python list --only-installed`, in uv's order), else a managed one downloaded where the
     preference allows; None when there is none."""
@@ -216,10 +216,15 @@ def warn_if_private(layout, env: Path) -> str | None:
     return why
 
 
-def _install_managed(store: "Store", uv: UvTool, request: str, preference: str) -> str | None:
+def _install_managed(store: Store, uv: UvTool, request: str, preference: str) -> str | None:
     """Download a managed interpreter into ROOT/python and find it; None (having said why) when the
     download host cannot be reached or the download fails (a usage error for `managed`: there is
     nothing else to fall back to after the host's own were looked at)."""
+    from llmgw_store.core import network
+
+    if network.is_offline():
+        say(f"no managed Python {request} download: --offline")
+        return None
     host = _download_host()
     if not _reachable(host):
         say(f"no managed Python {request} download: {host[0]}:{host[1]} cannot be reached "
@@ -235,7 +240,7 @@ def _install_managed(store: "Store", uv: UvTool, request: str, preference: str) 
     return _uv_find(store, uv, request, preference)[0]
 
 
-def _uv_find(store: "Store", uv: UvTool, request: str, preference: str) -> tuple[str | None, list[str]]:
+def _uv_find(store: Store, uv: UvTool, request: str, preference: str) -> tuple[str | None, list[str]]:
     """(the interpreter uv finds, the failing shims passed over with what they said)."""
     env = _env(store, downloads="never")
     skipped: list[str] = []
@@ -322,7 +327,7 @@ def _reachable(host: tuple[str, int], timeout: float = PROBE_TIMEOUT_S) -> bool:
     return bool(result and result[0])
 
 
-def _env(store: "Store", downloads: str) -> dict[str, str]:
+def _env(store: Store, downloads: str) -> dict[str, str]:
     return clean_env(
         UV_NO_CONFIG="1",
         UV_CACHE_DIR=str(store.layout.uv_cache),

@@ -2,6 +2,10 @@
 
 Only the cold path talks to an index: what it learns (a release's publication time, the latest
 version) is memoised in the store's SQLite index by the caller, so a cache hit asks nothing.
+
+`index_url` is always the public URL (core/credentials.py: no userinfo), which is what messages
+name; credentials come as `auth` (from the URL the user gave) or from netrc, and are sent to the
+index's origin only (httpx drops them on a redirect to another origin).
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ from datetime import datetime
 from pathlib import Path
 
 from llmgw_store.build.recipe import parse_time
+from llmgw_store.core import credentials, network
+from llmgw_store.core.credentials import IndexAuth
 from llmgw_store.core.errors import IntegrityError, NetworkError, UsageError
 from llmgw_store.core.report import progress
 
@@ -36,24 +42,36 @@ class IndexFile:
     version: str | None
 
 
-def _client():
+def _client(auth: IndexAuth | None = None):
+    """An httpx client sending `auth` (else what netrc holds for the host, if anything). httpx
+    reads no netrc by itself (trust_env covers proxies only here)."""
     import httpx
 
-    return httpx.Client(timeout=TIMEOUT_S, follow_redirects=True, headers={"User-Agent": "llmgw-store"})
+    how: httpx.Auth | None = None
+    if auth is not None:
+        how = httpx.BasicAuth(auth.username, auth.password)
+    elif (netrc := credentials.netrc_file()) is not None:
+        how = httpx.NetRCAuth(netrc)
+    return httpx.Client(timeout=TIMEOUT_S, follow_redirects=True, headers={"User-Agent": "llmgw-store"}, auth=how)
 
 
-def project_files(index_url: str, project: str) -> list[IndexFile]:
+def project_files(index_url: str, project: str, auth: IndexAuth | None = None) -> list[IndexFile]:
     """Every file the index lists for `project`, with its version parsed from the file name."""
     import httpx
     from packaging.utils import InvalidSdistFilename, InvalidWheelFilename, parse_sdist_filename, parse_wheel_filename
 
-    base = index_url.rstrip("/")
+    base = credentials.public_url(index_url).rstrip("/")
     url = f"{base}/{normalize(project)}/"
+    network.require(f"asking the index {base} about {project}",
+                    "pin version and as_of in the recipe (or pass --version and --as-of), or drop --offline")
     try:
-        with _client() as client:
+        with _client(auth) as client:
             resp = client.get(url, headers={"Accept": JSON_ACCEPT})
     except httpx.HTTPError as exc:
         raise NetworkError(f"cannot reach the index at {url}: {exc}; check the network or pass --index-url") from exc
+    if resp.status_code in (401, 403):
+        raise NetworkError(f"the index {base} refused the request (HTTP {resp.status_code}): give its credentials "
+                           "in the index URL (LLMGW_STORE_INDEX_URL or the config's index_url) or in netrc")
     if resp.status_code == 404:
         raise UsageError(f"the index {base} has no project {project!r} (check engine.pypi in the recipe)")
     if resp.status_code != 200:
@@ -141,17 +159,22 @@ def publication_time(files: list[IndexFile], project: str, version: str) -> date
     return max(times)
 
 
-def download(url: str, dest: Path, sha256: str) -> Path:
+def download(url: str, dest: Path, sha256: str, auth: IndexAuth | None = None, index_url: str = "") -> Path:
     """Stream `url` to `dest`, checking its sha256. The bytes land under a temporary name and are
-    renamed to `dest` only after the digest matched, so `dest` is either absent or verified."""
+    renamed to `dest` only after the digest matched, so `dest` is either absent or verified.
+    `auth` is sent only when `url` is on the origin of `index_url` (the index it was listed by)."""
     import httpx
 
+    shown_url = credentials.public_url(url)
+    network.require(f"downloading {shown_url}")
+    if auth is not None and not credentials.same_origin(url, index_url):
+        auth = None
     tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
     digest = hashlib.sha256()
     try:
-        with _client() as client, client.stream("GET", url) as resp:
+        with _client(auth) as client, client.stream("GET", url) as resp:
             if resp.status_code != 200:
-                raise NetworkError(f"download of {url} failed: HTTP {resp.status_code}")
+                raise NetworkError(f"download of {shown_url} failed: HTTP {resp.status_code}")
             total = int(resp.headers.get("content-length") or 0) or None
             done = 0
             with open(tmp, "wb") as out:
@@ -162,14 +185,14 @@ def download(url: str, dest: Path, sha256: str) -> Path:
                     progress(f"downloading {dest.name}", done, total, "B")
     except httpx.HTTPError as exc:
         tmp.unlink(missing_ok=True)
-        raise NetworkError(f"download of {url} failed: {exc}") from exc
+        raise NetworkError(f"download of {shown_url} failed: {exc}") from exc
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
     if digest.hexdigest() != sha256.lower():
         tmp.unlink(missing_ok=True)
         raise IntegrityError(
-            f"{url}: sha256 is {digest.hexdigest()}, but the index publishes {sha256}; refusing it"
+            f"{shown_url}: sha256 is {digest.hexdigest()}, but the index publishes {sha256}; refusing it"
         )
     os.replace(tmp, dest)
     return dest

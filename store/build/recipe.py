@@ -120,7 +120,7 @@ class Build:
         """The build's fields with `{version}` filled in: what enters the key."""
         return _fill(self.fields, version)
 
-    def with_python(self, python: str | None) -> "Build":
+    def with_python(self, python: str | None) -> Build:
         """This build with `python` in place of its build.python (`build --python`): checked as the
         field is, and entering the key as the field does. None: the build as it is."""
         if python is None or python == self.fields["python"]:
@@ -271,6 +271,10 @@ def check_values(b: dict[str, Any], file, where: str) -> None:
     if "extra_index" in b and not INDEX_URL_RE.fullmatch(b["extra_index"]):
         raise RecipeError(file, f"{where}.extra_index", f"{shown(b['extra_index'])} is not an http(s) URL "
                           "(no spaces, quotes or control characters, at most 2048 characters)")
+    if "extra_index" in b and "@" in b["extra_index"].partition("://")[2].split("/", 1)[0]:
+        # The build table is a key input, recorded and pushed everywhere: a token there would be too.
+        raise RecipeError(file, f"{where}.extra_index", "holds credentials (user:token@): put them in netrc "
+                          "(docs/operations.md, private indexes), the URL in the recipe without them")
 
 
 MAX_PIN_DIGESTS = 64  # wheels of one version (platforms x Python versions) a pin may list

@@ -1,9 +1,16 @@
 """The uv the store builds with, and the one way the store runs it.
 
-The store pins one uv version (`UV_VERSION`, also pinned in pyproject.toml). By default it installs
-that uv from its PyPI wheel, checked against the sha256 the index publishes, into a store path of
-its own (`<key>-uv-<version>-bin`); `--uv PATH` names an existing binary instead (offline use), and
-then that binary's own `--version` is what enters every key.
+The store pins one uv version (`UV_VERSION`, also pinned in pyproject.toml, so the `uv` package
+installed beside llmgw-store ships that binary). By default the store copies that shipped binary
+into a store path of its own (`<key>-uv-<version>-bin`) — checked against the digest pip recorded
+for it and by its own `--version` — and only where it is missing (or another version) downloads
+uv's PyPI wheel, checked against the sha256 the index publishes. Either way the store path's bytes
+are the same (the wheel's `uv-<version>.data/scripts/uv` is what pip installed), and builds run
+the copy: immutable, the store's, the version the key names, whatever later happens to the
+Python environment llmgw-store is installed in (docs/design-notes.md says why it is copied).
+`--uv PATH` names an existing binary instead, and then that binary's own `--version` is what
+enters every key. A command that never builds (`--substitute-only`) does not make the store path:
+it asks the shipped binary itself (its version memoised by its file stamp, like `--uv`).
 
 Every uv run goes through `run`: a clean environment (no inherited UV_*, PIP_*, VIRTUAL_ENV, so a
 user's uv.toml or pip.conf cannot change a build), paths as strings, the command shown with -v,
@@ -21,6 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
+from llmgw_store.core import network
+from llmgw_store.core.credentials import IndexAuth
 from llmgw_store.core.errors import CommandError, IntegrityError, UsageError
 from llmgw_store.core.host import platform_facts
 from llmgw_store.core.index import file_stamp
@@ -32,8 +41,9 @@ if TYPE_CHECKING:
 
 UV_VERSION = "0.13.9"
 # Variables passed through to uv and verify commands; everything else is dropped.
+# NETRC: uv reads a private index's credentials from that file itself (core/credentials.py).
 PASS_ENV = (
-    "PATH", "HOME", "LANG", "LC_ALL", "TERM", "SSL_CERT_FILE", "SSL_CERT_DIR",
+    "PATH", "HOME", "LANG", "LC_ALL", "TERM", "SSL_CERT_FILE", "SSL_CERT_DIR", "NETRC",
     "http_proxy", "https_proxy", "no_proxy", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY",
 )
 TAIL_LINES = 25
@@ -102,10 +112,16 @@ def version_of(binary: Path, log_dir: Path) -> str:
     return m.group(1)
 
 
-def resolve(store: "Store", uv_path: str | Path | None, index_url: str, *, later: bool = False) -> "UvTool | PendingUv":
+def resolve(store: "Store", uv_path: str | Path | None, index_url: str, *, later: bool = False,
+            auth: IndexAuth | None = None, install: bool = True) -> "UvTool | PendingUv":
     """The uv to build with: `uv_path` if given (its version memoised by inode, size and mtime), else
-    the store's own pinned uv, installed on first use. With `later`, an `uv_path` whose version is
-    not remembered gives a PendingUv: `uv --version` runs in a thread while the caller goes on."""
+    the store's own pinned uv, installed on first use (from the shipped binary, else the wheel on
+    `index_url`, sent `auth`). With `install=False` (nothing will be built) a missing store path
+    is not made: the shipped binary itself answers, as an `uv_path` would. With `later`, an
+    `uv_path` whose version is not remembered gives a PendingUv: `uv --version` runs in a thread
+    while the caller goes on."""
+    if uv_path is None and not install and not _pinned_present(store):
+        uv_path = shipped()  # None: not shipped, so it must be installed after all
     if uv_path is not None:
         path = Path(uv_path).absolute()
         stamp = file_stamp(path)
@@ -116,8 +132,39 @@ def resolve(store: "Store", uv_path: str | Path | None, index_url: str, *, later
             return UvTool(path, memo["version"])
         pending = PendingUv(store, path, stamp)
         return pending if later else pending.tool()
-    return _pinned(store, index_url)
+    return _pinned(store, index_url, auth)
 
+
+def shipped() -> Path | None:
+    """The uv binary of the `uv` package installed beside llmgw-store (pyproject pins it), when
+    that package is the pinned version; else None (then the wheel is downloaded)."""
+    try:
+        from importlib.metadata import PackageNotFoundError, version
+
+        from uv import find_uv_bin
+    except ImportError:
+        return None
+    try:
+        if version("uv") != UV_VERSION:
+            return None
+        found = Path(find_uv_bin())
+    except (PackageNotFoundError, FileNotFoundError, OSError):
+        return None
+    return found if found.is_file() else None
+
+
+def _recorded_sha256(binary: Path) -> str | None:
+    """The sha256 pip recorded (the dist's RECORD) for the shipped `binary`, hex; None if unlisted."""
+    import base64
+    from importlib.metadata import distribution
+
+    try:
+        for f in distribution("uv").files or ():
+            if f.hash is not None and f.hash.mode == "sha256" and Path(f.locate()).resolve() == binary.resolve():
+                return base64.urlsafe_b64decode(f.hash.value + "=" * (-len(f.hash.value) % 4)).hex()
+    except (OSError, ValueError):
+        return None
+    return None
 
 class PendingUv:
     """An --uv first seen by this store: its `--version` is asked in a thread (a child under
@@ -147,22 +194,61 @@ class PendingUv:
         return UvTool(self.path, version)
 
 
-def _pinned(store: "Store", index_url: str) -> UvTool:
-    from llmgw_store.build.realise import realise
-
+def _pinned_key() -> tuple[dict, str, str]:
     inputs = {"schema": SCHEMA_VERSION, "tool": "uv", "version": UV_VERSION, "platform": platform_facts()}
     key = store_key(inputs)
-    name = path_name(key, "uv", UV_VERSION, "bin")
+    return inputs, key, path_name(key, "uv", UV_VERSION, "bin")
+
+
+def _pinned_present(store: "Store") -> bool:
+    _, key, name = _pinned_key()
+    return store.index.path_by_key(key) is not None and store.layout.path_of(name).is_dir()
+
+
+def _pinned(store: "Store", index_url: str, auth: IndexAuth | None = None) -> UvTool:
+    from llmgw_store.build.realise import realise
+
+    inputs, key, name = _pinned_key()
 
     def make(partial: Path) -> dict:
-        return _install_wheel(store, partial, index_url)
+        found = shipped()
+        if found is not None:
+            return _copy_shipped(store, partial, found)
+        network.require(f"installing uv {UV_VERSION} (not shipped with this llmgw-store) from {index_url}",
+                        "install llmgw-store with its pinned uv dependency, or pass --uv PATH")
+        return _install_wheel(store, partial, index_url, auth)
 
     meta = {"engine": "uv", "version": UV_VERSION, "variant": "bin", "binary": "uv"}
     path, _ = realise(store, key, name, inputs, meta, make)
     return UvTool(path / "bin" / "uv", UV_VERSION)
 
 
-def _install_wheel(store: "Store", partial: Path, index_url: str) -> dict:
+def _copy_shipped(store: "Store", partial: Path, found: Path) -> dict:
+    """Copy the shipped binary into the store path being made, hashing what is copied: the copy
+    must have the digest pip recorded for the file (a binary changed in place is refused) and say
+    it is UV_VERSION. Builds run the copy, never the file in the Python environment."""
+    import hashlib
+
+    say(f"installing uv {UV_VERSION} from {found} (the uv this llmgw-store ships)")
+    (partial / "bin").mkdir(parents=True)
+    target = partial / "bin" / "uv"
+    digest = hashlib.sha256()
+    with open(found, "rb") as src, open(target, "xb") as out:
+        while chunk := src.read(1 << 20):
+            digest.update(chunk)
+            out.write(chunk)
+    recorded = _recorded_sha256(found)
+    if recorded is not None and recorded != digest.hexdigest():
+        raise IntegrityError(f"{found} is not the file the uv {UV_VERSION} package installed (its sha256 differs from "
+                             "the package's RECORD); reinstall llmgw-store, or pass --uv PATH")
+    target.chmod(0o755)
+    got = version_of(target, store.layout.logs)
+    if got != UV_VERSION:
+        raise IntegrityError(f"{found} is uv {got}, not the pinned {UV_VERSION}")
+    return {"source": "shipped", "sha256": digest.hexdigest()}
+
+
+def _install_wheel(store: "Store", partial: Path, index_url: str, auth: IndexAuth | None = None) -> dict:
     import zipfile
 
     from packaging.tags import sys_tags
@@ -173,7 +259,7 @@ def _install_wheel(store: "Store", partial: Path, index_url: str) -> dict:
 
     say(f"installing uv {UV_VERSION} from its wheel on {index_url}")
     try:
-        listed = pypi.project_files(index_url, "uv")
+        listed = pypi.project_files(index_url, "uv", auth)
     except UsageError:
         listed = []
     files = [f for f in listed if f.filename.endswith(".whl") and f.version == UV_VERSION]
@@ -191,7 +277,7 @@ def _install_wheel(store: "Store", partial: Path, index_url: str) -> dict:
         raise IntegrityError(f"{index_url} publishes no sha256 for {wheel.filename}; refusing an unverifiable uv")
     dest = store.layout.downloads / wheel.filename
     if not dest.exists() or sha256_of(dest) != wheel.sha256:
-        pypi.download(wheel.url, dest, wheel.sha256)
+        pypi.download(wheel.url, dest, wheel.sha256, auth, index_url)
     member = f"uv-{UV_VERSION}.data/scripts/uv"
     (partial / "bin").mkdir(parents=True)
     target = partial / "bin" / "uv"

@@ -619,6 +619,9 @@ class S3Backend(_Backend):
 def backend_for(url: str):
     if url.startswith("file://"):
         return FileBackend(Path(url[len("file://"):]))
+    from llmgw_store.core import network
+
+    network.require(f"the binary cache {url}", "only file:// caches can be used offline")
     if url.startswith(("http://", "https://")):
         return HttpBackend(url)
     if url.startswith("s3://"):

@@ -34,7 +34,7 @@ from typing import Any
 from llmgw_store.cache.backends import backend_for
 from llmgw_store.cache.fastpull import BlobRef, fetch_small
 from llmgw_store.cache.objects import HEX64
-from llmgw_store.cache.signing import METADATA_MAX_BYTES, check_signature, key_text, parse_key, sign, trusted_keys
+from llmgw_store.cache.signing import METADATA_MAX_BYTES, check_signature, load_secret, sign, trusted_keys
 from llmgw_store.core import debug
 from llmgw_store.core.errors import IntegrityError, StoreError, UsageError
 from llmgw_store.core.keys import KEY_RE, canonical_json, key_of_name
@@ -71,9 +71,8 @@ def push_roots(keys: list[str], to: str, secret_key: str, node: str | None = Non
     """Publish the signed roots document of `node` holding `keys`. One key per node, named after
     it: the node is the secret key's name (gc refuses a document whose signer is named otherwise,
     so one node's key cannot publish another node's roots)."""
-    if str(secret_key).endswith(".public"):
-        raise UsageError(f"{str(secret_key)[:200]}: is a public key; push-roots signs with the node's .secret key")
-    key_name, _ = parse_key(key_text(secret_key), "the secret key")
+    secret = load_secret(secret_key)  # a public key, a missing file or a wrong shape: exit 2 here
+    key_name = secret.name
     if node is not None and node != key_name:
         raise UsageError(f"--node {node[:64]!r} differs from the secret key's name {key_name[:64]!r}: a node "
                          "publishes its roots with its own key, named after it (keygen NODE)")
@@ -82,7 +81,7 @@ def push_roots(keys: list[str], to: str, secret_key: str, node: str | None = Non
     if not all(KEY_RE.match(k) for k in keys):
         raise UsageError("a roots document holds store keys only")
     doc: dict[str, Any] = {"format": ROOTS_FORMAT, "node": node, "time": time.time(), "keys": keys}
-    sign(doc, secret_key)
+    sign(doc, secret)
     name = f"roots/{node}.json"
     backend_for(to).put(name, canonical_json(doc))
     say(f"published the roots of {node}: {len(keys)} store path(s)")

@@ -250,7 +250,7 @@ def local_sources(store, wanted: set[str]) -> dict[str, Path]:
     for row in store.index.paths():
         if len(found) == len(wanted):
             break
-        env = store.layout.path_of(row["name"])
+        env = store.layout.path_of(row.name)
         try:
             entries = read_listing((env / manifest.CONTENTS).read_bytes())
         except (OSError, ValueError):

@@ -388,7 +388,7 @@ class PullResult(Result):
 def _local_path(store: Store, key: str) -> Path | None:
     """The registered path of `key` in this store (its local name), if it is there."""
     row = store.index.path_by_key(key)
-    path = store.layout.path_of(row["name"]) if row else None
+    path = store.layout.path_of(row.name) if row else None
     return path if path is not None and path.is_dir() else None
 
 

@@ -33,10 +33,11 @@ from pathlib import Path
 from typing import Any
 
 from llmgw_store.cache.backends import backend_for
-from llmgw_store.cache.signing import METADATA_MAX_BYTES, sign
+from llmgw_store.cache.signing import METADATA_MAX_BYTES, load_secret, sign
 from llmgw_store.core import debug, locks
 from llmgw_store.core.errors import IntegrityError, LockTimeout, NotFoundError, UsageError
 from llmgw_store.core.fsutil import sha256_of
+from llmgw_store.core.index import RegisteredPath
 from llmgw_store.core.keys import canonical_json
 from llmgw_store.core.local_store import Store
 from llmgw_store.core.report import say
@@ -127,10 +128,11 @@ def _wait_for_gc(backend, lock_timeout: float) -> None:
             raise LockTimeout(f"a cache gc is running (its marker {backend.where(running[0])}); waited "
                               f"{lock_timeout:g}s (--lock-timeout): push again once it is done")
         say(f"waiting for the cache gc ({running[0]}) to finish")
+        debug.pause("PUSH_WAITS_FOR_GC")  # tests: the push has seen the gc's marker and waits
         time.sleep(GC_WAIT_POLL)
 
 
-def _push_v2(store: Store, backend, row: dict, secret_key: str, lock_timeout: float) -> dict[str, int]:
+def _push_v2(store: Store, backend, row: RegisteredPath, secret_key, lock_timeout: float) -> dict[str, int]:
     """Upload one registered store path as a format-2 object; what it cost."""
     import secrets
     from concurrent.futures import ThreadPoolExecutor
@@ -141,10 +143,10 @@ def _push_v2(store: Store, backend, row: dict, secret_key: str, lock_timeout: fl
     from llmgw_store.cache.objects import FORMAT, Blob, blob_name, digest_of, make_plan, plan_bytes
     from llmgw_store.core import manifest
 
-    name, key = row["name"], row["key"]
+    name, key = row.name, row.key
     tree = store.layout.path_of(name)
     listing = (tree / manifest.CONTENTS).read_bytes()
-    if digest_of(listing) != row["content_hash"]:
+    if digest_of(listing) != row.content_hash:
         raise IntegrityError(f"{name}: its contents listing does not hash to its content hash; run "
                              "`llmgw-store verify --repair` before pushing it")
     entries = manifest.read_contents(tree)
@@ -204,8 +206,8 @@ def _push_v2(store: Store, backend, row: dict, secret_key: str, lock_timeout: fl
 
         listing_ref, plan_ref, manifest_ref = small(listing), small(plan), small(manifest_bytes)
         meta = {
-            "format": FORMAT, "name": name, "key": key, "inputs": json.loads(row["inputs"]),
-            "content_hash": row["content_hash"], "size": row["size"], "files": row["files"],
+            "format": FORMAT, "name": name, "key": key, "inputs": json.loads(row.inputs),
+            "content_hash": row.content_hash, "size": row.size, "files": row.files,
             "references": store.index.references(name),
             "listing": {"size": listing_ref["size"], "csize": listing_ref["csize"]},
             "plan": plan_ref, "manifest": manifest_ref,
@@ -224,6 +226,9 @@ def push(names: list[str], to: str, secret_key: str, *, root: str | Path | None 
     references first. (`llmgw_store.api.push` turns PROFILE, PROFILE@N, keys and paths into names.)"""
     if format not in (1, 2):
         raise UsageError(f"object format {format}: this llmgw-store writes 1 (one archive) or 2 (shared blobs)")
+    # Read and checked first: a public key, a missing file or a key of the wrong shape is exit 2
+    # even when every object is in the cache already (and nothing would be signed).
+    secret = load_secret(secret_key)
     backend = backend_for(to)
     pushed, skipped = [], []
     total = {"uploaded": 0, "shared": 0, "blobs": 0}
@@ -237,13 +242,13 @@ def push(names: list[str], to: str, secret_key: str, *, root: str | Path | None 
             row = store.index.path_by_name(name)
             if row is None:
                 raise NotFoundError(f"{name} is not a registered store path in {store.layout.store}")
-            key = row["key"]
+            key = row.key
             if backend.get(f"{key}.json", max_bytes=METADATA_MAX_BYTES) is not None:
                 skipped.append(name)
                 continue
             if format == 2:
                 started = time.monotonic()
-                cost = _push_v2(store, backend, row, secret_key, lock_timeout)
+                cost = _push_v2(store, backend, row, secret, lock_timeout)
                 for k in total:
                     total[k] += cost[k]
                 say(f"pushed {name}: {human_size(cost['uploaded'])} uploaded in {cost['blobs']} blobs, "
@@ -256,18 +261,18 @@ def push(names: list[str], to: str, secret_key: str, *, root: str | Path | None 
             try:
                 _archive(tree, name, tmp)
                 meta = {
-                    "name": name, "key": key, "inputs": json.loads(row["inputs"]),
-                    "content_hash": row["content_hash"], "size": row["size"], "files": row["files"],
+                    "name": name, "key": key, "inputs": json.loads(row.inputs),
+                    "content_hash": row.content_hash, "size": row.size, "files": row.files,
                     "compression": "zstd", "archive": f"{key}.tar.zst", "archive_sha256": sha256_of(tmp),
                     "archive_size": tmp.stat().st_size,
                     "references": store.index.references(name),
                 }
-                sign(meta, secret_key)
+                sign(meta, secret)
                 backend.put(meta["archive"], tmp)
                 backend.put(f"{key}.json", canonical_json(meta))  # last: the object now exists
             finally:
                 tmp.unlink(missing_ok=True)
-            say(f"pushed {name} ({human_size(meta['archive_size'])} compressed from {human_size(row['size'])} "
+            say(f"pushed {name} ({human_size(meta['archive_size'])} compressed from {human_size(row.size)} "
                      f"in {time.monotonic() - started:.1f}s)")
             total["uploaded"] += meta["archive_size"]
             pushed.append(name)

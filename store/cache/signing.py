@@ -1,9 +1,21 @@
 """Signing keys and signatures of binary-cache metadata (ed25519, as Nix's binary caches).
 
-Keys are `name:base64` (as Nix writes them): `<name>.secret` holds the 32-byte ed25519 seed,
-`<name>.public` the verify key. A signature covers the canonical JSON of the metadata without its
-`signatures` field. A metadata document is at most METADATA_MAX_BYTES: a reader takes no more of
-one before it is checked (push writes a few KiB).
+Key files are `name:base64(bytes)`, as Nix writes them, and the two kinds cannot be confused:
+
+    NAME.secret   name:base64(64 bytes)   the ed25519 seed followed by its public key (libsodium's
+                                          and Nix's secret key), written 0600, exclusively
+    NAME.public   name:base64(32 bytes)   the public key, to pass as --trusted-key
+
+A secret key's trailing 32 bytes must be the public key its seed derives, so a damaged or spliced
+file is refused before anything is signed. Secret files written before this format (`keygen` of
+0.1.0 wrote the bare 32-byte seed, the same shape as a public key) are still read, but only from a
+file named `*.secret`: 32 bytes anywhere else — a `.public` file, an inline key — are a public key,
+and signing with one is refused (exit 2) before any object is looked at. `llmgw-store key public
+SECRET` prints the public key of either format.
+
+A signature covers the canonical JSON of the metadata without its `signatures` field. A metadata
+document is at most METADATA_MAX_BYTES: a reader takes no more of one before it is checked (push
+writes a few KiB).
 """
 
 from __future__ import annotations
@@ -11,16 +23,20 @@ from __future__ import annotations
 import base64
 import os
 import re
-from dataclasses import dataclass
+import stat
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from llmgw_store.core.errors import IntegrityError, UsageError
 from llmgw_store.core.keys import canonical_json
-from llmgw_store.core.names import check_signing_key_name
+from llmgw_store.core.names import check_signing_key_name, shown
 from llmgw_store.core.results import Result
 
 METADATA_MAX_BYTES = 1 << 20
+PUBLIC_BYTES = 32  # an ed25519 verify key
+SECRET_BYTES = 64  # seed + verify key, as libsodium's crypto_sign secret key and Nix's key files
+KEY_FILE_MAX = 4096  # a key file is one short line: more is not a key file
 
 
 @dataclass(frozen=True)
@@ -30,59 +46,187 @@ class KeyPair(Result):
     public_key: str  # name:base64, to pass as --trusted-key
 
 
-def keygen(name: str, out_dir: str | Path) -> dict[str, str]:
+@dataclass(frozen=True)
+class SecretKey:
+    """A signing key read from its file (never printed: its repr shows the name only)."""
+
+    name: str
+    seed: bytes = field(repr=False)
+
+    @property
+    def public_key(self) -> str:
+        """`name:base64(32-byte public key)`, the text of NAME.public."""
+        from nacl.signing import SigningKey
+
+        return f"{self.name}:{base64.b64encode(bytes(SigningKey(self.seed).verify_key)).decode()}"
+
+
+def _where(path: str | Path) -> str:
+    return shown(str(path), 240)  # long enough for the file's name to show, bounded all the same
+
+
+def _encoded(name: str, raw: bytes) -> str:
+    return f"{name}:{base64.b64encode(raw).decode()}\n"
+
+
+def keygen(name: str, out_dir: str | Path) -> KeyPair:
+    """Write NAME.secret (0600) and NAME.public into `out_dir`. Both are created exclusively and
+    never through a link (O_CREAT|O_EXCL|O_NOFOLLOW): an existing file, or a link planted where one
+    goes, is refused and nothing is overwritten; if the second cannot be made, the first is removed."""
     from nacl.signing import SigningKey
 
     check_signing_key_name(name)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     sk = SigningKey.generate()
+    public_raw = bytes(sk.verify_key)
     secret, public = out / f"{name}.secret", out / f"{name}.public"
-    if secret.exists():
-        raise UsageError(f"{secret} exists; refusing to overwrite a secret key")
-    fd = os.open(secret, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(f"{name}:{base64.b64encode(bytes(sk)).decode()}\n")
-    public.write_text(f"{name}:{base64.b64encode(bytes(sk.verify_key)).decode()}\n")
-    return KeyPair(str(secret), str(public), public.read_text().strip())
+    for path in (secret, public):
+        if os.path.lexists(path):
+            raise UsageError(f"{path} exists; refusing to overwrite a key file (choose another NAME or --out)")
+    # TODO(lead): switch both writes to sec's core module for files written outside the root
+    # (no-follow, exclusive, 0600) once it lands; these are the same flags.
+    _write_new(secret, _encoded(name, bytes(sk) + public_raw), 0o600)
+    try:
+        _write_new(public, _encoded(name, public_raw), 0o644)
+    except BaseException:
+        os.unlink(secret)
+        raise
+    return KeyPair(str(secret), str(public), _encoded(name, public_raw).strip())
+
+
+def _write_new(path: Path, text: str, mode: int) -> None:
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags, mode)
+    except FileExistsError:
+        raise UsageError(f"{path} exists; refusing to overwrite a key file") from None
+    except OSError as exc:
+        raise UsageError(f"cannot create {path}: {exc.strerror}") from None
+    try:
+        os.fchmod(fd, mode)  # the umask may have taken bits from a public key's 0644
+        os.write(fd, text.encode())
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        os.unlink(path)
+        raise
+    os.close(fd)
+
+
+def _read_key_file(path: str | Path, what: str) -> str:
+    """A key file's one line: a regular file (a link to one is followed: secrets are often mounted
+    that way), at most KEY_FILE_MAX bytes. UsageError naming the file otherwise."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise UsageError(f"{what} {_where(path)}: no such file") from None
+    except OSError as exc:
+        raise UsageError(f"{what} {_where(path)}: {exc.strerror}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise UsageError(f"{what} {_where(path)} is not a regular file")
+        data = os.read(fd, KEY_FILE_MAX + 1)
+    finally:
+        os.close(fd)
+    if len(data) > KEY_FILE_MAX:
+        raise UsageError(f"{what} {_where(path)} is larger than a key file ({KEY_FILE_MAX} bytes)")
+    try:
+        return data.decode("ascii").strip()
+    except UnicodeDecodeError:
+        raise UsageError(f"{what} {_where(path)} is not a key file (name:base64)") from None
+
+
+def _decode(text: str) -> tuple[str, bytes] | None:
+    """(name, bytes) of `name:base64`, or None when it is not of that form."""
+    name, sep, b64 = text.partition(":")
+    if not sep or not name:
+        return None
+    try:
+        return name, base64.b64decode(b64, validate=True)
+    except ValueError:
+        return None
+
+
+def load_secret(path: str | Path) -> SecretKey:
+    """The signing key in the file `path` (see the module docstring for the formats). A missing
+    file, a public key, a key of any other shape, or a secret key whose two halves do not belong
+    together is a UsageError (exit 2) naming the file, never showing its bytes."""
+    from nacl.signing import SigningKey
+
+    what = "the secret key"
+    if isinstance(path, SecretKey):
+        return path
+    text = _read_key_file(path, what)
+    decoded = _decode(text)
+    where = _where(path)
+    if decoded is None:
+        raise UsageError(f"{what} {where} is not a key file (name:base64)")
+    name, raw = decoded
+    if len(raw) == SECRET_BYTES:
+        seed, public = raw[:32], raw[32:]
+        if bytes(SigningKey(seed).verify_key) != public:
+            raise UsageError(f"{what} {where} is damaged: its public half is not its seed's")
+    elif len(raw) == PUBLIC_BYTES and str(path).endswith(".secret"):
+        seed = raw  # the 0.1.0 format: the bare seed, in a file keygen named NAME.secret
+    elif len(raw) == PUBLIC_BYTES:
+        raise UsageError(f"{what} {where} is a public key (32 bytes); sign with its .secret file (64 bytes)")
+    else:
+        raise UsageError(f"{what} {where} holds {len(raw)} bytes, not an ed25519 secret key ({SECRET_BYTES})")
+    try:
+        check_signing_key_name(name)
+    except UsageError as exc:
+        raise UsageError(f"{what} {where}: {exc}") from None
+    return SecretKey(name, seed)
+
+
+def public_key_of(path: str | Path) -> str:
+    """`llmgw-store key public SECRET`: the public key (name:base64) of the secret key file."""
+    return load_secret(path).public_key
 
 
 def key_text(value: str) -> str:
-    """A key given inline (`name:base64`) or as a file holding it."""
+    """A public key given inline (`name:base64`) or as a file holding it."""
     if os.path.isfile(value):
-        return Path(value).read_text().strip()
+        return _read_key_file(value, "the key file")
     return value.strip()
 
 
 def parse_key(text: str, what: str) -> tuple[str, bytes]:
-    name, _, b64 = text.partition(":")
-    try:
-        raw = base64.b64decode(b64, validate=True)
-    except ValueError:
-        raw = b""
-    if not name or len(raw) != 32:
+    """A public key (`name:base64` of 32 bytes). A secret key is refused by its shape (64 bytes)."""
+    decoded = _decode(text)
+    if decoded is not None and len(decoded[1]) == SECRET_BYTES:
+        raise UsageError(f"{what} is a secret key; trust its public key instead (`llmgw-store key public FILE`)")
+    if decoded is None or len(decoded[1]) != PUBLIC_BYTES:
         raise UsageError(f"{what} is not a key of the form name:base64 (32 bytes)")
-    return name, raw
+    return decoded
 
 
 def trusted_keys(values: list[str] | tuple[str, ...]) -> dict[str, bytes]:
-    keys = dict(parse_key(key_text(v), f"trusted key {v!r}") for v in values)
+    keys = dict(_trusted(v, f"trusted key {shown(v)}") for v in values)
     for v in os.environ.get("LLMGW_STORE_TRUSTED_KEYS", "").split():
-        name, raw = parse_key(key_text(v), f"trusted key {v!r} (LLMGW_STORE_TRUSTED_KEYS)")
+        name, raw = _trusted(v, f"trusted key {shown(v)} (LLMGW_STORE_TRUSTED_KEYS)")
         keys[name] = raw
     return keys
+
+
+def _trusted(value: str, what: str) -> tuple[str, bytes]:
+    if value.endswith(".secret") and os.path.isfile(value):
+        raise UsageError(f"{what} is a secret key file; trust its .public (`llmgw-store key public {_where(value)}`)")
+    return parse_key(key_text(value), what)
 
 
 def signed_part(meta: dict[str, Any]) -> bytes:
     return canonical_json({k: v for k, v in meta.items() if k != "signatures"})
 
 
-def sign(meta: dict[str, Any], secret: str) -> None:
+def sign(meta: dict[str, Any], secret: SecretKey | str | Path) -> None:
+    """Sign `meta` with `secret` (a SecretKey, or the file holding one)."""
     from nacl.signing import SigningKey
 
-    name, seed = parse_key(key_text(secret), "the secret key")
-    sig = SigningKey(seed).sign(signed_part(meta)).signature
-    meta.setdefault("signatures", []).append({"key": name, "sig": base64.b64encode(sig).decode()})
+    key = load_secret(secret)
+    sig = SigningKey(key.seed).sign(signed_part(meta)).signature
+    meta.setdefault("signatures", []).append({"key": key.name, "sig": base64.b64encode(sig).decode()})
 
 
 MAX_SIGNATURES = 16

@@ -57,7 +57,11 @@ def host_facts() -> str:
 
 def memo_key(recipe_path: str, recipe_bytes: bytes, version: str | None, variant: str | None, as_of: str | None,
              index_url: str, uv: str | None, python_preference: str) -> str:
-    """The entry's file name: blake2b-256 over every input, each length-prefixed (no two collide)."""
+    """The entry's file name: blake2b-256 over every input, each length-prefixed (no two collide).
+    The index URL enters without its userinfo, as it enters the store key (core/credentials.py)."""
+    from llmgw_store.core.credentials import public_url
+
+    index_url = public_url(index_url)
     h = blake2b(FORMAT.encode(), digest_size=32)
     for part in (str(KEY_SCHEMA), host_facts(), os.path.abspath(recipe_path), blake2b(recipe_bytes).hexdigest(),
                  version, variant, as_of, index_url.rstrip("/"), None if uv is None else os.path.abspath(uv),

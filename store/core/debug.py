@@ -1,7 +1,8 @@
 """Test hooks that hold a process at a named point on purpose, like Nix's NIX_DEBUG_GC_WAIT.
 
 `LLMGW_STORE_DEBUG_<POINT>` set to
-  - `wait:DIR` makes the process write `DIR/<point>.reached` (its pid) and wait there until
+  - `wait:DIR` makes the process write `DIR/<point>.reached` (its pid; and `DIR/<point>.pid-<pid>`,
+    so that several processes at one point can be counted) and wait there until
     `DIR/<point>.go` exists: a barrier a test opens when it has done what it wanted to do inside
     the window (tests/support/barrier.py). The wait is bounded (MAX_WAIT_S), so a test that
     forgets to open it fails instead of hanging;
@@ -36,6 +37,7 @@ def wait_at(directory: str, point: str) -> None:
     tmp = f"{base}.reached.{os.getpid()}"
     with open(tmp, "w") as f:
         f.write(str(os.getpid()))
+    os.link(tmp, f"{base}.pid-{os.getpid()}")  # one per process: a test can count who is here
     os.replace(tmp, base + ".reached")  # the test never sees a half-written pid
     deadline = time.monotonic() + MAX_WAIT_S
     while not os.path.exists(base + ".go"):

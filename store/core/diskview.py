@@ -20,11 +20,10 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
 from llmgw_store.core import manifest
 from llmgw_store.core.errors import AccessDeniedError, DiskFullError, ReadOnlyError
-from llmgw_store.core.index import row_from_manifest
+from llmgw_store.core.index import RegisteredPath, row_from_manifest
 from llmgw_store.core.keys import KEY_RE, is_store_name, key_of_name
 from llmgw_store.core.layout import Layout
 from llmgw_store.core.local_store import Store
@@ -42,7 +41,7 @@ class ManifestIndex:
     def __init__(self, store_dir: Path):
         self.store_dir = store_dir
 
-    def path_by_name(self, name: str) -> dict[str, Any] | None:
+    def path_by_name(self, name: str) -> RegisteredPath | None:
         if not is_store_name(name):
             return None
         try:
@@ -57,7 +56,7 @@ class ManifestIndex:
         except (TypeError, AttributeError, KeyError):
             return None
 
-    def path_by_key(self, key: str) -> dict[str, Any] | None:
+    def path_by_key(self, key: str) -> RegisteredPath | None:
         if not KEY_RE.fullmatch(key):
             return None
         with os.scandir(self.store_dir) as it:

@@ -10,6 +10,8 @@
     ├── ReadOnlyError               the filesystem or the index is read-only (EROFS)
     ├── LockTimeout                 exit 75 (EX_TEMPFAIL): a lock could not be had in time
     ├── NetworkError                an index or download could not be reached or answered badly
+    │   └── OfflineError            something needed the network under --offline
+    ├── NotSubstituted              --substitute-only: no binary cache has the key (nothing built)
     ├── IntegrityError              bytes did not match their published digest
     ├── CommandError                a subprocess (uv, a verify command) failed; carries its output's tail
     └── IndexError_                 the SQLite index could not be read or written
@@ -82,12 +84,14 @@ class AccessDeniedError(UsageError):
 
 
 class DiskFullError(StoreError):
-    """The store's filesystem (or the user's quota) has no space left for what the command writes;
-    the command changed nothing it had not finished. `gc` still runs (its reserve, see layout.py)."""
+    """No space is left where the store writes (ENOSPC, EDQUOT, or SQLite's SQLITE_FULL on the index);
+    the message names the path, and the command changed nothing it had not finished. `gc` still runs
+    on a full disk (its reserve, core/reserve.py): run it to make room."""
 
 
 class ReadOnlyError(StoreError):
-    """The store's filesystem is mounted read-only, or the index cannot be written."""
+    """The store's filesystem or its index file cannot be written (EROFS, SQLITE_READONLY); the
+    message names the path. Commands that only look (list, info, verify, env, run) still work."""
 
 
 class LockTimeout(StoreError):
@@ -98,6 +102,14 @@ class LockTimeout(StoreError):
 
 class NetworkError(StoreError):
     """An index or a download failed (unreachable, HTTP error, malformed answer)."""
+
+
+class OfflineError(NetworkError):
+    """The command needed the network (an index, a download, an HTTP cache) under --offline."""
+
+
+class NotSubstituted(StoreError):
+    """--substitute-only: no binary cache asked has the key, and building is not allowed."""
 
 
 class IntegrityError(StoreError):
@@ -165,32 +177,6 @@ def from_os_error(exc: BaseException) -> StoreError | None:
     if exc.errno in _DENIED:
         return AccessDeniedError(f"permission denied:{where or ' a file of the store'}: run llmgw-store as the "
                                  f"user that owns the store (this is uid {os.geteuid()}), or pass another --root")
-    return None
-
-
-# SQLite's primary result codes (sqlite3.SQLITE_*, without importing sqlite3 here).
-_SQLITE_READONLY, _SQLITE_IOERR, _SQLITE_FULL, _SQLITE_CANTOPEN = 8, 10, 13, 14
-
-
-def from_sqlite_error(db: Path, exc: BaseException) -> StoreError | None:
-    """DiskFullError or ReadOnlyError when SQLite's error on the index `db` comes from a full or
-    read-only filesystem ("disk I/O error" is what a -shm that cannot grow says on a full disk), else None."""
-    code = getattr(exc, "sqlite_errorcode", 0) & 0xFF
-    if code not in (_SQLITE_READONLY, _SQLITE_IOERR, _SQLITE_FULL, _SQLITE_CANTOPEN):
-        return None
-    try:
-        st = os.statvfs(db.parent)
-    except OSError:
-        return None
-    if code == _SQLITE_FULL or (code == _SQLITE_IOERR and st.f_bavail == 0):
-        return DiskFullError(f"no space left on the filesystem of the index {db} ({exc}): free some space and "
-                             "try again (`llmgw-store gc --min-free SIZE` runs on a full disk)")
-    if st.f_flag & os.ST_RDONLY:
-        return ReadOnlyError(f"the filesystem of the index {db} is read-only ({exc}): remount it read-write, or "
-                             "use only commands that look (list, info, stats, verify, env, run)")
-    if code == _SQLITE_READONLY:
-        return ReadOnlyError(f"the index {db} cannot be written ({exc}): check its owner and mode "
-                             "(`llmgw-store doctor`), and that you run as the store's owner")
     return None
 
 

@@ -1,35 +1,50 @@
 """The SQLite index of what the store holds: a cache of the manifests plus memos of slow facts.
 
 Invariant: a row in `paths` exists only for a directory that is complete, read-only and renamed
-into `store/`; the row is inserted after the rename, in the same transaction as its build-log row.
-The index is in WAL mode, so readers (a cache-hit `build`, `list`) never wait for a writer, and a
-busy timeout (30 s, or the caller's lock timeout when shorter) covers writers queuing behind each
-other. The database and its -wal and -shm are 0600 in the 0700 var/ (layout.ensure): SQLite locks
-them with fcntl, and a user who could open -shm could hold those locks and stop every writer.
+into `store/`; the row is inserted after the rename, in the same transaction as its build-log row
+and its references, which are foreign keys (a path's references go with it; a path a registered
+path references cannot be forgotten). The index is in WAL mode, so readers (a cache-hit `build`,
+`list`) never wait for a writer, and a busy timeout (30 s, or the caller's lock timeout when
+shorter) covers writers queuing behind each other. The database and its -wal and -shm are 0600 in
+the 0700 var/ (layout.ensure): SQLite locks them with fcntl, and a user who could open -shm could
+hold those locks and stop every writer.
 
-The schema version lives in `PRAGMA user_version`; `MIGRATIONS[i]` takes version i to i + 1.
-Reads on the cache-hit path use plain sqlite3; sqlite-utils (slow to import) is loaded only to
-create or migrate the schema and for inserts.
+The schema is plain SQL in schema.sql, one section per version; `PRAGMA user_version` says which
+the file has. Every write goes through `Index.transaction` (or `_sql` for one statement), which turns
+SQLite's errors into the store's: a lock held past the timeout is LockTimeout (exit 75), a full disk
+DiskFullError, a read-only file ReadOnlyError, a damaged file IndexError_ naming doctor. No SQL
+lives outside this module.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import sqlite3
 import time
 import urllib.parse
-from datetime import datetime, timezone
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import astuple, dataclass, fields
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from llmgw_store.core.errors import IndexError_, LockTimeout, StoreError, from_os_error, from_sqlite_error
+from llmgw_store.core.errors import DiskFullError, IndexError_, LockTimeout, ReadOnlyError, StoreError, from_os_error
 from llmgw_store.core.keys import is_store_name
 from llmgw_store.core.layout import malformed_name
 from llmgw_store.core.report import say
 
 BUSY_TIMEOUT_S = 30.0
 DB_MODE = 0o600
+SCHEMA_FILE = Path(__file__).with_name("schema.sql")
+SCHEMA_VERSION = 5  # the last `-- version N` of schema.sql (tests/test_index.py checks they agree)
+VERSION_LINE = re.compile(r"-- version (\d+):")
+
+
+class ReferencedError(IndexError_):
+    """A store path cannot be forgotten: a registered path still references it."""
 
 
 def _private_db_files(db: Path) -> None:
@@ -63,163 +78,168 @@ def _frozen(db: Path) -> bool:
         return False
 
 
-def _well_formed(row: dict[str, Any]) -> dict[str, Any]:
+# --- rows: what the tables hold, typed ----------------------------------------------------------
+
+@dataclass(frozen=True)
+class RegisteredPath:
+    """A store path the index holds (`paths`): what its manifest said when it was registered."""
+
+    name: str
+    key: str
+    engine: str
+    version: str
+    variant: str
+    as_of: str | None
+    uv_version: str | None
+    python: str | None
+    inputs: str  # the key's inputs, canonical JSON
+    content_hash: str
+    size: int
+    files: int
+    build_seconds: float
+    created: str
+    last_used: str
+
+
+@dataclass(frozen=True)
+class BuildLogEntry:
+    """One build, pull or repair of a key (`builds`), from start to its outcome."""
+
+    id: int
+    key: str
+    name: str
+    pid: int
+    host: str
+    started: str
+    finished: str | None
+    outcome: str  # running, built, substituted, repaired, failed, abandoned
+    seconds: float | None
+    error: str | None
+
+
+@dataclass(frozen=True)
+class GenerationRow:
+    """A profile's generation as last recorded (`generations`); the links on disk are the truth."""
+
+    profile: str
+    number: int
+    name: str | None
+    created: str | None
+    created_by: str | None
+    deleted: str | None
+
+
+@dataclass(frozen=True)
+class PinRow:
+    """A pin as last recorded (`pins`); gcroots/ is the truth."""
+
+    name: str
+    path_name: str
+    created: str
+
+
+@dataclass(frozen=True)
+class CacheUse:
+    """A cache entry a store path was built from (`cache_uses` of one cache)."""
+
+    path_name: str
+    entry: str
+    used_at: str
+
+
+def _row(cls, row: sqlite3.Row):
+    return cls(**{f.name: row[f.name] for f in fields(cls)})
+
+
+def _well_formed(row: sqlite3.Row) -> RegisteredPath:
     if not is_store_name(row["name"]):
         raise malformed_name(row["name"])
-    return row
+    return _row(RegisteredPath, row)
 
 
 def now_iso() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def _v1(db) -> None:
-    db["paths"].create(
-        {
-            "name": str, "key": str, "engine": str, "version": str, "variant": str, "as_of": str,
-            "uv_version": str, "python": str, "inputs": str, "content_hash": str, "size": int,
-            "files": int, "build_seconds": float, "created": str, "last_used": str,
-        },
-        pk="name",
-        if_not_exists=True,
-    )
-    db["paths"].create_index(["key"], unique=True, if_not_exists=True)
-    db["builds"].create(
-        {
-            "id": int, "key": str, "name": str, "pid": int, "host": str, "started": str,
-            "finished": str, "outcome": str, "seconds": float, "error": str,
-        },
-        pk="id",
-        if_not_exists=True,
-    )
-    db["builds"].create_index(["key"], if_not_exists=True)
-    db["releases"].create(
-        {"index_url": str, "project": str, "version": str, "published": str},
-        pk=("index_url", "project", "version"),
-        if_not_exists=True,
-    )
-    db["latest"].create(
-        {"index_url": str, "project": str, "version": str, "fetched": float},
-        pk=("index_url", "project"),
-        if_not_exists=True,
-    )
-    db["tools"].create({"kind": str, "ident": str, "stamp": str, "info": str}, pk=("kind", "ident"), if_not_exists=True)
+def schema_steps(text: str | None = None) -> dict[int, list[str]]:
+    """schema.sql as {version: its statements, in order}. The file is read only when a database
+    is created or migrated, never on a cache hit."""
+    text = SCHEMA_FILE.read_text() if text is None else text
+    steps: dict[int, list[str]] = {}
+    version, pending = 0, ""
+    for line in text.splitlines(keepends=True):
+        m = VERSION_LINE.match(line)
+        if m:
+            if pending.strip():
+                raise IndexError_(f"{SCHEMA_FILE}: a statement of version {version} does not end with ';'")
+            version, pending = int(m.group(1)), ""
+            if version != len(steps) + 1:
+                raise IndexError_(f"{SCHEMA_FILE}: version {version} follows version {len(steps)}")
+            steps[version] = []
+            continue
+        if line.lstrip().startswith("--") or (not pending and not line.strip()):
+            continue
+        pending += line
+        if sqlite3.complete_statement(pending):
+            if not version:
+                raise IndexError_(f"{SCHEMA_FILE}: a statement before the first `-- version 1:` line")
+            steps[version].append(pending.strip())
+            pending = ""
+    if pending.strip():
+        raise IndexError_(f"{SCHEMA_FILE}: the last statement does not end with ';'")
+    return steps
 
 
-def _v2(db) -> None:
-    db["generations"].create(
-        {"profile": str, "number": int, "name": str, "created": str, "created_by": str, "deleted": str},
-        pk=("profile", "number"),
-        if_not_exists=True,
-    )
-    db["switches"].create(
-        {"id": int, "profile": str, "from_number": int, "to_number": int, "at": str, "by": str, "kind": str},
-        pk="id",
-        if_not_exists=True,
-    )
-    db["pins"].create({"name": str, "path_name": str, "created": str}, pk="name", if_not_exists=True)
-
-
-def _v3(db) -> None:
-    # References between store paths, recorded once at registration (Nix's Refs table): gc's
-    # closure and push read them here instead of re-deriving them from the trees.
-    db["refs"].create({"referrer": str, "reference": str}, pk=("referrer", "reference"), if_not_exists=True)
-    db["refs"].create_index(["reference"], if_not_exists=True)
-
-
-def _v_gc_records(db) -> None:
-    # gc's own memory (roots/cachelog.py, roots/gc.py): which cache entries each store path was
-    # built from (kept for repair and cold rollback), and when gc last saw each path rooted (the
-    # grace period). New tables only, so this step is independent of every other migration.
-    db["cache_uses"].create({"path_name": str, "cache": str, "entry": str, "used_at": str},
-                            pk=("path_name", "cache", "entry"), if_not_exists=True)
-    db["cache_uses"].create_index(["cache", "entry"], if_not_exists=True)
-    db["gc_rooted"].create({"name": str, "last_rooted": str}, pk="name", if_not_exists=True)
-
-
-class _NeedsSqliteUtils(Exception):
-    """A migration step used more of sqlite-utils' API than _Schema offers."""
-
-
-class _Schema:
-    """The part of sqlite_utils.Database the migrations use — `db[t].create(columns, pk=,
-    if_not_exists=)` and `db[t].create_index(columns, unique=, if_not_exists=)` — issuing the same
-    SQL (same table text, same index names), so an index made either way is the same file
-    (tests/test_index.py compares them). Anything else raises _NeedsSqliteUtils."""
-
-    TYPES = {str: "TEXT", int: "INTEGER", float: "REAL", bytes: "BLOB"}
-
-    def __init__(self, conn: sqlite3.Connection) -> None:
-        self.conn = conn
-
-    def __getitem__(self, table: str) -> "_Schema._Table":
-        return _Schema._Table(self.conn, table)
-
-    def __getattr__(self, name: str):
-        raise _NeedsSqliteUtils(name)
-
-    class _Table:
-        def __init__(self, conn: sqlite3.Connection, name: str) -> None:
-            self.conn, self.name = conn, name
-
-        def __getattr__(self, name: str):
-            raise _NeedsSqliteUtils(name)
-
-        def create(self, columns: dict, pk=None, if_not_exists: bool = False, **more) -> None:
-            if more or not isinstance(columns, dict) or any(t not in _Schema.TYPES for t in columns.values()):
-                raise _NeedsSqliteUtils("create")
-            pks = [pk] if isinstance(pk, str) else list(pk or ())
-            cols = [f'   "{c}" {_Schema.TYPES[t]}' + (" PRIMARY KEY" if pks == [c] else "")
-                    for c, t in columns.items()]
-            if len(pks) > 1:
-                cols.append("   PRIMARY KEY (" + ", ".join(f'"{c}"' for c in pks) + ")")
-            exists = "IF NOT EXISTS " if if_not_exists else ""
-            self.conn.execute(f'CREATE TABLE {exists}"{self.name}" (\n' + ",\n".join(cols) + "\n)")
-
-        def create_index(self, columns, unique: bool = False, if_not_exists: bool = False, **more) -> None:
-            if more or not all(isinstance(c, str) for c in columns):
-                raise _NeedsSqliteUtils("create_index")
-            index = f"idx_{self.name}_" + "_".join(columns)
-            self.conn.execute(f'CREATE {"UNIQUE " if unique else ""}INDEX {"IF NOT EXISTS " if if_not_exists else ""}'
-                              f'"{index}"\n    ON "{self.name}" (' + ", ".join(f'"{c}"' for c in columns) + ")")
-
-
-MIGRATIONS: list[Callable] = [_v1, _v2, _v3, _v_gc_records]
-SCHEMA_VERSION = len(MIGRATIONS)
-
-
-def row_from_manifest(doc: dict[str, Any]) -> dict[str, Any]:
+def row_from_manifest(doc: dict[str, Any]) -> RegisteredPath:
     """The `paths` row of a store path, from its manifest (a build's, a pull's or doctor's)."""
     inputs = doc.get("inputs") or {}
     python = inputs.get("python") or {}
-    return {
-        "name": doc["name"],
-        "key": doc["key"],
-        "engine": doc["engine"],
-        "version": doc["version"],
-        "variant": doc["variant"],
-        "as_of": inputs.get("as_of"),
-        "uv_version": inputs.get("uv", inputs.get("version")),
-        "python": python.get("version"),
-        "inputs": json.dumps(inputs, sort_keys=True),
-        "content_hash": doc["content_hash"],
-        "size": doc["size"],
-        "files": doc["files"],
-        "build_seconds": doc["build_seconds"],
-        "created": doc["installed"],
-        "last_used": doc["installed"],
-    }
+    return RegisteredPath(
+        name=doc["name"],
+        key=doc["key"],
+        engine=doc["engine"],
+        version=doc["version"],
+        variant=doc["variant"],
+        as_of=inputs.get("as_of"),
+        uv_version=inputs.get("uv", inputs.get("version")),
+        python=python.get("version"),
+        inputs=json.dumps(inputs, sort_keys=True),
+        content_hash=doc["content_hash"],
+        size=doc["size"],
+        files=doc["files"],
+        build_seconds=doc["build_seconds"],
+        created=doc["installed"],
+        last_used=doc["installed"],
+    )
 
 
-def index_error(path: Path, what: str, exc: sqlite3.Error) -> StoreError:
-    """The error for `what` failing on the index at `path`. When SQLite says the file is damaged
-    (corrupt pages, not a database at all), the message says how to recover: the index is a cache
-    of the manifests and the links, and doctor rebuilds it from them. A full or read-only
-    filesystem is DiskFullError or ReadOnlyError (errors.from_sqlite_error)."""
-    typed = from_sqlite_error(path, exc)
-    if typed is not None:
-        return typed
-    if getattr(exc, "sqlite_errorcode", 0) & 0xFF in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB):
+def store_error(path: Path, what: str, exc: sqlite3.Error, busy_timeout: float = BUSY_TIMEOUT_S) -> StoreError:
+    """The store's error for `what` failing on the index at `path` with SQLite's `exc`: each cause
+    a person acts on differently gets its own class (and exit code)."""
+    code = getattr(exc, "sqlite_errorcode", 0) & 0xFF
+    if code in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED) or "database is locked" in str(exc):
+        return LockTimeout(f"{what}: another process held the index for {busy_timeout:g}s; "
+                           "try again later or raise --lock-timeout")
+    if code in (sqlite3.SQLITE_IOERR, sqlite3.SQLITE_CANTOPEN, sqlite3.SQLITE_READONLY):
+        # SQLite keeps errno to itself: a file it cannot create or grow (the -shm, the -wal) is an
+        # I/O error, so the filesystem is asked what it is.
+        try:
+            fs = os.statvfs(path.parent)
+        except OSError:
+            fs = None
+        if fs is not None and fs.f_flag & os.ST_RDONLY:
+            return ReadOnlyError(f"{what}: the index {path} is on a read-only filesystem ({exc}); "
+                                 "remount it read-write")
+        if fs is not None and code == sqlite3.SQLITE_IOERR and fs.f_bavail == 0:
+            code = sqlite3.SQLITE_FULL
+    if code == sqlite3.SQLITE_FULL:
+        return DiskFullError(f"{what}: no space left for the index {path} ({exc}); free space on its "
+                             "filesystem (`llmgw-store gc`)")
+    if code == sqlite3.SQLITE_READONLY:
+        return ReadOnlyError(f"{what}: the index {path} cannot be written ({exc}); is the file (or var/) "
+                             "another user's, or read-only?")
+    if code in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB):
+        # The index is a cache of the manifests and the links: doctor rebuilds it from them.
         return IndexError_(f"the index {path} is damaged ({exc}); run `llmgw-store doctor --rebuild-index` to "
                            f"rebuild it from the store's manifests (the damaged file is kept)")
     return IndexError_(f"{what}: {exc}")
@@ -254,6 +274,8 @@ class Index:
                     raise IndexError_(f"{path} has schema version {version}, this llmgw-store reads {SCHEMA_VERSION}; "
                                       "run a command that writes (e.g. `llmgw-store gc --dry-run`) to migrate it")
                 return
+            # isolation_level=None: the module opens no transaction behind our back; every write
+            # transaction is an explicit BEGIN IMMEDIATE in `transaction`.
             self.conn = sqlite3.connect(str(path), timeout=self.busy_timeout, isolation_level=None)
             self.conn.row_factory = sqlite3.Row
             if exclusive:
@@ -263,6 +285,7 @@ class Index:
                 self.conn.execute("PRAGMA locking_mode=EXCLUSIVE")
             self._enable_wal()
             self.conn.execute("PRAGMA synchronous=NORMAL")
+            self.conn.execute("PRAGMA foreign_keys=ON")  # per connection; refs' keys hold from here on
             version = self.conn.execute("PRAGMA user_version").fetchone()[0]
             if version < SCHEMA_VERSION:
                 self._migrate()
@@ -271,10 +294,12 @@ class Index:
                     f"{path} has schema version {version}, newer than this llmgw-store knows "
                     f"({SCHEMA_VERSION}); upgrade llmgw-store"
                 )
-        except sqlite3.Error as exc:
+        except BaseException as exc:
             if getattr(self, "conn", None) is not None:
-                self.conn.close()  # its locks would stop this process's next attempt (SQLite shares them per process)
-            raise self._error(exc, f"cannot open the index {path}") from exc
+                self.conn.close()  # no descriptor of a failed open is left behind (a busy mount)
+            if isinstance(exc, sqlite3.Error):
+                raise self._error(exc, f"cannot open the index {path}") from exc
+            raise
 
     def _enable_wal(self) -> None:
         """WAL is a property of the file, set once by whoever creates it. Switching needs an exclusive
@@ -292,32 +317,49 @@ class Index:
                     raise
                 time.sleep(0.02)
 
+    @contextmanager
+    def transaction(self, what: str) -> Iterator[sqlite3.Connection]:
+        """One write transaction: all of the block's statements or none. BEGIN IMMEDIATE takes the
+        write lock first (waiting at most the busy timeout), so nothing read inside the block can
+        change before it commits. SQLite's errors leave as the store's (`store_error`), `what` saying
+        what was being done."""
+        try:
+            self.conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield self.conn
+                self.conn.execute("COMMIT")
+            except BaseException:
+                if self.conn.in_transaction:
+                    try:
+                        self.conn.execute("ROLLBACK")
+                    except sqlite3.Error:
+                        pass  # SQLite rolls back a failed transaction itself when the file allows
+                raise
+        except sqlite3.IntegrityError as exc:
+            if "FOREIGN KEY" in str(exc):
+                raise ReferencedError(f"{what}: a registered store path still references it ({exc})") from exc
+            raise self._error(exc, what) from exc
+        except sqlite3.Error as exc:
+            raise self._error(exc, what) from exc
+
     def _migrate(self) -> None:
-        # The steps run against _Schema (plain SQL, the same statements sqlite-utils issues) and
-        # only fall back to sqlite-utils, whose import was a fifth of a small cold build, when a
-        # step uses more of its API; a failed attempt is rolled back whole before the retry.
-        try:
-            self._run_migrations(_Schema(self.conn))
-        except _NeedsSqliteUtils:
-            import sqlite_utils
-
-            self._run_migrations(sqlite_utils.Database(self.conn))
-
-    def _run_migrations(self, db) -> None:
-        # BEGIN IMMEDIATE takes the write lock first, so two processes opening a new store at once
-        # serialise here; each step is also idempotent (IF NOT EXISTS) in case a library call commits.
-        self.conn.execute("BEGIN IMMEDIATE")
-        try:
-            version = self.conn.execute("PRAGMA user_version").fetchone()[0]
-            for step in MIGRATIONS[version:]:
-                step(db)
-            if version < 3 and self.store_dir is not None:
-                self._backfill_references()
-            self.conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
-            self.conn.execute("COMMIT")
-        except BaseException:
-            self.conn.execute("ROLLBACK")
-            raise
+        # One transaction from the version found to the current one: two processes opening an old
+        # store at once serialise on BEGIN IMMEDIATE, and the second finds nothing left to do.
+        steps = schema_steps()
+        with self.transaction(f"cannot migrate the index {self.path}") as conn:
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            for v in range(version + 1, SCHEMA_VERSION + 1):
+                for statement in steps[v]:
+                    conn.execute(statement)
+                if v == 3 and self.store_dir is not None:
+                    self._backfill_references()
+            conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            # PRAGMA foreign_keys cannot change inside a transaction, so each step ran with the keys
+            # enforced; this also catches a row an older file held that no step above cleaned.
+            bad = conn.execute("PRAGMA foreign_key_check").fetchall()
+            if bad:
+                raise IndexError_(f"cannot migrate the index {self.path}: {len(bad)} row(s) break its foreign keys; "
+                                  "run `llmgw-store doctor --rebuild-index`")
 
     def _backfill_references(self) -> None:
         """Paths registered before references were recorded: read them from the trees, once."""
@@ -330,14 +372,11 @@ class Index:
     def close(self) -> None:
         self.conn.close()
 
-    def _error(self, exc: sqlite3.Error, what: str) -> Exception:
-        """LockTimeout (exit 75) when another connection held the database past the busy timeout."""
-        if isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc):
-            return LockTimeout(f"{what}: another process held the index for {self.busy_timeout:g}s; "
-                               "try again later or raise --lock-timeout")
-        return index_error(self.path, what, exc)
+    def _error(self, exc: sqlite3.Error, what: str) -> StoreError:
+        return store_error(self.path, what, exc, self.busy_timeout)
 
     def _sql(self, sql: str, params: tuple | dict = ()) -> sqlite3.Cursor:
+        """One statement (a read, or a write that is its own transaction), its errors the store's."""
         try:
             return self.conn.execute(sql, params)
         except sqlite3.Error as exc:
@@ -346,21 +385,21 @@ class Index:
     # --- store paths -------------------------------------------------------------------------
     # Every row handed out names a well-formed store path (keys.is_store_name): the index is a file
     # on disk, and a planted `../x` or `/x` row must never become a path (Layout.path_of refuses it too).
-    def path_by_key(self, key: str) -> dict[str, Any] | None:
+    def path_by_key(self, key: str) -> RegisteredPath | None:
         row = self._sql("SELECT * FROM paths WHERE key = ?", (key,)).fetchone()
-        return _well_formed(dict(row)) if row else None
+        return _well_formed(row) if row else None
 
-    def path_by_name(self, name: str) -> dict[str, Any] | None:
+    def path_by_name(self, name: str) -> RegisteredPath | None:
         row = self._sql("SELECT * FROM paths WHERE name = ?", (name,)).fetchone()
-        return _well_formed(dict(row)) if row else None
+        return _well_formed(row) if row else None
 
-    def paths(self) -> list[dict[str, Any]]:
+    def paths(self) -> list[RegisteredPath]:
         """Every row with a well-formed name; a malformed one is reported and left out (gc and
         verify never act on it; `doctor --rebuild-index` drops it)."""
         out = []
         for r in self._sql("SELECT * FROM paths ORDER BY engine, version, variant, created"):
             if is_store_name(r["name"]):
-                out.append(dict(r))
+                out.append(_row(RegisteredPath, r))
             else:
                 say(f"skipping a malformed row of the index ({str(r['name'])[:80]!r}): "
                     "run `llmgw-store doctor --rebuild-index`")
@@ -373,56 +412,59 @@ class Index:
         """Move use times (name -> seconds since the epoch, from core/uses.py's stamps) into
         last_used, keeping the later of the two, in one transaction. Returns the rows changed."""
         changed = 0
-        try:
-            self.conn.execute("BEGIN IMMEDIATE")
-            try:
-                for name, when in used.items():
-                    iso = datetime.fromtimestamp(when, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-                    changed += self.conn.execute(
-                        "UPDATE paths SET last_used = ? WHERE name = ? AND (last_used IS NULL OR last_used < ?)",
-                        (iso, name, iso)).rowcount
-                self.conn.execute("COMMIT")
-            except BaseException:
-                self.conn.execute("ROLLBACK")
-                raise
-        except sqlite3.Error as exc:
-            raise self._error(exc, f"index {self.path}") from exc
+        with self.transaction(f"index {self.path}: cannot record uses") as conn:
+            for name, when in used.items():
+                iso = datetime.fromtimestamp(when, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+                changed += conn.execute(
+                    "UPDATE paths SET last_used = ? WHERE name = ? AND (last_used IS NULL OR last_used < ?)",
+                    (iso, name, iso)).rowcount
         return changed
 
-    def register(self, row: dict[str, Any], build_id: int, seconds: float, references: list[str] = (),
+    def register(self, row: RegisteredPath, build_id: int, seconds: float, references: Sequence[str] = (),
                  outcome: str = "built") -> None:
-        """Record a finished build: its path row, its references and its log entry, in one transaction."""
-        try:
-            with self.conn:
-                self.conn.execute("BEGIN IMMEDIATE")
-                cols = ", ".join(row)
-                marks = ", ".join("?" for _ in row)
-                self.conn.execute(f"INSERT INTO paths ({cols}) VALUES ({marks})", tuple(row.values()))
-                self.conn.execute("DELETE FROM refs WHERE referrer = ?", (row["name"],))
-                self.conn.executemany("INSERT OR IGNORE INTO refs VALUES (?, ?)", [(row["name"], r) for r in references])
-                self._finish_build(build_id, outcome, seconds, None)
-        except sqlite3.Error as exc:
-            raise self._error(exc, f"index {self.path}: cannot register {row['name']}") from exc
+        """Record a finished build: its path row, its references and its log entry, in one transaction.
+        Each reference must be registered already (references are registered first)."""
+        cols = [f.name for f in fields(row)]
+        with self.transaction(f"index {self.path}: cannot register {row.name}") as conn:
+            conn.execute(f"INSERT INTO paths ({', '.join(cols)}) VALUES ({', '.join('?' for _ in cols)})", astuple(row))
+            self._set_references(row.name, references)
+            self._finish_build(build_id, outcome, seconds, None)
+
+    def _set_references(self, name: str, references) -> None:
+        # A self-reference says nothing gc needs and would keep the row from ever being forgotten.
+        self.conn.execute("DELETE FROM refs WHERE referrer = ?", (name,))
+        self.conn.executemany("INSERT OR IGNORE INTO refs VALUES (?, ?)", [(name, r) for r in references if r != name])
 
     def forget(self, name: str) -> None:
-        try:
-            with self.conn:
-                self.conn.execute("BEGIN IMMEDIATE")
-                self.conn.execute("DELETE FROM paths WHERE name = ?", (name,))
-                self.conn.execute("DELETE FROM refs WHERE referrer = ?", (name,))
-        except sqlite3.Error as exc:
-            raise self._error(exc, f"index {self.path}: cannot forget {name}") from exc
+        """Drop a path's row (its references go with it). ReferencedError while a registered path
+        references it: forget referrers first (`referrers_first`)."""
+        with self.transaction(f"index {self.path}: cannot forget {name}") as conn:
+            conn.execute("DELETE FROM paths WHERE name = ?", (name,))
 
-    def insert_path(self, row: dict[str, Any], references: list[str]) -> None:
-        """A path row and its references without a build-log entry (doctor rebuilding the index)."""
-        try:
-            with self.conn:
-                self.conn.execute("BEGIN IMMEDIATE")
-                self.conn.execute(f"INSERT OR REPLACE INTO paths ({', '.join(row)}) VALUES ({', '.join('?' for _ in row)})",
-                                  tuple(row.values()))
-                self.conn.executemany("INSERT OR IGNORE INTO refs VALUES (?, ?)", [(row["name"], r) for r in references])
-        except sqlite3.Error as exc:
-            raise self._error(exc, f"index {self.path}: cannot register {row['name']}") from exc
+    def referrers_first(self, names) -> list[str]:
+        """`names` ordered so that each comes before every path of `names` it references: the
+        order in which they can be forgotten."""
+        wanted = set(names)
+        return [n for n in reversed(self.closure(wanted)) if n in wanted]
+
+    def insert_path(self, row: RegisteredPath, references: Sequence[str]) -> None:
+        """A path row and its references without a build-log entry (adoption, doctor rebuilding the
+        index). An existing row of the name is updated in place: a delete and insert (INSERT OR
+        REPLACE) would be refused while another path references it."""
+        cols = [f.name for f in fields(row)]
+        updates = ", ".join(f"{c} = excluded.{c}" for c in cols if c != "name")
+        with self.transaction(f"index {self.path}: cannot register {row.name}") as conn:
+            conn.execute(f"INSERT INTO paths ({', '.join(cols)}) VALUES ({', '.join('?' for _ in cols)}) "
+                         f"ON CONFLICT (name) DO UPDATE SET {updates}", astuple(row))
+            self._set_references(row.name, references)
+
+    def insert_paths(self, rows: Sequence[RegisteredPath]) -> None:
+        """Many rows, without references or build-log entries, in one transaction (a bench's store
+        of thousands of paths)."""
+        cols = [f.name for f in fields(RegisteredPath)]
+        with self.transaction(f"index {self.path}: cannot register {len(rows)} paths") as conn:
+            conn.executemany(f"INSERT INTO paths ({', '.join(cols)}) VALUES ({', '.join('?' for _ in cols)})",
+                             [astuple(r) for r in rows])
 
     def copy_history_from(self, other: Path, tables: tuple[str, ...] | list[str]) -> dict[str, int]:
         """Copy the rows of `tables` that a damaged or old index file still yields (doctor), row by
@@ -499,32 +541,25 @@ class Index:
 
     def replace_content(self, name: str, content_hash: str, size: int, files: int, build_id: int, seconds: float) -> None:
         """A repaired path's new content, and its build-log entry, in one transaction."""
-        try:
-            with self.conn:
-                self.conn.execute("BEGIN IMMEDIATE")
-                self.conn.execute(
-                    "UPDATE paths SET content_hash = ?, size = ?, files = ?, last_used = ? WHERE name = ?",
-                    (content_hash, size, files, now_iso(), name),
-                )
-                self._finish_build(build_id, "repaired", seconds, None)
-        except sqlite3.Error as exc:
-            raise index_error(self.path, f"index {self.path}: cannot record the repair of {name}", exc) from exc
+        with self.transaction(f"index {self.path}: cannot record the repair of {name}") as conn:
+            conn.execute("UPDATE paths SET content_hash = ?, size = ?, files = ?, last_used = ? WHERE name = ?",
+                         (content_hash, size, files, now_iso(), name))
+            self._finish_build(build_id, "repaired", seconds, None)
 
     # --- build log ---------------------------------------------------------------------------
     def start_build(self, key: str, name: str) -> int:
         """Log a build as running. Called with the key's lock held, so a row of this key still marked
         running belongs to a process that died holding the lock: it is marked abandoned."""
-        self._sql(
-            "UPDATE builds SET outcome = 'abandoned', finished = ? WHERE key = ? AND outcome = 'running'",
-            (now_iso(), key),
-        )
         import socket
 
-        cur = self._sql(
-            "INSERT INTO builds (key, name, pid, host, started, outcome) VALUES (?, ?, ?, ?, ?, 'running')",
-            (key, name, os.getpid(), socket.gethostname(), now_iso()),
-        )
-        return int(cur.lastrowid)
+        with self.transaction(f"index {self.path}: cannot log the build of {name}") as conn:
+            conn.execute("UPDATE builds SET outcome = 'abandoned', finished = ? WHERE key = ? AND outcome = 'running'",
+                         (now_iso(), key))
+            cur = conn.execute(
+                "INSERT INTO builds (key, name, pid, host, started, outcome) VALUES (?, ?, ?, ?, ?, 'running')",
+                (key, name, os.getpid(), socket.gethostname(), now_iso()))
+        assert cur.lastrowid is not None  # an INSERT into a rowid table
+        return cur.lastrowid
 
     def _finish_build(self, build_id: int, outcome: str, seconds: float, error: str | None) -> None:
         self.conn.execute(
@@ -538,12 +573,12 @@ class Index:
             (now_iso(), seconds, error[:4000], build_id),
         )
 
-    def builds(self, key: str | None = None) -> list[dict[str, Any]]:
+    def builds(self, key: str | None = None) -> list[BuildLogEntry]:
         if key is None:
             rows = self._sql("SELECT * FROM builds ORDER BY id")
         else:
             rows = self._sql("SELECT * FROM builds WHERE key = ? ORDER BY id", (key,))
-        return [dict(r) for r in rows]
+        return [_row(BuildLogEntry, r) for r in rows]
 
     # --- memos of slow facts -----------------------------------------------------------------
     def published(self, index_url: str, project: str, version: str) -> str | None:
@@ -584,9 +619,9 @@ class Index:
 
 
     # --- profiles (the links on disk are the truth; these rows follow them) -----------------
-    def generation_rows(self, profile: str) -> dict[int, dict[str, Any]]:
+    def generation_rows(self, profile: str) -> dict[int, GenerationRow]:
         rows = self._sql("SELECT * FROM generations WHERE profile = ?", (profile,))
-        return {r["number"]: dict(r) for r in rows}
+        return {r["number"]: _row(GenerationRow, r) for r in rows}
 
     def max_generation(self, profile: str) -> int:
         row = self._sql("SELECT max(number) FROM generations WHERE profile = ?", (profile,)).fetchone()
@@ -602,17 +637,8 @@ class Index:
     def mark_generation_deleted(self, profile: str, number: int) -> None:
         self._sql("UPDATE generations SET deleted = ? WHERE profile = ? AND number = ?", (now_iso(), profile, number))
 
-    def record_switch(self, profile: str, from_number: int | None, to_number: int, kind: str) -> None:
-        self._sql(
-            "INSERT INTO switches (profile, from_number, to_number, at, by, kind) VALUES (?, ?, ?, ?, ?, ?)",
-            (profile, from_number, to_number, now_iso(), _whoami(), kind),
-        )
-
-    def switches(self, profile: str) -> list[dict[str, Any]]:
-        return [dict(r) for r in self._sql("SELECT * FROM switches WHERE profile = ? ORDER BY id", (profile,))]
-
-    def pins(self) -> dict[str, dict[str, Any]]:
-        return {r["name"]: dict(r) for r in self._sql("SELECT * FROM pins")}
+    def pins(self) -> dict[str, PinRow]:
+        return {r["name"]: _row(PinRow, r) for r in self._sql("SELECT * FROM pins")}
 
     def record_pin(self, name: str, path_name: str | None) -> None:
         if path_name is None:
@@ -624,17 +650,14 @@ class Index:
     # --- gc's records: cache entries each path was built from, when gc last saw it rooted --------
     def record_cache_uses(self, name: str, cache: str, entries: list[str] | set[str]) -> None:
         at = now_iso()
-        try:
-            with self.conn:
-                self.conn.execute("BEGIN IMMEDIATE")
-                self.conn.executemany("INSERT OR REPLACE INTO cache_uses VALUES (?, ?, ?, ?)",
-                                      [(name, cache, e, at) for e in sorted(entries)])
-        except sqlite3.Error as exc:
-            raise self._error(exc, f"index {self.path}: cannot record the cache entries of {name}") from exc
+        with self.transaction(f"index {self.path}: cannot record the cache entries of {name}") as conn:
+            conn.executemany("INSERT OR REPLACE INTO cache_uses VALUES (?, ?, ?, ?)",
+                             [(name, cache, e, at) for e in sorted(entries)])
 
-    def cache_uses(self, cache: str) -> list[dict[str, Any]]:
-        """Every recorded use of an entry of `cache` (path_name, entry, used_at); the caller checks entries."""
-        return [dict(r) for r in self._sql("SELECT path_name, entry, used_at FROM cache_uses WHERE cache = ?", (cache,))]
+    def cache_uses(self, cache: str) -> list[CacheUse]:
+        """Every recorded use of an entry of `cache`; the caller checks entries."""
+        return [_row(CacheUse, r) for r in self._sql("SELECT path_name, entry, used_at FROM cache_uses WHERE cache = ?",
+                                                     (cache,))]
 
     def forget_cache_uses(self, name: str) -> None:
         self._sql("DELETE FROM cache_uses WHERE path_name = ?", (name,))
@@ -643,12 +666,8 @@ class Index:
         self._sql("DELETE FROM cache_uses WHERE cache = ? AND entry = ?", (cache, entry))
 
     def mark_rooted(self, names: set[str] | list[str], at: str) -> None:
-        try:
-            with self.conn:
-                self.conn.execute("BEGIN IMMEDIATE")
-                self.conn.executemany("INSERT OR REPLACE INTO gc_rooted VALUES (?, ?)", [(n, at) for n in sorted(names)])
-        except sqlite3.Error as exc:
-            raise self._error(exc, f"index {self.path}: cannot record gc roots") from exc
+        with self.transaction(f"index {self.path}: cannot record gc roots") as conn:
+            conn.executemany("INSERT OR REPLACE INTO gc_rooted VALUES (?, ?)", [(n, at) for n in sorted(names)])
 
     def last_rooted(self) -> dict[str, str]:
         """name -> when a gc last saw it rooted, or when a generation naming it was deleted, the later."""

@@ -62,14 +62,16 @@ class Store:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def adopt(self, name: str, *, rehash: bool = True) -> str | None:
+    def adopt(self, name: str, *, rehash: bool = True, busy: frozenset[str] | set[str] = frozenset(),
+              _seen: frozenset[str] = frozenset()) -> str | None:
         """Register `store/<name>`, a directory the index does not know, from its own manifest
         (references included) when it is a complete store path (manifest.check_complete); return
         None once it is registered, else why it is not complete. The index is a cache of the
         manifests: a path it lost (a deleted or rebuilt index, a crash between rename and
         registration) is found again, never deleted on the index's word alone.
         The caller keeps every other writer of `name` away: it holds the key's lock, or the gc lock
-        exclusively with no live temp root naming `name`."""
+        exclusively with no live temp root naming `name` (nor one of `busy`, the names live temp roots
+        hold: a reference among them is left to the process that is bringing it in)."""
         if not is_store_name(name):
             return "its name is not a store path name"
         env = self.layout.path_of(name)
@@ -85,5 +87,17 @@ class Store:
         if not (isinstance(refs, list) and len(refs) <= MAX_REFERENCES
                 and all(isinstance(r, str) and "/" not in r and key_of_name(r) for r in refs)):
             refs = manifest.references_of(env, self.layout.store)
+        # A path is registered after its references (the index's foreign keys): adopt those the
+        # index lost first. `_seen` ends a cycle of references, which no registration can make.
+        for ref in refs:
+            if ref != name and self.index.path_by_name(ref) is None:
+                if ref in busy:
+                    why = "another process is bringing it in"
+                elif ref in _seen | {name}:
+                    why = "its references make a cycle"
+                else:
+                    why = self.adopt(ref, rehash=rehash, busy=busy, _seen=_seen | {name})
+                if why is not None:
+                    return f"it references {ref}, which is not a complete store path ({why})"
         self.index.insert_path(row, refs)
         return None

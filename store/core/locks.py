@@ -33,6 +33,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
+from llmgw_store.core import debug
 from llmgw_store.core.errors import LockTimeout
 from llmgw_store.core.report import say
 
@@ -117,6 +118,7 @@ def _acquire(fd: int, path: Path, shared: bool, what: str, timeout: float, defau
     while not owner.exists() and time.monotonic() < min(deadline, started + NOTE_GRACE_S):
         time.sleep(POLL_S)
     say(f"{what}: waiting for {_owner_text(owner, default_holder)}, which holds {path.name}")
+    debug.pause("LOCK_WAIT")  # tests: this process is queued behind the holder
     while True:
         try:
             fcntl.flock(fd, mode | fcntl.LOCK_NB)

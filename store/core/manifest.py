@@ -311,6 +311,7 @@ def scan(root: Path, writable: list[str] | None = None, *, memo: dict | None = N
     try:
         walk(os.fspath(root), "")
         flush()
+        debug.pause("HASH_WALKED")  # tests: every entry listed and queued; hashing held by HASH_PAUSE
     finally:
         done = pool.finish()
     for idx, digests in done:

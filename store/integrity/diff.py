@@ -38,8 +38,8 @@ def diff(a: str, b: str, *, root: str | Path | None = None) -> Diff:
 
     with Store.open(root, readonly=True) as store:
         ra, rb = reference(store, a), reference(store, b)
-        pa = lock_pins(store.layout.path_of(ra["name"]))
-        pb = lock_pins(store.layout.path_of(rb["name"]))
+        pa = lock_pins(store.layout.path_of(ra.name))
+        pb = lock_pins(store.layout.path_of(rb.name))
     upgraded, downgraded = [], []
     for name in sorted(pa.keys() & pb.keys()):
         if pa[name] == pb[name]:
@@ -50,11 +50,11 @@ def diff(a: str, b: str, *, root: str | Path | None = None) -> Diff:
             up = pb[name] > pa[name]
         (upgraded if up else downgraded).append({"name": name, "from": pa[name], "to": pb[name]})
     return Diff(
-        a={"name": ra["name"], "size": ra["size"]},
-        b={"name": rb["name"], "size": rb["size"]},
+        a={"name": ra.name, "size": ra.size},
+        b={"name": rb.name, "size": rb.size},
         added=tuple({"name": n, "version": pb[n]} for n in sorted(pb.keys() - pa.keys())),
         removed=tuple({"name": n, "version": pa[n]} for n in sorted(pa.keys() - pb.keys())),
         upgraded=tuple(upgraded),
         downgraded=tuple(downgraded),
-        size_change=rb["size"] - ra["size"],
+        size_change=rb.size - ra.size,
     )

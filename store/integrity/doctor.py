@@ -1,7 +1,7 @@
 """`doctor`: the index against the disk, and rebuilding the index from the manifests.
 
 The index is a cache: every path's row can be made again from its manifest, every generation from
-the profile links, every pin from gcroots/. History (the build log, switches, publication memos) is
+the profile links, every pin from gcroots/. History (the build log, publication memos) is
 copied over from the old database as far as SQLite can still read it. The old file, whatever state it
 is in (missing, empty, truncated, not a database, a WAL of garbage), is moved aside with its -wal and
 -shm into `var/db.sqlite.bak-<time>/`, never opened in place and never deleted.
@@ -29,7 +29,7 @@ from llmgw_store.core.report import say
 from llmgw_store.core.results import Result
 from llmgw_store.core.temproots import gc_lock, read_all
 
-HISTORY_TABLES = ("builds", "switches", "releases", "latest", "tools", "generations", "cache_uses", "gc_rooted")
+HISTORY_TABLES = ("builds", "releases", "latest", "tools", "generations", "cache_uses", "gc_rooted")
 MAX_BACKUPS_PER_SECOND = 100
 
 
@@ -51,14 +51,14 @@ def _links(layout: Layout) -> tuple[dict[tuple[str, int], str], dict[str, str]]:
 
 def check(store: Store) -> dict[str, list[str]]:
     layout, index = store.layout, store.index
-    rows = {r["name"]: r for r in index.paths()}
+    rows = {r.name: r for r in index.paths()}
     dirs = set(_store_dirs(layout))
     gens, pins = _links(layout)
     known_gens = index.live_generations()
     mismatched = []
     for name in sorted(dirs & rows.keys()):
         try:
-            if manifest.read(layout.path_of(name)).get("content_hash") != rows[name]["content_hash"]:
+            if manifest.read(layout.path_of(name)).get("content_hash") != rows[name].content_hash:
                 mismatched.append(name)
         except (OSError, ValueError):
             mismatched.append(name)

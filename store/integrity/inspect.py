@@ -62,14 +62,14 @@ class _Opened:
 def _open(target: str, root: str | Path | None) -> _Opened:
     with open_reader(root) as store:
         row = reference(store, target)
-        path = store.layout.path_of(row["name"])
+        path = store.layout.path_of(row.name)
     try:
         doc = manifest.read(path)
     except ValueError as exc:
-        raise StoreError(f"{row['name']}: its manifest cannot be read ({exc}); run `llmgw-store verify`") from None
+        raise StoreError(f"{row.name}: its manifest cannot be read ({exc}); run `llmgw-store verify`") from None
     if not isinstance(doc, dict):
-        raise StoreError(f"{row['name']}: its manifest is not a JSON object; run `llmgw-store verify`")
-    return _Opened(path, row["name"], doc)
+        raise StoreError(f"{row.name}: its manifest is not a JSON object; run `llmgw-store verify`")
+    return _Opened(path, row.name, doc)
 
 
 def _read_bounded(path: Path, limit: int) -> bytes:
@@ -223,7 +223,7 @@ def _edges(req_text: str, extras: frozenset[str], env: dict[str, str]) -> tuple[
         try:
             if not any(req.marker.evaluate({**env, "extra": e}) for e in (extras or {""})):
                 return None
-        except Exception:  # noqa: BLE001 - a marker packaging cannot evaluate counts as not applying
+        except Exception:
             return None
     return normalize(req.name), frozenset(normalize(e) for e in req.extras)
 

@@ -64,11 +64,11 @@ def optimise(*, root: str | Path | None = None, dry_run: bool = False,
         # activations (also shared) go on.
         with gc_lock(store.layout, shared=True, timeout=lock_timeout, what="optimising"):
             for row in store.index.paths():
-                env = store.layout.path_of(row["name"])
+                env = store.layout.path_of(row.name)
                 try:
                     entries = manifest.read_contents(env)
                 except (OSError, ValueError) as exc:
-                    say(f"{row['name']}: skipped, its contents listing cannot be read ({exc}); run `llmgw-store verify`")
+                    say(f"{row.name}: skipped, its contents listing cannot be read ({exc}); run `llmgw-store verify`")
                     continue
                 n_linked, n_saved = 0, 0
                 for e in entries:
@@ -79,7 +79,7 @@ def optimise(*, root: str | Path | None = None, dry_run: bool = False,
                     n_linked += done
                     n_saved += freed
                 if n_linked:
-                    say(f"{row['name']}: {n_linked} file(s) {'would be ' if dry_run else ''}linked, "
+                    say(f"{row.name}: {n_linked} file(s) {'would be ' if dry_run else ''}linked, "
                              f"{human_size(n_saved)} {'would be ' if dry_run else ''}freed")
                 linked += n_linked
                 saved += n_saved

@@ -9,9 +9,10 @@ from typing import Any
 
 from llmgw_store.core import manifest
 from llmgw_store.core.errors import NoStoreError
+from llmgw_store.core.index import BuildLogEntry, RegisteredPath
 from llmgw_store.core.local_store import Store
 from llmgw_store.core.report import say
-from llmgw_store.core.results import Result
+from llmgw_store.core.results import Result, plain
 from llmgw_store.roots.resolve import reference
 
 
@@ -37,9 +38,9 @@ class PathRow(Result):
     last_used: str
 
     @classmethod
-    def of(cls, store: Store, row: dict[str, Any]) -> "PathRow":
-        fields = {k: row[k] for k in cls.__dataclass_fields__ if k not in ("path", "inputs")}
-        return cls(path=str(store.layout.path_of(row["name"])), inputs=json.loads(row["inputs"]), **fields)
+    def of(cls, store: Store, row: RegisteredPath) -> PathRow:
+        fields = {k: getattr(row, k) for k in cls.__dataclass_fields__ if k not in ("path", "inputs")}
+        return cls(path=str(store.layout.path_of(row.name)), inputs=json.loads(row.inputs), **fields)
 
 
 @dataclass(frozen=True)
@@ -54,10 +55,10 @@ class PathList(Result):
 class PathInfo(Result):
     row: PathRow
     manifest: dict[str, Any] | None
-    builds: tuple[dict[str, Any], ...]
+    builds: tuple[BuildLogEntry, ...]
 
     def body(self) -> dict[str, Any]:
-        return {**self.row.body(), "manifest": self.manifest, "builds": list(self.builds)}
+        return {**self.row.body(), "manifest": self.manifest, "builds": plain(self.builds)}
 
 
 def list_paths(root: str | Path | None = None) -> PathList:

@@ -94,7 +94,7 @@ def _count(store: Store) -> Stats:
                 if e.is_symlink() and not e.name.endswith("-link") and not e.name.startswith(".")]
     generations = sum(1 for e in os.scandir(layout.profiles) if e.name.endswith("-link"))
     result = Stats(
-        root=str(layout.root), paths=len(rows), bytes_apparent=sum(r["size"] for r in rows),
+        root=str(layout.root), paths=len(rows), bytes_apparent=sum(r.size for r in rows),
         bytes_on_disk=store_disk, profiles=len(profiles), generations=generations, pins=len(index.pins()),
         uv_cache_bytes=uv_apparent, uv_cache_bytes_unshared=uv_disk, downloads_bytes=dl_disk,
         free_bytes=free_bytes(layout.store), pyc_cache_bytes=pyc_disk, cache_bytes_on_disk=uv_disk + pyc_disk,
@@ -113,9 +113,9 @@ def _current(store: Store, profiles: list[str]) -> list[dict[str, Any]]:
             name = Path(generation_target(store.layout, profile, number)).name
         except (StoreError, OSError):
             continue  # not a profile (a stray link), or one mid-switch: the next stats shows it
-        row = store.index.path_by_name(name) or {}
-        out.append({"profile": profile, "generation": number, "name": name, "engine": row.get("engine"),
-                    "version": row.get("version"), "variant": row.get("variant")})
+        row = store.index.path_by_name(name)
+        out.append({"profile": profile, "generation": number, "name": name, "engine": row and row.engine,
+                    "version": row and row.version, "variant": row and row.variant})
     return out
 
 

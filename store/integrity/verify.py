@@ -5,9 +5,10 @@ record, every entry matches its line in `.llmgw/contents`, and nothing has a wri
 differs is named: modified, missing and extra entries (a byte changed, a file added, a symlink
 retargeted and an exec bit flipped are all "modified" or "extra" with the path), writable entries.
 
-`--repair` rebuilds a damaged path from what was recorded for it — its key's inputs from the index,
-the exact lock from the manifest when that can be proved (`_recorded_lock`; else resolved again
-with the same `--exclude-newer`) — into `.partial`, with the same uv and interpreter, and private,
+`--repair` rebuilds a damaged path from what was recorded for it (build/rebuild.py) — its key's
+inputs from the index, the exact lock from the manifest when that can be proved
+(`lockproof.proved_lock`; else resolved again with the same `--exclude-newer`) — into `.partial`,
+with the same uv and interpreter, and private,
 empty uv and bytecode caches (nothing shared is trusted to give back the recorded bytes). It checks
 the result like any build and swaps it in with one atomic exchange (realise.replace) only if it
 hashes to the content hash the index recorded: a repair never records a hash it computed itself.
@@ -15,7 +16,6 @@ hashes to the content hash the index recorded: a repair never records a hash it 
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 import time
@@ -26,8 +26,9 @@ from typing import Any
 from blake3 import blake3
 
 from llmgw_store.core import locks, manifest
-from llmgw_store.core.errors import NoStoreError, NotFoundError, UsageError
+from llmgw_store.core.errors import NoStoreError
 from llmgw_store.core.fsutil import force_rmtree
+from llmgw_store.core.index import RegisteredPath
 from llmgw_store.core.local_store import Store
 from llmgw_store.core.oplog import recorded
 from llmgw_store.core.report import progress, say
@@ -45,11 +46,11 @@ class VerifyReport(Result):
     damaged: tuple[str, ...]
 
 
-def check_path(store: Store, row: dict[str, Any], memo: dict | None = None) -> dict[str, Any]:
+def check_path(store: Store, row: RegisteredPath, memo: dict | None = None) -> dict[str, Any]:
     """What differs between the path of `row` and what was recorded for it. `memo` (one dict per
     run) lets a file shared with a path checked before in this run be hashed once: both are named
     if it is damaged."""
-    name = row["name"]
+    name = row.name
     env = store.layout.path_of(name)
     r: dict[str, Any] = {"name": name, "path": str(env), "ok": False, "modified": [], "missing": [], "extra": [],
                          "writable": [], "foreign": [], "problems": []}
@@ -86,13 +87,13 @@ def check_path(store: Store, row: dict[str, Any], memo: dict | None = None) -> d
         r.update(manifest.compare(recorded, actual))
         if doc is not None and listed_hash != doc.get("content_hash"):
             r["problems"].append("the contents listing does not match the manifest's hash")
-    if doc is not None and doc.get("content_hash") != row["content_hash"]:
+    if doc is not None and doc.get("content_hash") != row.content_hash:
         r["problems"].append("the manifest and the index record different content hashes")
     # The listing's own bytes hash to the recorded content hash only if they are the listing the
     # build wrote (blake3 is collision resistant); if the tree parses back to exactly those entries,
     # the tree's listing is those bytes, and its hash need not be computed again.
-    same = listed_hash == row["content_hash"] and recorded == actual
-    if not same and manifest.content_hash(actual) != row["content_hash"] \
+    same = listed_hash == row.content_hash and recorded == actual
+    if not same and manifest.content_hash(actual) != row.content_hash \
             and not (r["modified"] or r["missing"] or r["extra"]):
         r["problems"].append("the tree's content hash differs from the index")
     r["writable"] = sorted(writable)
@@ -113,10 +114,12 @@ def verify(
     uv: str | Path | None = None,
     python_preference: str | None = None,
     lock_timeout: float = locks.BUILD_LOCK_TIMEOUT_S,
+    index_url: str | None = None,
 ) -> VerifyReport:
     """Check `targets` (default: every path); with `repair`, rebuild the damaged ones, waiting at
     most `lock_timeout` s for each lock (the gc lock to add a temp root, the key's, the index).
-    Without `repair` verify only looks: the store is opened read-only."""
+    Without `repair` verify only looks: the store is opened read-only. `index_url`: the configured
+    index URL, whose credentials (if any) a repair sends to the recorded index when it is that one."""
     try:
         store = Store.open(root, lock_timeout, readonly=not repair)
     except NoStoreError as exc:
@@ -131,74 +134,33 @@ def verify(
         for n, row in enumerate(rows):
             progress("verifying", n, len(rows), "paths")
             r = check_path(store, row, memo)
-            say(f"{row['name']}: {'ok' if r['ok'] else 'DAMAGED'}")
+            say(f"{row.name}: {'ok' if r['ok'] else 'DAMAGED'}")
             if not r["ok"] and repair:
-                r["repair"] = _repair(store, row, uv, python_preference, lock_timeout)
+                r["repair"] = _repair(store, row, uv, python_preference, lock_timeout, index_url)
                 memo.clear()  # the repair made and deleted files: inode numbers may be reused
-                r["ok_after_repair"] = check_path(store, store.index.path_by_name(row["name"]))["ok"]
+                r["ok_after_repair"] = check_path(store, store.index.path_by_name(row.name))["ok"]
             results.append(r)
         progress("verifying", len(rows), len(rows), "paths")
         damaged = [r["name"] for r in results if not r["ok"] and not r.get("ok_after_repair")]
         return VerifyReport(tuple(results), len(results), tuple(damaged))
 
 
-def _repair(store: Store, row: dict[str, Any], uv_path, python_preference, lock_timeout) -> dict[str, Any]:
-    from llmgw_store.build import builder, interpreters
-    from llmgw_store.build import uv as uvmod
-    from llmgw_store.build.realise import replace
+def _repair(store: Store, row: RegisteredPath, uv_path, python_preference, lock_timeout,
+            index_url: str | None = None) -> dict[str, Any]:
+    """Rebuild a damaged path from its record (build/rebuild.py, as a cold rollback and `build
+    --check` do) with private, empty uv and bytecode caches — the shared ones are not trusted to
+    give back the recorded bytes: every wheel is fetched and checked against the lock's hashes
+    again, every module compiled again — and swap it in only if it hashes to the recorded hash."""
+    from llmgw_store.build import rebuild
 
-    name = row["name"]
-    inputs = json.loads(row["inputs"])
-    if "build" not in inputs:
-        raise UsageError(f"{name} was not built from a recipe ({inputs.get('tool', 'unknown')}); remove it and let the store reinstall it")
-    env = store.layout.path_of(name)
-    lock_text = _recorded_lock(env, row["content_hash"])
-    say(f"repairing {name} from its recorded inputs" + (" and lock" if lock_text else " (resolving again)"))
-    uv = uvmod.resolve(store, uv_path, inputs["index_url"])
-    if uv.version != inputs["uv"]:
-        raise UsageError(f"repairing {name} needs uv {inputs['uv']}, not {uv.version}: pass --uv PATH to a uv {inputs['uv']}")
-    want = inputs["python"]
-    interp = interpreters.find(store, uv, want["request"], python_preference or interpreters.DEFAULT_PREFERENCE)
-    if (interp.implementation, interp.version) != (want["implementation"], want["version"]):
-        raise NotFoundError(f"repairing {name} needs {want['implementation']} {want['version']}; found {interp.implementation} {interp.version}")
-    # Private, empty uv and bytecode caches: the shared ones are not trusted to give back the
-    # recorded bytes; every wheel is fetched and checked against the lock's hashes again, and
-    # every module compiled again.
+    name = row.name
+    recorded = rebuild.recorded_in_store(store, row, need_lock=False)
+    say(f"repairing {name} from its recorded inputs" + (" and lock" if recorded.lock else " (resolving again)"))
     private = store.layout.tmp / f"repair-{os.getpid()}-{time.monotonic_ns()}"
-    plan = builder.BuildPlan(
-        key=row["key"], name=name, inputs=inputs, version=row["version"], fields=inputs["build"], uv=uv,
-        interpreter=interp, index_url=inputs["index_url"],
-        meta={"engine": row["engine"], "version": row["version"], "variant": row["variant"], "binary": inputs["binary"]},
-        origin=f"the recorded inputs of {name}", lock_text=lock_text,
-        uv_cache=private / "uv", pyc_cache=private / "pyc",
-    )
-    deadline = builder.Deadline(plan)
     try:
-        new = replace(store, plan.key, name, inputs, plan.meta,
-                      lambda partial: builder.make_env(store, plan, partial, deadline),
-                      expect=row["content_hash"],
-                      verify=lambda tree: builder.verify_env(store, plan, tree, deadline),
-                      lock_timeout=lock_timeout)
+        new = rebuild.rebuild(store, recorded, rebuild.REPLACE, uv_path=uv_path, python_preference=python_preference,
+                              private=private, index_url=index_url, lock_timeout=lock_timeout)
     finally:
         force_rmtree(private)
     say(f"repaired {name}: byte-identical to what was built")
-    return {"content_hash": new["content_hash"], "identical": new["content_hash"] == row["content_hash"]}
-
-
-def _recorded_lock(env: Path, recorded_hash: str) -> str | None:
-    """The lock the path was built from, only if it can be proved: the listing hashes to the content
-    hash that the manifest and the index record, and the manifest's lock text hashes to the listed
-    digest of the lock file. Else None (the repair resolves again, and its result must still hash
-    to `recorded_hash`)."""
-    try:
-        doc = manifest.read(env)
-        listing = manifest.read_contents(env)
-        if not manifest.content_hash(listing) == doc["content_hash"] == recorded_hash:
-            return None
-        lock_text, lock_file = doc["lock"], f"{manifest.MANIFEST_DIR}/{doc['lock_format']}"
-        listed = [e for e in listing if e.path == lock_file and e.kind == "f"]
-        if isinstance(lock_text, str) and listed and blake3(lock_text.encode()).hexdigest() == listed[0].digest:
-            return lock_text
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
-    return None
+    return {"content_hash": new.content_hash, "identical": new.content_hash == row.content_hash}

@@ -74,13 +74,13 @@ def uv_entries(store: Store, live: set[str], tidy: bool = True) -> list[Entry]:
     """Every archive of uv's cache; live when a path of `live` recorded it. With `tidy`, records
     of paths neither registered nor live, and malformed records, are dropped."""
     uses: dict[str, list[dict]] = {}
-    registered = {r["name"] for r in store.index.paths()}
+    registered = {r.name for r in store.index.paths()}
     rows = store.index.cache_uses(cacheuse.CACHE)
     # Read after the records: a build that recorded them added its temp root before it started,
     # so it is seen here, and its entries count as live, whether or not it has registered yet.
     live = live | read_all(store.layout)[0]
     for row in rows:
-        entry, user = str(row["entry"]), row["path_name"]
+        entry, user = str(row.entry), row.path_name
         if not cacheuse.ARCHIVE_RE.fullmatch(entry):
             if tidy:
                 store.index.drop_cache_entry(cacheuse.CACHE, entry)  # malformed (planted): never a path
@@ -96,8 +96,8 @@ def uv_entries(store: Store, live: set[str], tidy: bool = True) -> list[Entry]:
         t = Tally()
         t.add(a.path)
         mtime = a.stat(follow_symlinks=False).st_mtime
-        out.append(Entry("uv", a.name, Path(a.path), t.freed, max([mtime] + [_ts(r["used_at"]) for r in rows]),
-                         any(r["path_name"] in live for r in rows)))
+        out.append(Entry("uv", a.name, Path(a.path), t.freed, max([mtime] + [_ts(r.used_at) for r in rows]),
+                         any(r.path_name in live for r in rows)))
     return out
 
 

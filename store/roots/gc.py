@@ -40,7 +40,7 @@ from typing import Any
 from llmgw_store.core import debug, reserve
 from llmgw_store.core.errors import DiskFullError, IndexError_, NoStoreError, UsageError
 from llmgw_store.core.fsutil import free_bytes
-from llmgw_store.core.index import Index, now_iso
+from llmgw_store.core.index import Index, ReferencedError, now_iso
 from llmgw_store.core.keys import is_store_name
 from llmgw_store.core.layout import Layout
 from llmgw_store.core.local_store import Store
@@ -137,7 +137,7 @@ def roots(store: Store, excluded_generations: set[tuple[str, int]] = frozenset()
         for pid in pids:
             by_pid.setdefault(int(pid), set()).add(name)
     out += [Root("process", tuple(sorted(names)), pid=pid) for pid, names in sorted(by_pid.items())]
-    uv = [r["name"] for r in store.index.paths() if r["engine"] == "uv" and r["version"] == UV_VERSION]
+    uv = [r.name for r in store.index.paths() if r.engine == "uv" and r.version == UV_VERSION]
     if uv:
         out.append(Root("uv", tuple(uv)))
     return out
@@ -322,7 +322,10 @@ def _record_deferred(store: Store, report: dict[str, Any]) -> None:
     for name in sorted(deferred.pop("forget", ())):
         if name in busy or os.path.lexists(store.layout.store / _component(name)):
             continue
-        _forget(store, name)
+        try:
+            _forget(store, name)
+        except ReferencedError:
+            say(f"{name} is gone but a registered path references it: `llmgw-store doctor` names it")
     if "rooted" in deferred:
         names, at = deferred.pop("rooted")
         store.index.mark_rooted(names, at)
@@ -378,21 +381,28 @@ def _sweep(store: Store, excluded, budget, keep_dead_for, dry_run, lock_timeout,
         pooled = inodes_of(layout.links_pool) if (budget is not None or dry_run) else frozenset()
         dead = _choose(store, live, budget, checked=not dry_run, keep_dead_for=keep_dead_for, now=now,
                        pooled=pooled, report=report, predict=dry_run or budget is not None)
-        for item in dead:
+        order = {n: i for i, n in enumerate(store.index.referrers_first(item["name"] for item in dead))}
+        for item in sorted(dead, key=lambda item: order[item["name"]]):
             say(f"{'would delete' if dry_run else 'deleting'} {item['name']} ({human_size(item['size'])}, {item['reason']})")
             if dry_run:
                 continue
             try:
                 _forget(store, item["name"])
+            except ReferencedError:  # a kept path (over the budget, in its grace) references it
+                say(f"keeping {item['name']}: a path gc keeps references it")
+                item["kept"] = True
+                continue
             except DiskFullError:
                 # Deleted first, recorded after (_record_deferred): until then the index names a
-                # path that is gone, which every reader takes as "not in the store".
+                # path that is gone, which every reader takes as "not in the store". (SQLite checks
+                # the references when the delete runs, before the full disk refuses its commit.)
                 report["deferred"].setdefault("forget", set()).add(item["name"])
             debug.pause("GC_AFTER_FORGET")  # forgotten, still in store/
             src = layout.store / _component(item["name"])
             if os.path.lexists(src):
                 item["trash"] = layout.trash / f"{item['name']}.{os.getpid()}.{time.monotonic_ns()}"
                 os.rename(src, item["trash"])
+        dead = [item for item in dead if not item.get("kept")]
         report["deleted"] += dead
     return dead, live
 
@@ -476,7 +486,7 @@ def _adopt_unregistered(store: Store, busy: set[str], spared: set[str]) -> list[
     when a root holds it, collected when none does. Called with the gc lock held exclusively: no
     temp root can be added, so a directory no live temp root names has no builder (a builder adds
     its temp root before it takes the key's lock) and nothing else writes it meanwhile."""
-    known = {r["name"] for r in store.index.paths()}
+    known = {r.name for r in store.index.paths()}
     adopted = []
     for entry in os.scandir(store.layout.store):
         name = entry.name
@@ -484,7 +494,7 @@ def _adopt_unregistered(store: Store, busy: set[str], spared: set[str]) -> list[
                 or not entry.is_dir(follow_symlinks=False)):
             continue
         try:
-            why = store.adopt(name, rehash=True)
+            why = store.adopt(name, rehash=True, busy=busy)
         except DiskFullError:
             # Not registered, so its references are unknown: kept whole until a gc can record it.
             say(f"kept {name} for now: complete but not in the index, which the full disk keeps from recording it")
@@ -512,7 +522,7 @@ def _choose(store: Store, live: set[str], budget: int | None, *, checked: bool =
     disk, predicted by accounting.Tally). With `checked`, every unregistered directory left is one
     `_adopt_unregistered` found incomplete. With `keep_dead_for`, a registered dead path rooted
     (as a gc last saw it, or a generation record says) or used less than that long ago is kept."""
-    rows = {r["name"]: r for r in store.index.paths()}
+    rows = {r.name: r for r in store.index.paths()}
     rooted = store.index.last_rooted() if keep_dead_for is not None else {}
     leftovers, registered = [], []
     on_disk = set()
@@ -524,13 +534,13 @@ def _choose(store: Store, live: set[str], budget: int | None, *, checked: bool =
         if name in rows:
             row = rows[name]
             if keep_dead_for is not None:
-                last = max(_ts(rooted.get(name)), _ts(row["last_used"]))
+                last = max(_ts(rooted.get(name)), _ts(row.last_used))
                 if now - last < keep_dead_for:
                     if report is not None and name not in report["kept_by_grace"]:
                         report["kept_by_grace"].append(name)
                     continue
-            registered.append({"name": name, "size": row["size"], "reason": "no root holds it",
-                               "last_used": row["last_used"]})
+            registered.append({"name": name, "size": row.size, "reason": "no root holds it",
+                               "last_used": row.last_used})
         else:
             if name.endswith(".partial"):
                 what = "an unfinished build"
@@ -683,9 +693,9 @@ def _prune_uv_cache(store: Store, dry_run: bool) -> int:
         say("would run `uv cache prune`")
         return 0
     before = _cost(cache)
-    pinned = [r for r in store.index.paths() if r["engine"] == "uv" and r["version"] == uvmod.UV_VERSION]
+    pinned = [r for r in store.index.paths() if r.engine == "uv" and r.version == uvmod.UV_VERSION]
     if pinned:
-        binary = store.layout.path_of(pinned[0]["name"]) / "bin" / "uv"
+        binary = store.layout.path_of(pinned[0].name) / "bin" / "uv"
     else:
         from uv import find_uv_bin
 

@@ -20,6 +20,7 @@ from typing import Any
 
 from llmgw_store.core import procs
 from llmgw_store.core.errors import CommandError, UsageError
+from llmgw_store.core.index import RegisteredPath
 from llmgw_store.core.names import printable, shown
 from llmgw_store.core.report import say
 from llmgw_store.core.results import Result
@@ -70,16 +71,16 @@ def checked_argv(argv: Any, where: str) -> list[str]:
     return argv
 
 
-def recipe_health(row: dict[str, Any]) -> list[str] | None:
+def recipe_health(row: RegisteredPath) -> list[str] | None:
     """The `health` command the recipe recorded in the path's inputs (index row), if any."""
     try:
-        build = json.loads(row["inputs"]).get("build") or {}
+        build = json.loads(row.inputs).get("build") or {}
     except (TypeError, ValueError, KeyError, AttributeError):
         return None
     health = build.get("health") if isinstance(build, dict) else None
     if health is None:
         return None
-    return checked_argv(health, f"the health command recorded for {row['name']}")
+    return checked_argv(health, f"the health command recorded for {row.name}")
 
 
 def run(argv: list[str], env_dir: Path, timeout: float) -> CheckResult:

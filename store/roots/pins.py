@@ -28,7 +28,7 @@ def pin(name: str, target: str | Path, *, root: str | Path | None = None,
     """Pin `target` (a store path, its name or key, PROFILE or PROFILE@N) as `name`."""
     check_pin(name)
     with Store.open(root, lock_timeout) as store:
-        path_name = reference(store, str(target))["name"]
+        path_name = reference(store, str(target)).name
         TempRoots(store.layout).add(path_name, lock_timeout)
         registered(store, path_name)  # still there now that gc cannot take it
         symlink_atomically(f"../store/{path_name}", store.layout.gcroots / name)

@@ -216,11 +216,11 @@ def activate(
         raise UsageError("--keep-records must be at least 1")
     with Store.open(root, lock_timeout) as store:
         layout = store.layout
-        name = reference(store, str(target))["name"]
+        name = reference(store, str(target)).name
         TempRoots(layout).add(name, lock_timeout)
         # Checked again now that gc can no longer take it.
         row = registered(store, name)
-        env_dir = layout.path_of(row["name"])
+        env_dir = layout.path_of(row.name)
         if not env_dir.is_dir():
             raise NotFoundError(f"{name} is registered but missing on disk; build it again")
         argv = check if check is not None else (None if no_check else health.recipe_health(row))
@@ -268,7 +268,6 @@ def activate(
                 guard.restore()
                 raise
             store.index.record_generation(profile, number, name, _link_time(gen_link(layout, profile, number)))
-            store.index.record_switch(profile, current, number, "activate")
             records.add_event(layout, profile, "activate", **{"from": current}, to=number, name=name,
                               check=activation["check"])
             records.prune(layout, profile, keep_records, disk_generations(layout, profile))
@@ -293,7 +292,6 @@ def _then_check(store: Store, profile: str, rec: records.Record, previous: int, 
     except BaseException:
         guard.block()
         _switch(store, profile, previous)
-        store.index.record_switch(profile, number, previous, "auto-rollback")
         records.write(layout, records.with_activation(rec, {**rec.activation, "rolled_back_to": previous,
                                                             "check": {**rec.activation["check"], "result": "interrupted"}}))
         records.add_event(layout, profile, "auto-rollback", **{"from": number}, to=previous, why="interrupted")
@@ -304,7 +302,6 @@ def _then_check(store: Store, profile: str, rec: records.Record, previous: int, 
         records.add_event(layout, profile, "check-passed", generation=number, check=done)
         return Switch(profile, number, previous, str(env_dir), True, check=done)
     _switch(store, profile, previous)
-    store.index.record_switch(profile, number, previous, "auto-rollback")
     records.write(layout, records.with_activation(rec, {**rec.activation, "check": done, "rolled_back_to": previous}))
     records.add_event(layout, profile, "auto-rollback", **{"from": number}, to=previous, check=done)
     say(f"profile {profile}: check failed, back to generation {previous}")
@@ -393,7 +390,6 @@ def rollback(profile: str, *, to: int | None = None, root: str | Path | None = N
                 name = gens[to]
             if to != current:
                 _switch(store, profile, to)
-                store.index.record_switch(profile, current, to, "rollback")
                 records.add_event(layout, profile, "rollback", **{"from": current}, to=to, name=name, cold=cold)
                 say(f"profile {profile}: generation {current} -> {to} ({name})")
             return Switch(profile, to, current, str(layout.path_of(name)), to != current)
@@ -421,8 +417,8 @@ def _relink_cold(store: Store, profile: str, number: int, gens: dict[int, str], 
     if row is None or not records.present(layout, rec.name):
         raise NotFoundError(f"{rec.name} is not in the store: rebuild it first (`llmgw-store rollback {profile} "
                             f"--to {number}`)")
-    if row["content_hash"] != rec.content_hash or row["key"] != rec.key:
-        raise IntegrityError(f"{rec.name} is in the store with content hash {row['content_hash']}, not the "
+    if row.content_hash != rec.content_hash or row.key != rec.key:
+        raise IntegrityError(f"{rec.name} is in the store with content hash {row.content_hash}, not the "
                              f"{rec.content_hash} generation {number} recorded; nothing switched")
     symlink_atomically(f"../store/{rec.name}", gen_link(layout, profile, number))
     store.index.record_generation(profile, number, rec.name, _link_time(gen_link(layout, profile, number)))
@@ -447,15 +443,15 @@ def generations(profile: str, *, root: str | Path | None = None,
             rec = recs.get(number)
             linked = number in gens
             name = gens[number] if linked else rec.name  # type: ignore[union-attr]
-            row = store.index.path_by_name(name) or {}
+            row = store.index.path_by_name(name)
             act = rec.activation if rec is not None else {}
             out.append(Generation(
                 number=number, path=str(layout.path_of(name)), name=name,
                 created=_link_time(gen_link(layout, profile, number)) if linked else rec.created,  # type: ignore[union-attr]
                 current=number == current,
-                engine=row.get("engine") or (rec.engine if rec else None),
-                version=row.get("version") or (rec.version if rec else None),
-                variant=row.get("variant") or (rec.variant if rec else None),
+                engine=row.engine if row else (rec.engine if rec else None),
+                version=row.version if row else (rec.version if rec else None),
+                variant=row.variant if row else (rec.variant if rec else None),
                 state="hot" if records.present(layout, name) else "cold", record=rec is not None, linked=linked,
                 check=act.get("check"), rolled_back_to=act.get("rolled_back_to"),
             ))
@@ -574,12 +570,12 @@ def _sync_index(store: Store, profile: str, gens: dict[int, str], *, write: bool
     differs = []
     for n, name in gens.items():
         row = rows.get(n)
-        if row is None or row["deleted"] or row["name"] != name:
+        if row is None or row.deleted or row.name != name:
             if write:
                 store.index.record_generation(profile, n, name, _link_time(gen_link(store.layout, profile, n)))
             differs.append(f"generation {n} was on disk but not in the index")
     for n, row in rows.items():
-        if n not in gens and not row["deleted"]:
+        if n not in gens and not row.deleted:
             if write:
                 store.index.mark_generation_deleted(profile, n)
             differs.append(f"generation {n} was in the index but not on disk")

@@ -52,7 +52,7 @@ from blake3 import blake3
 
 from llmgw_store.core import manifest
 from llmgw_store.core.errors import IntegrityError
-from llmgw_store.core.index import now_iso
+from llmgw_store.core.index import RegisteredPath, now_iso
 from llmgw_store.core.keys import KEY_RE, canonical_json, is_store_name, path_name, store_key
 from llmgw_store.core.layout import Layout
 from llmgw_store.core.names import check_generation, check_profile
@@ -155,35 +155,31 @@ def numbers(layout: Layout, profile: str) -> list[int]:
 
 # --- making a record -------------------------------------------------------------------------
 
-def describe(layout: Layout, row: dict[str, Any]) -> dict[str, Any]:
+def describe(layout: Layout, row: RegisteredPath) -> dict[str, Any]:
     """What a record says of the registered store path `row` (an index row): its identity from the
     index, its inputs, requirements and lock from its manifest. The lock is taken only when it is
     proved to be the one installed: the contents listing hashes to the content hash the index
     records, and the manifest's lock text hashes to the listed digest of the lock file (as verify
     --repair proves it). Without that proof the record has no lock (the generation can then come
     back only from a binary cache)."""
-    name = row["name"]
+    name = row.name
     env = layout.path_of(name)
-    inputs = json.loads(row["inputs"]) if isinstance(row.get("inputs"), str) else {}
+    inputs = json.loads(row.inputs) if isinstance(row.inputs, str) else {}
+    from llmgw_store.build.lockproof import proved_lock
+
     lock = lock_format = None
     requirements: list[str] = []
     try:
         doc = manifest.read(env)
-        listing = manifest.read_contents(env)
         requirements = [r for r in doc.get("requirements", []) if isinstance(r, str)][:_LIST_MAX]
-        if manifest.content_hash(listing) == doc.get("content_hash") == row["content_hash"] \
-                and doc.get("lock_format") in LOCK_FORMATS and isinstance(doc.get("lock"), str):
-            lock_path = f"{manifest.MANIFEST_DIR}/{doc['lock_format']}"
-            listed = [e for e in listing if e.path == lock_path and e.kind == "f"]
-            if listed and blake3(doc["lock"].encode()).hexdigest() == listed[0].digest:
-                lock, lock_format = doc["lock"], doc["lock_format"]
-    except (OSError, ValueError, KeyError, TypeError):
+        lock, lock_format = proved_lock(env, name, row.content_hash)  # the one proof (build/lockproof.py)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, IntegrityError):
         pass
     if lock is None:
         say(f"{name}: no lock proved by its manifest; its record cannot rebuild it (a binary cache still can)")
     return {
-        "name": name, "key": row["key"], "content_hash": row["content_hash"], "engine": row["engine"],
-        "version": row["version"], "variant": row["variant"], "inputs": inputs, "requirements": requirements,
+        "name": name, "key": row.key, "content_hash": row.content_hash, "engine": row.engine,
+        "version": row.version, "variant": row.variant, "inputs": inputs, "requirements": requirements,
         "lock_format": lock_format, "lock": lock,
     }
 

@@ -18,9 +18,9 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any
 
 from llmgw_store.core.errors import NotFoundError, UsageError
+from llmgw_store.core.index import RegisteredPath
 from llmgw_store.core.keys import KEY_RE, is_store_name
 from llmgw_store.core.local_store import Store
 from llmgw_store.core.names import check_generation, check_profile, shown
@@ -30,7 +30,7 @@ PATH_MAX = 4096
 _GENERATION = re.compile(r"([^/@]+)@([0-9]{1,10})")
 
 
-def registered(store: Store, text: str | Path) -> dict[str, Any]:
+def registered(store: Store, text: str | Path) -> RegisteredPath:
     """The index row of a store path given as a path (or a link to one), its name or its bare key."""
     s = _checked(text).rstrip("/")
     name = Path(s).name
@@ -49,7 +49,7 @@ def registered(store: Store, text: str | Path) -> dict[str, Any]:
     return row
 
 
-def reference(store: Store, text: str | Path) -> dict[str, Any]:
+def reference(store: Store, text: str | Path) -> RegisteredPath:
     """`PROFILE@N` (a generation), `PROFILE` (its current generation), or a store path, name or key."""
     s = _checked(text)
     m = _GENERATION.fullmatch(s)

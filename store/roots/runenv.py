@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from llmgw_store.core.errors import NotFoundError, UsageError
 from llmgw_store.core.diskview import open_reader
+from llmgw_store.core.errors import NotFoundError, UsageError
 from llmgw_store.core.results import Result
 from llmgw_store.roots.generations import current_generation
 from llmgw_store.roots.resolve import is_profile, reference
@@ -35,7 +35,7 @@ def env_lines(target: str, *, root: str | Path | None = None) -> EnvLines:
             current_generation(store.layout, target)  # a profile link that points at a generation
             env_dir = store.layout.profiles / target
         else:
-            env_dir = store.layout.path_of(reference(store, target)["name"])
+            env_dir = store.layout.path_of(reference(store, target).name)
         return EnvLines({"VIRTUAL_ENV": str(env_dir),
                          "PATH": f"{env_dir / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"})
 
@@ -51,7 +51,7 @@ def exec_in(target: str, argv: list[str], *, root: str | Path | None = None) -> 
     if not argv:
         raise UsageError("no command given: llmgw-store run PROFILE -- COMMAND [ARGS...]")
     with open_reader(root) as store:
-        env_dir = store.layout.path_of(reference(store, target)["name"])
+        env_dir = store.layout.path_of(reference(store, target).name)
         where = f"profile {target}" if is_profile(store, target) else target
     env = dict(os.environ, VIRTUAL_ENV=str(env_dir))
     env["PATH"] = f"{env_dir / 'bin'}{os.pathsep}{env.get('PATH', '')}"

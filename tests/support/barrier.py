@@ -46,14 +46,31 @@ class Barrier:
             time.sleep(POLL_S)
         return int(f.read_text())
 
+    def reached_by(self, point: str, count: int, procs: list[subprocess.Popen] = (), timeout: float = 120.0) -> list[int]:
+        """Wait until `count` distinct processes have reached `point` (held there, or passed through
+        an open one); their pids. Fails if every one of `procs` ends first."""
+        deadline = time.monotonic() + timeout
+        while len(pids := self.pids(point)) < count:
+            if procs and all(p.poll() is not None for p in procs):
+                raise AssertionError(f"the processes exited with {len(pids)} of {count} at {point}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{len(pids)} of {count} processes reached {point} in {timeout} s")
+            time.sleep(POLL_S)
+        return pids
+
+    def pids(self, point: str) -> list[int]:
+        """The processes that have reached `point` so far."""
+        prefix = f"{point.lower()}.pid-"
+        return sorted(int(p.name[len(prefix):]) for p in self.dir.glob(prefix + "*"))
+
     def go(self, point: str) -> None:
         """Let every process waiting at `point` go on (and any that reaches it later)."""
         self._file(point, "go").write_text("")
 
     def reset(self, point: str) -> None:
         """Close `point` again, for a second process to be held there."""
-        for what in ("reached", "go"):
+        for f in [self._file(point, "reached"), self._file(point, "go"), *self.dir.glob(f"{point.lower()}.pid-*")]:
             try:
-                os.unlink(self._file(point, what))
+                os.unlink(f)
             except FileNotFoundError:
                 pass

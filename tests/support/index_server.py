@@ -3,21 +3,24 @@ with their sha256, HEAD supported, every request counted; `PackageIndex(upload_t
 no `upload-time`, as PyTorch's index. `tamper(filename)` makes it serve other
 bytes than the ones whose digest it publishes, as a compromised mirror would; `slow(seconds, when)`
 makes it wait that long before answering a file download while `when()` holds, as a slow mirror
-would (a uv that is installing then stays alive long enough to be caught)."""
+would (a uv that is installing then stays alive long enough to be caught). `require_auth(user,
+password)` makes it a private mirror (HTTP 401 without that basic auth; `refused` counts them);
+`hold_downloads()` parks every file download until the test opens the returned barrier."""
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import html
 import json
 import re
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Callable
 
 JSON_TYPE = "application/vnd.pypi.simple.v1+json"
 
@@ -47,6 +50,9 @@ class PackageIndex:
         self.file_delay = 0.0
         self.delay_when: Callable[[], bool] = lambda: True
         self.requests: list[tuple[str, str]] = []
+        self.auth: str | None = None  # the Authorization header a private mirror accepts
+        self.refused = 0
+        self.held: tuple[threading.Event, threading.Event] | None = None
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self._server.daemon_threads = True
@@ -57,7 +63,7 @@ class PackageIndex:
         host, port = self._server.server_address[:2]
         return f"http://{host}:{port}/simple"
 
-    def start(self) -> "PackageIndex":
+    def start(self) -> PackageIndex:
         self._thread.start()
         return self
 
@@ -67,7 +73,7 @@ class PackageIndex:
 
     def add(self, project: str, wheel: Path, uploaded: str) -> Release:
         rel = Release(project, wheel.name, wheel.read_bytes(),
-                      datetime.fromisoformat(uploaded.replace("Z", "+00:00")).astimezone(timezone.utc))
+                      datetime.fromisoformat(uploaded.replace("Z", "+00:00")).astimezone(UTC))
         self.releases.setdefault(normalize(project), []).append(rel)
         return rel
 
@@ -77,6 +83,14 @@ class PackageIndex:
     def slow(self, seconds: float, when: Callable[[], bool] | None = None) -> None:
         self.file_delay = seconds
         self.delay_when = when or (lambda: True)
+
+    def require_auth(self, username: str, password: str) -> None:
+        self.auth = "Basic " + base64.b64encode(f"{username}:{password}".encode()).decode()
+
+    def hold_downloads(self) -> tuple[threading.Event, threading.Event]:
+        """(reached, go): a file download sets `reached` and waits (at most 120 s) for `go`."""
+        self.held = (threading.Event(), threading.Event())
+        return self.held
 
     def reset_counts(self) -> None:
         with self._lock:
@@ -113,6 +127,14 @@ class PackageIndex:
             def _serve(self, head: bool) -> None:
                 with index._lock:
                     index.requests.append((self.command, self.path))
+                if index.auth is not None and self.headers.get("Authorization") != index.auth:
+                    with index._lock:
+                        index.refused += 1
+                    self.send_response(401)
+                    self.send_header("WWW-Authenticate", 'Basic realm="index"')
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
                 path = self.path.split("?")[0]
                 wants_json = JSON_TYPE in self.headers.get("Accept", "")
                 m = re.fullmatch(r"/simple/([^/]+)/?", path)
@@ -154,6 +176,9 @@ class PackageIndex:
                 rel = index._find(f.group(1)) if f else None
                 if rel is None:
                     return self._send(404, "text/plain", b"not found", head)
+                if index.held is not None and not head:
+                    index.held[0].set()
+                    index.held[1].wait(120)
                 if index.file_delay and not head and index.delay_when():
                     time.sleep(index.file_delay)
                 data = rel.data

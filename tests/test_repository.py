@@ -1,0 +1,91 @@
+"""The repository builds as it says: flake.nix names exactly pyproject's dependencies (evaluated by
+the real Nix against a stand-in nixpkgs that holds only the names it may use), its devShell carries
+what the suite needs, and no artefact is committed."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import tomllib
+
+import pytest
+
+from tests.conftest import REPO
+
+PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
+
+
+def _name(requirement: str) -> str:
+    """nixpkgs' attribute of a PyPI requirement: its normalised name, extras dropped."""
+    return re.split(r"[\[<>=!~; ]", requirement, maxsplit=1)[0].lower().replace("_", "-")
+
+
+RUNTIME = {_name(r) for r in PYPROJECT["project"]["dependencies"]} - {"uv"}  # uv: the binary, on PATH
+TEST = {_name(r) for r in PYPROJECT["project"]["optional-dependencies"]["test"]}
+# What the devShell's Python holds for each of the test extra's requirements (and the uv module the
+# suite asks for its uv binary); ruff and import-linter are applications in nixpkgs.
+SHELL_PY = RUNTIME | {"pytest", "boto3", "moto", "flask", "flask-cors", "uv", "pip", "setuptools", "module:import-linter"}
+SHELL_TOOLS = {"uv", "ruff", "nix"}
+
+STUB = """
+let
+  names = builtins.fromJSON ''%s'';
+  ps = builtins.listToAttrs (map (n: { name = n; value = n; }) names) // {
+    toPythonModule = drv: "module:" + drv;
+    buildPythonApplication = args: args;
+  };
+  pkgs = {
+    python3Packages = ps;
+    python3.withPackages = f: { python = f ps; };
+    mkShell = args: args;
+    uv = "uv"; ruff = "ruff"; nix = "nix"; import-linter = "import-linter";
+  };
+  nixpkgs = {
+    lib.genAttrs = systems: f: builtins.listToAttrs (map (s: { name = s; value = f s; }) systems);
+    legacyPackages = { x86_64-linux = pkgs; aarch64-linux = pkgs; };
+  };
+  out = (import %s/flake.nix).outputs { self = {}; inherit nixpkgs; };
+  package = out.packages.x86_64-linux.default;
+  shell = out.devShells.x86_64-linux.default;
+in {
+  dependencies = package.dependencies;
+  removed = package.pythonRemoveDeps;
+  systems = builtins.attrNames out.packages;
+  shellPython = (builtins.head shell.packages).python;
+  shellTools = builtins.tail shell.packages;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def flake() -> dict:
+    nix = shutil.which("nix-instantiate")
+    if nix is None:
+        pytest.skip("Debian's nix-bin is not installed (.ci/run installs it)")
+    names = sorted(RUNTIME | SHELL_PY | {"setuptools"})
+    expr = STUB % (json.dumps(names), REPO)
+    proc = subprocess.run([nix, "--eval", "--strict", "--json", "--expr", expr], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr  # an unknown name in the flake is an undefined variable here
+    return json.loads(proc.stdout)
+
+
+def test_the_package_depends_on_exactly_pyprojects_dependencies(flake):
+    assert RUNTIME == {"httpx", "blake3", "click", "packaging", "zstandard", "pynacl"}  # sqlite-utils: dropped
+    assert sorted(flake["dependencies"]) == sorted(RUNTIME)
+    assert flake["removed"] == ["uv"] and flake["systems"] == ["aarch64-linux", "x86_64-linux"]
+
+
+def test_the_dev_shell_holds_what_the_suite_and_ci_run(flake):
+    assert set(flake["shellPython"]) == SHELL_PY
+    assert set(flake["shellTools"]) == SHELL_TOOLS
+    assert TEST == {"pytest", "boto3", "moto", "import-linter", "ruff"}  # each one mapped above
+
+
+def test_no_artefacts_are_committed():
+    files = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
+    assert not [f for f in files if f.endswith((".whl", ".tar.gz", ".pyc", ".so")) or f.startswith(".venv")]
+    links = [f for f in files if (REPO / f).is_symlink()]
+    assert links == [], f"links committed: {links}"
