@@ -119,6 +119,7 @@ def key_public(obj: Context, secret: str) -> None:
       llmgw-store key public /etc/llmgw-store/builder-1.secret > builder-1.public
     """
     from llmgw_store.cache.signing import public_key_of
+    from llmgw_store.core.results import document
 
     public = public_key_of(secret)
-    obj.emit({"public_key": public}, public)
+    obj.emit(document({"public_key": public}), public)

@@ -201,8 +201,9 @@ def collect(
     started = time.monotonic()
     report: dict[str, Any] = {"dry_run": dry_run, "deleted": [], "generations_deleted": {}, "freed": {}, "kept": {},
                               "kept_by_grace": [], "rounds": 0, "deferred": {}}
-    if not dry_run:
-        _release_reserve(root)
+    # The reserve's blocks are the store's own: gc gives them back to itself, not to the disk, so
+    # every comparison with --min-free counts them as used (`held`).
+    held = _release_reserve(root) if not dry_run else 0
     try:
         store = _open(root, lock_timeout)
     except NoStoreError as exc:
@@ -214,9 +215,11 @@ def collect(
             from llmgw_store.cache.pull import sweep_stale_pulls
 
             sweep_stale_pulls(layout.tmp)  # scratch trees of pulls killed by SIGKILL
-        report["free_before"] = free_bytes(layout.store)
+        report["free_before"] = free_bytes(layout.store) - held
         if min_free is not None and report["free_before"] >= min_free:
             say(f"{human_size(report['free_before'])} free, at least --min-free: nothing to do")
+            if held:
+                reserve.keep(layout)
             report.update(seconds=round(time.monotonic() - started, 3), free_after=report["free_before"])
             return _report(report)
 
@@ -237,7 +240,7 @@ def collect(
         live: set[str] | None = None  # the live closure of the last root read
         while report["rounds"] < limit:
             report["rounds"] += 1
-            budget = _budget(layout, min_free, max_freed, report["freed"]["store_paths"])
+            budget = _budget(layout, min_free, max_freed, report["freed"]["store_paths"], held)
             if budget is not None and budget <= 0:
                 break
             dead, live = _sweep(store, excluded, budget, keep_dead_for, dry_run, lock_timeout, report)
@@ -289,14 +292,16 @@ def collect(
         return _report(report)
 
 
-def _release_reserve(root: str | Path | None) -> None:
+def _release_reserve(root: str | Path | None) -> int:
     """Give back the reserve before anything is opened: what follows (the index's shared memory and
     journal, the lock's note) then has room on a full disk. Only in a store that passes the
-    directory checks (layout.check: nothing is deleted through a planted link)."""
+    directory checks (layout.check: nothing is deleted through a planted link). Returns the bytes
+    it gave back."""
     layout = Layout.at(root)
-    if os.path.isdir(layout.store):
-        layout.check()
-        reserve.release(layout)
+    if not os.path.isdir(layout.store):
+        return 0
+    layout.check()
+    return reserve.release(layout)
 
 
 def _open(root: str | Path | None, lock_timeout: float) -> Store:
@@ -338,12 +343,12 @@ def _forget(store: Store, name: str) -> None:
         store.index.forget_cache_uses(name)  # no cold rollback can want its entries
 
 
-def _budget(layout: Layout, min_free: int | None, max_freed: int | None, freed: int) -> int | None:
+def _budget(layout: Layout, min_free: int | None, max_freed: int | None, freed: int, held: int = 0) -> int | None:
     """Bytes still to free: what the filesystem says is missing for `min_free` (read now, not
     predicted), and what is left of `max_freed`; None when neither is asked."""
     budget = None
     if min_free is not None:
-        budget = min_free - free_bytes(layout.store)
+        budget = min_free - (free_bytes(layout.store) - held)
     if max_freed is not None:
         budget = max_freed - freed if budget is None else min(budget, max_freed - freed)
     return budget
@@ -381,8 +386,8 @@ def _sweep(store: Store, excluded, budget, keep_dead_for, dry_run, lock_timeout,
         pooled = inodes_of(layout.links_pool) if (budget is not None or dry_run) else frozenset()
         dead = _choose(store, live, budget, checked=not dry_run, keep_dead_for=keep_dead_for, now=now,
                        pooled=pooled, report=report, predict=dry_run or budget is not None)
-        order = {n: i for i, n in enumerate(store.index.referrers_first(item["name"] for item in dead))}
-        for item in sorted(dead, key=lambda item: order[item["name"]]):
+        dead = _referrers_first(store, dead)  # deleted, and reported, in this order
+        for item in dead:
             say(f"{'would delete' if dry_run else 'deleting'} {item['name']} ({human_size(item['size'])}, {item['reason']})")
             if dry_run:
                 continue
@@ -405,6 +410,38 @@ def _sweep(store: Store, excluded, budget, keep_dead_for, dry_run, lock_timeout,
         dead = [item for item in dead if not item.get("kept")]
         report["deleted"] += dead
     return dead, live
+
+
+def _referrers_first(store: Store, dead: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`dead` in its order (least recently used first), except that a path comes after every dead
+    path that references it: the index forgets a referrer before what it references."""
+    by_name = {item["name"]: item for item in dead}
+    referrers: dict[str, list[str]] = {}
+    for name in by_name:
+        for ref in store.index.references(name):
+            if ref in by_name and ref != name:
+                referrers.setdefault(ref, []).append(name)
+    ordered: list[dict[str, Any]] = []
+    seen: set[str] = set()
+
+    def place(name: str) -> None:
+        # Iterative depth-first: a reference cycle (which a damaged index could hold) ends the walk.
+        stack = [(name, iter(referrers.get(name, ())))]
+        seen.add(name)
+        while stack:
+            here, pending = stack[-1]
+            nxt = next(pending, None)
+            if nxt is None:
+                stack.pop()
+                ordered.append(by_name[here])
+            elif nxt not in seen:
+                seen.add(nxt)
+                stack.append((nxt, iter(referrers.get(nxt, ()))))
+
+    for item in dead:
+        if item["name"] not in seen:
+            place(item["name"])
+    return ordered
 
 
 def _names_of_generations(layout: Layout, generations: set[tuple[str, int]]) -> set[str]:
