@@ -26,7 +26,7 @@ from llmgw_store.cli import output, spec
 from llmgw_store.cli.handlers import caches_from, options_from, quoted  # noqa: F401  (the commands' helpers)
 from llmgw_store.cli.output import PROG, Context
 from llmgw_store.core import config, report
-from llmgw_store.core.errors import StoreError
+from llmgw_store.core.errors import StoreError, translated
 
 CONFIG_ERROR = "llmgw_store.config_error"
 HELP = "llmgw_store.help"
@@ -264,7 +264,8 @@ class StoreGroup(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         obj = None
         try:
-            return super().invoke(ctx)
+            with translated():  # a full, read-only or foreign disk: a typed error, not an internal one
+                return super().invoke(ctx)
         except output.CommandExit as done:
             ctx.exit(done.code)
         except StoreError as err:

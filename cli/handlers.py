@@ -18,7 +18,7 @@ def options_from(kw: dict):
 
     return BuildOptions(version=kw["version"], variant=kw["variant"], as_of=kw["as_of"], index_url=kw["index_url"],
                         uv=kw["uv"], python_preference=kw["python_preference"], lock_timeout=kw["lock_timeout"],
-                        substitute_only=kw["substitute_only"], offline=kw["offline"])
+                        substitute_only=kw["substitute_only"], offline=kw["offline"], python=kw.get("python"))
 
 
 def caches_from(kw: dict) -> dict:
@@ -49,6 +49,8 @@ def memo_answer(ctx, kw: dict) -> bool:
     changed) otherwise, and the full command builds."""
     from llmgw_store.core import buildmemo, uses
 
+    if kw.get("python"):
+        return False  # --python: never memoised (builder.build), the full command builds or finds it
     recipe = kw["recipe"]
     try:
         fd = os.open(recipe, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
@@ -71,7 +73,8 @@ def memo_answer(ctx, kw: dict) -> bool:
     if ctx.verbose:
         ctx.progress(f"{entry['name']} is in the store (build memo)")
     doc = {f: entry[f] for f in buildmemo.FIELDS}
-    doc.update(path=path, how="hit", cache_hit=True, steps={}, seconds=round(time.monotonic() - ctx.started, 3))
+    doc["uv_version"] = doc.pop("uv")  # as BuildResult.to_json: the same document as the full command's
+    doc.update(schema_version=1, path=path, how="hit", cache_hit=True, steps={}, seconds=round(time.monotonic() - ctx.started, 3))
     ctx.emit(doc, path)
     return True
 

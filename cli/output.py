@@ -23,7 +23,7 @@ import sys
 import time
 
 from llmgw_store.core import report, signals
-from llmgw_store.core.errors import StoreError
+from llmgw_store.core.errors import StoreError, translated
 from llmgw_store.core.text import printable
 
 PROG = "llmgw-store"
@@ -124,7 +124,7 @@ def run(ctx: Context, body) -> int:
     """Run `body()` with its progress going to ctx's reporter; every way it ends is an exit code
     (the fast path's boundary; click's is StoreGroup in cli/app.py, which calls the same functions)."""
     try:
-        with report.reporting_to(ctx.reporter):
+        with report.reporting_to(ctx.reporter), translated():  # a full or read-only disk: one line, exit 1
             try:
                 body()
             except BaseException:

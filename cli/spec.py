@@ -100,6 +100,9 @@ _BUILD = (
           "recipe's as_of, else publication + 24 h).", hit="key"),
     setting("index_url"),
     setting("uv"),
+    Param("python", ("--python",), "text", None, "Use this interpreter (an absolute path) or version request (3.12) "
+          "instead of the recipe's build.python; it enters the key as the recipe's field would (such a build is "
+          "never answered from the build memo).", hit=MISS, env="LLMGW_STORE_PYTHON", metavar="PATH|VERSION"),
     setting("python_preference"),
     setting("lock_timeout", defaults.BUILD_LOCK_TIMEOUT_S, "Seconds to wait for each lock (another process building "
             "the same key, a gc, the profile); then exit 75 naming the holder."),

@@ -72,10 +72,10 @@ def push_roots(to: str, secret_key: str, *, node: str | None = None, root: str |
     from llmgw_store.cache.cache_gc import push_roots as publish
     from llmgw_store.core.keys import key_of_name
     from llmgw_store.core.local_store import Store
-    from llmgw_store.roots.gc import roots
+    from llmgw_store.roots.gc import held_names, roots
 
     with Store.open(root) as store:
-        held = {name for names in roots(store).values() for name in names}
+        held = held_names(roots(store))
         names = store.index.closure(held)
         counter = store.layout.var / "roots-seq"  # the last sequence number published (cache_gc.next_sequence)
     return publish([k for k in (key_of_name(n) for n in names) if k], to, secret_key, node, counter=counter,

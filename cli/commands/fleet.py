@@ -121,11 +121,12 @@ def cache_gc(obj: Context, url: str, keep_from: tuple[str, ...], grace: str, dry
       llmgw-store cache gc s3://llmgw-cache/prod --keep-from /etc/llmgw-store/nodes/ --grace 7d --dry-run
     """
     from llmgw_store.api import cache_gc as do_cache_gc
+    from llmgw_store.core.units import human_size
 
     r = do_cache_gc(url, list(keep_from), grace=grace, dry_run=dry_run, allow_no_roots=allow_no_roots, policy=policy)
     verb = "would delete" if r.dry_run else "deleted"
     summary = (f"{verb} {len(r.deleted_objects)} object file(s), {r.deleted_blobs} blob(s), "
-               f"{r.freed_bytes / 1e6:.1f} MB; kept {r.kept_objects} object(s), {r.kept_blobs} blob(s) for "
+               f"{human_size(r.freed_bytes)}; kept {r.kept_objects} object(s), {r.kept_blobs} blob(s) for "
                f"{len(r.roots)} node(s)")
     kept = [f"keep {name}: {why}" for name, why in r.why_kept.items()] if r.dry_run else []
     obj.emit(r.to_json(), "\n".join([*kept, *r.deleted_objects, summary]))
@@ -148,6 +149,7 @@ def key_public(obj: Context, secret: str) -> None:
       llmgw-store key public /etc/llmgw-store/builder-1.secret > builder-1.public
     """
     from llmgw_store.cache.signing import public_key_of
+    from llmgw_store.core.results import document
 
     public = public_key_of(secret)
-    obj.emit({"public_key": public}, public)
+    obj.emit(document({"public_key": public}), public)

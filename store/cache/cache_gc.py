@@ -45,6 +45,7 @@ from llmgw_store.core.errors import IntegrityError, StoreError, UsageError
 from llmgw_store.core.keys import KEY_RE, canonical_json, key_of_name
 from llmgw_store.core.report import say
 from llmgw_store.core.results import Result
+from llmgw_store.core.units import human_size
 
 NODE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 ROOTS_FORMAT = "llmgw-roots-2"  # 1 had no sequence number: refused, the node publishes again
@@ -365,7 +366,7 @@ def gc(url: str, keep_from: list[str], *, grace: float, dry_run: bool = False,
         debug.pause("CACHE_GC_PAUSE")
         freed = sum(i.size for i in doomed_objects) + sum(b.size for b in doomed_blobs)
         verb = "would delete" if dry_run else "deleting"
-        say(f"{verb} {len(doomed_objects)} object file(s) and {len(doomed_blobs)} blob(s), {freed / 1e6:.1f} MB; "
+        say(f"{verb} {len(doomed_objects)} object file(s) and {len(doomed_blobs)} blob(s), {human_size(freed)}; "
             f"keeping {len(live & objects.keys())} object(s) held by {len(roots)} node(s) or younger than the grace")
         why_kept = {f"{k}.json": why.get(k, "kept") for k in sorted(live & objects.keys())}
         if dry_run:

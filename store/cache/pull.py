@@ -41,11 +41,13 @@ from llmgw_store.core.errors import IntegrityError, NetworkError, NotFoundError,
 from llmgw_store.core.fsutil import force_rmtree
 from llmgw_store.core.keys import KEY_RE, is_store_name, key_of_name
 from llmgw_store.core.local_store import Store
+from llmgw_store.core.oplog import recorded
 from llmgw_store.core.report import say
 from llmgw_store.core.results import Result
 from llmgw_store.core.scratch import sweep_dead
 from llmgw_store.core.signals import raising
 from llmgw_store.core.temproots import TempRoots
+from llmgw_store.core.units import human_size
 
 MAX_REFERENCES = 64  # of one object
 MAX_OBJECTS = 256  # in one pull's closure
@@ -330,8 +332,8 @@ def fetch_into_store(store: Store, caches: Caches, meta: Meta | MetaV2) -> tuple
         raise
     seconds = time.monotonic() - started
     say(f"substituted {meta.name} from the cache (signed by {meta.signer}) in {seconds:.1f}s: fetched "
-        f"{stats.bytes_fetched / 1e6:.1f} MB in {stats.blobs_fetched} blobs, reused {stats.bytes_reused / 1e6:.1f} MB "
-        "from store paths here" + (f", resumed {stats.bytes_resumed / 1e6:.1f} MB" if stats.bytes_resumed else ""))
+        f"{human_size(stats.bytes_fetched)} in {stats.blobs_fetched} blobs, reused {human_size(stats.bytes_reused)} "
+        "from store paths here" + (f", resumed {human_size(stats.bytes_resumed)}" if stats.bytes_resumed else ""))
     if stats.phases:
         say("time: " + ", ".join(f"{k} {v:.2f}s" for k, v in stats.phases.items()))
     return store.layout.path_of(meta.name), stats
@@ -471,6 +473,7 @@ def sweep_stale_pulls(tmp: Path) -> None:
             pass
 
 
+@recorded("pull")
 def pull(target: str, from_: list[str], trusted: list[str], *, root: str | Path | None = None,
          lock_timeout: float = locks.BUILD_LOCK_TIMEOUT_S, policy: RetryPolicy | None = None) -> PullResult:
     """Pull `target` (a key, a store path name or path) and its references from the caches

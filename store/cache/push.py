@@ -43,6 +43,7 @@ from llmgw_store.core.local_store import Store
 from llmgw_store.core.report import say
 from llmgw_store.core.results import Result
 from llmgw_store.core.temproots import TempRoots
+from llmgw_store.core.units import human_size
 
 ZSTD_LEVEL = 3
 THREADS = 8
@@ -277,8 +278,8 @@ def push(names: list[str], to: str, secret_key: str, *, root: str | Path | None 
                 cost = _push_v2(store, backend, row, secret, lock_timeout)
                 for k in total:
                     total[k] += cost[k]
-                say(f"pushed {name}: {cost['uploaded'] / 1e6:.1f} MB uploaded in {cost['blobs']} blobs, "
-                    f"{cost['shared'] / 1e6:.1f} MB the cache had already, in {time.monotonic() - started:.1f}s")
+                say(f"pushed {name}: {human_size(cost['uploaded'])} uploaded in {cost['blobs']} blobs, "
+                    f"{human_size(cost['shared'])} the cache had already, in {time.monotonic() - started:.1f}s")
                 pushed.append(name)
                 continue
             tree = store.layout.path_of(name)
@@ -298,7 +299,7 @@ def push(names: list[str], to: str, secret_key: str, *, root: str | Path | None 
                 backend.put(f"{key}.json", canonical_json(meta))  # last: the object now exists
             finally:
                 tmp.unlink(missing_ok=True)
-            say(f"pushed {name} ({meta['archive_size'] / 1e6:.1f} MB compressed from {row.size / 1e6:.1f} MB "
+            say(f"pushed {name} ({human_size(meta['archive_size'])} compressed from {human_size(row.size)} "
                      f"in {time.monotonic() - started:.1f}s)")
             total["uploaded"] += meta["archive_size"]
             pushed.append(name)

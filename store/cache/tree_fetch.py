@@ -46,6 +46,7 @@ from llmgw_store.core import debug, dedupe, files, manifest
 from llmgw_store.core.errors import IntegrityError, StoreError
 from llmgw_store.core.manifest import MANIFEST_DIR, Entry
 from llmgw_store.core.report import say
+from llmgw_store.core.units import human_size
 
 _local = threading.local()
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -109,8 +110,8 @@ class Progress:
             self.last = now
             rate = self.done / max(now - self.started, 1e-6)
             eta = (self.total - self.done) / rate if rate > 0 else 0
-            say(f"{self.verb} {self.name}: {self.done / 1e6:.1f}/{self.total / 1e6:.1f} MB, "
-                f"{self.files}/{self.total_files} files, {rate / 1e6:.1f} MB/s, ETA {eta:.0f}s")
+            say(f"{self.verb} {self.name}: {human_size(self.done)}/{human_size(self.total)}, {self.files}/{self.total_files} "
+                f"files, {human_size(rate)}/s, ETA {eta:.0f}s")
 
 
 def _inflate(backend, ref: BlobRef, out: Callable[[bytes], None], label: str) -> int | None:
@@ -526,7 +527,7 @@ def build_tree(caches, meta: MetaV2, store, tree: Path, resumed: Path | None = N
     if kept:
         with ThreadPoolExecutor(THREADS) as pool:
             list(pool.map(resume, kept))
-        say(f"resuming {meta.name}: {len(have)} file(s), {stats.bytes_resumed / 1e6:.1f} MB fetched and checked by "
+        say(f"resuming {meta.name}: {len(have)} file(s), {human_size(stats.bytes_resumed)} fetched and checked by "
             "a pull that did not finish")
         stats.phases["resume"] = time.monotonic() - t0
 

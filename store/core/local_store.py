@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from llmgw_store.core import debug, manifest, uses
-from llmgw_store.core.errors import IntegrityError, NotFoundError, StoreError
+from llmgw_store.core import debug, manifest, reserve, uses
+from llmgw_store.core.errors import IntegrityError, NoStoreError, NotFoundError, StoreError
 from llmgw_store.core.fsutil import force_rmtree
 from llmgw_store.core.index import BUSY_TIMEOUT_S, Index, row_from_manifest
 from llmgw_store.core.keys import is_store_name, key_of_name
@@ -41,8 +41,8 @@ class Store:
         if not readonly and not create and not os.path.isdir(layout.store):
             if os.path.lexists(layout.root):
                 layout.check()
-            raise NotFoundError(f"no store at {layout.root} (no {layout.store}); "
-                                "build something first, or pass the right --root")
+            raise NoStoreError(f"no store at {layout.root} (no {layout.store}); "
+                               "build something first, or pass the right --root", layout.root)
         if readonly:
             if os.path.lexists(layout.root):
                 layout.check()
@@ -50,10 +50,12 @@ class Store:
                 if os.path.isdir(layout.store):
                     raise NotFoundError(f"the index {layout.db} of the store at {layout.root} is missing; run "
                                         "`llmgw-store doctor --rebuild-index` to rebuild it from the store's manifests")
-                raise NotFoundError(f"no store at {layout.root} (no index {layout.db}); "
-                                    "build something first, or pass the right --root")
+                raise NoStoreError(f"no store at {layout.root} (no index {layout.db}); "
+                                   "build something first, or pass the right --root", layout.root)
             return cls(layout, Index(layout.db, layout.store, readonly=True))
         layout.ensure()
+        if create:
+            reserve.keep(layout)  # what fills a disk leaves gc room to empty it (core/reserve.py)
         index = Index(layout.db, layout.store, busy_timeout=lock_timeout)
         # Uses recorded by cache hits as stamps (uses.py) enter last_used before anyone reads it.
         uses.fold(str(layout.root), index)
