@@ -324,7 +324,7 @@ def _group(f):
 @click.version_option(package_name="llmgw-store", prog_name=PROG)
 @click.pass_context
 def cli(ctx: click.Context, root: str | None, config_file: str | None, as_json: bool, verbose: int, quiet: bool,
-        progress: str) -> None:
+        progress: str, containment: str) -> None:
     """A content-addressed store for the uv-built Python environments of LLM inference engines.
 
     Global options go before or after the command. Settings (each option that says `Config:`) can
@@ -337,7 +337,8 @@ def cli(ctx: click.Context, root: str | None, config_file: str | None, as_json: 
       llmgw-store --root ./.llmgw-store build examples/black.toml
     """
     loaded = ctx.meta.get("llmgw_store.config")
-    ctx.obj = Context(root, as_json, verbose, progress, quiet=quiet, config_file=loaded.path if loaded else None)
+    ctx.obj = Context(root, as_json, verbose, progress, quiet=quiet, config_file=loaded.path if loaded else None,
+                      containment=containment)
     # The library reports progress through one reporter (core/report.py): it goes to stderr here,
     # for the whole command, rendered as --progress says.
     ctx.with_resource(report.reporting_to(ctx.obj.reporter))

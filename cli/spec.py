@@ -90,6 +90,7 @@ GROUP: tuple[Param, ...] = (
     Param("quiet", ("-q", "--quiet"), "flag", False, "No progress lines (errors and results still print).",
           hit="render"),
     setting("progress"),
+    setting("containment"),
 )
 
 _BUILD = (

@@ -120,6 +120,13 @@ SETTINGS: tuple[Setting, ...] = (
             choices=defaults.PROGRESS_MODES,
             help="Progress on stderr: auto (a live line on a terminal, else plain), tty, plain (timestamped lines), "
                  "json (one JSON object per line: t, step, done, total, unit), none."),
+    # The group's, so one config line covers every command; the CLI hands it to core/cgroups.py
+    # through its variable, read when the first child starts (cli/output.Context).
+    Setting("containment", "choice", "--containment", "auto", commands=(GLOBAL,), hit="ignored",
+            choices=defaults.CONTAINMENTS,
+            help="How each child (uv, the compiler, a health check) is contained so that it dies with the store "
+                 "process: auto (the first that works), systemd-scope, cgroup (a cgroup v2 per child, killed "
+                 "with cgroup.kill), subreaper (a process group, the fallback)."),
     Setting("index_url", "url", "--index-url", defaults.PYPI_SIMPLE, commands=(*_REALISING, "verify"), hit="key",
             metavar="URL", help="Package index (simple API, PEP 691 JSON; credentials in it reach the index only)."),
     Setting("uv", "path", "--uv", None, commands=(*_REALISING, "verify"), hit="key", metavar="PATH",
