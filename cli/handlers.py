@@ -22,7 +22,19 @@ def options_from(kw: dict):
 
 
 def caches_from(kw: dict) -> dict:
-    return {"substituters": tuple(kw["substituters"]), "trusted_keys": tuple(kw["trusted_keys"])}
+    """The binary caches a build asks, whose keys it trusts, and how it talks to them."""
+    return {"substituters": tuple(kw["substituters"]), "trusted_keys": tuple(kw["trusted_keys"]),
+            "cache_network": cache_network(kw)}
+
+
+def cache_network(kw: dict) -> dict:
+    """The `cache.*` settings given (flag, variable or config file) as RetryPolicy's fields; the
+    policy is made only when a cache is asked (api._substituter)."""
+    from llmgw_store.cli.spec import CACHE_NETWORK
+
+    out = {n: kw.get(f"cache_{n}") for n in CACHE_NETWORK}
+    out["redirects_to"] = " ".join(out["redirects_to"] or ()) or None
+    return {k: v for k, v in out.items() if v is not None}
 
 
 def quoted(name: str) -> str:
@@ -161,7 +173,7 @@ def rollback(ctx, kw: dict) -> None:
     r = do_rollback(profile, to=kw["to"], substituters=tuple(kw["substituters"]),
                     trusted_keys=tuple(kw["trusted_keys"]), uv=kw["uv"], python_preference=kw["python_preference"],
                     root=ctx.root, lock_timeout=kw["lock_timeout"], substitute_only=kw["substitute_only"],
-                    offline=kw["offline"], index_url=kw["index_url"])
+                    offline=kw["offline"], index_url=kw["index_url"], cache_network=cache_network(kw))
     back = f" (cold: {r.rebuilt})" if r.rebuilt else ""
     ctx.emit(r.to_json(), f"{profile}: generation {r.previous} -> {r.generation} ({r.path}){back}")
 

@@ -93,6 +93,11 @@ GROUP: tuple[Param, ...] = (
     setting("containment"),
 )
 
+# How the --substituter caches are talked to (core/config.py `cache.*`; docs/fleet.md, "Networks
+# that fail"): handed to api.py as `cache_network`, a RetryPolicy's fields.
+CACHE_NETWORK = ("attempts", "stall", "metadata_timeout", "deadline", "redirects_to")
+_CACHE = tuple(setting(f"cache.{name}") for name in CACHE_NETWORK)
+
 _BUILD = (
     Param("version", ("--version",), "text", None, "Engine version to build (default: the recipe's, else the latest "
           "release).", hit="key"),
@@ -111,6 +116,7 @@ _BUILD = (
     setting("trusted_keys"),
     setting("substitute_only"),
     setting("offline"),
+    *_CACHE,
 )
 
 COMMANDS: dict[str, tuple[Param, ...]] = {
@@ -149,6 +155,7 @@ COMMANDS: dict[str, tuple[Param, ...]] = {
         setting("offline"),
         setting("index_url", config.NO_DEFAULT, "The configured index URL: its credentials (if any) are sent to the "
                 "index a cold generation records, when it is that index."),
+        *_CACHE,
     ),
 }
 

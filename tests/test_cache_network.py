@@ -142,6 +142,27 @@ def test_build_tries_every_cache_before_building_locally(pushed, tmp_path, serve
     assert (pushed["node"] / "store" / a).is_dir()
 
 
+def test_build_takes_the_cache_settings_from_the_config_file_and_the_flag_wins(pushed, tmp_path, servers, template,
+                                                                              uv_bin):
+    """`[cache] attempts = 1` in the config file: one 503 on a blob passes the only cache over, and
+    a substitute-only build fails naming the key; `--cache-attempts 3` retries it and substitutes."""
+    a = pushed["names"][0]
+    conf = tmp_path / "config.toml"
+    conf.write_text("[cache]\nattempts = 1\n")
+    conf.chmod(0o644)
+    env = {**FAST, "LLMGW_STORE_CONFIG": str(conf)}
+    args = ["--json", "build", str(template["recipe"]), "--as-of", "2024-02-02", "--index-url", template["index"].url,
+            "--uv", str(uv_bin), "--trusted-key", str(pushed["keys"] / "builder-1.public"), "--substitute-only"]
+    once = servers(tmp_path / "cache", rules=[(r"/cache/blobs/", "503", 1)])
+    proc = run_cli(pushed["node"], *args, "--substituter", once.url, env=env)
+    assert proc.returncode == 1 and a[:32] in proc.stderr.splitlines()[-1], proc.stderr
+    assert once.counts == {"503": 1} and not (pushed["node"] / "store" / a).exists()
+    again = servers(tmp_path / "cache", rules=[(r"/cache/blobs/", "503", 1)])
+    proc = run_cli(pushed["node"], *args, "--substituter", again.url, "--cache-attempts", "3", env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["how"] == "substituted" and again.counts == {"503": 1}
+
+
 # --- fallback: a second cache serves what the first lacks ----------------------------------------
 
 def test_a_blob_the_first_cache_lacks_comes_from_the_second(pushed, tmp_path):

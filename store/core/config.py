@@ -99,8 +99,8 @@ class Setting:
 
 _REALISING = ("build", "activate", "rollback")
 # How a command talks to binary caches (cache/backends/retry.py; docs/fleet.md "Networks that fail").
-# build, activate and rollback read the same variables, not yet these keys (to wire: cli/spec.py, api.py).
-_CACHE_TALKING = ("push", "pull", "push-roots", "cache gc")
+# build, activate and rollback take them for their --substituter caches (cli/spec.py, api.py).
+_CACHE_TALKING = ("push", "pull", "push-roots", "cache gc", *_REALISING)
 _CACHE_NETWORK = (
     ("attempts", "int", "N", "Attempts per cache request (connect errors, resets, stalls, HTTP 408/429/5xx); "
                              "default 5."),
@@ -150,7 +150,8 @@ SETTINGS: tuple[Setting, ...] = (
                  "what would need the index says so (exit 1)."),
     Setting("lock_timeout", "seconds", "--lock-timeout", None, commands=("*",), hit="ignored", metavar="SECONDS",
             help="Seconds to wait for a lock; then exit 75 naming the holder."),
-    *(Setting(f"cache.{name}", kind, f"--cache-{name.replace('_', '-')}", None, commands=_CACHE_TALKING,
+    *(Setting(f"cache.{name}", kind, f"--cache-{name.replace('_', '-')}", () if kind == "list" else None,
+              commands=_CACHE_TALKING,
               hit="ignored", param=f"cache_{name}", metavar=metavar, help=text)
       for name, kind, metavar, text in _CACHE_NETWORK),
     Setting("gc.min_free", "size", "--min-free", None, commands=("gc", "systemd-units"), hit="ignored", metavar="SIZE",
