@@ -26,7 +26,7 @@ from llmgw_store.cli import output, spec
 from llmgw_store.cli.handlers import caches_from, options_from, quoted  # noqa: F401  (the commands' helpers)
 from llmgw_store.cli.output import PROG, Context
 from llmgw_store.core import config, report
-from llmgw_store.core.errors import StoreError
+from llmgw_store.core.errors import StoreError, translated
 
 CONFIG_ERROR = "llmgw_store.config_error"
 HELP = "llmgw_store.help"
@@ -264,7 +264,8 @@ class StoreGroup(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         obj = None
         try:
-            return super().invoke(ctx)
+            with translated():  # a full, read-only or foreign disk: a typed error, not an internal one
+                return super().invoke(ctx)
         except output.CommandExit as done:
             ctx.exit(done.code)
         except StoreError as err:
@@ -323,7 +324,7 @@ def _group(f):
 @click.version_option(package_name="llmgw-store", prog_name=PROG)
 @click.pass_context
 def cli(ctx: click.Context, root: str | None, config_file: str | None, as_json: bool, verbose: int, quiet: bool,
-        progress: str) -> None:
+        progress: str, containment: str) -> None:
     """A content-addressed store for the uv-built Python environments of LLM inference engines.
 
     Global options go before or after the command. Settings (each option that says `Config:`) can
@@ -336,7 +337,8 @@ def cli(ctx: click.Context, root: str | None, config_file: str | None, as_json: 
       llmgw-store --root ./.llmgw-store build examples/black.toml
     """
     loaded = ctx.meta.get("llmgw_store.config")
-    ctx.obj = Context(root, as_json, verbose, progress, quiet=quiet, config_file=loaded.path if loaded else None)
+    ctx.obj = Context(root, as_json, verbose, progress, quiet=quiet, config_file=loaded.path if loaded else None,
+                      containment=containment)
     # The library reports progress through one reporter (core/report.py): it goes to stderr here,
     # for the whole command, rendered as --progress says.
     ctx.with_resource(report.reporting_to(ctx.obj.reporter))

@@ -67,7 +67,7 @@ def run(argv: list[str], started: float) -> int | None:
     from llmgw_store.cli import handlers, output
 
     ctx = output.Context(params["root"], params["as_json"], params["verbose"], params["progress"],
-                         quiet=bool(params["quiet"]), started=started)
+                         quiet=bool(params["quiet"]), started=started, containment=params["containment"])
     if command == "build":
         answered = [False]
 

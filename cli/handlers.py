@@ -18,11 +18,23 @@ def options_from(kw: dict):
 
     return BuildOptions(version=kw["version"], variant=kw["variant"], as_of=kw["as_of"], index_url=kw["index_url"],
                         uv=kw["uv"], python_preference=kw["python_preference"], lock_timeout=kw["lock_timeout"],
-                        substitute_only=kw["substitute_only"], offline=kw["offline"])
+                        substitute_only=kw["substitute_only"], offline=kw["offline"], python=kw.get("python"))
 
 
 def caches_from(kw: dict) -> dict:
-    return {"substituters": tuple(kw["substituters"]), "trusted_keys": tuple(kw["trusted_keys"])}
+    """The binary caches a build asks, whose keys it trusts, and how it talks to them."""
+    return {"substituters": tuple(kw["substituters"]), "trusted_keys": tuple(kw["trusted_keys"]),
+            "cache_network": cache_network(kw)}
+
+
+def cache_network(kw: dict) -> dict:
+    """The `cache.*` settings given (flag, variable or config file) as RetryPolicy's fields; the
+    policy is made only when a cache is asked (api._substituter)."""
+    from llmgw_store.cli.spec import CACHE_NETWORK
+
+    out = {n: kw.get(f"cache_{n}") for n in CACHE_NETWORK}
+    out["redirects_to"] = " ".join(out["redirects_to"] or ()) or None
+    return {k: v for k, v in out.items() if v is not None}
 
 
 def quoted(name: str) -> str:
@@ -49,6 +61,8 @@ def memo_answer(ctx, kw: dict) -> bool:
     changed) otherwise, and the full command builds."""
     from llmgw_store.core import buildmemo, uses
 
+    if kw.get("python"):
+        return False  # --python: never memoised (builder.build), the full command builds or finds it
     recipe = kw["recipe"]
     try:
         fd = os.open(recipe, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
@@ -71,7 +85,8 @@ def memo_answer(ctx, kw: dict) -> bool:
     if ctx.verbose:
         ctx.progress(f"{entry['name']} is in the store (build memo)")
     doc = {f: entry[f] for f in buildmemo.FIELDS}
-    doc.update(path=path, how="hit", cache_hit=True, steps={}, seconds=round(time.monotonic() - ctx.started, 3))
+    doc["uv_version"] = doc.pop("uv")  # as BuildResult.to_json: the same document as the full command's
+    doc.update(schema_version=1, path=path, how="hit", cache_hit=True, steps={}, seconds=round(time.monotonic() - ctx.started, 3))
     ctx.emit(doc, path)
     return True
 
@@ -158,7 +173,7 @@ def rollback(ctx, kw: dict) -> None:
     r = do_rollback(profile, to=kw["to"], substituters=tuple(kw["substituters"]),
                     trusted_keys=tuple(kw["trusted_keys"]), uv=kw["uv"], python_preference=kw["python_preference"],
                     root=ctx.root, lock_timeout=kw["lock_timeout"], substitute_only=kw["substitute_only"],
-                    offline=kw["offline"], index_url=kw["index_url"])
+                    offline=kw["offline"], index_url=kw["index_url"], cache_network=cache_network(kw))
     back = f" (cold: {r.rebuilt})" if r.rebuilt else ""
     ctx.emit(r.to_json(), f"{profile}: generation {r.previous} -> {r.generation} ({r.path}){back}")
 

@@ -23,7 +23,7 @@ import sys
 import time
 
 from llmgw_store.core import report, signals
-from llmgw_store.core.errors import StoreError
+from llmgw_store.core.errors import StoreError, translated
 from llmgw_store.core.text import printable
 
 PROG = "llmgw-store"
@@ -43,8 +43,17 @@ class Context:
     options (root, json, verbose, quiet, progress, the config file read)."""
 
     def __init__(self, root: str | None, as_json: bool, verbose: int, progress: str = "auto", *,
-                 quiet: bool = False, config_file: str | None = None, started: float | None = None):
+                 quiet: bool = False, config_file: str | None = None, started: float | None = None,
+                 containment: str | None = None):
         self.root, self.as_json, self.verbose, self.quiet = root, as_json, verbose, quiet
+        if containment:
+            # The effective setting (flag, variable, config file or default, resolved by the parser)
+            # is what core/cgroups.py reads when the first child starts; handed over in a variable
+            # of its own, so `config` still says where the public one came from.
+            if containment != os.environ.get("LLMGW_STORE_CONTAINMENT", "auto"):
+                os.environ["_LLMGW_STORE_CONTAINMENT"] = containment
+            else:
+                os.environ.pop("_LLMGW_STORE_CONTAINMENT", None)
         self.config_file = config_file
         self.started = time.monotonic() if started is None else started
         self.reporter = report.renderer("none" if quiet else progress, verbose=verbose, started=self.started)
@@ -124,7 +133,7 @@ def run(ctx: Context, body) -> int:
     """Run `body()` with its progress going to ctx's reporter; every way it ends is an exit code
     (the fast path's boundary; click's is StoreGroup in cli/app.py, which calls the same functions)."""
     try:
-        with report.reporting_to(ctx.reporter):
+        with report.reporting_to(ctx.reporter), translated():  # a full or read-only disk: one line, exit 1
             try:
                 body()
             except BaseException:

@@ -90,7 +90,13 @@ GROUP: tuple[Param, ...] = (
     Param("quiet", ("-q", "--quiet"), "flag", False, "No progress lines (errors and results still print).",
           hit="render"),
     setting("progress"),
+    setting("containment"),
 )
+
+# How the --substituter caches are talked to (core/config.py `cache.*`; docs/fleet.md, "Networks
+# that fail"): handed to api.py as `cache_network`, a RetryPolicy's fields.
+CACHE_NETWORK = ("attempts", "stall", "metadata_timeout", "deadline", "redirects_to")
+_CACHE = tuple(setting(f"cache.{name}") for name in CACHE_NETWORK)
 
 _BUILD = (
     Param("version", ("--version",), "text", None, "Engine version to build (default: the recipe's, else the latest "
@@ -100,6 +106,9 @@ _BUILD = (
           "recipe's as_of, else publication + 24 h).", hit="key"),
     setting("index_url"),
     setting("uv"),
+    Param("python", ("--python",), "text", None, "Use this interpreter (an absolute path) or version request (3.12) "
+          "instead of the recipe's build.python; it enters the key as the recipe's field would (such a build is "
+          "never answered from the build memo).", hit=MISS, env="LLMGW_STORE_PYTHON", metavar="PATH|VERSION"),
     setting("python_preference"),
     setting("lock_timeout", defaults.BUILD_LOCK_TIMEOUT_S, "Seconds to wait for each lock (another process building "
             "the same key, a gc, the profile); then exit 75 naming the holder."),
@@ -107,6 +116,7 @@ _BUILD = (
     setting("trusted_keys"),
     setting("substitute_only"),
     setting("offline"),
+    *_CACHE,
 )
 
 COMMANDS: dict[str, tuple[Param, ...]] = {
@@ -145,6 +155,7 @@ COMMANDS: dict[str, tuple[Param, ...]] = {
         setting("offline"),
         setting("index_url", config.NO_DEFAULT, "The configured index URL: its credentials (if any) are sent to the "
                 "index a cold generation records, when it is that index."),
+        *_CACHE,
     ),
 }
 

@@ -25,20 +25,23 @@ if TYPE_CHECKING:
 
 
 def build(recipe: str | Path, options: BuildOptions | None = None, *, substituters: tuple[str, ...] = (),
-          trusted_keys: tuple[str, ...] = (), root: str | Path | None = None) -> BuildResult:
+          trusted_keys: tuple[str, ...] = (), root: str | Path | None = None,
+          cache_network: dict | None = None) -> BuildResult:
     """Build a recipe, asking the binary caches `substituters` (signed by `trusted_keys`) first
-    (only them with `options.substitute_only`; only the file:// ones with `options.offline`)."""
+    (only them with `options.substitute_only`; only the file:// ones with `options.offline`).
+    `cache_network`: RetryPolicy's fields (attempts, stall, ...) for talking to them."""
     from llmgw_store.build.builder import BuildOptions
     from llmgw_store.build.builder import build as build_recipe
 
     options = options or BuildOptions()
-    return build_recipe(recipe, options, root=root, substituter=_substituter(substituters, trusted_keys, options.offline))
+    return build_recipe(recipe, options, root=root, substituter=_substituter(substituters, trusted_keys, options.offline,
+                                                                               cache_network))
 
 
 def activate(profile: str, target: str | Path, options: BuildOptions | None = None, *,
              substituters: tuple[str, ...] = (), trusted_keys: tuple[str, ...] = (),
              root: str | Path | None = None, lock_timeout: float = locks.LOCK_TIMEOUT_S,
-             **guard) -> Switch:
+             cache_network: dict | None = None, **guard) -> Switch:
     """Make TARGET (a store path, name, key, PROFILE@N, or a recipe built first with `options`) the
     profile's current generation, waiting at most `lock_timeout` for the profile's lock. `guard`:
     check, no_check, check_timeout, then_check, keep_records (see roots.profiles.activate)."""
@@ -47,12 +50,13 @@ def activate(profile: str, target: str | Path, options: BuildOptions | None = No
 
     check_profile(profile)
     if str(target).endswith(".toml"):
-        target = build(target, options, substituters=substituters, trusted_keys=trusted_keys, root=root).path
+        target = build(target, options, substituters=substituters, trusted_keys=trusted_keys, root=root,
+                       cache_network=cache_network).path
     return profiles.activate(profile, target, root=root, lock_timeout=lock_timeout, **guard)
 
 
 def push(targets: list[str], to: str, secret_key: str, *, root: str | Path | None = None,
-         format: int = 2, lock_timeout: float | None = None) -> PushResult:
+         format: int = 2, lock_timeout: float | None = None, policy=None) -> PushResult:
     """Push store paths given as PROFILE, PROFILE@N, a store name, a key or a path (object `format`
     2: shared blobs; 1: one archive)."""
     from llmgw_store.cache.push import push as push_names
@@ -62,37 +66,41 @@ def push(targets: list[str], to: str, secret_key: str, *, root: str | Path | Non
     with Store.open(root) as store:
         names = [reference(store, t).name for t in targets]
     extra = {} if lock_timeout is None else {"lock_timeout": lock_timeout}
-    return push_names(names, to, secret_key, root=root, format=format, **extra)
+    return push_names(names, to, secret_key, root=root, format=format, policy=policy, **extra)
 
 
-def push_roots(to: str, secret_key: str, *, node: str | None = None, root: str | Path | None = None):
+def push_roots(to: str, secret_key: str, *, node: str | None = None, root: str | Path | None = None, policy=None):
     """Publish this node's roots to the binary cache `to` (cache/cache_gc.py): the keys of every
     store path its roots hold — profiles' generations, pins, paths in use or in flight, as the local
     gc sees them (roots/gc.py) — and what those reference, signed with `secret_key`."""
     from llmgw_store.cache.cache_gc import push_roots as publish
     from llmgw_store.core.keys import key_of_name
     from llmgw_store.core.local_store import Store
-    from llmgw_store.roots.gc import roots
+    from llmgw_store.roots.gc import held_names, roots
 
     with Store.open(root) as store:
-        held = {name for names in roots(store).values() for name in names}
+        held = held_names(roots(store))
         names = store.index.closure(held)
-    return publish([k for k in (key_of_name(n) for n in names) if k], to, secret_key, node)
+        counter = store.layout.var / "roots-seq"  # the last sequence number published (cache_gc.next_sequence)
+    return publish([k for k in (key_of_name(n) for n in names) if k], to, secret_key, node, counter=counter,
+                   policy=policy)
 
 
 def cache_gc(url: str, keep_from: list[str], *, grace: str = "1d", dry_run: bool = False,
-             allow_no_roots: bool = False):
+             allow_no_roots: bool = False, policy=None):
     """Delete what no published root holds from the binary cache `url` (cache/cache_gc.py)."""
     from llmgw_store.cache.cache_gc import gc
     from llmgw_store.core.units import parse_duration
 
-    return gc(url, keep_from, grace=parse_duration(grace), dry_run=dry_run, allow_no_roots=allow_no_roots)
+    return gc(url, keep_from, grace=parse_duration(grace), dry_run=dry_run, allow_no_roots=allow_no_roots,
+              policy=policy)
 
 
 def rollback(profile: str, *, to: int | None = None, substituters: tuple[str, ...] = (),
              trusted_keys: tuple[str, ...] = (), uv: str | Path | None = None, python_preference: str | None = None,
              root: str | Path | None = None, lock_timeout: float = locks.BUILD_LOCK_TIMEOUT_S,
-             substitute_only: bool = False, offline: bool = False, index_url: str | None = None) -> Switch:
+             substitute_only: bool = False, offline: bool = False, index_url: str | None = None,
+             cache_network: dict | None = None) -> Switch:
     """Switch PROFILE to generation `to` (default: the previous one). A cold generation (deleted, its
     store path gone to gc) comes back from its record first: pulled from `substituters` (signed by
     `trusted_keys`), else rebuilt from its recorded lock, offline from uv's cache when it can be,
@@ -112,13 +120,15 @@ def rollback(profile: str, *, to: int | None = None, substituters: tuple[str, ..
             rec = profiles.cold_record(profile, to, root=root, lock_timeout=lock_timeout)
             if rec is not None:
                 how = _realise_record(rec, substituters, trusted_keys, uv, python_preference, root, lock_timeout,
-                                      substitute_only=substitute_only, offline=offline, index_url=index_url)
+                                      substitute_only=substitute_only, offline=offline, index_url=index_url,
+                                      cache_network=cache_network)
                 switched = profiles.rollback(profile, to=to, root=root, lock_timeout=lock_timeout, record=rec)
                 return replace(switched, rebuilt=None if how == "hit" else how)  # "hit": it was still there
         return profiles.rollback(profile, to=to, root=root, lock_timeout=lock_timeout)
 
 
-def _substituter(substituters: tuple[str, ...], trusted_keys: tuple[str, ...], offline: bool):
+def _substituter(substituters: tuple[str, ...], trusted_keys: tuple[str, ...], offline: bool,
+                 cache_network: dict | None = None):
     """The binary caches to ask, as the build layer's Substituter (None: none given). Offline, a
     cache that needs the network is passed over with one line (only file:// ones are asked)."""
     if offline:
@@ -130,14 +140,15 @@ def _substituter(substituters: tuple[str, ...], trusted_keys: tuple[str, ...], o
         substituters = tuple(u for u in substituters if u.startswith("file://"))
     if not substituters:
         return None
+    from llmgw_store.cache.backends import RetryPolicy
     from llmgw_store.cache.pull import CacheSubstituter
 
-    return CacheSubstituter(substituters, trusted_keys)
+    return CacheSubstituter(substituters, trusted_keys, RetryPolicy.from_env(**(cache_network or {})))
 
 
 def _realise_record(rec: Record, substituters: tuple[str, ...], trusted_keys: tuple[str, ...], uv_path,
                     python_preference: str | None, root, lock_timeout: float, *, substitute_only: bool = False,
-                    offline: bool = False, index_url: str | None = None) -> str:
+                    offline: bool = False, index_url: str | None = None, cache_network: dict | None = None) -> str:
     """Put the store path a generation record names back in the store; returns how ("built",
     "substituted", or "hit" when another process brought it back meanwhile). The record was checked
     when read (records.load: names, key recomputed from the inputs, lock digest, document digest);
@@ -160,7 +171,7 @@ def _realise_record(rec: Record, substituters: tuple[str, ...], trusted_keys: tu
                 and store.layout.path_of(rec.name).is_dir():
             say(f"{what}: its store path is still there, as recorded")
             return "hit"
-    substituter = _substituter(substituters, trusted_keys, offline)
+    substituter = _substituter(substituters, trusted_keys, offline, cache_network)
     recorded = rebuild.Recorded(key=rec.key, name=rec.name, inputs=rec.inputs, content_hash=rec.content_hash,
                                 engine=rec.engine, version=rec.version, variant=rec.variant, lock=rec.lock,
                                 lock_format=rec.lock_format, what=what)

@@ -43,7 +43,7 @@ def test_build_resolves_as_of_the_release_day_and_registers(root, recipe, index,
             assert stat.S_ISLNK(st.st_mode) or not st.st_mode & 0o222, os.path.join(dirpath, n)
     manifest = json.loads((path / ".llmgw" / "manifest.json").read_text())
     assert manifest["key"] == doc["key"] and manifest["exclude_newer"] == "2024-02-02T00:00:00Z"
-    assert manifest["inputs"]["uv"] == doc["uv"] == "0.13.9"
+    assert manifest["inputs"]["uv"] == doc["uv_version"] == "0.13.9"
     [row] = registered(root)
     assert row["name"] == path.name and row["content_hash"] == manifest["content_hash"]
     assert row["size"] > 0 and row["files"] > 10
@@ -123,7 +123,7 @@ def test_environment_survives_being_moved_with_the_store(root, recipe, index, uv
 
 def test_list_and_info(root, recipe, index, uv_bin):
     doc = build_json(root, recipe, index, uv_bin)
-    listed = json.loads(run_cli(root, "--json", "list", check=True).stdout)
+    listed = json.loads(run_cli(root, "--json", "list", check=True).stdout)["paths"]
     assert [r["path"] for r in listed] == [doc["path"]]
     info = json.loads(run_cli(root, "--json", "info", doc["path"], check=True).stdout)
     assert info["key"] == doc["key"] and info["manifest"]["requirements"] == ["tinyengine==1.0"]

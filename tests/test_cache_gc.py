@@ -294,7 +294,7 @@ def test_a_node_key_cannot_publish_another_nodes_roots(fleet, tmp_path):
     pub = run_cli(w["root"], "push-roots", "--to", url, "--secret-key", str(w["keys"] / "node-1.public"))
     errors = [line for line in pub.stderr.splitlines() if "error:" in line]
     assert pub.returncode == 2 and len(errors) == 1 and "public key" in errors[0], pub.stderr
-    doc = {"format": "llmgw-roots-1", "node": "node-2", "time": time.time(), "keys": []}
+    doc = {"format": "llmgw-roots-2", "node": "node-2", "time": time.time(), "seq": 1, "keys": []}
     signing.sign(doc, str(w["keys"] / "node-1.secret"))
     (tmp_path / "cache" / "roots" / "node-2.json").write_bytes(canonical_json(doc))
     before = names_in(url)

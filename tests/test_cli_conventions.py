@@ -102,13 +102,13 @@ def test_usage_errors_are_one_line(tmp_path, args):
 
 def test_under_json_an_error_is_a_document_on_both_paths(tmp_path):
     missing = tmp_path / "typo"
-    for args in (["list"], ["activate", "p", "/x"], ["rollback", "p"]):
+    for args in (["info", "x"], ["activate", "p", "/x"], ["rollback", "p"]):  # list: nothing to do, exit 0
         fast = run_cli(missing, "--json", *args)
         slow = full(missing, *args, "--json")
         for proc in (fast, slow):
             assert proc.returncode == 2
             doc = json.loads(proc.stdout)
-            assert doc["schema_version"] == 1 and doc["exit_code"] == 2 and doc["error"]["kind"] == "not_found"
+            assert doc["schema_version"] == 1 and doc["exit_code"] == 2 and doc["error"]["kind"] == "no_store"  # a NotFoundError: the root holds no store
             assert proc.stderr == f"llmgw-store: error: {doc['error']['message']}\n"
         assert fast.stdout == slow.stdout and fast.stderr == slow.stderr
 

@@ -52,11 +52,14 @@ def test_a_root_that_is_a_file_is_one_line_exit_2(tmp_path, recipe, args):
 
 
 READ_ONLY_AND_OTHERS = [
-    ["list"], ["info", "x"], ["generations", "p"], ["list-profiles"], ["verify"], ["verify", "x"], ["diff", "a", "b"],
-    ["env", "p"], ["run", "p", "--", "true"], ["stats"], ["doctor"], ["gc", "--print-roots"], ["gc", "--dry-run"],
-    ["gc"], ["optimise", "--dry-run"], ["optimise"], ["rollback", "p"], ["unpin", "x"], ["pin", "x", "y"],
+    ["info", "x"], ["generations", "p"], ["list-profiles"], ["verify", "x"], ["diff", "a", "b"],
+    ["env", "p"], ["run", "p", "--", "true"], ["doctor"],
+    ["optimise", "--dry-run"], ["optimise"], ["rollback", "p"], ["unpin", "x"], ["pin", "x", "y"],
     ["activate", "p", "y"], ["generations", "p", "--delete", "1"],
 ]
+# What a timer runs before the first build has nothing to do: exit 0, one line, nothing created.
+NOTHING_TO_DO = [["list"], ["verify"], ["stats"], ["gc"], ["gc", "--dry-run"], ["gc", "--print-roots"],
+                 ["gc", "--delete-older-than", "30d", "--min-free", "1G", "--max-cache", "1G", "--keep-dead-for", "1h"]]
 
 
 @pytest.mark.parametrize("args", READ_ONLY_AND_OTHERS, ids=" ".join)
@@ -66,10 +69,21 @@ def test_a_root_with_no_store_is_said_and_nothing_is_created(tmp_path, args):
     assert not os.path.lexists(root)
 
 
+@pytest.mark.parametrize("args", NOTHING_TO_DO, ids=" ".join)
+def test_a_root_with_no_store_yet_is_nothing_to_do(tmp_path, args):
+    root = tmp_path / "not-yet"
+    proc = run_cli(root, "--progress=plain", *args)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"no store at {root} yet: nothing to" in lines[0], proc.stderr
+    assert not os.path.lexists(root)
+
+
 def test_an_empty_directory_is_no_store_either_and_stays_empty(tmp_path):
     root = tmp_path / "empty"
     root.mkdir()
-    one_error(quiet(root, "gc"), 2, f"no store at {root}")
+    proc = run_cli(root, "--progress=plain", "gc")
+    assert proc.returncode == 0 and f"no store at {root} yet: nothing to collect" in proc.stderr, proc.stderr
     assert list(root.iterdir()) == []
 
 

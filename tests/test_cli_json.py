@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -13,6 +14,7 @@ from tests.conftest import build_store, copy_store, run_cli
 
 # `run` replaces itself with the command it runs: its stdout is that command's.
 NO_DOCUMENT = {"run"}
+MACHINE_KEY = re.compile(r"[a-z][a-z0-9_]{0,40}")
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +41,10 @@ def cases(t, tmp) -> list[list[str]]:
         ["pin", "keep", "p@2"],
         ["unpin", "keep"],
         ["diff", "p@1", "p@2"],
+        ["packages", "p@1"],
+        ["why", "p", "tinydep"],
+        ["export", "p"],
+        ["export", "p", "--format", "pylock"],
         ["env", "p"],
         ["verify", "p"],
         ["doctor"],
@@ -62,11 +68,20 @@ def cases(t, tmp) -> list[list[str]]:
 def test_every_command_prints_one_json_document(template, tmp_path, uv_bin):
     t = {**template, "uv": uv_bin}
     root = copy_store(template["root"], tmp_path / "root")
+    shapes: dict[str, dict] = {}
     for args in cases(t, tmp_path):
         proc = run_cli(root, "--json", "--progress=plain", *args)
         assert proc.returncode == 0, (args, proc.stderr)
-        json.loads(proc.stdout)  # the whole of stdout is one document: a second one would not parse
-        assert proc.stdout.strip()[0] in "{[" and "[ " not in proc.stdout.splitlines()[0], args
+        doc = json.loads(proc.stdout)  # the whole of stdout is one document: a second one would not parse
+        # an object, its schema version, machine keys (docs/json.md)
+        assert isinstance(doc, dict) and doc["schema_version"] == 1, args
+        assert all(MACHINE_KEY.fullmatch(k) for k in doc), (args, sorted(doc))
+        shapes[args[0]] = doc
+    # one name per concept: no command says `uv` where another says `uv_version`
+    assert "uv" not in shapes["build"] and shapes["build"]["uv_version"] == shapes["info"]["uv_version"]
+    assert isinstance(shapes["list"]["paths"], list) and isinstance(shapes["list-profiles"]["profiles"], list)
+    for root in shapes["gc"]["kept"]:
+        assert root["kind"] in ("generation", "pin", "temp", "process", "uv") and all(MACHINE_KEY.fullmatch(k) for k in root)
         # progress went to stderr, as plain lines
         assert all(line.startswith("[") for line in proc.stderr.splitlines()), (args, proc.stderr)
 

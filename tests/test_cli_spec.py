@@ -73,7 +73,10 @@ def test_every_setting_is_an_option_of_each_command_it_names():
         for c in names:
             if c == "systemd-units" and s.param not in _click_params(cli.commands[c]):
                 continue  # its gc options come with the units that carry the policy
-            p = _click_params(cli.commands[c]).get(s.param)
+            command = cli
+            for part in c.split():  # a subcommand ("cache gc") by its path
+                command = command.commands[part]
+            p = _click_params(command).get(s.param)
             assert isinstance(p, click.Option) and p.envvar == s.env and s.flag in p.opts, (s.name, c)
 
 

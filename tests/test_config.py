@@ -240,3 +240,24 @@ def test_a_token_in_the_config_is_not_copied_into_the_fast_paths_cache(tmp_path)
     plain = write_config(tmp_path / "plain.toml", 'index_url = "https://mirror.internal/simple"\n')
     assert with_config(plain, "config").returncode == 0
     assert any(f.name.startswith("config-") for f in (cache / "llmgw-store").iterdir())
+
+
+def test_containment_and_the_units_gc_policy_come_from_the_file(tmp_path):
+    from llmgw_store.core.local_store import Store
+
+    root = tmp_path / "root"
+    Store.open(root, create=True).close()
+    conf = write_config(tmp_path / "config.toml", 'containment = "subreaper"\n[gc]\nmin_free = "500G"\n')
+    proc = with_config(conf, "--json", "doctor", root=root)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["containment"]["kind"] == "subreaper"
+    proc = with_config(conf, "--json", "config", root=root)
+    shown = json.loads(proc.stdout)["settings"]
+    assert shown["containment"]["value"] == "subreaper" and shown["containment"]["source"] == "file"
+    proc = with_config(conf, "--json", "systemd-units", "--out", str(tmp_path / "units"), root=root)
+    assert proc.returncode == 0, proc.stderr
+    assert '"--min-free" "500G"' in (tmp_path / "units" / "llmgw-store-gc.service").read_text()
+    proc = with_config(conf, "--json", "systemd-units", "--out", str(tmp_path / "units"), "--min-free", "none",
+                       root=root)  # the flag wins over the file
+    assert proc.returncode == 0, proc.stderr
+    assert "--min-free" not in (tmp_path / "units" / "llmgw-store-gc.service").read_text()

@@ -14,6 +14,13 @@ store (a page's later examples use what its earlier ones built), with
 A block whose first line is `# not run: <reason>` is skipped (it needs a GPU, the real PyPI, a
 real S3 bucket, systemd); keep those few. To add an example: write it as a ```sh block; it must
 run as written against the stand-ins, and a failure names the page and line.
+
+Sample output: a ```output block right after a ```sh block is what that block prints on stdout,
+produced by this test: it must equal the block's real output once both sides have the parts that
+differ from run to run written as placeholders (`normal`): the store root (written
+/var/lib/llmgw-store), the installed command's directory (/opt/llmgw-store/bin), the working
+directory (.), the package index (https://pypi.org/simple), keys (written `5x…`), sha256
+digests, ISO times, seconds, sizes and byte counts. So a sample can never drift from what the command prints.
 """
 
 from __future__ import annotations
@@ -83,6 +90,42 @@ def blocks(page: Path) -> list[tuple[int, str]]:
 RUN_BY = re.compile(r"# run by (tests/test_\w+\.py)\b.*")
 
 
+OUTPUT = re.compile(r"^```sh\n((?:(?!```).)*?)^```\n\n?```output\n((?:(?!```).)*?)^```", re.DOTALL | re.MULTILINE)
+
+
+def sample_outputs(page: Path) -> dict[str, str]:
+    """sh block text -> the ```output block that follows it."""
+    return {m.group(1): m.group(2) for m in OUTPUT.finditer(page.read_text())}
+
+
+_NIX32 = "0-9a-df-np-sv-z"
+PLACEHOLDERS = [
+    (re.compile(rf"\b[{_NIX32}]{{32}}\b"), "<key>"),  # a key, in a name or alone
+    (re.compile(r"\b[0-9a-z]{1,4}…"), "<key>"),  # a key as the docs abbreviate it: 5x…
+    (re.compile(r"\b[0-9a-f]{64}\b"), "<sha256>"),
+    (re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?Z"), "<time>"),
+    (re.compile(r"\b\d+(?:\.\d+)? (?:B|KiB|MiB|GiB|TiB|PiB)\b"), "<size>"),
+    (re.compile(r"\b\d+(?:\.\d+)?s\b"), "<seconds>"),
+    (re.compile(r'("(?:seconds|[a-z_]*bytes[a-z_]*|free_[a-z]+|size|[a-z_]*_timestamp_seconds)"\s*:\s*)[0-9.e+]+'),
+     r"\1<n>"),
+    (re.compile(r"(_bytes(?:\{[^}]*\})?|_seconds\{[^}]*\}) [0-9.e+]+"), r"\1 <n>"),
+]
+
+
+def normal(text: str, root: Path | None = None, cwd: Path | None = None, index_url: str | None = None) -> str:
+    """`text` with what differs between runs as placeholders (see the module's docstring)."""
+    if root is not None:
+        text = text.replace(str(root), "/var/lib/llmgw-store")
+        text = text.replace(str(Path(sys.executable).parent), "/opt/llmgw-store/bin")  # the installed command
+    if index_url is not None:
+        text = text.replace(index_url, "https://pypi.org/simple")
+    if cwd is not None:
+        text = text.replace(str(cwd), ".")
+    for pattern, placeholder in PLACEHOLDERS:
+        text = pattern.sub(placeholder, text)
+    return text.rstrip("\n")
+
+
 def runnable(page: Path) -> list[tuple[int, str]]:
     return [(line, text) for line, text in blocks(page)
             if not NOT_RUN.match(text.lstrip()) and not RUN_BY.match(text.lstrip())]
@@ -137,12 +180,37 @@ PAGES_WITH_EXAMPLES = [p for p in pages() if runnable(p)]
 def test_the_examples_of_a_page_run(page, docs_index, tmp_path):
     cwd = workdir(tmp_path)
     env = block_env(tmp_path, docs_index)
+    outputs = sample_outputs(page)
     for line, text in runnable(page):
         proc = subprocess.run(["bash", "-e", "-c", text], cwd=cwd, env=env, capture_output=True, text=True, check=False,
                               timeout=600)
         assert proc.returncode == 0, (
             f"{page.relative_to(REPO)}:{line}: the example exits {proc.returncode}\n--- block\n{text}"
             f"--- stdout\n{proc.stdout}--- stderr\n{proc.stderr}")
+        if text in outputs:
+            got = normal(proc.stdout, Path(env["LLMGW_STORE_ROOT"]), cwd, env["LLMGW_STORE_INDEX_URL"])
+            shown_ = normal(outputs[text])
+            assert got == shown_, (f"{page.relative_to(REPO)}:{line}: the sample output differs from the real one\n"
+                                   f"--- real (normalised)\n{got}\n--- sample (normalised)\n{shown_}")
+
+
+def test_every_sample_output_follows_a_block_that_runs():
+    """An ```output block belongs to the ```sh block just before it, which must be one that runs."""
+    for page in pages():
+        text = page.read_text()
+        owned = set(sample_outputs(page).values())
+        for m in re.finditer(r"^```output\n(.*?)^```", text, re.DOTALL | re.MULTILINE):
+            line = text[: m.start()].count("\n") + 1
+            assert m.group(1) in owned, f"{page.relative_to(REPO)}:{line}: an output block with no sh block before it"
+        runs = {t for _, t in runnable(page)}
+        for block in sample_outputs(page):
+            assert block in runs, f"{page.relative_to(REPO)}: a sample output of a block that is not run"
+
+
+def test_placeholders_keep_what_matters():
+    assert normal("x 5x…-vllm-0.6.3-cu128 12.5 MiB in 3.2s") == normal(
+        "x 0123456789abcdfghijklmnpqrsvwxyz-vllm-0.6.3-cu128 7.0 KiB in 0.1s")
+    assert normal("vllm 0.6.3") != normal("vllm 0.6.2")  # versions are not placeholders
 
 
 def test_skipped_examples_say_why_and_stay_few():

@@ -141,7 +141,7 @@ def test_memo_read_refuses_expired_and_stale_entries(root, recipe, index, uv_bin
     from llmgw_store.core import buildmemo
 
     first, _ = hit(root, recipe, index, uv_bin)
-    fields = {f: str(first[f]) for f in buildmemo.FIELDS}
+    fields = {f: str(first["uv_version" if f == "uv" else f]) for f in buildmemo.FIELDS}  # the memo's `uv`
     dep = tmp_path / "dep"
     dep.write_text("a")
     digest = "ab" * 32

@@ -56,7 +56,8 @@ def test_unrooted_paths_go_and_rooted_stay(store):
     assert [d["name"] for d in r["deleted"]] == [c] and r["freed"]["store_paths"] > 0
     assert on_disk(root) == indexed(root) == {a, b}
     assert list((root / "var" / "trash").iterdir()) == []
-    assert r["kept"]["profile p generation 1"] == [a] and r["kept"]["pin keepme"] == [b]
+    assert {"kind": "generation", "profile": "p", "generation": 1, "paths": [a]} in r["kept"]
+    assert {"kind": "pin", "pin": "keepme", "paths": [b]} in r["kept"]
     assert gc(root)["deleted"] == []
 
 
@@ -121,7 +122,7 @@ def test_running_process_keeps_its_environment(store):
         r = gc(root)
         assert {d["name"] for d in r["deleted"]} == {b, c}
         assert on_disk(root) == {a}
-        assert any(k.startswith("in use by pid") and v == [a] for k, v in r["kept"].items())
+        assert {"kind": "process", "pid": proc.pid, "paths": [a]} in r["kept"]
     finally:
         proc.kill()
         proc.wait()

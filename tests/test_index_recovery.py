@@ -72,7 +72,7 @@ def damage(root: Path, how: str) -> dict[str, bytes]:
 
 
 def list_names(root: Path) -> set[str]:
-    return {x["name"] for x in json.loads(run_cli(root, "--json", "list", check=True).stdout)}
+    return {x["name"] for x in json.loads(run_cli(root, "--json", "list", check=True).stdout)["paths"]}
 
 
 KINDS = ["missing", "empty", "truncated", "zeroed_first_page", "random_bytes", "not_a_database", "garbage_wal"]

@@ -45,7 +45,7 @@ def test_rebuild_index_after_deleting_the_database(store):
     run_cli(root, "activate", "p", str(a), check=True)
     run_cli(root, "activate", "p", str(b), check=True)
     run_cli(root, "pin", "good", str(a), check=True)
-    before = json.loads(run_cli(root, "--json", "list", check=True).stdout)
+    before = json.loads(run_cli(root, "--json", "list", check=True).stdout)["paths"]
     for suffix in ("", "-wal", "-shm"):
         Path(f"{root / 'var' / 'db.sqlite'}{suffix}").unlink(missing_ok=True)
 
@@ -58,7 +58,7 @@ def test_rebuild_index_after_deleting_the_database(store):
     r = json.loads(run_cli(root, "--json", "doctor", "--rebuild-index", check=True).stdout)
     assert {a.name, b.name} <= set(r["registered"]) and r["skipped"] == [] and r["generations"] == 2 and r["pins"] == 1
     assert run_cli(root, "doctor").returncode == 0
-    after = json.loads(run_cli(root, "--json", "list", check=True).stdout)
+    after = json.loads(run_cli(root, "--json", "list", check=True).stdout)["paths"]
     def key(rows):
         return sorted((x["name"], x["key"], x["content_hash"], x["size"], x["files"], x["as_of"]) for x in rows)
     assert key(after) == key(before)

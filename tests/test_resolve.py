@@ -50,7 +50,7 @@ def test_info_verify_env_diff_take_every_form(store, form):
     assert doc(root, "info", text)["name"] == first
     verified = doc(root, "verify", text)
     assert [p["name"] for p in verified["paths"]] == [first] and not verified["damaged"]
-    assert doc(root, "env", text)["VIRTUAL_ENV"] == str(root / "store" / first)
+    assert doc(root, "env", text)["variables"]["VIRTUAL_ENV"] == str(root / "store" / first)
     d = doc(root, "diff", text, "tiny")  # the profile: its current generation, the second path
     assert (d["a"]["name"], d["b"]["name"]) == (first, second)
 
@@ -61,7 +61,7 @@ def test_a_profile_is_its_current_generation_and_env_follows_its_link(store):
     assert doc(root, "info", str(root / "profiles" / "tiny"))["name"] == store["names"][1]
     assert [p["name"] for p in doc(root, "verify", "tiny")["paths"]] == [store["names"][1]]
     # env PROFILE points at the profile's link, so a shell follows later switches
-    assert doc(root, "env", "tiny")["VIRTUAL_ENV"] == str(root / "profiles" / "tiny")
+    assert doc(root, "env", "tiny")["variables"]["VIRTUAL_ENV"] == str(root / "profiles" / "tiny")
 
 
 @pytest.mark.parametrize("form", ["PROFILE", "PROFILE@N", "key"])

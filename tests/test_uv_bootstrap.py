@@ -53,7 +53,7 @@ def test_the_shipped_uv_is_copied_into_the_store_and_nothing_is_downloaded(tmp_p
     index.add("uv", uv_wheel, "2026-11-20T00:00:00Z")
     shipped = tmp_path / "shipped"
     proc = run_cli(shipped, "--json", "build", str(recipe), "--index-url", index.url, check=True)
-    assert json.loads(proc.stdout)["uv"] == UV_VERSION
+    assert json.loads(proc.stdout)["uv_version"] == UV_VERSION
     assert f"installing uv {UV_VERSION} from {uv_bin} (the uv this llmgw-store ships)" in proc.stderr
     assert not [p for _, p in index.requests if "/uv/" in p or p.startswith("/files/uv-")]
     name, content_hash = _uv_row(shipped)
@@ -79,7 +79,7 @@ def test_without_the_shipped_uv_the_wheel_is_installed_into_the_store_once(root,
     proc = run_without_shipped_uv(root, "--json", "build", str(recipe), "--index-url", index.url)
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
-    assert doc["uv"] == UV_VERSION and f"installing uv {UV_VERSION} from its wheel" in proc.stderr
+    assert doc["uv_version"] == UV_VERSION and f"installing uv {UV_VERSION} from its wheel" in proc.stderr
     uv_name, _ = _uv_row(root)
     assert uv_name.endswith(f"-uv-{UV_VERSION}-bin")
     assert (root / "store" / uv_name / "bin" / "uv").stat().st_mode & 0o111

@@ -2,10 +2,32 @@
 
 from __future__ import annotations
 
+import functools
+
 import click
 
 from llmgw_store.cli.app import Context, cli, lock_timeout_option, setting_option
 from llmgw_store.core import locks
+
+
+def cache_network_options(f):
+    """How a command talks to binary caches (core/config.py `cache.*`; docs/fleet.md, "Networks that
+    fail"): the options become one `policy` argument (cache.backends.RetryPolicy)."""
+
+    @functools.wraps(f)
+    def with_policy(*args, cache_attempts, cache_stall, cache_metadata_timeout, cache_deadline, cache_redirects_to,
+                    **kwargs):
+        from llmgw_store.cache.backends import RetryPolicy
+
+        kwargs["policy"] = RetryPolicy.from_env(attempts=cache_attempts, stall=cache_stall,
+                                                metadata_timeout=cache_metadata_timeout, deadline=cache_deadline,
+                                                redirects_to=" ".join(cache_redirects_to) or None)
+        return f(*args, **kwargs)
+
+    for name in reversed(("cache.attempts", "cache.stall", "cache.metadata_timeout", "cache.deadline",
+                          "cache.redirects_to")):
+        with_policy = setting_option(name)(with_policy)
+    return with_policy
 
 
 @cli.command()
@@ -15,8 +37,10 @@ from llmgw_store.core import locks
 @click.option("--format", "format_", type=click.IntRange(1, 2), default=2, show_default=True,
               help="Object format: 2 = files as shared blobs (delta pulls), 1 = one archive (older nodes).")
 @lock_timeout_option(locks.LOCK_TIMEOUT_S, "the store's locks and a running cache gc's marker")
+@cache_network_options
 @click.pass_obj
-def push(obj: Context, paths: tuple[str, ...], to: str, secret_key: str, format_: int, lock_timeout: float) -> None:
+def push(obj: Context, paths: tuple[str, ...], to: str, secret_key: str, format_: int, lock_timeout: float,
+         policy) -> None:
     """Upload store PATHS and what they reference to a binary cache, signed.
 
     \b
@@ -25,7 +49,7 @@ def push(obj: Context, paths: tuple[str, ...], to: str, secret_key: str, format_
     """
     from llmgw_store.api import push as do_push
 
-    r = do_push(list(paths), to, secret_key, root=obj.root, format=format_, lock_timeout=lock_timeout)
+    r = do_push(list(paths), to, secret_key, root=obj.root, format=format_, lock_timeout=lock_timeout, policy=policy)
     obj.emit(r.to_json(), f"pushed {len(r.pushed)}, already there {len(r.already_there)}")
 
 
@@ -34,8 +58,10 @@ def push(obj: Context, paths: tuple[str, ...], to: str, secret_key: str, format_
 @click.option("--from", "from_", multiple=True, required=True, help="Cache URL; repeatable (asked in order).")
 @setting_option("trusted_keys", help="Public key accepted (name:base64 or a .public file); repeatable.")
 @lock_timeout_option(locks.BUILD_LOCK_TIMEOUT_S, "each lock (another process fetching the same key, a gc)")
+@cache_network_options
 @click.pass_obj
-def pull(obj: Context, target: str, from_: tuple[str, ...], trusted_keys: tuple[str, ...], lock_timeout: float) -> None:
+def pull(obj: Context, target: str, from_: tuple[str, ...], trusted_keys: tuple[str, ...], lock_timeout: float,
+         policy) -> None:
     """Fetch a store path (by key or store path name) and its references from a binary cache.
 
     \b
@@ -44,7 +70,7 @@ def pull(obj: Context, target: str, from_: tuple[str, ...], trusted_keys: tuple[
     """
     from llmgw_store.cache.pull import pull as do_pull
 
-    r = do_pull(target, list(from_), list(trusted_keys), root=obj.root, lock_timeout=lock_timeout)
+    r = do_pull(target, list(from_), list(trusted_keys), root=obj.root, lock_timeout=lock_timeout, policy=policy)
     obj.emit(r.to_json(), r.path)
 
 
@@ -53,8 +79,9 @@ def pull(obj: Context, target: str, from_: tuple[str, ...], trusted_keys: tuple[
 @click.option("--secret-key", required=True, envvar="LLMGW_STORE_NODE_SECRET_KEY",
               help="This node's signing key file (from keygen); the cache gc trusts its .public with --keep-from.")
 @click.option("--node", help="The node's name in the cache: the secret key's name (the default); another is refused.")
+@cache_network_options
 @click.pass_obj
-def push_roots(obj: Context, to: str, secret_key: str, node: str | None) -> None:
+def push_roots(obj: Context, to: str, secret_key: str, node: str | None, policy) -> None:
     """Publish the keys this node's roots hold (profiles, pins, paths in use) as a signed roots
     document, which `cache gc` keeps.
 
@@ -64,7 +91,7 @@ def push_roots(obj: Context, to: str, secret_key: str, node: str | None) -> None
     """
     from llmgw_store.api import push_roots as do_push_roots
 
-    r = do_push_roots(to, secret_key, node=node, root=obj.root)
+    r = do_push_roots(to, secret_key, node=node, root=obj.root, policy=policy)
     obj.emit(r.to_json(), f"{r.object}: {len(r.keys)} store path(s)")
 
 
@@ -79,12 +106,14 @@ def cache() -> None:
               help="Public key (name:base64 or a .public file) of a node whose roots document is honoured; repeatable.")
 @click.option("--grace", default="1d", show_default=True,
               help="Keep whatever was written more recently than this (pushes not yet in a roots document).")
-@click.option("--dry-run", is_flag=True, help="List what would be deleted; delete nothing.")
+@click.option("--dry-run", is_flag=True,
+              help="List what would be deleted, and why each object is kept; delete nothing.")
 @click.option("--allow-no-roots", is_flag=True,
               help="Go on when the cache holds no roots document (deletes every object older than the grace).")
+@cache_network_options
 @click.pass_obj
 def cache_gc(obj: Context, url: str, keep_from: tuple[str, ...], grace: str, dry_run: bool,
-             allow_no_roots: bool) -> None:
+             allow_no_roots: bool, policy) -> None:
     """Delete the objects and blobs of the cache URL that no published roots document holds.
 
     \b
@@ -92,13 +121,15 @@ def cache_gc(obj: Context, url: str, keep_from: tuple[str, ...], grace: str, dry
       llmgw-store cache gc s3://llmgw-cache/prod --keep-from /etc/llmgw-store/nodes/ --grace 7d --dry-run
     """
     from llmgw_store.api import cache_gc as do_cache_gc
+    from llmgw_store.core.units import human_size
 
-    r = do_cache_gc(url, list(keep_from), grace=grace, dry_run=dry_run, allow_no_roots=allow_no_roots)
+    r = do_cache_gc(url, list(keep_from), grace=grace, dry_run=dry_run, allow_no_roots=allow_no_roots, policy=policy)
     verb = "would delete" if r.dry_run else "deleted"
     summary = (f"{verb} {len(r.deleted_objects)} object file(s), {r.deleted_blobs} blob(s), "
-               f"{r.freed_bytes / 1e6:.1f} MB; kept {r.kept_objects} object(s), {r.kept_blobs} blob(s) for "
+               f"{human_size(r.freed_bytes)}; kept {r.kept_objects} object(s), {r.kept_blobs} blob(s) for "
                f"{len(r.roots)} node(s)")
-    obj.emit(r.to_json(), "\n".join([*r.deleted_objects, summary]))
+    kept = [f"keep {name}: {why}" for name, why in r.why_kept.items()] if r.dry_run else []
+    obj.emit(r.to_json(), "\n".join([*kept, *r.deleted_objects, summary]))
 
 
 @cli.group()
@@ -118,6 +149,7 @@ def key_public(obj: Context, secret: str) -> None:
       llmgw-store key public /etc/llmgw-store/builder-1.secret > builder-1.public
     """
     from llmgw_store.cache.signing import public_key_of
+    from llmgw_store.core.results import document
 
     public = public_key_of(secret)
-    obj.emit({"public_key": public}, public)
+    obj.emit(document({"public_key": public}), public)

@@ -39,7 +39,7 @@ def gc(obj: Context, dry_run: bool, delete_older_than: str | None, keep: int | N
 
     if print_roots:
         held = gcmod.print_roots(root=obj.root, lock_timeout=lock_timeout)
-        obj.emit(held.to_json(), "\n".join(f"{desc}: {', '.join(names)}" for desc, names in sorted(held.roots.items())))
+        obj.emit(held.to_json(), "\n".join(f"{r.description}: {', '.join(r.paths)}" for r in held.roots))
         return
     r = gcmod.collect(
         root=obj.root, dry_run=dry_run, keep=keep, lock_timeout=lock_timeout,
@@ -64,18 +64,33 @@ def gc(obj: Context, dry_run: bool, delete_older_than: str | None, keep: int | N
 @cli.command(name="systemd-units")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=".", show_default=True,
               help="Directory for llmgw-store-gc.service and llmgw-store-gc.timer (e.g. /etc/systemd/system).")
-@setting_option("gc.keep_dead_for", "1h", "The gc's grace period for dead paths.")
-@click.option("--on-calendar", default="*-*-* 04:17:00", show_default=True, help="When the timer runs gc (systemd OnCalendar).")
+@click.option("--on-calendar", default="*-*-* 04:17:00", show_default=True, envvar="LLMGW_STORE_GC_ON_CALENDAR",
+              help="When the timer runs gc: a systemd calendar expression ('daily', 'Mon..Fri *-*-* 02:00'), "
+                   "checked with systemd-analyze where installed. Env: LLMGW_STORE_GC_ON_CALENDAR.")
+# The gc policy the unit's ExecStart carries: the [gc] table of the config file (core/config.py)
+# where it sets a key, else these defaults; 'none' leaves an option out.
+@setting_option("gc.delete_older_than", "30d", "gc first deletes generations older than this (never a current one); "
+                "'none' leaves it out.")
+@setting_option("gc.keep", None, "gc first deletes all but the newest N generations of each profile.")
+@setting_option("gc.min_free", "200G", "gc collects dead paths until the filesystem has this much free; 'none' "
+                "collects every dead path.")
+@setting_option("gc.max_cache", "20G", "gc prunes the uv and bytecode caches down to SIZE, entries no live path "
+                "uses first; 'none' leaves the caches alone.")
+@setting_option("gc.keep_dead_for", "1h", "gc's grace period for dead paths.")
 @click.pass_obj
-def systemd_units(obj: Context, out_dir: str, keep_dead_for: str, on_calendar: str) -> None:
+def systemd_units(obj: Context, out_dir: str, on_calendar: str, delete_older_than: str, keep: str | None,
+                  min_free: str, max_cache: str, keep_dead_for: str) -> None:
     """Write the gc service and timer for this installation: ExecStart is the llmgw-store running
-    now, with the current --root.
+    now, with the current --root and the gc policy given here; the timer runs it --on-calendar.
 
     \b
-    Example:
+    Examples:
       llmgw-store systemd-units --out /etc/systemd/system && systemctl enable --now llmgw-store-gc.timer
+      llmgw-store systemd-units --out ./units --min-free 500G --max-cache 50G --on-calendar 'hourly'
     """
-    from llmgw_store.roots.systemd import write_units
+    from llmgw_store.roots.systemd import GcPolicy, write_units
 
-    r = write_units(out_dir, root=obj.root, keep_dead_for=keep_dead_for, on_calendar=on_calendar)
-    obj.emit(r.to_json(), f"wrote {r.service}\nwrote {r.timer}\nExecStart={r.exec_start}")
+    policy = GcPolicy(delete_older_than=delete_older_than, keep=keep, min_free=min_free, max_cache=max_cache,
+                      keep_dead_for=keep_dead_for)
+    r = write_units(out_dir, root=obj.root, policy=policy, on_calendar=on_calendar)
+    obj.emit(r.to_json(), f"wrote {r.service}\nwrote {r.timer}\nExecStart={r.exec_start}\nOnCalendar={r.on_calendar}")

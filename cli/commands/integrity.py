@@ -118,7 +118,17 @@ def stats(obj: Context, prometheus: str | None) -> None:
         f"pyc cache:    {human_size(r.pyc_cache_bytes)} on disk (caches together: {human_size(r.cache_bytes_on_disk)}, what gc --max-cache counts)",
         f"downloads:    {human_size(r.downloads_bytes)} on disk",
         f"free:         {human_size(r.free_bytes)}",
+        *(f"{'last ' + op + ':':13s} {_when(o['last_success'])} ({o['failures']} failure(s), last {_when(o['last_failure'])})"
+          for op, o in sorted(r.operations.items())),
+        *(f"profile {c['profile']}: generation {c['generation']}, {c['engine']} {c['version']} ({c['variant']})"
+          for c in r.current_generations),
     ]))
+
+
+def _when(t: float) -> str:
+    import time
+
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t)) if t else "never"
 
 
 @cli.command()

@@ -178,8 +178,8 @@ def env(obj: Context, target: str) -> None:
     PROFILE@N or a store path (its name, its key): eval "$(llmgw-store env vllm)"."""
     from llmgw_store.roots.runenv import env_lines, shell_text
 
-    variables = env_lines(target, root=obj.root).variables
-    obj.emit(variables, shell_text(variables).rstrip("\n"))
+    r = env_lines(target, root=obj.root)
+    obj.emit(r.to_json(), shell_text(r.variables).rstrip("\n"))
 
 
 @cli.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})

@@ -2,7 +2,7 @@
 
 The key is computed first, from facts that are memoised in the index (the uv version, the
 interpreter, the latest version, the publication time), so a build whose key is already in the
-store reads the recipe and the index and returns, asking the network nothing (DESIGN invariant 6).
+store reads the recipe and the index and returns, asking the network nothing.
 Only a miss validates requirements, resolves and installs; see realise.py for the locking.
 """
 
@@ -28,7 +28,9 @@ from llmgw_store.core.host import platform_facts
 from llmgw_store.core.keys import SCHEMA_VERSION, path_name, store_key
 from llmgw_store.core.local_store import Store
 from llmgw_store.core.names import shown
+from llmgw_store.core.oplog import recorded
 from llmgw_store.core.report import say
+from llmgw_store.core.results import document
 from llmgw_store.core.units import human_size
 
 PYPI_SIMPLE = defaults.PYPI_SIMPLE
@@ -86,6 +88,7 @@ class BuildOptions:
     substitute_only: bool = False
     # --offline: no network but file:// caches (core/network.py); uv runs with UV_OFFLINE.
     offline: bool = False
+    python: str | None = None  # `--python`: in place of the recipe's build.python, entering the key as it would
 
 
 @dataclass(frozen=True)
@@ -148,9 +151,12 @@ class BuildResult:
         return self.how != "built"
 
     def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "path": str(self.path), "cache_hit": self.cache_hit}
+        fields = asdict(self)
+        fields["uv_version"] = fields.pop("uv")  # one name per concept across commands (docs/json.md)
+        return document({**fields, "path": str(self.path), "cache_hit": self.cache_hit})
 
 
+@recorded("build")
 def build(
     recipe_file: str | Path,
     options: BuildOptions = BuildOptions(),
@@ -185,6 +191,9 @@ def _build(recipe_file: str | Path, options: BuildOptions, root: str | Path | No
         raise UsageError(f"--version {shown(options.version)} is not a version")
     if options.substitute_only and substituter is None:
         raise UsageError(NO_CACHE)  # before the store is touched: a node with no cache cannot pull
+    if options.python is not None:
+        chosen.with_python(options.python)  # a bad --python is a usage error before the store is touched
+        memo = None  # the memo key (and the fast path that reads it) holds no --python
     steps: dict[str, float] = {}
     with Store.open(root, options.lock_timeout, create=True) as store:
         plan = _plan(store, recipe, chosen, options)
@@ -209,11 +218,12 @@ def _build(recipe_file: str | Path, options: BuildOptions, root: str | Path | No
         inputs = plan.inputs
         seconds = round(time.monotonic() - started, 3)
         if how == "built":
+            interpreters.warn_if_private(store.layout, path)  # a store others read, an env they cannot run
             # One figure for the whole build, the same as the result's `seconds`; what make_env
             # did not time is freezing, hashing, verifying and registering.
             steps["hash, verify, register"] = round(max(0.0, seconds - sum(steps.values())), 3)
             row = store.index.path_by_key(plan.key)
-            say(f"built {plan.name} in {seconds:.1f}s ({(row.size if row else 0) / 1e6:.1f} MB, {row.files if row else 0} files; "
+            say(f"built {plan.name} in {seconds:.1f}s ({human_size(row.size if row else 0)}, {row.files if row else 0} files; "
                 + ", ".join(f"{k} {v:.2f}s" for k, v in steps.items()) + ")")
         result = BuildResult(
             path=path, name=plan.name, key=plan.key, engine=recipe.name, version=plan.version,
@@ -268,6 +278,7 @@ def _remember(store: Store, memo: tuple[str, bytes], result: BuildResult, plan: 
 
 def _plan(store: Store, recipe: Recipe, chosen: Build, options: BuildOptions) -> BuildPlan:
     """Everything that decides the result, and the key and name that follow from it."""
+    chosen = chosen.with_python(options.python)
     # The key, the memo tables and every message take the URL without its userinfo; the token
     # (if any) travels beside it as `auth`, to uv's environment and to httpx only.
     auth = credentials.auth_of(options.index_url)

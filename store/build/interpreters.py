@@ -7,7 +7,7 @@ With the default preference, `managed`, an interpreter uv manages for the store 
 first, then one the host has, and only when neither exists is one downloaded (`uv python install`
 into ROOT/python): a host with a suitable Python spends no time on a download. `only-managed`
 always wants a managed one and falls back to the host's when the download cannot be reached
-(DESIGN.md: "system where managed downloads cannot be reached"); `only-system` never downloads.
+("system where managed downloads cannot be reached"); `only-system` never downloads.
 
 A download is attempted only after a connect probe (PROBE_TIMEOUT_S) to its host — or to the
 proxy the environment names — succeeds, so an unreachable host costs at most that long, not uv's
@@ -18,8 +18,16 @@ installed in pyenv but not selected; uv stops at the first such executable. Such
 for what it is — no interpreter — and the search goes on without its directory; if nothing is
 found, the error says that pyenv has the version and how to expose it.
 
-The memo is keyed by (request, preference, uv version) and holds the interpreter's file stamp, so a
-cache-hit build neither runs uv nor starts the interpreter.
+A store that other users read (its root is reachable by them: root's /var/lib/llmgw-store, the
+default) is for services that run as other users (a unit's `User=`). There an interpreter they
+cannot execute — one in a private home, such as root's pyenv — would make every environment built
+on it useless to them, so one every user can run is preferred: another installation uv finds (a
+system one, one managed under the store's root), else, where the preference allows downloads, a
+managed one. An explicit path (`build.python = "/..."`, `--python PATH`) is taken as given, and
+`build` warns when what it made is still not runnable by other users (`warn_if_private`).
+
+The memo is keyed by (request, preference, uv version, shared or not) and holds the interpreter's
+file stamp, so a cache-hit build neither runs uv nor starts the interpreter.
 """
 
 from __future__ import annotations
@@ -56,17 +64,18 @@ class Interpreter:
         return {"request": request, "implementation": self.implementation, "version": self.version}
 
 
-def find(store: "Store", uv: UvTool, request: str, preference: str) -> Interpreter:
+def find(store: Store, uv: UvTool, request: str, preference: str) -> Interpreter:
     if preference not in PREFERENCES:
         raise UsageError(f"python preference {preference!r} is not one of {', '.join(PREFERENCES)}")
     # A uv whose version is still being asked (uv.PendingUv: one this store has not seen, so no
     # memo names its version) is not waited for: discovery needs only its path.
+    shared = "|shared" if others_reach(store.layout.root) else ""
     if not getattr(uv, "pending", False):
-        memo = store.index.tool_info("python", f"{request}|{preference}|{uv.version}")
+        memo = store.index.tool_info("python", f"{request}|{preference}|{uv.version}{shared}")
         if memo and memo["stamp"] == file_stamp(Path(memo["path"])):
             return Interpreter(memo["path"], memo["implementation"], memo["version"], memo["managed"])
     found = _discover(store, uv, request, preference)
-    ident = f"{request}|{preference}|{uv.version}"
+    ident = f"{request}|{preference}|{uv.version}{shared}"
     store.index.remember_tool("python", ident, {**asdict(found), "stamp": file_stamp(Path(found.path))})
     return found
 
@@ -78,12 +87,12 @@ _PYENV_HAS = re.compile(r"exists in these Python versions:\s*\n((?:[ \t]+[0-9A-Z
 MAX_SHIMS = 4
 
 
-def _discover(store: "Store", uv: UvTool, request: str, preference: str) -> Interpreter:
+def _discover(store: Store, uv: UvTool, request: str, preference: str) -> Interpreter:
     with heartbeat(f"looking for a Python {request} (--python-preference {preference})"):
         return _discover_quietly(store, uv, request, preference)
 
 
-def _discover_quietly(store: "Store", uv: UvTool, request: str, preference: str) -> Interpreter:
+def _discover_quietly(store: Store, uv: UvTool, request: str, preference: str) -> Interpreter:
     path, skipped = _uv_find(store, uv, request, preference)
     if path is None and preference in ("only-managed", "managed"):
         path = _install_managed(store, uv, request, preference)
@@ -92,6 +101,19 @@ def _discover_quietly(store: "Store", uv: UvTool, request: str, preference: str)
             path, skipped = _uv_find(store, uv, request, "only-system")
     if path is None:
         raise UsageError(_missing(request, preference, skipped))
+    found = _probe(store, path, request, preference)
+    if not request.startswith("/") and others_reach(store.layout.root):
+        why = why_others_cannot_run(found.path)
+        if why is not None:
+            other = _runnable_by_all(store, uv, request, preference)
+            if other is not None:
+                say(f"using {other.path} rather than {found.path}, which other users cannot run ({why}): "
+                    "this store is read by other users")
+                return other
+    return found
+
+
+def _probe(store: Store, path: str, request: str, preference: str) -> Interpreter:
     try:
         # -I -S: the answer does not depend on site-packages or PYTHON* variables, and the start is shorter.
         out = run([path, "-I", "-S", "-c", _PROBE], what=f"inspect {path}", env=clean_env(), log_dir=store.layout.logs)
@@ -103,7 +125,98 @@ def _discover_quietly(store: "Store", uv: UvTool, request: str, preference: str)
     return Interpreter(executable, implementation, version, managed)
 
 
-def _install_managed(store: "Store", uv: UvTool, request: str, preference: str) -> str | None:
+MAX_CANDIDATES = 16
+
+
+def _runnable_by_all(store: Store, uv: UvTool, request: str, preference: str) -> Interpreter | None:
+    """An interpreter for `request` that every user can run: among the installations uv knows
+    (`uv python list --only-installed`, in uv's order), else a managed one downloaded where the
+    preference allows; None when there is none."""
+    try:
+        out = run([uv.path, "python", "list", "--only-installed", "--output-format", "json",
+                   "--python-preference", preference, "--", request],
+                  what=f"uv python list {request}", env=_env(store, downloads="never"), log_dir=store.layout.logs,
+                  cwd=store.layout.tmp)
+        listed = json.loads(out)
+    except (CommandError, ValueError):
+        listed = []
+    seen: set[str] = set()
+    for entry in listed[:MAX_CANDIDATES] if isinstance(listed, list) else []:
+        path = entry.get("path") if isinstance(entry, dict) else None
+        if not isinstance(path, str) or not path.startswith("/") or path in seen:
+            continue
+        seen.add(path)
+        if why_others_cannot_run(path) is None:
+            try:
+                found = _probe(store, path, request, preference)
+            except UsageError:
+                continue
+            if why_others_cannot_run(found.path) is None:
+                return found
+    if preference in ("managed", "only-managed"):
+        path = _install_managed(store, uv, request, preference)
+        if path is not None and why_others_cannot_run(path) is None:
+            return _probe(store, path, request, preference)
+    return None
+
+
+# --- who can run what -------------------------------------------------------------------------------
+
+def others_reach(root: Path) -> bool:
+    """Whether users other than the store's owner can reach `root` (every directory from / down
+    to it lets others through): then the store is read by services running as other users."""
+    return _why_closed(os.path.abspath(root), want_file=False) is None
+
+
+def why_others_cannot_run(path: str | Path) -> str | None:
+    """None when every user can execute `path` — each directory on the way to it, through every
+    link, lets others through, and the file it ends at is executable by others —, else why not
+    (`/root is mode 700`)."""
+    return _why_closed(os.path.abspath(path), want_file=True)
+
+
+def _why_closed(path: str, *, want_file: bool) -> str | None:
+    import stat
+
+    for _ in range(40):  # links followed, as the kernel's limit
+        parts = path.split("/")
+        for i in range(1, len(parts)):
+            d = "/".join(parts[:i]) or "/"
+            try:
+                mode = os.stat(d).st_mode
+            except OSError as exc:
+                return f"{d}: {exc.strerror}"
+            if not mode & stat.S_IXOTH:
+                return f"{d} is mode {stat.S_IMODE(mode):o}: other users may not enter it"
+        try:
+            st = os.lstat(path)
+        except OSError as exc:
+            return f"{path}: {exc.strerror}"
+        if stat.S_ISLNK(st.st_mode):
+            path = os.path.normpath(os.path.join(os.path.dirname(path), os.readlink(path)))
+            continue
+        if want_file and not (stat.S_ISREG(st.st_mode) and st.st_mode & stat.S_IXOTH):
+            return f"{path} is mode {stat.S_IMODE(st.st_mode):o}: other users may not execute it"
+        if not want_file and not (stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_IXOTH):
+            return f"{path} is mode {stat.S_IMODE(st.st_mode):o}: other users may not enter it"
+        return None
+    return f"{path}: too many levels of links"
+
+
+def warn_if_private(layout, env: Path) -> str | None:
+    """In a store other users read, say (one line) when the environment `env` is not runnable by
+    them, and why; returns the reason (None: nothing to say)."""
+    if not others_reach(layout.root):
+        return None
+    why = why_others_cannot_run(env / "bin" / "python")
+    if why is not None:
+        say(f"warning: other users cannot run {env.name}: its interpreter is not theirs to run ({why}); "
+            "build it with one every user can run (--python /usr/bin/python3.X, or a managed one with "
+            "--python-preference managed)")
+    return why
+
+
+def _install_managed(store: Store, uv: UvTool, request: str, preference: str) -> str | None:
     """Download a managed interpreter into ROOT/python and find it; None (having said why) when the
     download host cannot be reached or the download fails (a usage error for `managed`: there is
     nothing else to fall back to after the host's own were looked at)."""
@@ -127,7 +240,7 @@ def _install_managed(store: "Store", uv: UvTool, request: str, preference: str) 
     return _uv_find(store, uv, request, preference)[0]
 
 
-def _uv_find(store: "Store", uv: UvTool, request: str, preference: str) -> tuple[str | None, list[str]]:
+def _uv_find(store: Store, uv: UvTool, request: str, preference: str) -> tuple[str | None, list[str]]:
     """(the interpreter uv finds, the failing shims passed over with what they said)."""
     env = _env(store, downloads="never")
     skipped: list[str] = []
@@ -172,7 +285,7 @@ def _missing(request: str, preference: str, skipped: list[str]) -> str:
 
 def _how_to_install(request: str, preference: str) -> str:
     text = (f"install one (`uv python install {request}`, or your distribution's python{request} package), "
-            f"or set build.python to an interpreter's absolute path")
+            f"or pass one's absolute path (--python PATH, or build.python in the recipe)")
     if preference == "only-system":
         text += ", or let the store download one with --python-preference managed"
     return text
@@ -214,7 +327,7 @@ def _reachable(host: tuple[str, int], timeout: float = PROBE_TIMEOUT_S) -> bool:
     return bool(result and result[0])
 
 
-def _env(store: "Store", downloads: str) -> dict[str, str]:
+def _env(store: Store, downloads: str) -> dict[str, str]:
     return clean_env(
         UV_NO_CONFIG="1",
         UV_CACHE_DIR=str(store.layout.uv_cache),

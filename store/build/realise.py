@@ -11,13 +11,14 @@
     clear leftovers                (a .partial only)
     make(.partial)                 (the caller's steps: venv, resolve, install, verify)
     hash the tree, write the manifest, freeze (drop write bits)
-    rename .partial → final        (atomic on one filesystem: the path appears complete or not at all)
-    register in the index          (one transaction: path row + build-log row)
+    Store.install                  rename .partial → final (atomic on one filesystem: the path appears
+                                   complete or not at all), then register (one transaction: path row
+                                   + build-log row); the one way in, shared with pulls and adoption
 
 A crash before the rename leaves only a `.partial`, which the next build of the key (holding the
 lock) or gc removes; a crash between rename and register leaves an unregistered complete directory,
-which the next build of the key (or gc) registers from its manifest. Nothing is deleted on the
-index's word alone, and nothing half-built is ever registered.
+which the next build or pull of the key (or gc) registers from its manifest. Nothing is deleted on
+the index's word alone, and nothing half-built is ever registered.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from llmgw_store.core import locks, manifest, uses
 from llmgw_store.core.dedupe import share
 from llmgw_store.core.errors import IntegrityError
 from llmgw_store.core.fsutil import force_rmtree, freeze
-from llmgw_store.core.index import now_iso, row_from_manifest
+from llmgw_store.core.index import now_iso
 from llmgw_store.core.report import say
 
 if TYPE_CHECKING:
@@ -93,19 +94,12 @@ def realise(
         if os.path.lexists(partial):
             say(f"removing {partial.name}, left by a build that did not finish")
             force_rmtree(partial)
-        if os.path.lexists(final):
-            # Unregistered but present: the index lost it (deleted, rebuilt) or a build died between
-            # rename and registration. A final directory is only ever renamed into place complete,
-            # so one that does not match its manifest was damaged since, and may be rooted and in
-            # use: a build never deletes it (only .partial trees), it refuses.
-            why = store.adopt(name, rehash=True)
-            if why is None:
-                say(f"{name} is complete on disk but was not in the index; registered it again from its manifest")
-                return final, "recovered"
-            raise IntegrityError(
-                f"{name} exists but does not match its manifest (damaged: {why}); it is kept, since it may "
-                "be in use: remove the profiles and pins that hold it and let `llmgw-store gc` take it, then "
-                "build again")
+        # Unregistered but present: the index lost it (deleted, rebuilt) or a process died between
+        # rename and registration. A final directory is only ever renamed into place complete, so
+        # one that does not match its manifest was damaged since, and may be rooted and in use: it
+        # is registered when complete, else the build refuses (Store.recover; never deleted here).
+        if store.recover(name):
+            return final, "recovered"
 
         if substitute is not None and substitute():
             return final, "substituted"
@@ -113,20 +107,10 @@ def realise(
         doc = _produce(store, key, name, inputs, meta, make, verify, build_id)
         share(layout, partial)  # identical files of other store paths, verified, linked (core/dedupe.py)
         try:
-            # Same directory, one filesystem: rename(2) is atomic, and the lock keeps anyone else
-            # from creating `final` meanwhile.
-            os.rename(partial, final)
-        except BaseException as exc:
-            force_rmtree(partial)
-            index.fail_build(build_id, doc["build_seconds"], f"{type(exc).__name__}: {exc}")
-            raise
-        try:
-            index.register(row_from_manifest(doc), build_id, doc["build_seconds"], doc["references"])
-        except BaseException as exc:
-            # Renamed but not registered: garbage that the next build of this key (or gc) removes.
-            index.fail_build(build_id, doc["build_seconds"], f"registration failed: {exc}")
-            raise
-        return final, "built"
+            how = store.install(partial, doc, doc["references"], build_id=build_id, seconds=doc["build_seconds"])
+        finally:
+            force_rmtree(partial)  # left only when the rename did not happen (or another tree was adopted)
+        return final, "built" if how == "installed" else "recovered"
 
 
 def replace(
@@ -145,8 +129,8 @@ def replace(
     only once the new tree has passed every check a build makes AND hashes to `expect`, the content
     hash recorded when the path was built. A repair restores the recorded bytes or changes nothing:
     the index never takes a hash from a rebuild (IntegrityError, the path left as it was). The swap
-    is one renameat2(RENAME_EXCHANGE): readers see the old tree or the new one, never a missing path."""
-    from llmgw_store.core.errors import IntegrityError
+    is one renameat2(RENAME_EXCHANGE) (Store.install): readers see the old tree or the new one, never a
+    missing path."""
     from llmgw_store.core.temproots import TempRoots
 
     layout, index = store.layout, store.index
@@ -168,16 +152,10 @@ def replace(
             )
         share(layout, partial)  # verified pool copies only: never the damaged inode being replaced
         try:
-            exchange(partial, final)
-        except BaseException as exc:
+            store.install(partial, doc, doc["references"], build_id=build_id, seconds=doc["build_seconds"],
+                          replacing=True)
+        finally:
             force_rmtree(partial)
-            index.fail_build(build_id, doc["build_seconds"], f"{type(exc).__name__}: {exc}")
-            raise
-        # `partial` now holds the damaged tree: out of store/ first, then deleted.
-        trash = layout.trash / f"{name}.{os.getpid()}.{time.monotonic_ns()}"
-        os.rename(partial, trash)
-        index.replace_content(name, doc["content_hash"], doc["size"], doc["files"], build_id, doc["build_seconds"])
-        force_rmtree(trash)
         return doc
 
 
@@ -216,27 +194,6 @@ def _children_recorded(layout, key: str) -> Iterator[None]:
                  f"(pids {', '.join(map(str, reaped.left))})")
     with procs.recording(record):
         yield
-
-
-def exchange(a: Path, b: Path) -> None:
-    """Swap two directories atomically (Linux renameat2 with RENAME_EXCHANGE). Where the kernel or
-    filesystem cannot, fall back to two renames: `b` is then missing for an instant."""
-    import ctypes
-    import errno
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    fn = getattr(libc, "renameat2", None)
-    if fn is not None:
-        at_fdcwd, rename_exchange = -100, 2
-        if fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
-            return
-        err = ctypes.get_errno()
-        if err not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
-            raise OSError(err, os.strerror(err), str(a))
-    aside = b.with_name(b.name + ".old")
-    os.rename(b, aside)
-    os.rename(a, b)
-    os.rename(aside, a)
 
 
 def _produce(store: "Store", key, name, inputs, meta, make, verify, build_id: int) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from llmgw_store.core.names import check_engine, check_variant, shown
 
 VERSION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9+._!-]{0,63}")  # always re.fullmatch: `$` lets "1.0\n" through
 
-# field -> (python types, required): the fields of DESIGN.md, each documented in docs/recipes.md.
+# field -> (python types, required): each documented in docs/recipes.md.
 ENGINE_FIELDS: dict[str, tuple[tuple[type, ...], bool]] = {
     "name": ((str,), True),
     "pypi": ((str,), False),
@@ -65,11 +65,21 @@ SHA256_RE = re.compile(r"[0-9a-f]{64}")
 # Values a build passes to uv or puts in a requirement, a URL or a file name: each must be just
 # what it says, never an option (`--install-dir=/x`), a second line (`tinydep @ file:///x\n...`)
 # or a path. Always re.fullmatch (`$` would let a trailing newline through).
-# build.python: a version request (3, 3.11, 3.11.7, cpython3.11, cpython@3.12, pypy3.10) or an
-# absolute path to an interpreter, each component plain (so no `..`), never anything uv could
+# build.python (and `build --python`): a version request (3, 3.11, 3.11.7, cpython3.11,
+# cpython@3.12, pypy3.10) or an absolute path to an interpreter whose components are plain names —
+# a leading dot allowed (`~/.pyenv/versions/...`), never `.` or `..` —, never anything uv could
 # read as an option.
-PYTHON_RE = re.compile(r"((cpython|pypy)@?)?[0-9]{1,2}(\.[0-9]{1,3}){0,2}|(/[A-Za-z0-9_+-][A-Za-z0-9._+-]{0,127}){1,16}")
+PYTHON_RE = re.compile(r"((cpython|pypy)@?)?[0-9]{1,2}(\.[0-9]{1,3}){0,2}"
+                       r"|(/(?!\.\.?(?:/|$))[A-Za-z0-9._+-]{1,128}){1,16}")
 MAX_PYTHON_CHARS = 255
+
+
+def python_problem(value: object) -> str | None:
+    """Why `value` is not a Python request (the recipe's build.python, `--python`), or None."""
+    if isinstance(value, str) and len(value) <= MAX_PYTHON_CHARS and PYTHON_RE.fullmatch(value):
+        return None
+    return (f"{shown(value)} is not a Python version request such as 3.11, 3.11.7, cpython3.11 or pypy3.10, "
+            "nor an absolute path to an interpreter (no `.` or `..` component)")
 PROJECT_RE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,98}[A-Za-z0-9])?")  # a PEP 508 name, at most 100
 REPO_PART_RE = re.compile(r"[A-Za-z0-9._-]{1,100}")  # owner and name of a GitHub repository
 TAG_RE = re.compile(r"[A-Za-z0-9._+!-]{1,128}")  # a release tag; `!` as in VERSION_RE (an epoch)
@@ -109,6 +119,16 @@ class Build:
     def resolved(self, version: str) -> dict[str, Any]:
         """The build's fields with `{version}` filled in: what enters the key."""
         return _fill(self.fields, version)
+
+    def with_python(self, python: str | None) -> Build:
+        """This build with `python` in place of its build.python (`build --python`): checked as the
+        field is, and entering the key as the field does. None: the build as it is."""
+        if python is None or python == self.fields["python"]:
+            return self
+        problem = python_problem(python)
+        if problem is not None:
+            raise UsageError(f"--python {problem}")
+        return Build(self.index, {**self.fields, "python": python})
 
 
 @dataclass(frozen=True)
@@ -174,9 +194,9 @@ def parse(data: dict[str, Any], file: str | Path) -> Recipe:
         if b["variant"] in seen:
             raise RecipeError(file, f"{where}.variant", f"variant {b['variant']!r} appears twice")
         seen.add(b["variant"])
-        if len(b["python"]) > MAX_PYTHON_CHARS or not PYTHON_RE.fullmatch(b["python"]):
-            raise RecipeError(file, f"{where}.python", f"{shown(b['python'])} is not a Python version request such as "
-                              "3.11, 3.11.7, cpython3.11 or pypy3.10, nor an absolute path to an interpreter")
+        problem = python_problem(b["python"])
+        if problem is not None:
+            raise RecipeError(file, f"{where}.python", problem)
         if not b["requirements"] and "source" not in b and "wheel" not in b:
             raise RecipeError(file, f"{where}.requirements", "must name at least one requirement")
         if "version" in b and not VERSION_RE.fullmatch(b["version"]):

@@ -189,6 +189,8 @@ class Handoff:
         """Whether `path` is still the wheel home's inode: a later step of the build may have put a
         file of its own at that name (a wheel that ships a .pyc the bytecode step compiles again,
         renaming a new file over it), which is no edit of the wheel home."""
+        if self.tree is None:
+            return True
         try:
             st = os.lstat(os.path.join(self.tree, path))
         except OSError:
@@ -501,7 +503,7 @@ def _canonical_fd(fd: int, kind: str) -> None:
 
 
 def _hash_all(entry: Path, files: list[tuple[str, os.stat_result]],
-              record: dict[str, tuple[str, str, int | None]]) -> dict[str, tuple[str, str, int, tuple]]:
+              record: dict[str, tuple[str, str, int | None]]) -> dict[str, tuple[str, int, str, tuple]]:
     """rel -> (kind, size, blake3, memo identity) of every file, each read once in a pool of threads
     (hashing releases the GIL) and checked against its RECORD line; each made canonical by its
     descriptor first. Raises _Damage for the first file that does not match."""
@@ -525,7 +527,7 @@ def _hash_all(entry: Path, files: list[tuple[str, os.stat_result]],
             progress(step, done[0], total, "B")
         return out
 
-    results: dict[str, tuple[str, str, int, tuple]] = {}
+    results: dict[str, tuple[str, int, str, tuple]] = {}
     if len(batches) == 1:
         results.update(one_batch(batches[0]))
     else:
@@ -566,7 +568,7 @@ def _hash_one(path: Path, rel: str, want: tuple[str, str, int | None] | None) ->
             b.update(data)
             if h is not None:
                 h.update(data)
-        if h is not None:
+        if h is not None and want is not None:
             got = base64.urlsafe_b64encode(h.digest()).rstrip(b"=").decode()
             if got != want[1].rstrip("="):
                 raise _Damage(f"{rel} does not match the {want[0]} digest the wheel's RECORD gives it")
@@ -631,7 +633,7 @@ def evict(layout: Layout, bad: dict[str, list[str]]) -> None:
 
 # --- what gc asks ----------------------------------------------------------------------------------
 
-def linked(entry: str | os.PathLike) -> bool:
+def linked(entry: str | os.PathLike[str]) -> bool:
     """Whether any file of the entry has a link outside it (a store path, a build in flight, the
     pool): its installed METADATA first (uv links every wheel's), then every file."""
     try:

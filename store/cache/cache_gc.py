@@ -1,19 +1,24 @@
 """Garbage collection of a binary cache by the roots its nodes publish.
 
-Each node publishes `roots/<node>.json` (`push_roots`): its name, the time, and the keys of every
-store path its roots hold (profiles' generations, pins, paths in use, closures included), signed
-with the node's key. `gc` keeps every object a trusted roots document names (and what those
-reference, by their metadata), every object younger than the grace period, and every blob such an
-object's plan holds; it deletes the other objects, then the blobs no kept object holds that are
-older than the grace period. Deleting an object's metadata comes before deleting its blobs, so a
+Each node publishes `roots/<node>.json` (`push_roots`): its name, the time, a sequence number
+that only grows, and the keys of every store path its roots hold (profiles' generations, pins,
+paths in use, closures included), signed with the node's key. `gc` keeps every object a trusted
+roots document names (and what those reference, by their metadata), every object younger than the
+grace period (a push of an object already there renews it), and every blob such an object's plan
+holds; it deletes the other objects, then the blobs no kept object holds that are older than the
+grace period. Deleting an object's metadata comes before deleting its blobs, so a
 pull never finds metadata whose blobs were deleted by design.
 
 No roots document at all stops the gc too (unless `allow_no_roots`): with none, everything older
 than the grace would be deleted, which is far more often a wrong URL than the intent.
 
-A roots document that is not signed by the `--keep-from` key named after its node, is malformed, or is bound to another
-node name than its object name, stops the gc before anything is deleted: a gc that ignored a node's
-roots would delete what that node runs. A live object whose plan cannot be read stops it too.
+A roots document that is not signed by the `--keep-from` key named after its node, is malformed,
+or is bound to another node name than its object name, stops the gc before anything is deleted: a
+gc that ignored a node's roots would delete what that node runs. So does one that is a link or not
+a regular file, one that cannot be read, and one whose sequence number is lower than the newest
+this cache has seen of that node (`roots-seen.json`, which each gc updates before it deletes): a
+genuinely signed but older document — replayed, or restored from a backup — names what the node
+ran then, not now. A live object whose plan cannot be read stops it too.
 
 Racing a push loses nothing (the protocol is in cache/push.py): gc writes `gc/<nonce>.json` (with
 an expiry) before it lists anything and removes it after its last delete; a push's
@@ -31,18 +36,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from llmgw_store.cache.backends import backend_for
-from llmgw_store.cache.fastpull import BlobRef, fetch_small
+from llmgw_store.cache.backends import RetryPolicy, backend_for
 from llmgw_store.cache.objects import HEX64
 from llmgw_store.cache.signing import METADATA_MAX_BYTES, check_signature, load_secret, sign, trusted_keys
+from llmgw_store.cache.tree_fetch import BlobRef, fetch_small
 from llmgw_store.core import debug
 from llmgw_store.core.errors import IntegrityError, StoreError, UsageError
 from llmgw_store.core.keys import KEY_RE, canonical_json, key_of_name
 from llmgw_store.core.report import say
 from llmgw_store.core.results import Result
+from llmgw_store.core.units import human_size
 
 NODE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
-ROOTS_FORMAT = "llmgw-roots-1"
+ROOTS_FORMAT = "llmgw-roots-2"  # 1 had no sequence number: refused, the node publishes again
+SEEN = "roots-seen.json"  # node -> the newest sequence number (and its signed time) a gc has accepted
+SEEN_FORMAT = "llmgw-roots-seen-1"
 MAX_ROOT_KEYS = 100_000
 GC_MAX_SECONDS = 3600  # a gc marker expires after this: a killed gc does not block pushes forever
 GC_RENEW_MARGIN = 300  # gc stops deleting when its marker expires sooner than this: a push may then go ahead
@@ -64,12 +72,33 @@ class PushRootsResult(Result):
     keys: tuple[str, ...]
     to: str
     object: str
+    seq: int = 0
 
 
-def push_roots(keys: list[str], to: str, secret_key: str, node: str | None = None) -> PushRootsResult:
+def next_sequence(counter: Path | None) -> int:
+    """A roots document's sequence number: microseconds since the epoch, and more than the last one
+    this store published (kept in `counter`, a file of the store's private var/), so that a clock
+    set back still gives a number the cache gc takes as newer."""
+    now = time.time_ns() // 1000
+    if counter is None:
+        return now
+    try:
+        last = int(counter.read_text()[:32].strip() or 0)
+    except (OSError, ValueError):
+        last = 0
+    seq = max(now, last + 1)
+    tmp = counter.with_name(f".{counter.name}.{os.getpid()}")
+    tmp.write_text(f"{seq}\n")
+    os.replace(tmp, counter)  # one directory: the counter is the old number or the new, never half
+    return seq
+
+
+def push_roots(keys: list[str], to: str, secret_key: str, node: str | None = None, *, counter: Path | None = None,
+               policy: RetryPolicy | None = None) -> PushRootsResult:
     """Publish the signed roots document of `node` holding `keys`. One key per node, named after
     it: the node is the secret key's name (gc refuses a document whose signer is named otherwise,
-    so one node's key cannot publish another node's roots)."""
+    so one node's key cannot publish another node's roots). `counter`: where this store keeps its
+    last sequence number (next_sequence)."""
     secret = load_secret(secret_key)  # a public key, a missing file or a wrong shape: exit 2 here
     key_name = secret.name
     if node is not None and node != key_name:
@@ -79,26 +108,49 @@ def push_roots(keys: list[str], to: str, secret_key: str, node: str | None = Non
     keys = sorted(set(keys))
     if not all(KEY_RE.match(k) for k in keys):
         raise UsageError("a roots document holds store keys only")
-    doc: dict[str, Any] = {"format": ROOTS_FORMAT, "node": node, "time": time.time(), "keys": keys}
+    doc: dict[str, Any] = {"format": ROOTS_FORMAT, "node": node, "time": time.time(), "seq": next_sequence(counter),
+                           "keys": keys}
     sign(doc, secret)
     name = f"roots/{node}.json"
-    backend_for(to).put(name, canonical_json(doc))
+    backend_for(to, policy).put(name, canonical_json(doc))
     say(f"published the roots of {node}: {len(keys)} store path(s)")
-    return PushRootsResult(node, tuple(keys), to, name)
+    return PushRootsResult(node, tuple(keys), to, name, doc["seq"])
 
 
-def _read_roots(backend, item, trusted: dict[str, bytes]) -> tuple[str, list[str]]:
+@dataclass(frozen=True)
+class RootsDoc:
+    node: str
+    keys: list[str]
+    seq: int
+    time: float
+
+
+def _stopped(label: str, problem: str) -> IntegrityError:
+    return IntegrityError(f"{label}: {problem}; refusing it (gc stopped, nothing deleted)")
+
+
+def _read_roots(backend, item, trusted: dict[str, bytes]) -> RootsDoc:
+    """The checked roots document `item`; IntegrityError (the gc stops) for anything else."""
     label = item.name
-    data = backend.get(item.name, max_bytes=METADATA_MAX_BYTES)
+    if not item.regular:
+        raise _stopped(label, "is not a regular file (a link?)")
+    try:
+        data = backend.get(item.name, max_bytes=METADATA_MAX_BYTES)
+    except StoreError as exc:
+        raise IntegrityError(f"{exc} (gc stopped, nothing deleted)") from None
     if data is None:
-        return "", []
+        raise _stopped(label, "listed, but could not be read")
     try:
         doc = json.loads(data)
     except ValueError:
-        raise IntegrityError(f"{label}: not valid JSON; refusing it (gc stopped, nothing deleted)") from None
+        raise _stopped(label, "not valid JSON") from None
+    if isinstance(doc, dict) and doc.get("format") == "llmgw-roots-1":
+        raise _stopped(label, "a roots document without a sequence number (an older llmgw-store wrote it): publish "
+                              "the node's roots again (push-roots)")
     if not isinstance(doc, dict) or doc.get("format") != ROOTS_FORMAT or not isinstance(doc.get("keys"), list) \
-            or not isinstance(doc.get("node"), str):
-        raise IntegrityError(f"{label}: not a roots document; refusing it (gc stopped, nothing deleted)")
+            or not isinstance(doc.get("node"), str) or not isinstance(doc.get("seq"), int) \
+            or isinstance(doc.get("seq"), bool) or not isinstance(doc.get("time"), (int, float)):
+        raise _stopped(label, "not a roots document")
     node = doc["node"]
     try:
         # Only the key named after the node may sign its roots: node-1's key cannot publish node-2's.
@@ -110,11 +162,38 @@ def _read_roots(backend, item, trusted: dict[str, bytes]) -> tuple[str, list[str
         raise IntegrityError(f"{exc} (gc stopped, nothing deleted: trust the node's key with --keep-from, or "
                              "remove the document of a retired node)") from None
     if f"roots/{doc['node']}.json" != item.name:
-        raise IntegrityError(f"{label}: signed for node {doc['node'][:64]!r}; refusing it (gc stopped, nothing deleted)")
+        raise _stopped(label, f"signed for node {doc['node'][:64]!r}")
     keys = doc["keys"]
     if len(keys) > MAX_ROOT_KEYS or not all(isinstance(k, str) and KEY_RE.match(k) for k in keys):
-        raise IntegrityError(f"{label}: its keys are not store keys; refusing it (gc stopped, nothing deleted)")
-    return doc["node"], keys
+        raise _stopped(label, "its keys are not store keys")
+    return RootsDoc(node, keys, doc["seq"], float(doc["time"]))
+
+
+def _read_seen(backend) -> dict[str, dict[str, Any]]:
+    """node -> {seq, time}: the newest roots document of each node a gc of this cache accepted."""
+    data = backend.get(SEEN, max_bytes=METADATA_MAX_BYTES)
+    if data is None:
+        return {}
+    try:
+        doc = json.loads(data)
+        nodes = doc["nodes"] if isinstance(doc, dict) and doc.get("format") == SEEN_FORMAT else None
+        if not isinstance(nodes, dict) or not all(
+                isinstance(n, str) and isinstance(v, dict) and isinstance(v.get("seq"), int) for n, v in nodes.items()):
+            raise ValueError
+    except (ValueError, KeyError):
+        raise IntegrityError(f"{SEEN}: not a record of the roots documents seen; refusing it (gc stopped, nothing "
+                             "deleted): delete it, and the next gc starts the record again") from None
+    return nodes
+
+
+def _check_newest(label: str, doc: RootsDoc, seen: dict[str, dict[str, Any]]) -> None:
+    last = seen.get(doc.node)
+    if last is not None and doc.seq < last["seq"]:
+        when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(doc.time))
+        raise IntegrityError(
+            f"{label}: sequence {doc.seq} (signed at {when}) is older than {last['seq']}, the newest this cache has "
+            f"seen of {doc.node} (a replayed or restored document); refusing it (gc stopped, nothing deleted): "
+            f"publish the node's roots again (push-roots)")
 
 
 def _blobs_of(backend, key: str, doc: dict[str, Any]) -> set[str]:
@@ -133,6 +212,13 @@ def _blobs_of(backend, key: str, doc: dict[str, Any]) -> set[str]:
     if not all(isinstance(d, str) and HEX64.fullmatch(d) for d in held):
         raise IntegrityError(f"{label}: a kept object whose plan names something other than blobs; gc stopped")
     return held
+
+
+def _ago(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f}{unit}"
+    return f"{seconds:.0f}s"
 
 
 def _renew(backend, marker: str) -> float:
@@ -174,14 +260,15 @@ class CacheGcResult(Result):
     kept_blobs: int
     roots: dict[str, int] = field(default_factory=dict)  # node -> keys its document holds
     seconds: float = 0.0
+    why_kept: dict[str, str] = field(default_factory=dict)  # <key>.json -> why the gc keeps that object
 
 
 def gc(url: str, keep_from: list[str], *, grace: float, dry_run: bool = False,
-       allow_no_roots: bool = False) -> CacheGcResult:
+       allow_no_roots: bool = False, policy: RetryPolicy | None = None) -> CacheGcResult:
     started = time.monotonic()
     now = time.time()
     cutoff = now - grace
-    backend = backend_for(url)
+    backend = backend_for(url, policy)
     values: list[str] = []
     for v in keep_from:  # a directory stands for the .public files in it
         values += sorted(str(p) for p in Path(v).glob("*.public")) if os.path.isdir(v) else [v]
@@ -193,19 +280,27 @@ def gc(url: str, keep_from: list[str], *, grace: float, dry_run: bool = False,
         # From here until the marker is removed, a push waits before it trusts what the cache holds.
         backend.put(marker, canonical_json({"time": now, "expires": now + GC_MAX_SECONDS}))
     try:
-        top = backend.list("")
-        pending = backend.list("pending")
+        # Anything but a regular file under an object's name (a link, a FIFO: file:// only) is
+        # never deleted; under roots/ it stops the gc (_read_roots).
+        top = [i for i in backend.list("") if i.regular]
+        pending = [i for i in backend.list("pending") if i.regular]
         root_docs = backend.list("roots")
-        blobs = backend.list("blobs")
-        gc_markers = backend.list("gc")
+        blobs = [i for i in backend.list("blobs") if i.regular]
+        gc_markers = [i for i in backend.list("gc") if i.regular]
 
         roots: dict[str, int] = {}
         live: set[str] = set()
+        why: dict[str, str] = {}
+        seen = _read_seen(backend)
+        newest: dict[str, dict[str, Any]] = dict(seen)
         for item in root_docs:
-            node, keys = _read_roots(backend, item, trusted)
-            if node:
-                roots[node] = len(keys)
-                live.update(keys)
+            doc = _read_roots(backend, item, trusted)
+            _check_newest(item.name, doc, seen)
+            roots[doc.node] = len(doc.keys)
+            newest[doc.node] = {"seq": doc.seq, "time": doc.time}
+            live.update(doc.keys)
+            for k in doc.keys:
+                why.setdefault(k, f"held by the roots of {doc.node}")
         if not roots and not allow_no_roots:
             # No node's roots: every object past the grace would go. That is a wrong URL, a wrong
             # --keep-from, or roots never published far more often than an intended wipe.
@@ -218,8 +313,10 @@ def gc(url: str, keep_from: list[str], *, grace: float, dry_run: bool = False,
             if m:
                 objects.setdefault(m.group(1), []).append(item)
         for key, items in objects.items():
-            if any(i.name.endswith(".json") and i.mtime > cutoff for i in items):
+            young = [i.mtime for i in items if i.name.endswith(".json") and i.mtime > cutoff]
+            if young:
                 live.add(key)  # young: a push may not have published its roots yet
+                why.setdefault(key, f"younger than the grace (written {_ago(now - max(young))} ago)")
         held: set[str] = set()
         stale_markers = []
         for item in pending:
@@ -232,6 +329,7 @@ def gc(url: str, keep_from: list[str], *, grace: float, dry_run: bool = False,
                 held.update(d for d in doc.get("blobs", []) if isinstance(d, str) and HEX64.fullmatch(d))
                 if isinstance(doc.get("key"), str) and KEY_RE.match(doc["key"]):
                     live.add(doc["key"])
+                    why.setdefault(doc["key"], f"a push in progress ({item.name})")
             except (ValueError, AttributeError):
                 continue
         for item in gc_markers:
@@ -258,6 +356,7 @@ def gc(url: str, keep_from: list[str], *, grace: float, dry_run: bool = False,
                 k = key_of_name(r) if isinstance(r, str) else None
                 if k:
                     todo.append(k)
+                    why.setdefault(k, f"referenced by {key}")
             if isinstance(doc, dict) and doc.get("format") == 2:
                 held |= _blobs_of(backend, key, doc)
         live = seen
@@ -267,16 +366,23 @@ def gc(url: str, keep_from: list[str], *, grace: float, dry_run: bool = False,
         debug.pause("CACHE_GC_PAUSE")
         freed = sum(i.size for i in doomed_objects) + sum(b.size for b in doomed_blobs)
         verb = "would delete" if dry_run else "deleting"
-        say(f"{verb} {len(doomed_objects)} object file(s) and {len(doomed_blobs)} blob(s), {freed / 1e6:.1f} MB; "
+        say(f"{verb} {len(doomed_objects)} object file(s) and {len(doomed_blobs)} blob(s), {human_size(freed)}; "
             f"keeping {len(live & objects.keys())} object(s) held by {len(roots)} node(s) or younger than the grace")
+        why_kept = {f"{k}.json": why.get(k, "kept") for k in sorted(live & objects.keys())}
+        if dry_run:
+            for name, reason in why_kept.items():
+                say(f"keeping {name}: {reason}")
         if not dry_run:
+            if newest != seen:
+                # Before any delete: a replay of an older document is refused from now on.
+                backend.put(SEEN, canonical_json({"format": SEEN_FORMAT, "nodes": newest}))
             # Metadata before archives and blobs: an object is gone before any of its bytes are.
             doomed = [i.name for i in sorted(doomed_objects, key=lambda i: not i.name.endswith(".json"))]
             doomed += [b.name for b in doomed_blobs] + [i.name for i in stale_markers]
             _delete_while_marked(backend, marker, doomed)
         return CacheGcResult(dry_run, tuple(sorted(i.name for i in doomed_objects)), len(doomed_blobs), freed,
                              len(live & objects.keys()), len(blobs) - len(doomed_blobs), roots,
-                             round(time.monotonic() - started, 3))
+                             round(time.monotonic() - started, 3), why_kept)
     finally:
         if not dry_run:
             backend.delete(marker)

@@ -31,21 +31,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from llmgw_store.cache.backends import backend_for
-from llmgw_store.cache.fastpull import BlobRef, MetaV2, Stats, build_tree
+from llmgw_store.cache.backends import RetryPolicy
+from llmgw_store.cache.caches import Caches, shown
 from llmgw_store.cache.objects import FORMAT, shape_v2
 from llmgw_store.cache.signing import METADATA_MAX_BYTES, check_signature, trusted_keys
+from llmgw_store.cache.tree_fetch import BlobRef, MetaV2, Stats, build_tree
 from llmgw_store.core import debug, locks, manifest
-from llmgw_store.core.errors import IntegrityError, NotFoundError, StoreError, UsageError
+from llmgw_store.core.errors import IntegrityError, NetworkError, NotFoundError, StoreError, UsageError
 from llmgw_store.core.fsutil import force_rmtree
-from llmgw_store.core.index import row_from_manifest
 from llmgw_store.core.keys import KEY_RE, is_store_name, key_of_name
 from llmgw_store.core.local_store import Store
+from llmgw_store.core.oplog import recorded
 from llmgw_store.core.report import say
 from llmgw_store.core.results import Result
 from llmgw_store.core.scratch import sweep_dead
 from llmgw_store.core.signals import raising
 from llmgw_store.core.temproots import TempRoots
+from llmgw_store.core.units import human_size
 
 MAX_REFERENCES = 64  # of one object
 MAX_OBJECTS = 256  # in one pull's closure
@@ -182,12 +184,11 @@ def fetch_meta(backend, key: str, trusted: dict[str, bytes], name: str | None = 
     return _bound(doc, key, name, check_signature(doc, trusted, label), label)
 
 
-def _find_meta(backends, key: str, trusted: dict[str, bytes], name: str | None) -> tuple[Any, Meta]:
-    for b in backends:
-        meta = fetch_meta(b, key, trusted, name)
-        if meta is not None:
-            return b, meta
-    raise NotFoundError(f"no cache has {key}")
+def _find_meta(caches: Caches, key: str, trusted: dict[str, bytes], name: str | None) -> Meta | MetaV2:
+    meta = caches.first(lambda backend: fetch_meta(backend, key, trusted, name))
+    if meta is None:
+        raise NotFoundError(f"no cache has {key}")
+    return meta
 
 
 def _target(target: str) -> tuple[str, str | None]:
@@ -200,20 +201,20 @@ def _target(target: str) -> tuple[str, str | None]:
     return name[:32], name
 
 
-def _closure(backends, key: str, name: str | None, trusted: dict[str, bytes]) -> list[tuple[Any, Meta]]:
+def _closure(caches: Caches, key: str, name: str | None, trusted: dict[str, bytes]) -> list[Meta | MetaV2]:
     """The checked object of `key` and every object it references, references before referrers.
     Iterative depth-first walk: a reference back to an object still on the walk's path is a cycle,
     which no registration can make (a path is registered after its references); refused."""
-    found: dict[str, tuple[Any, Meta]] = {}
+    found: dict[str, Meta | MetaV2] = {}
     order: list[str] = []
     on_path: set[str] = set()
 
     def visit(k: str, n: str | None):
         if len(found) >= MAX_OBJECTS:
             raise IntegrityError(f"{key}: references more than {MAX_OBJECTS} objects; refusing it")
-        found[k] = _find_meta(backends, k, trusted, n)
+        found[k] = _find_meta(caches, k, trusted, n)
         on_path.add(k)
-        return iter(found[k][1].references)
+        return iter(found[k].references)
 
     stack = [(key, visit(key, name))]
     while stack:
@@ -225,14 +226,14 @@ def _closure(backends, key: str, name: str | None, trusted: dict[str, bytes]) ->
             order.append(k)
             continue
         ref_key = key_of_name(ref)
-        if ref == found[k][1].name:
+        if ref == found[k].name:
             continue
         if ref_key in on_path:
-            raise IntegrityError(f"{found[k][1].name}: its references make a cycle through {ref}; refusing it")
+            raise IntegrityError(f"{found[k].name}: its references make a cycle through {ref}; refusing it")
         if ref_key in found:
-            if found[ref_key][1].name != ref:
-                raise IntegrityError(f"{found[k][1].name}: references {ref}, but {ref_key} is "
-                                     f"{found[ref_key][1].name}; refusing it")
+            if found[ref_key].name != ref:
+                raise IntegrityError(f"{found[k].name}: references {ref}, but {ref_key} is "
+                                     f"{found[ref_key].name}; refusing it")
             continue
         stack.append((ref_key, visit(ref_key, ref)))
     return [found[k] for k in order]
@@ -314,24 +315,57 @@ def _unpack(archive: Path, dest: Path, meta: Meta) -> None:
                     max_members=meta.files + UNPACK_EXTRA_MEMBERS, label=meta.archive)
 
 
-def fetch_into_store(store: Store, backend, meta: Meta | MetaV2) -> Path:
-    """Download, check and register one checked object. Caller holds the key's lock."""
-    if isinstance(meta, MetaV2):
-        return fetch_v2_into_store(store, backend, meta)[0]
+def fetch_into_store(store: Store, caches: Caches, meta: Meta | MetaV2) -> tuple[Path, Stats]:
+    """Fetch one checked object from `caches`, check it whole, and install it (Store.install: the
+    rename into store/ and the registration). Caller holds the key's lock, and has found nothing
+    of the key in the store (Store.recover)."""
+    started = time.monotonic()
+    sweep_stale_pulls(store.layout.tmp)  # what pulls killed by SIGKILL left (a build's substitution too)
+    build_id = store.index.start_build(meta.key, meta.name)
+    try:
+        if isinstance(meta, MetaV2):
+            stats = _fetch_v2(store, caches, meta, build_id, started)
+        else:
+            stats = _fetch_v1(store, caches, meta, build_id, started)
+    except BaseException as exc:
+        store.index.fail_build(build_id, time.monotonic() - started, f"{type(exc).__name__}: {exc}")
+        raise
+    seconds = time.monotonic() - started
+    say(f"substituted {meta.name} from the cache (signed by {meta.signer}) in {seconds:.1f}s: fetched "
+        f"{human_size(stats.bytes_fetched)} in {stats.blobs_fetched} blobs, reused {human_size(stats.bytes_reused)} "
+        "from store paths here" + (f", resumed {human_size(stats.bytes_resumed)}" if stats.bytes_resumed else ""))
+    if stats.phases:
+        say("time: " + ", ".join(f"{k} {v:.2f}s" for k, v in stats.phases.items()))
+    return store.layout.path_of(meta.name), stats
+
+
+def _install(store: Store, tree: Path, doc: dict[str, Any], meta: Meta | MetaV2, build_id: int, started: float,
+             stats: Stats) -> None:
+    t0 = time.monotonic()
+    store.install(tree, doc, list(meta.references), build_id=build_id, seconds=round(time.monotonic() - started, 3),
+                  outcome="substituted")
+    stats.phases["register"] = time.monotonic() - t0
+
+
+def _fetch_v1(store: Store, caches: Caches, meta: Meta, build_id: int, started: float) -> Stats:
+    """A monolithic (format 1) object: the archive downloaded (from the first cache that serves
+    it with the signed sha256), unpacked through the store's one extractor, the tree's content
+    hash and manifest compared with the signed ones, then installed."""
     layout = store.layout
-    final = layout.path_of(meta.name)
     scratch = layout.tmp / f"pull-{os.getpid()}-{meta.key}"
     archive = layout.tmp / f"pull-{os.getpid()}-{meta.key}.tar.zst"
-    build_id = store.index.start_build(meta.key, meta.name)
-    started = time.monotonic()
+
+    def download(backend) -> str | None:
+        archive.unlink(missing_ok=True)  # a dead process of the same pid, or a cache passed over, left it
+        digest = backend.download(meta.archive, archive, max_bytes=meta.archive_size)
+        if digest is not None and digest != meta.archive_sha256:
+            raise IntegrityError(f"{meta.archive}: sha256 differs from the signed metadata; refusing it")
+        return digest
+
     try:
         force_rmtree(scratch)
-        archive.unlink(missing_ok=True)  # a dead process of the same pid left it; we hold the key's lock
-        digest = backend.download(meta.archive, archive, max_bytes=meta.archive_size)
-        if digest is None:
+        if caches.first(download) is None:
             raise IntegrityError(f"{meta.archive}: the cache has its metadata but not the archive; refusing it")
-        if digest != meta.archive_sha256:
-            raise IntegrityError(f"{meta.archive}: sha256 differs from the signed metadata; refusing it")
         # From here the archive's bytes are the ones a trusted key signed.
         scratch.mkdir(parents=True)
         _unpack(archive, scratch, meta)
@@ -345,50 +379,50 @@ def fetch_into_store(store: Store, backend, meta: Meta | MetaV2) -> Path:
         if doc.get("content_hash") != meta.content_hash or doc.get("key") != meta.key:
             raise IntegrityError(f"{meta.name}: its manifest does not match the signed metadata; refusing it")
         _check_relocatable(tree, meta.name)
-        os.rename(tree, final)  # atomic, same filesystem: complete or absent
-    except BaseException as exc:
-        store.index.fail_build(build_id, time.monotonic() - started, f"{type(exc).__name__}: {exc}")
-        raise
+        stats = Stats(bytes_fetched=meta.archive_size, blobs_fetched=1, files=meta.files)
+        _install(store, tree, doc, meta, build_id, started, stats)
+        return stats
     finally:
         force_rmtree(scratch)
         archive.unlink(missing_ok=True)
-    store.index.register(row_from_manifest(doc), build_id, round(time.monotonic() - started, 3),
-                         list(meta.references), outcome="substituted")
-    say(f"substituted {meta.name} from the cache (signed by {meta.signer}) in {time.monotonic() - started:.1f}s")
-    return final
 
 
-def fetch_v2_into_store(store: Store, backend, meta: MetaV2) -> tuple[Path, Stats]:
-    """`fetch_into_store` of a content-addressed object (cache/fastpull.py). Caller holds the key's lock."""
+def resume_dir(tmp: Path, key: str) -> Path:
+    """Where a format-2 pull of `key` that failed on the network leaves the files it fetched and
+    checked, for the next pull of the key (taken under the key's lock; swept after RESUME_KEEP_S)."""
+    return tmp / f"resume-{key}"
+
+
+def _fetch_v2(store: Store, caches: Caches, meta: MetaV2, build_id: int, started: float) -> Stats:
+    """A content-addressed (format 2) object, through cache/tree_fetch.py, then installed."""
     layout = store.layout
-    final = layout.path_of(meta.name)
     scratch = layout.tmp / f"pull-{os.getpid()}-{meta.key}"
-    build_id = store.index.start_build(meta.key, meta.name)
-    started = time.monotonic()
+    keep = resume_dir(layout.tmp, meta.key)
     try:
         force_rmtree(scratch)  # a dead process of the same pid left it; we hold the key's lock
         scratch.mkdir(mode=0o700, parents=True)
+        resumed = None
+        if os.path.isdir(keep) and not os.path.islink(keep):
+            # Ours alone from here (the key's lock): out of the sweep's reach, into this pull's scratch.
+            resumed = scratch / "resumed"
+            os.rename(keep, resumed)
         tree = scratch / meta.name
         tree.mkdir(mode=0o755)
         debug.pause("PULL_PAUSE")
-        doc, stats = build_tree(backend, meta, store, tree)
+        try:
+            doc, stats = build_tree(caches, meta, store, tree, resumed)
+        except NetworkError:
+            # Every cache failed on the network: keep what was fetched and checked (each file is
+            # hashed again before the next pull of the key takes it).
+            force_rmtree(keep)
+            os.rename(tree, keep)
+            say(f"kept what was fetched of {meta.name} in {keep}: the next pull of it resumes from there")
+            raise
         _check_relocatable(tree, meta.name)
-        os.rename(tree, final)  # atomic, same filesystem: complete or absent
-    except BaseException as exc:
-        store.index.fail_build(build_id, time.monotonic() - started, f"{type(exc).__name__}: {exc}")
-        raise
+        _install(store, tree, doc, meta, build_id, started, stats)
+        return stats
     finally:
         force_rmtree(scratch)
-    t0 = time.monotonic()
-    store.index.register(row_from_manifest(doc), build_id, round(time.monotonic() - started, 3),
-                         list(meta.references), outcome="substituted")
-    stats.phases["register"] = time.monotonic() - t0
-    seconds = time.monotonic() - started
-    say(f"substituted {meta.name} from the cache (signed by {meta.signer}) in {seconds:.1f}s: fetched "
-        f"{stats.bytes_fetched / 1e6:.1f} MB in {stats.blobs_fetched} blobs, reused {stats.bytes_reused / 1e6:.1f} MB "
-        "from store paths here")
-    say("time: " + ", ".join(f"{k} {v:.2f}s" for k, v in stats.phases.items()))
-    return final, stats
 
 
 @dataclass(frozen=True)
@@ -401,6 +435,7 @@ class PullResult(Result):
     files: int = 0
     seconds: float = 0.0
     phases: dict[str, float] | None = None
+    bytes_resumed: int = 0  # file bytes a pull of the same key that failed had fetched and checked
 
 
 def _local_path(store: Store, key: str) -> Path | None:
@@ -414,67 +449,92 @@ SCRATCH_RE = re.compile(r"pull-([0-9]{1,7})-[0-9a-z]{32}(?:\.tar\.zst)?")  # Lin
 MAX_STALE_SCAN = 100_000
 
 
+RESUME_RE = re.compile(r"resume-[0-9a-z]{32}")
+RESUME_KEEP_S = 24 * 3600
+
+
 def sweep_stale_pulls(tmp: Path) -> None:
-    """Remove what a pull killed by SIGKILL left in ROOT/var/tmp: `pull-<pid>-<key>[.tar.zst]` of
-    a pid that no longer runs."""
+    """Remove what pulls left in ROOT/var/tmp: `pull-<pid>-<key>[.tar.zst]` of a pid that no longer
+    runs (killed by SIGKILL), and `resume-<key>` trees no pull of their key took within
+    RESUME_KEEP_S. (A pull takes a resume tree under its key's lock by renaming it away first; a
+    sweep that loses that race removes nothing of it, or a few files the pull then fetches.)"""
     sweep_dead(tmp, SCRATCH_RE, MAX_STALE_SCAN, "a pull")
+    try:
+        with os.scandir(tmp) as it:
+            cutoff = time.time() - RESUME_KEEP_S
+            old = [e.name for _, e in zip(range(MAX_STALE_SCAN), it)
+                   if RESUME_RE.fullmatch(e.name) and e.stat(follow_symlinks=False).st_mtime < cutoff]
+    except FileNotFoundError:
+        return
+    for name in old:
+        try:
+            force_rmtree(tmp / name)
+        except OSError:
+            pass
 
 
+@recorded("pull")
 def pull(target: str, from_: list[str], trusted: list[str], *, root: str | Path | None = None,
-         lock_timeout: float = locks.BUILD_LOCK_TIMEOUT_S) -> PullResult:
+         lock_timeout: float = locks.BUILD_LOCK_TIMEOUT_S, policy: RetryPolicy | None = None) -> PullResult:
+    """Pull `target` (a key, a store path name or path) and its references from the caches
+    `from_`, asked in order for each object and each blob (cache/caches.py); `policy`: retries,
+    stalls and deadlines (default: from the environment)."""
     started = time.monotonic()
-    backends = [backend_for(u) for u in from_]
+    caches = Caches(from_, policy)
+    caches.check()
     keys = trusted_keys(trusted)
     key, name = _target(target)
     # Every object of the closure is checked before the store is touched.
-    objects = _closure(backends, key, name, keys)
+    objects = _closure(caches, key, name, keys)
     pulled, present = [], []
     total = Stats()
     with Store.open(root, lock_timeout, create=True) as store, raising():  # SIGTERM as ^C: scratch removed, exit 143
         sweep_stale_pulls(store.layout.tmp)
-        for backend, meta in objects:
+        for meta in objects:
             local = _local_path(store, meta.key)
             if local is None:
                 TempRoots(store.layout).add(meta.name, lock_timeout)
                 # The key's lock: from here only this process creates, clears or registers its path.
                 with locks.hold(store.layout.locks, meta.key, f"pulling {meta.name}", lock_timeout):
                     local = _local_path(store, meta.key)
-                    if local is None:
-                        if isinstance(meta, MetaV2):
-                            _, stats = fetch_v2_into_store(store, backend, meta)
-                            total.bytes_fetched += stats.bytes_fetched
-                            total.bytes_reused += stats.bytes_reused
-                            total.files += stats.files
-                            for k, v in stats.phases.items():
-                                total.phases[k] = total.phases.get(k, 0.0) + round(v, 3)
-                        else:
-                            fetch_into_store(store, backend, meta)
-                            total.bytes_fetched += meta.archive_size
-                            total.files += meta.files
+                    if local is None and not store.recover(meta.name):
+                        _, stats = fetch_into_store(store, caches, meta)
+                        total.bytes_fetched += stats.bytes_fetched
+                        total.bytes_reused += stats.bytes_reused
+                        total.bytes_resumed += stats.bytes_resumed
+                        total.files += stats.files
+                        for k, v in stats.phases.items():
+                            total.phases[k] = total.phases.get(k, 0.0) + round(v, 3)
                         pulled.append(meta.name)
                         continue
+                    local = _local_path(store, meta.key)
             present.append(local.name)
         return PullResult(tuple(pulled), tuple(present), str(_local_path(store, key)), total.bytes_fetched,
-                          total.bytes_reused, total.files, round(time.monotonic() - started, 3), total.phases)
+                          total.bytes_reused, total.files, round(time.monotonic() - started, 3), total.phases,
+                          total.bytes_resumed)
 
 
 class CacheSubstituter:
-    """The build layer's `Substituter`: asks each binary cache for the key before a build. A cache
-    that is down, lacks the key or serves something that fails a check is passed over (one line on
-    stderr); the build goes on locally."""
+    """The build layer's `Substituter`: asks the binary caches for the key before a build, each
+    object and blob from every cache in order (cache/caches.py). A cache that is down, lacks the
+    key or serves something that fails a check is passed over (one line on stderr); when no cache
+    serves it, the build layer decides what happens (`substitution`)."""
 
-    def __init__(self, urls: list[str] | tuple[str, ...], trusted: list[str] | tuple[str, ...]):
+    def __init__(self, urls: list[str] | tuple[str, ...], trusted: list[str] | tuple[str, ...],
+                 policy: RetryPolicy | None = None):
         self.urls, self.keys = tuple(urls), trusted_keys(trusted)
+        self.caches = Caches(self.urls, policy)
 
     def substitute(self, store: Store, key: str, name: str) -> bool:
-        for url in self.urls:
-            try:
-                backend = backend_for(url)
-                meta = fetch_meta(backend, key, self.keys, name)
-                if meta is None:
-                    continue
-                fetch_into_store(store, backend, meta)
+        """True once `name` is in the store from a cache (caller holds the key's lock); False when
+        no cache served it (what that means — build, or fail under --substitute-only — is
+        build/builder.py's `substitution`)."""
+        try:
+            meta = self.caches.first(lambda backend: fetch_meta(backend, key, self.keys, name))
+            if meta is not None:
+                fetch_into_store(store, self.caches, meta)
                 return True
-            except StoreError as exc:
-                say(f"cache {url}: {exc}; passing it over")
+        except StoreError as exc:
+            where = getattr(exc, "cache", None) or " ".join(shown(u) for u in self.urls)
+            say(f"cache {where}: {exc}; passing it over")
         return False

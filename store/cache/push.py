@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from llmgw_store.cache.backends import backend_for
+from llmgw_store.cache.backends import RetryPolicy, backend_for
 from llmgw_store.cache.signing import METADATA_MAX_BYTES, load_secret, sign
 from llmgw_store.core import debug, locks
 from llmgw_store.core.errors import IntegrityError, LockTimeout, NotFoundError, UsageError
@@ -43,6 +43,7 @@ from llmgw_store.core.local_store import Store
 from llmgw_store.core.report import say
 from llmgw_store.core.results import Result
 from llmgw_store.core.temproots import TempRoots
+from llmgw_store.core.units import human_size
 
 ZSTD_LEVEL = 3
 THREADS = 8
@@ -110,7 +111,7 @@ def _wait_for_gc(backend, lock_timeout: float) -> None:
     deadline = time.monotonic() + lock_timeout
     while True:
         running = []
-        for item in backend.list("gc"):
+        for item in (i for i in backend.list("gc") if i.regular):
             data = backend.get(item.name, max_bytes=4096)
             try:
                 expires = float(json.loads(data)["expires"]) if data else 0.0
@@ -138,8 +139,8 @@ def _push_v2(store: Store, backend, row: RegisteredPath, secret_key, lock_timeou
 
     import zstandard
 
-    from llmgw_store.cache.fastpull import Progress
     from llmgw_store.cache.objects import FORMAT, Blob, blob_name, digest_of, make_plan, plan_bytes
+    from llmgw_store.cache.tree_fetch import Progress
     from llmgw_store.core import manifest
 
     name, key = row.name, row.key
@@ -213,7 +214,7 @@ def _push_v2(store: Store, backend, row: RegisteredPath, secret_key, lock_timeou
             "references": store.index.references(name),
             "listing": {"size": listing_ref["size"], "csize": listing_ref["csize"]},
             "plan": plan_ref, "manifest": manifest_ref,
-            "blobs_csize": sum(b.csize for b in done) + listing_ref["csize"] + plan_ref["csize"] + manifest_ref["csize"],
+            "blobs_csize": sum(b.csize for b in done) + sum(r["csize"] for r in (listing_ref, plan_ref, manifest_ref)),
         }
         sign(meta, secret_key)
         backend.put(f"{key}.json", canonical_json(meta))  # last: the object now exists
@@ -222,16 +223,38 @@ def _push_v2(store: Store, backend, row: RegisteredPath, secret_key, lock_timeou
     return cost
 
 
+def _renew(backend, key: str, name: str, lock_timeout: float) -> bool:
+    """A push of an object the cache holds already renews it: its metadata is written again (the
+    same bytes), so its time — from which cache gc counts the grace — is now. Under the upload's
+    protocol (the module docstring): a pending marker naming the key, then a wait for any running
+    gc, then a look: so a gc cannot delete the object between the look and the renewal. False when
+    a gc deleted it meanwhile: the caller pushes it whole."""
+    import secrets
+
+    marker = f"pending/{key}-{os.getpid()}-{secrets.token_hex(4)}.json"
+    backend.put(marker, canonical_json({"key": key, "name": name, "time": time.time(), "blobs": []}))
+    try:
+        _wait_for_gc(backend, lock_timeout)
+        current = backend.get(f"{key}.json", max_bytes=METADATA_MAX_BYTES)
+        if current is None:
+            return False
+        backend.put(f"{key}.json", current)
+        return True
+    finally:
+        backend.delete(marker)
+
+
 def push(names: list[str], to: str, secret_key: str, *, root: str | Path | None = None,
-         lock_timeout: float = locks.LOCK_TIMEOUT_S, format: int = 2) -> PushResult:
+         lock_timeout: float = locks.LOCK_TIMEOUT_S, format: int = 2, policy: RetryPolicy | None = None) -> PushResult:
     """Push the registered store paths `names` and their references (recorded at registration),
-    references first. (`llmgw_store.api.push` turns PROFILE, PROFILE@N, keys and paths into names.)"""
+    references first; an object the cache holds already is renewed (`_renew`). (`llmgw_store.api.push`
+    turns PROFILE, PROFILE@N, keys and paths into names.) `policy`: retries, stalls and deadlines."""
     if format not in (1, 2):
         raise UsageError(f"object format {format}: this llmgw-store writes 1 (one archive) or 2 (shared blobs)")
     # Read and checked first: a public key, a missing file or a key of the wrong shape is exit 2
     # even when every object is in the cache already (and nothing would be signed).
     secret = load_secret(secret_key)
-    backend = backend_for(to)
+    backend = backend_for(to, policy)
     pushed, skipped = [], []
     total = {"uploaded": 0, "shared": 0, "blobs": 0}
     t_start = time.monotonic()
@@ -245,7 +268,9 @@ def push(names: list[str], to: str, secret_key: str, *, root: str | Path | None 
             if row is None:
                 raise NotFoundError(f"{name} is not a registered store path in {store.layout.store}")
             key = row.key
-            if backend.get(f"{key}.json", max_bytes=METADATA_MAX_BYTES) is not None:
+            if backend.get(f"{key}.json", max_bytes=METADATA_MAX_BYTES) is not None \
+                    and _renew(backend, key, name, lock_timeout):
+                say(f"{name}: the cache has it already; renewed it (cache gc counts its grace from now)")
                 skipped.append(name)
                 continue
             if format == 2:
@@ -253,8 +278,8 @@ def push(names: list[str], to: str, secret_key: str, *, root: str | Path | None 
                 cost = _push_v2(store, backend, row, secret, lock_timeout)
                 for k in total:
                     total[k] += cost[k]
-                say(f"pushed {name}: {cost['uploaded'] / 1e6:.1f} MB uploaded in {cost['blobs']} blobs, "
-                    f"{cost['shared'] / 1e6:.1f} MB the cache had already, in {time.monotonic() - started:.1f}s")
+                say(f"pushed {name}: {human_size(cost['uploaded'])} uploaded in {cost['blobs']} blobs, "
+                    f"{human_size(cost['shared'])} the cache had already, in {time.monotonic() - started:.1f}s")
                 pushed.append(name)
                 continue
             tree = store.layout.path_of(name)
@@ -274,7 +299,7 @@ def push(names: list[str], to: str, secret_key: str, *, root: str | Path | None 
                 backend.put(f"{key}.json", canonical_json(meta))  # last: the object now exists
             finally:
                 tmp.unlink(missing_ok=True)
-            say(f"pushed {name} ({meta['archive_size'] / 1e6:.1f} MB compressed from {row.size / 1e6:.1f} MB "
+            say(f"pushed {name} ({human_size(meta['archive_size'])} compressed from {human_size(row.size)} "
                      f"in {time.monotonic() - started:.1f}s)")
             total["uploaded"] += meta["archive_size"]
             pushed.append(name)

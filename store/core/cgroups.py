@@ -35,10 +35,12 @@ import os
 import time
 from dataclasses import dataclass, field
 
+from llmgw_store.core import defaults
 from llmgw_store.core.keeper import own_cgroup
 
 ENV = "LLMGW_STORE_CONTAINMENT"
-KINDS = ("auto", "systemd-scope", "cgroup", "subreaper")
+CHOSEN_ENV = "_LLMGW_STORE_CONTAINMENT"  # the CLI's effective `containment` setting (flag > ENV > config file)
+KINDS = defaults.CONTAINMENTS
 PREFIX = "llmgw-store-"
 KILL_WAIT_S = 5.0
 STALE_S = 60.0
@@ -196,7 +198,7 @@ def containment(asked: str | None = None) -> tuple[str, str]:
     global _chosen
     if _chosen is not None:
         return _chosen
-    asked = asked or os.environ.get(ENV, "auto").strip() or "auto"
+    asked = asked or os.environ.get(CHOSEN_ENV) or os.environ.get(ENV, "auto").strip() or "auto"
     if asked not in KINDS:
         asked = "auto"
     notes = []

@@ -98,6 +98,20 @@ class Setting:
 
 
 _REALISING = ("build", "activate", "rollback")
+# How a command talks to binary caches (cache/backends/retry.py; docs/fleet.md "Networks that fail").
+# build, activate and rollback take them for their --substituter caches (cli/spec.py, api.py).
+_CACHE_TALKING = ("push", "pull", "push-roots", "cache gc", *_REALISING)
+_CACHE_NETWORK = (
+    ("attempts", "int", "N", "Attempts per cache request (connect errors, resets, stalls, HTTP 408/429/5xx); "
+                             "default 5."),
+    ("stall", "seconds", "SECONDS", "Seconds a transfer may go without 64 KiB before it is abandoned and retried; "
+                                    "default 30."),
+    ("metadata_timeout", "seconds", "SECONDS", "Seconds an object's metadata may take, retries included, before "
+                                               "the cache is passed over; default 5."),
+    ("deadline", "seconds", "SECONDS", "Seconds after which a request starts no new attempt; default 300."),
+    ("redirects_to", "list", "ORIGIN", "An origin (https://host[:port], or *) an HTTP cache may redirect reads to "
+                                       "besides its own; repeatable (the variable: space-separated)."),
+)
 
 SETTINGS: tuple[Setting, ...] = (
     Setting("root", "path", "--root", None, commands=(GLOBAL,), hit="root", metavar="DIR",
@@ -106,6 +120,13 @@ SETTINGS: tuple[Setting, ...] = (
             choices=defaults.PROGRESS_MODES,
             help="Progress on stderr: auto (a live line on a terminal, else plain), tty, plain (timestamped lines), "
                  "json (one JSON object per line: t, step, done, total, unit), none."),
+    # The group's, so one config line covers every command; the CLI hands it to core/cgroups.py
+    # through its variable, read when the first child starts (cli/output.Context).
+    Setting("containment", "choice", "--containment", "auto", commands=(GLOBAL,), hit="ignored",
+            choices=defaults.CONTAINMENTS,
+            help="How each child (uv, the compiler, a health check) is contained so that it dies with the store "
+                 "process: auto (the first that works), systemd-scope, cgroup (a cgroup v2 per child, killed "
+                 "with cgroup.kill), subreaper (a process group, the fallback)."),
     Setting("index_url", "url", "--index-url", defaults.PYPI_SIMPLE, commands=(*_REALISING, "verify"), hit="key",
             metavar="URL", help="Package index (simple API, PEP 691 JSON; credentials in it reach the index only)."),
     Setting("uv", "path", "--uv", None, commands=(*_REALISING, "verify"), hit="key", metavar="PATH",
@@ -129,6 +150,10 @@ SETTINGS: tuple[Setting, ...] = (
                  "what would need the index says so (exit 1)."),
     Setting("lock_timeout", "seconds", "--lock-timeout", None, commands=("*",), hit="ignored", metavar="SECONDS",
             help="Seconds to wait for a lock; then exit 75 naming the holder."),
+    *(Setting(f"cache.{name}", kind, f"--cache-{name.replace('_', '-')}", () if kind == "list" else None,
+              commands=_CACHE_TALKING,
+              hit="ignored", param=f"cache_{name}", metavar=metavar, help=text)
+      for name, kind, metavar, text in _CACHE_NETWORK),
     Setting("gc.min_free", "size", "--min-free", None, commands=("gc", "systemd-units"), hit="ignored", metavar="SIZE",
             help="Collect only until the filesystem has this much free; nothing if it has."),
     Setting("gc.max_cache", "size", "--max-cache", None, commands=("gc", "systemd-units"), hit="ignored",

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING
 from llmgw_store.core import manifest
 from llmgw_store.core.errors import StoreError
 from llmgw_store.core.report import say
+from llmgw_store.core.units import human_size
 
 if TYPE_CHECKING:
     from llmgw_store.core.layout import Layout
@@ -166,7 +167,7 @@ def _share_all(layout: Layout, tree: Path, entries: list[manifest.Entry], starte
     saved = sum(r[1] for r in results)
     pooled = sum(r[2] for r in results)
     if files or pooled:
-        say(f"shared {files} file(s) with other store paths ({saved / 1e6:.1f} MB not stored twice) "
+        say(f"shared {files} file(s) with other store paths ({human_size(saved)} not stored twice) "
             f"in {time.monotonic() - started:.1f}s")
     return Shared(files, saved, pooled)
 

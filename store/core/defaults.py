@@ -12,6 +12,8 @@ PYTHON_PREFERENCE = "managed"  # the host's interpreter before a download (issue
 
 # --progress / LLMGW_STORE_PROGRESS (core/report.py renders each).
 PROGRESS_MODES = ("auto", "tty", "plain", "json", "none")
+# How each child is contained (core/cgroups.py; docs/operations.md#containment-of-children).
+CONTAINMENTS = ("auto", "systemd-scope", "cgroup", "subreaper")
 
 # How long a command waits for a lock before it exits 75 (core/locks.py): a key is held for a whole
 # build; every other lock only for short critical sections.

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import stat
 
-from llmgw_store.core.errors import UsageError
+from llmgw_store.core.errors import AccessDeniedError, UsageError
 
 PUBLIC_DIR = 0o755
 PRIVATE_DIR = 0o700
@@ -24,13 +24,15 @@ def refuse(path: object, why: str) -> UsageError:
                       "another user may have planted it — check it, then remove it or fix its owner and mode")
 
 
-def own_dir(path: str | os.PathLike, mode: int, parent_fd: int | None, create: bool, fix: bool = True) -> int | None:
+def own_dir(path: str | os.PathLike, mode: int, parent_fd: int | None, create: bool, fix: bool = True,
+            owner: int | None = None) -> int | None:
     """A descriptor on the directory `path` (made with `mode` if missing and `create`, relative to
     `parent_fd`, an already checked directory); None when it is missing and not to be made. The
     descriptor, not the name, is checked, so a link swapped in between the check and a chmod cannot
     redirect it. Lax modes of the owner's own directory (a store made by an older llmgw-store) are
     tightened, never loosened (and only with `fix`); someone else's directory, or one others may
-    write in, is refused."""
+    write in, is refused. `owner`: the uid trusted besides root (default: the running user; a reader
+    that is not the store's owner passes the owner's)."""
     full = os.fspath(path)
     name = os.path.basename(full) if parent_fd is not None else full
     created = False
@@ -47,7 +49,7 @@ def own_dir(path: str | os.PathLike, mode: int, parent_fd: int | None, create: b
             raise
         return None
     except PermissionError as exc:
-        raise UsageError(f"cannot open the store directory {full}: permission denied; "
+        raise AccessDeniedError(f"cannot open the store directory {full}: permission denied; "
                          "run llmgw-store as the user that owns the store") from exc
     except OSError as exc:
         kind = "a symlink" if os.path.islink(full) else "not a directory"
@@ -55,8 +57,10 @@ def own_dir(path: str | os.PathLike, mode: int, parent_fd: int | None, create: b
                      else f"it is {kind}") from exc
     try:
         st = os.fstat(fd)
-        if st.st_uid not in (os.geteuid(), 0):
-            raise refuse(full, f"it is owned by uid {st.st_uid}, not by this user ({os.geteuid()}) or root")
+        trusted = os.geteuid() if owner is None else owner  # a reader trusts the store's owner
+        if st.st_uid not in (trusted, 0):
+            who = "this user" if owner is None else "the store's owner"
+            raise refuse(full, f"it is owned by uid {st.st_uid}, not by {who} ({trusted}) or root")
         if stat.S_IMODE(st.st_mode) & (stat.S_IWGRP | stat.S_IWOTH):
             raise refuse(full, f"other users may write in it (mode {stat.S_IMODE(st.st_mode):o})")
         have = stat.S_IMODE(st.st_mode)

@@ -4,24 +4,35 @@
     ├── UsageError                  exit 2: bad input from the user
     │   ├── RecipeError             a recipe file is malformed (names the file and the field)
     │   ├── NotFoundError           a store path, key or profile that does not exist
+    │   │   └── NoStoreError        the root holds no store yet (a looking command has nothing to do)
+    │   ├── AccessDeniedError       a root or file this user may not use (EACCES, EPERM)
     │   └── UnsafePathError         a directory to write into outside the root is a link or another user's
+    ├── DiskFullError               no space left on the store's filesystem (ENOSPC, EDQUOT, SQLite's full)
+    ├── ReadOnlyError               the filesystem or the index is read-only (EROFS)
     ├── LockTimeout                 exit 75 (EX_TEMPFAIL): a lock could not be had in time
     ├── NetworkError                an index or download could not be reached or answered badly
     │   └── OfflineError            something needed the network under --offline
     ├── NotSubstituted              --substitute-only: no binary cache has the key (nothing built)
     ├── IntegrityError              bytes did not match their published digest
     ├── CommandError                a subprocess (uv, a verify command) failed; carries its output's tail
-    ├── IndexError_                 the SQLite index could not be read or written
-    ├── DiskFullError               the filesystem (or the index's) has no space left (ENOSPC, SQLITE_FULL)
-    └── ReadOnlyError               the filesystem (or the index file) cannot be written (EROFS, SQLITE_READONLY)
+    └── IndexError_                 the SQLite index could not be read or written
 
 Callers catch `StoreError`; the CLI prints `str(err)` on one line and exits with `err.exit_code`.
+An OSError that says why the disk refused (full, read-only, not ours) is translated once, at the
+CLI's boundary (`translated()`), into the typed error naming the file and the next step; any other
+OSError stays a bug (an internal error).
 """
 
 from __future__ import annotations
 
-TYPE_CHECKING = False  # typing is not imported: this module is on the hot path
+import errno
+import os
+from contextlib import contextmanager
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (a hot path loads this module)
+
 if TYPE_CHECKING:
+    from collections.abc import Iterator
     from pathlib import Path
 
 EX_OK = 0
@@ -58,6 +69,35 @@ class NotFoundError(UsageError):
 class UnsafePathError(UsageError):
     """A file the store was asked to write outside its root lies in a directory another user could
     swap it in (a link, another user's, writable by others): nothing was written."""
+
+
+class NoStoreError(NotFoundError):
+    """The root holds no store (nothing was ever built there, or --root has a typo). Commands that
+    only look or collect (list, stats, verify, gc) answer "nothing to do" instead: a timer
+    installed before the first build must not fail every night."""
+
+    def __init__(self, message: str, root: str | Path = ""):
+        self.root = str(root)
+        super().__init__(message)
+
+    def nothing_to(self, what: str) -> str:
+        """The line a command that has nothing to do says instead of failing."""
+        return f"no store at {self.root} yet: nothing to {what}"
+
+
+class AccessDeniedError(UsageError):
+    """The running user may not open or write a file or directory of the store (another user's root)."""
+
+
+class DiskFullError(StoreError):
+    """No space is left where the store writes (ENOSPC, EDQUOT, or SQLite's SQLITE_FULL on the index);
+    the message names the path, and the command changed nothing it had not finished. `gc` still runs
+    on a full disk (its reserve, core/reserve.py): run it to make room."""
+
+
+class ReadOnlyError(StoreError):
+    """The store's filesystem or its index file cannot be written (EROFS, SQLITE_READONLY); the
+    message names the path. Commands that only look (list, info, verify, env, run) still work."""
 
 
 class LockTimeout(StoreError):
@@ -101,19 +141,59 @@ def _last_reason(output: str) -> str:
     lines = [ln.strip() for ln in output.splitlines() if ln.strip()]
     for i in range(len(lines) - 1, -1, -1):
         if lines[i].startswith("error:") or lines[i].startswith("×"):
-            return " ".join(lines[i : i + 4])[:600]
-    return lines[-1][:600] if lines else ""
+            return cut_at_word(" ".join(lines[i : i + 4]), 600)
+    return cut_at_word(lines[-1], 600) if lines else ""
+
+
+def cut_at_word(text: str, limit: int) -> str:
+    """`text` at most `limit` characters, cut at a word boundary with an ellipsis (never mid-word)."""
+    if len(text) <= limit:
+        return text
+    head = text[: limit - 1]
+    space = head.rfind(" ")
+    return (head[:space] if space > limit // 2 else head).rstrip() + "…"
 
 
 class IndexError_(StoreError):
     """The SQLite index could not be opened, migrated, read or written."""
 
 
-class DiskFullError(StoreError):
-    """No space is left where the store writes (ENOSPC, or SQLite's SQLITE_FULL on the index);
-    the message names the path. `gc` needs no new space to delete: run it to make room."""
+# errno values that say the disk refused, not that the program is wrong.
+_FULL = (errno.ENOSPC, errno.EDQUOT)
+_DENIED = (errno.EACCES, errno.EPERM)
 
 
-class ReadOnlyError(StoreError):
-    """The store's filesystem or its index file cannot be written (EROFS, SQLITE_READONLY); the
-    message names the path. Read-only commands (list, info, verify) still work."""
+def _where(exc: OSError) -> str:
+    name = exc.filename if exc.filename is not None else None
+    return f" {os.fsdecode(name)}" if isinstance(name, (str, bytes)) else ""
+
+
+def from_os_error(exc: BaseException) -> StoreError | None:
+    """The typed error for an OSError that says the disk is full, read-only or not this user's,
+    naming the file and the next step; None for anything else (a bug: let it be one)."""
+    if not isinstance(exc, OSError):
+        return None
+    where = _where(exc)
+    if exc.errno in _FULL:
+        return DiskFullError(f"no space left on the filesystem of{where or ' the store'} ({exc.strerror}): "
+                             "free some space and try again (`llmgw-store gc --min-free SIZE` runs on a full disk)")
+    if exc.errno == errno.EROFS:
+        return ReadOnlyError(f"the filesystem of{where or ' the store'} is read-only: remount it read-write, or "
+                             "use only commands that look (list, info, stats, verify, env, run)")
+    if exc.errno in _DENIED:
+        return AccessDeniedError(f"permission denied:{where or ' a file of the store'}: run llmgw-store as the "
+                                 f"user that owns the store (this is uid {os.geteuid()}), or pass another --root")
+    return None
+
+
+@contextmanager
+def translated() -> Iterator[None]:
+    """Turn an OSError that says the disk is full, read-only or not ours into its typed StoreError
+    (from_os_error): the one place the CLI (and the fast path) calls, around each command."""
+    try:
+        yield
+    except OSError as exc:
+        err = from_os_error(exc)
+        if err is None:
+            raise
+        raise err from exc

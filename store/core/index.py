@@ -31,7 +31,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from llmgw_store.core.errors import DiskFullError, IndexError_, LockTimeout, ReadOnlyError, StoreError
+from llmgw_store.core.errors import DiskFullError, IndexError_, LockTimeout, ReadOnlyError, StoreError, from_os_error
 from llmgw_store.core.keys import is_store_name
 from llmgw_store.core.layout import malformed_name
 from llmgw_store.core.report import say
@@ -61,12 +61,25 @@ def _private_db_files(db: Path) -> None:
         except FileNotFoundError:
             continue
         except OSError as exc:
-            raise IndexError_(f"cannot open the index {path}: {exc}; it must be a plain file") from exc
+            raise (from_os_error(exc) or IndexError_(f"cannot open the index {path}: {exc}; it must be a plain file")) from exc
         try:
             if os.fstat(fd).st_mode & 0o077:
                 os.fchmod(fd, DB_MODE)
         finally:
             os.close(fd)
+
+
+def _frozen(db: Path) -> bool:
+    """Whether `db` lies on a read-only filesystem with no WAL content beside it (what an
+    immutable read would miss)."""
+    try:
+        if not os.statvfs(db.parent).f_flag & os.ST_RDONLY:
+            return False
+        return os.stat(f"{db}-wal").st_size == 0
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
 
 
 # --- rows: what the tables hold, typed ----------------------------------------------------------
@@ -238,7 +251,7 @@ def store_error(path: Path, what: str, exc: sqlite3.Error, busy_timeout: float =
 
 class Index:
     def __init__(self, path: Path, store_dir: Path | None = None, busy_timeout: float = BUSY_TIMEOUT_S, *,
-                 readonly: bool = False):
+                 readonly: bool = False, exclusive: bool = False):
         self.path, self.store_dir = path, store_dir
         self.busy_timeout = min(busy_timeout, BUSY_TIMEOUT_S)
         if not readonly:
@@ -250,7 +263,17 @@ class Index:
                 uri = "file:" + urllib.parse.quote(str(path.absolute())) + "?mode=ro"
                 self.conn = sqlite3.connect(uri, uri=True, timeout=self.busy_timeout, isolation_level=None)
                 self.conn.row_factory = sqlite3.Row
-                version = self.conn.execute("PRAGMA user_version").fetchone()[0]
+                try:
+                    version = self.conn.execute("PRAGMA user_version").fetchone()[0]
+                except sqlite3.Error:
+                    if not _frozen(path):
+                        raise
+                    # A read-only filesystem, no WAL to replay: SQLite cannot make the -shm a WAL
+                    # reader needs, and nothing can change the file, so it is read as immutable.
+                    self.conn.close()
+                    self.conn = sqlite3.connect(uri + "&immutable=1", uri=True, isolation_level=None)
+                    self.conn.row_factory = sqlite3.Row
+                    version = self.conn.execute("PRAGMA user_version").fetchone()[0]
                 if version != SCHEMA_VERSION:
                     raise IndexError_(f"{path} has schema version {version}, this llmgw-store reads {SCHEMA_VERSION}; "
                                       "run a command that writes (e.g. `llmgw-store gc --dry-run`) to migrate it")
@@ -259,6 +282,11 @@ class Index:
             # transaction is an explicit BEGIN IMMEDIATE in `transaction`.
             self.conn = sqlite3.connect(str(path), timeout=self.busy_timeout, isolation_level=None)
             self.conn.row_factory = sqlite3.Row
+            if exclusive:
+                # Before the first access: SQLite then keeps the WAL index in heap memory, not in a
+                # -shm file it would have to make and grow, so the index opens on a full disk (gc's
+                # fallback, roots/gc.py). Other connections wait until this one closes.
+                self.conn.execute("PRAGMA locking_mode=EXCLUSIVE")
             self._stamp_epoch()
             self._enable_wal()
             self.conn.execute("PRAGMA synchronous=NORMAL")

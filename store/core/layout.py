@@ -13,6 +13,7 @@
     ROOT/var/trash/                     dead paths gc has renamed out of store/ and is deleting
     ROOT/var/tmp/                       scratch space on the store's filesystem (renames stay atomic)
     ROOT/var/temproots/<pid>            store paths a live process is building or using (gc keeps them)
+    ROOT/var/gc-reserve                 space kept for gc on a full disk (core/reserve.py)
     ROOT/profiles/<p> -> <p>-<N>-link -> ../store/<key>-<name>     generations of a profile
     ROOT/gcroots/<pin> -> ../store/<key>-<name>                    pins
     ROOT/python/                        interpreters uv manages for the store
@@ -106,6 +107,11 @@ class Layout:
         return self.root / "gcroots"
 
     @property
+    def gc_reserve(self) -> Path:
+        """Blocks gc gives back first on a full disk (core/reserve.py)."""
+        return self.var / "gc-reserve"
+
+    @property
     def gc_lock(self) -> Path:
         return self.locks / "gc.lock"
 
@@ -159,6 +165,17 @@ class Layout:
             (self.downloads, PRIVATE_DIR),
         ]
 
+    def check_readable(self) -> None:
+        """Check the directories a reader uses (the root, store/, profiles/, gcroots/, python/),
+        changing nothing, for a user who is not the store's owner (a service running an engine):
+        each must be a real directory owned by the store's owner (the root's) or root, and
+        writable by no one else. The private ones (var/, cache/) are not this user's to open."""
+        try:
+            owner = os.stat(self.root, follow_symlinks=False).st_uid
+        except OSError:
+            owner = os.geteuid()
+        self._walk(create=False, fix=False, public_only=True, owner=owner)
+
     def check(self) -> None:
         """Check every directory of the store that exists, changing nothing (for commands that only
         look): a link, another user's directory or one others may write in is refused all the same."""
@@ -178,7 +195,8 @@ class Layout:
         self._walk(create=False, fix=True)
         self._walk(create=True, fix=True, pool=not wheels, wheels=wheels)
 
-    def _walk(self, *, create: bool, fix: bool, pool: bool = False, wheels: bool = False) -> None:
+    def _walk(self, *, create: bool, fix: bool, pool: bool = False, wheels: bool = False, public_only: bool = False,
+              owner: int | None = None) -> None:
         if create:
             self.root.parent.mkdir(parents=True, exist_ok=True)
         fds: dict[Path, int] = {}
@@ -187,8 +205,10 @@ class Layout:
                 parent = fds.get(path.parent)
                 if parent is None and path != self.root:
                     continue  # its parent is missing: checked once made
+                if public_only and mode != PUBLIC_DIR:
+                    continue
                 on_demand = {self.links_pool: pool, self.wheel_home: wheels}.get(path, True)
-                fd = _own_dir(path, mode, parent, create and on_demand, fix)
+                fd = _own_dir(path, mode, parent, create and on_demand, fix, owner)
                 if fd is not None:
                     fds[path] = fd
             if create:

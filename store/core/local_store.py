@@ -1,16 +1,22 @@
-"""A store on the local disk: its layout and its index, opened together."""
+"""A store on the local disk: its layout and its index, opened together, and `Store.install`, the one
+way a tree becomes a store path (renamed into store/ and registered)."""
 
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from llmgw_store.core import manifest, uses
-from llmgw_store.core.errors import NotFoundError
+from llmgw_store.core import debug, manifest, reserve, uses
+from llmgw_store.core.errors import IntegrityError, NoStoreError, NotFoundError, StoreError
+from llmgw_store.core.fsutil import force_rmtree
 from llmgw_store.core.index import BUSY_TIMEOUT_S, Index, row_from_manifest
 from llmgw_store.core.keys import is_store_name, key_of_name
 from llmgw_store.core.layout import Layout
+from llmgw_store.core.report import say
 
 MAX_REFERENCES = 64
 
@@ -35,8 +41,8 @@ class Store:
         if not readonly and not create and not os.path.isdir(layout.store):
             if os.path.lexists(layout.root):
                 layout.check()
-            raise NotFoundError(f"no store at {layout.root} (no {layout.store}); "
-                                "build something first, or pass the right --root")
+            raise NoStoreError(f"no store at {layout.root} (no {layout.store}); "
+                               "build something first, or pass the right --root", layout.root)
         if readonly:
             if os.path.lexists(layout.root):
                 layout.check()
@@ -44,10 +50,12 @@ class Store:
                 if os.path.isdir(layout.store):
                     raise NotFoundError(f"the index {layout.db} of the store at {layout.root} is missing; run "
                                         "`llmgw-store doctor --rebuild-index` to rebuild it from the store's manifests")
-                raise NotFoundError(f"no store at {layout.root} (no index {layout.db}); "
-                                    "build something first, or pass the right --root")
+                raise NoStoreError(f"no store at {layout.root} (no index {layout.db}); "
+                                   "build something first, or pass the right --root", layout.root)
             return cls(layout, Index(layout.db, layout.store, readonly=True))
         layout.ensure()
+        if create:
+            reserve.keep(layout)  # what fills a disk leaves gc room to empty it (core/reserve.py)
         index = Index(layout.db, layout.store, busy_timeout=lock_timeout)
         # Uses recorded by cache hits as stamps (uses.py) enter last_used before anyone reads it.
         uses.fold(str(layout.root), index)
@@ -62,42 +70,165 @@ class Store:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def adopt(self, name: str, *, rehash: bool = True, busy: frozenset[str] | set[str] = frozenset(),
-              _seen: frozenset[str] = frozenset()) -> str | None:
-        """Register `store/<name>`, a directory the index does not know, from its own manifest
-        (references included) when it is a complete store path (manifest.check_complete); return
-        None once it is registered, else why it is not complete. The index is a cache of the
-        manifests: a path it lost (a deleted or rebuilt index, a crash between rename and
-        registration) is found again, never deleted on the index's word alone.
-        The caller keeps every other writer of `name` away: it holds the key's lock, or the gc lock
-        exclusively with no live temp root naming `name` (nor one of `busy`, the names live temp roots
-        hold: a reference among them is left to the process that is bringing it in)."""
-        if not is_store_name(name):
-            return "its name is not a store path name"
-        env = self.layout.path_of(name)
+    # --- the one way in ---------------------------------------------------------------------------
+
+    def install(self, tree: Path, doc: dict[str, Any], references: Sequence[str], *, build_id: int | None = None,
+                seconds: float = 0.0, outcome: str = "built", replacing: bool = False) -> str:
+        """The one way a tree becomes a store path: renamed into store/, then registered (path row,
+        references and build-log entry in one transaction). Returns "installed"; or "adopted" when
+        store/<name> was there already and complete — left by a process killed between its rename
+        and its registration, or lost by the index — and is registered from its own manifest
+        (`tree` is then removed); or "replaced" (`replacing`, below).
+
+        The caller holds the key's lock (only it creates, clears or registers the key's paths) and
+        has checked `tree` whole: built, frozen and hashed into `doc` (its manifest), or fetched
+        and verified against signed metadata. `tree` lies on the store's filesystem (a `.partial`
+        in store/, or a scratch tree in var/tmp), so the rename is atomic: store/<name> appears
+        complete or not at all. `tree` may be store/<name> itself: a directory found in place,
+        registered as it is (adoption, `adopt`).
+
+        Killed before the rename, only scratch is left (the next build or pull of the key, or gc,
+        removes it); killed between rename and registration, a complete unregistered directory,
+        which the next install of the key, `gc` or `doctor` adopts. A directory in place that is
+        not complete was damaged after its rename and may be in use (a profile of a lost index):
+        it is never removed here (IntegrityError naming it).
+
+        `replacing` (repair): store/<name> is registered and damaged; `tree` (checked to hash to
+        the recorded content hash by the caller) takes its place in one renameat2(RENAME_EXCHANGE),
+        so readers see the old tree or the new one and never a missing path; the old one goes to
+        var/trash and is deleted, and the index records the new content."""
+        name = doc["name"]
+        final = self.layout.path_of(name)
         try:
-            doc = manifest.check_complete(env, name, rehash=rehash)
-        except ValueError as exc:
-            return str(exc)
-        try:
+            if replacing:
+                exchange(Path(tree), final)
+                # `tree` now holds the damaged tree: out of store/ first, then deleted.
+                trash = self.layout.trash / f"{name}.{os.getpid()}.{time.monotonic_ns()}"
+                os.rename(tree, trash)
+                self.index.replace_content(name, doc["content_hash"], doc["size"], doc["files"], build_id, seconds)
+                force_rmtree(trash)
+                return "replaced"
+            how = "installed"
+            if Path(tree) != final:
+                if os.path.lexists(final):
+                    doc, references = self._complete(name)
+                    force_rmtree(tree)
+                    how, outcome = "adopted", "recovered"
+                else:
+                    if self.index.path_by_name(name) is not None:
+                        self.index.forget(name)  # registered, its directory gone: the stale row goes
+                    debug.pause("INSTALL_BEFORE_RENAME")
+                    # Same filesystem: rename(2) is atomic, and the key's lock keeps anyone else
+                    # from creating `final` meanwhile.
+                    os.rename(tree, final)
+                    debug.pause("INSTALL_BEFORE_REGISTER")
             row = row_from_manifest(doc)
+            if build_id is None:
+                self.index.insert_path(row, list(references))
+            else:
+                self.index.register(row, build_id, seconds, list(references), outcome=outcome)
+        except BaseException as exc:
+            if build_id is not None:
+                try:
+                    self.index.fail_build(build_id, seconds, f"{type(exc).__name__}: {exc}")
+                except StoreError:
+                    pass  # the index itself failing: the first error is the one to report
+            raise
+        debug.pause("INSTALL_AFTER_REGISTER")
+        return how
+
+    def _complete(self, name: str, *, rehash: bool = True) -> tuple[dict[str, Any], list[str]]:
+        """(manifest, references) of store/<name> when it is a complete store path
+        (manifest.check_complete); else IntegrityError saying why, and that it is kept."""
+        try:
+            doc, refs = self._found(name, rehash)
+            self._register_references(name, refs, rehash=rehash)
+            return doc, refs
+        except ValueError as exc:
+            raise IntegrityError(
+                f"{name} exists but does not match its manifest (damaged: {exc}); it is kept, since it may "
+                "be in use: remove the profiles and pins that hold it and let `llmgw-store gc` take it, then "
+                "build again") from None
+
+    def _found(self, name: str, rehash: bool) -> tuple[dict[str, Any], list[str]]:
+        if not is_store_name(name):
+            raise ValueError("its name is not a store path name")
+        env = self.layout.path_of(name)
+        doc = manifest.check_complete(env, name, rehash=rehash)
+        try:
+            row_from_manifest(doc)
         except (TypeError, AttributeError):
-            return "its manifest has a field of the wrong type"
+            raise ValueError("its manifest has a field of the wrong type") from None
         refs = doc.get("references")
         if not (isinstance(refs, list) and len(refs) <= MAX_REFERENCES
                 and all(isinstance(r, str) and "/" not in r and key_of_name(r) for r in refs)):
             refs = manifest.references_of(env, self.layout.store)
-        # A path is registered after its references (the index's foreign keys): adopt those the
-        # index lost first. `_seen` ends a cycle of references, which no registration can make.
+        return doc, refs
+
+    def _register_references(self, name: str, refs: Sequence[str], *, rehash: bool,
+                             busy: frozenset[str] | set[str] = frozenset(), seen: frozenset[str] = frozenset()) -> None:
+        """A path is registered after its references (the index's foreign keys): adopt those the
+        index lost first. `seen` ends a cycle of references, which no registration can make; a
+        reference in `busy` (a live temp root names it) is left to the process bringing it in.
+        ValueError when one is not a complete store path."""
         for ref in refs:
             if ref != name and self.index.path_by_name(ref) is None:
                 if ref in busy:
                     why = "another process is bringing it in"
-                elif ref in _seen | {name}:
+                elif ref in seen | {name}:
                     why = "its references make a cycle"
                 else:
-                    why = self.adopt(ref, rehash=rehash, busy=busy, _seen=_seen | {name})
+                    why = self.adopt(ref, rehash=rehash, busy=busy, _seen=seen | {name})
                 if why is not None:
-                    return f"it references {ref}, which is not a complete store path ({why})"
-        self.index.insert_path(row, refs)
+                    raise ValueError(f"it references {ref}, which is not a complete store path ({why})")
+
+    def recover(self, name: str) -> bool:
+        """Before making `name`, under its key's lock: True when store/<name> is there,
+        unregistered, complete (tree rehashed), and now registered from its own manifest; False
+        when there is nothing there; IntegrityError when what is there is damaged (kept)."""
+        if not os.path.lexists(self.layout.path_of(name)):
+            return False
+        doc, refs = self._complete(name)
+        self.install(self.layout.path_of(name), doc, refs)
+        say(f"{name} is complete on disk but was not in the index; registered it again from its manifest")
+        return True
+
+    def adopt(self, name: str, *, rehash: bool = True, busy: frozenset[str] | set[str] = frozenset(),
+              _seen: frozenset[str] = frozenset()) -> str | None:
+        """Register `store/<name>`, a directory the index does not know, from its own manifest
+        (references included, adopted first when the index lost them too) when it is a complete
+        store path (manifest.check_complete); return None once it is registered, else why it is
+        not complete. The index is a cache of the manifests: a path it lost (a deleted or rebuilt
+        index, a crash between rename and registration) is found again, never deleted on the
+        index's word alone.
+        The caller keeps every other writer of `name` away: it holds the key's lock, or the gc lock
+        exclusively with no live temp root naming `name` (nor one of `busy`, the names live temp roots
+        hold: a reference among them is left to the process that is bringing it in)."""
+        try:
+            doc, refs = self._found(name, rehash)
+            self._register_references(name, refs, rehash=rehash, busy=busy, seen=_seen)
+        except ValueError as exc:
+            return str(exc)
+        self.install(self.layout.path_of(name), doc, refs)
         return None
+
+
+def exchange(a: Path, b: Path) -> None:
+    """Swap two directories atomically (Linux renameat2 with RENAME_EXCHANGE). Where the kernel or
+    filesystem cannot, fall back to two renames: `b` is then missing for an instant."""
+    import ctypes
+    import errno
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    fn = getattr(libc, "renameat2", None)
+    if fn is not None:
+        at_fdcwd, rename_exchange = -100, 2
+        if fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+            return
+        err = ctypes.get_errno()
+        if err not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+            raise OSError(err, os.strerror(err), str(a))
+    aside = b.with_name(b.name + ".old")
+    os.rename(b, aside)
+    os.rename(a, b)
+    os.rename(aside, a)

@@ -25,6 +25,7 @@ below) and ends in LockTimeout (exit 75) naming the holder.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import time
@@ -87,11 +88,16 @@ def _hostname() -> str:
 
 def _write_note(owner: Path, what: str) -> None:
     """Replace the note atomically (core/files.write_atomic: a new file renamed over), so a reader
-    sees a whole note or the previous one. No fsync: a note only matters while its writer lives."""
+    sees a whole note or the previous one. No fsync: a note only matters while its writer lives. The
+    note is advisory: on a full disk the lock is held without one (gc must run there)."""
     from llmgw_store.core.files import write_atomic
 
     note = json.dumps({"pid": os.getpid(), "host": _hostname(), "what": what, "since": time.time()})
-    write_atomic(owner, note.encode(), mode=LOCK_MODE, fsync=False)
+    try:
+        write_atomic(owner, note.encode(), mode=LOCK_MODE, fsync=False)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
 
 
 def _acquire(fd: int, path: Path, shared: bool, what: str, timeout: float, default_holder: str) -> bool:

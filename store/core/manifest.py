@@ -268,7 +268,7 @@ def scan(root: Path, writable: list[str] | None = None, *, memo: dict | None = N
     finally:
         digests = big.finish()
         theirs = _helper_results(child) if child is not None else []
-    if child is not None and theirs is None:  # the helper failed: its share is hashed here
+    if theirs is None:  # the helper failed: its share is hashed here
         again = _BigFiles()
         try:
             theirs = _hash_files(regular[1::2], memo, want_xattrs, again, step)

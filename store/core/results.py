@@ -1,5 +1,12 @@
 """What a command's library function returns: a frozen dataclass whose `to_json()` is the command's
-`--json` document. The CLI formats its human text from the same object, so the two never disagree."""
+`--json` document. The CLI formats its human text from the same object, so the two never disagree.
+
+The documents' contract (docs/json.md): every document is a JSON object whose first key a script
+can check is `schema_version` (SCHEMA_VERSION; raised only when a key changes meaning or goes
+away — new keys may appear at any time); keys are machine words (`uv_version`, `kind`/`pid`),
+never prose; sizes are bytes and times ISO 8601 UTC or seconds. A result that nests another
+(a switch's check) nests its `body()`, without a second schema version.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +14,15 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+SCHEMA_VERSION = 1
+
 
 def plain(value: Any) -> Any:
-    """`value` with dataclasses, paths and tuples turned into what json.dumps takes."""
+    """`value` with dataclasses, paths and tuples turned into what json.dumps takes; a nested
+    result (anything with a `body()`) as its body."""
+    body = getattr(value, "body", None)
+    if callable(body) and not isinstance(value, type):
+        return body()
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, dict):
@@ -21,9 +34,23 @@ def plain(value: Any) -> Any:
     return value
 
 
+def fields_of(value: Any) -> dict[str, Any]:
+    """A dataclass's fields, each made plain: the default body of a result."""
+    return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+
+
+def document(body: dict[str, Any]) -> dict[str, Any]:
+    """A `--json` document: `body` with the schema version first."""
+    return {"schema_version": SCHEMA_VERSION, **body}
+
+
 @dataclasses.dataclass(frozen=True)
 class Result:
-    """Base of every command's result."""
+    """Base of every command's result. A subclass whose document is not simply its fields
+    overrides `body()` (always an object: a list goes under a key that names it)."""
 
-    def to_json(self) -> Any:
-        return plain(self)
+    def body(self) -> dict[str, Any]:
+        return fields_of(self)
+
+    def to_json(self) -> dict[str, Any]:
+        return document(self.body())

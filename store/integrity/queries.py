@@ -8,8 +8,10 @@ from pathlib import Path
 from typing import Any
 
 from llmgw_store.core import manifest
+from llmgw_store.core.errors import NoStoreError
 from llmgw_store.core.index import BuildLogEntry, RegisteredPath
 from llmgw_store.core.local_store import Store
+from llmgw_store.core.report import say
 from llmgw_store.core.results import Result, plain
 from llmgw_store.roots.resolve import reference
 
@@ -45,8 +47,8 @@ class PathRow(Result):
 class PathList(Result):
     paths: tuple[PathRow, ...]
 
-    def to_json(self) -> list[dict[str, Any]]:
-        return [p.to_json() for p in self.paths]
+    def body(self) -> dict[str, Any]:
+        return {"paths": [p.body() for p in self.paths]}
 
 
 @dataclass(frozen=True)
@@ -55,12 +57,17 @@ class PathInfo(Result):
     manifest: dict[str, Any] | None
     builds: tuple[BuildLogEntry, ...]
 
-    def to_json(self) -> dict[str, Any]:
-        return {**self.row.to_json(), "manifest": self.manifest, "builds": plain(self.builds)}
+    def body(self) -> dict[str, Any]:
+        return {**self.row.body(), "manifest": self.manifest, "builds": plain(self.builds)}
 
 
 def list_paths(root: str | Path | None = None) -> PathList:
-    with Store.open(root, readonly=True) as store:
+    try:
+        store = Store.open(root, readonly=True)
+    except NoStoreError as exc:
+        say(exc.nothing_to("list"))
+        return PathList(())
+    with store:
         return PathList(tuple(PathRow.of(store, r) for r in store.index.paths()))
 
 

@@ -26,9 +26,11 @@ from typing import Any
 from blake3 import blake3
 
 from llmgw_store.core import locks, manifest
+from llmgw_store.core.errors import NoStoreError
 from llmgw_store.core.fsutil import force_rmtree
 from llmgw_store.core.index import RegisteredPath
 from llmgw_store.core.local_store import Store
+from llmgw_store.core.oplog import recorded
 from llmgw_store.core.report import progress, say
 from llmgw_store.core.results import Result
 from llmgw_store.roots.resolve import reference
@@ -107,6 +109,7 @@ def check_path(store: Store, row: RegisteredPath, memo: dict | None = None) -> d
 
 
 
+@recorded("verify")
 def verify(
     targets: list[str] | None = None,
     *,
@@ -121,7 +124,14 @@ def verify(
     most `lock_timeout` s for each lock (the gc lock to add a temp root, the key's, the index).
     Without `repair` verify only looks: the store is opened read-only. `index_url`: the configured
     index URL, whose credentials (if any) a repair sends to the recorded index when it is that one."""
-    with Store.open(root, lock_timeout, readonly=not repair) as store:
+    try:
+        store = Store.open(root, lock_timeout, readonly=not repair)
+    except NoStoreError as exc:
+        if targets:
+            raise  # a path was named: it is not there
+        say(exc.nothing_to("verify"))
+        return VerifyReport((), 0, ())
+    with store:
         rows = [reference(store, t) for t in targets] if targets else store.index.paths()
         results = []
         memo: dict = {}  # shared inodes hashed in this run (see check_path)

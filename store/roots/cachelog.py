@@ -41,6 +41,7 @@ from pathlib import Path
 from llmgw_store.build import cacheuse
 from llmgw_store.build.cacheuse import uv_cache_lock
 from llmgw_store.core.errors import LockTimeout, StoreError
+from llmgw_store.core.index import CacheUse
 from llmgw_store.core.local_store import Store
 from llmgw_store.core.report import say
 from llmgw_store.core.temproots import read_all
@@ -82,7 +83,7 @@ def cache_cost(store: Store) -> int:
 def uv_entries(store: Store, live: set[str], tidy: bool = True) -> list[Entry]:
     """Every archive of uv's cache; live when a path of `live` recorded it. With `tidy`, records
     of paths neither registered nor live, and malformed records, are dropped."""
-    uses: dict[str, list[dict]] = {}
+    uses: dict[str, list[CacheUse]] = {}
     registered = {r.name for r in store.index.paths()}
     rows = store.index.cache_uses(cacheuse.CACHE)
     # Read after the records: a build that recorded them added its temp root before it started,
@@ -289,7 +290,8 @@ def prune(store: Store, max_cache: int, live: set[str], *, prune_live: bool, dry
         return report
     entries = uv_entries(store, live, tidy=not dry_run) + pyc_entries(store)
     digests: set[str] | None = None
-    dead, alive = [], []
+    dead: list[Entry] = []
+    alive: list[Entry] = []
     for e in sorted(entries, key=lambda e: (e.last_used, e.cache, e.name)):
         (alive if e.live else dead).append(e)
     links = _links_to(store.layout.uv_cache) if not dry_run else {}

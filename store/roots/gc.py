@@ -13,6 +13,12 @@ those reference (an interpreter an environment's pyvenv.cfg names, when that is 
     delete the trash                (slow, and no lock is held: builds go on meanwhile)
     prune caches
 
+On a full disk: gc first deletes the store's reserve (core/reserve.py: space for the index's
+shared memory and journal, and the lock's note) and makes it again when it is done. Without a
+reserve (a disk filled before one existed), the index is opened without shared memory
+(Index(exclusive=True)), and what cannot be recorded before a dead path is deleted is recorded
+after the trash is emptied (`_record_deferred`, under the gc lock).
+
 A crash anywhere leaves either a registered complete path, or an unregistered directory in
 store/, or a tree in the trash (deleted by the next gc). The next gc registers an unregistered
 directory again when its manifest shows it complete (tree rehashed; the index may simply have been
@@ -21,6 +27,7 @@ lost) and judges it like any registered path; one that is not complete is garbag
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import stat
@@ -30,17 +37,18 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from llmgw_store.core import debug
-from llmgw_store.core.errors import IndexError_, UsageError
+from llmgw_store.core import debug, reserve
+from llmgw_store.core.errors import DiskFullError, IndexError_, NoStoreError, UsageError
 from llmgw_store.core.fsutil import free_bytes
-from llmgw_store.core.index import ReferencedError, now_iso
+from llmgw_store.core.index import Index, ReferencedError, now_iso
 from llmgw_store.core.keys import is_store_name
 from llmgw_store.core.layout import Layout
 from llmgw_store.core.local_store import Store
 from llmgw_store.core.locks import LOCK_TIMEOUT_S
 from llmgw_store.core.names import check_profile
+from llmgw_store.core.oplog import recorded
 from llmgw_store.core.report import say
-from llmgw_store.core.results import Result
+from llmgw_store.core.results import Result, fields_of
 from llmgw_store.core.temproots import gc_lock, read_all, remove_stale
 from llmgw_store.core.units import human_size
 from llmgw_store.roots.accounting import Tally, inodes_of, listed_files, on_disk, remove_tree, walk
@@ -83,33 +91,67 @@ def runtime_roots(layout: Layout) -> dict[str, set[str]]:
     return found
 
 
+@dataclass(frozen=True)
+class Root:
+    """One gc root and the store path names it holds directly. `kind` is one of
+    generation (with `profile`, `generation`), pin (with `pin`), temp (builds and activations in
+    flight), process (with `pid`: a running process uses the paths) and uv (the store's pinned uv);
+    the fields a kind does not have are None and left out of its JSON."""
+
+    kind: str
+    paths: tuple[str, ...]
+    profile: str | None = None
+    generation: int | None = None
+    pin: str | None = None
+    pid: int | None = None
+
+    @property
+    def description(self) -> str:
+        """The root in words, for people (`gc --print-roots`)."""
+        return {"generation": f"profile {self.profile} generation {self.generation}", "pin": f"pin {self.pin}",
+                "temp": "temp roots of live processes", "process": f"in use by pid {self.pid}",
+                "uv": "the store's pinned uv"}[self.kind]
+
+    def body(self) -> dict[str, Any]:
+        return {k: v for k, v in fields_of(self).items() if v is not None}
+
+
 _GENERATION_LINK = re.compile(r"(.+)-(\d+)-link")
 
 
-def roots(store: Store, excluded_generations: set[tuple[str, int]] = frozenset(),
-          temp: set[str] | None = None) -> dict[str, list[str]]:
-    """root description -> store path names it holds directly. `temp`: the names live temp roots
+def roots(store: Store, excluded_generations: set[tuple[str, int]] | frozenset[tuple[str, int]] = frozenset(),
+          temp: set[str] | None = None) -> list[Root]:
+    """Every root and the store path names it holds directly. `temp`: the names live temp roots
     hold, when the caller has read them (under the gc lock) already."""
     from llmgw_store.build.uv import UV_VERSION
     from llmgw_store.roots.pins import list_pins
 
     layout = store.layout
-    out: dict[str, list[str]] = {}
-    for entry in os.scandir(layout.profiles) if layout.profiles.is_dir() else []:
+    out: list[Root] = []
+    for entry in sorted(os.scandir(layout.profiles) if layout.profiles.is_dir() else [], key=lambda e: e.name):
         m = _GENERATION_LINK.fullmatch(entry.name)
         if m and entry.is_symlink() and (m.group(1), int(m.group(2))) not in excluded_generations:
-            out[f"profile {m.group(1)} generation {m.group(2)}"] = [os.readlink(entry.path).rpartition("/")[2]]
-    for pin, name in list_pins(layout).items():
-        out[f"pin {pin}"] = [name]
+            out.append(Root("generation", (os.readlink(entry.path).rpartition("/")[2],), profile=m.group(1),
+                            generation=int(m.group(2))))
+    for pin, name in sorted(list_pins(layout).items()):
+        out.append(Root("pin", (name,), pin=pin))
     live = read_all(layout)[0] if temp is None else temp
     if live:
-        out["temp roots of live processes"] = sorted(live)
+        out.append(Root("temp", tuple(sorted(live))))
+    by_pid: dict[int, set[str]] = {}
     for name, pids in runtime_roots(layout).items():
-        out[f"in use by pid {', '.join(sorted(pids, key=int))}"] = [name]
+        for pid in pids:
+            by_pid.setdefault(int(pid), set()).add(name)
+    out += [Root("process", tuple(sorted(names)), pid=pid) for pid, names in sorted(by_pid.items())]
     uv = [r.name for r in store.index.paths() if r.engine == "uv" and r.version == UV_VERSION]
     if uv:
-        out["the store's pinned uv"] = uv
+        out.append(Root("uv", tuple(uv)))
     return out
+
+
+def held_names(found: list[Root]) -> set[str]:
+    """Every store path name the roots hold directly."""
+    return {n for r in found for n in r.paths}
 
 
 @dataclass(frozen=True)
@@ -123,7 +165,7 @@ class GcReport(Result):
     deleted: tuple[dict[str, Any], ...] = ()
     generations_deleted: dict[str, list[int]] = field(default_factory=dict)
     freed: dict[str, int] = field(default_factory=dict)
-    kept: dict[str, list[str]] = field(default_factory=dict)
+    kept: tuple[Root, ...] = ()
     registered: tuple[str, ...] = ()
     seconds: float = 0.0
     free_before: int | None = None
@@ -135,14 +177,15 @@ class GcReport(Result):
 
 @dataclass(frozen=True)
 class Roots(Result):
-    """Each gc root and the store paths it holds (closure included)."""
+    """Each gc root and the store paths it holds (closure included): `gc --print-roots`."""
 
-    roots: dict[str, list[str]]
+    roots: tuple[Root, ...]
 
-    def to_json(self) -> dict[str, list[str]]:
-        return dict(self.roots)
+    def body(self) -> dict[str, Any]:
+        return {"roots": [r.body() for r in self.roots]}
 
 
+@recorded("gc")
 def collect(
     *,
     root: str | Path | None = None,
@@ -163,23 +206,37 @@ def collect(
     filesystem's own free space, re-read after each round of deletion."""
     started = time.monotonic()
     report: dict[str, Any] = {"dry_run": dry_run, "deleted": [], "generations_deleted": {}, "freed": {}, "kept": {},
-                              "kept_by_grace": [], "rounds": 0}
-    with Store.open(root, lock_timeout) as store:
+                              "kept_by_grace": [], "rounds": 0, "deferred": {}}
+    # The reserve's blocks are the store's own: gc gives them back to itself, not to the disk, so
+    # every comparison with --min-free counts them as used (`held`).
+    held = _release_reserve(root) if not dry_run else 0
+    try:
+        store = _open(root, lock_timeout)
+    except NoStoreError as exc:
+        say(exc.nothing_to("collect"))  # a timer installed before the first build: exit 0
+        return _report({**report, "seconds": round(time.monotonic() - started, 3)})
+    with store:
         layout = store.layout
         if not dry_run:
             from llmgw_store.cache.pull import sweep_stale_pulls
 
             sweep_stale_pulls(layout.tmp)  # scratch trees of pulls killed by SIGKILL
-        report["free_before"] = free_bytes(layout.store)
+        report["free_before"] = free_bytes(layout.store) - held
         if min_free is not None and report["free_before"] >= min_free:
             say(f"{human_size(report['free_before'])} free, at least --min-free: nothing to do")
+            if held:
+                reserve.keep(layout)
             report.update(seconds=round(time.monotonic() - started, 3), free_after=report["free_before"])
             return _report(report)
 
         excluded: set[tuple[str, int]] = set()
         if delete_older_than is not None or keep is not None or keep_records is not None:
-            excluded = _prune_generations(store, delete_older_than, keep, dry_run, lock_timeout, report,
-                                          keep_records)
+            try:
+                excluded = _prune_generations(store, delete_older_than, keep, dry_run, lock_timeout, report,
+                                              keep_records)
+            except DiskFullError:
+                say("generations left as they are: the disk is too full to record their deletion "
+                    "(dead store paths are collected first; the next gc prunes them)")
 
         report["freed"].update(store_paths=0, linked_caches=0, stale_files=0)
         # Rounds: each chooses dead paths for what is still missing of the budget (predicted on
@@ -189,7 +246,7 @@ def collect(
         live: set[str] | None = None  # the live closure of the last root read
         while report["rounds"] < limit:
             report["rounds"] += 1
-            budget = _budget(layout, min_free, max_freed, report["freed"]["store_paths"])
+            budget = _budget(layout, min_free, max_freed, report["freed"]["store_paths"], held)
             if budget is not None and budget <= 0:
                 break
             dead, live = _sweep(store, excluded, budget, keep_dead_for, dry_run, lock_timeout, report)
@@ -209,6 +266,7 @@ def collect(
             with gc_lock(layout, shared=False, timeout=lock_timeout):
                 whole = max_cache is not None or pooled is None
                 report["freed"]["store_paths"] += _prune_pool(layout.links_pool, names=None if whole else pooled)
+                _record_deferred(store, report)
             # The wheels only the deleted paths linked: freed with them. Under uv's cache lock, not
             # the gc lock (removing an entry changes no store path; what matters is that no uv
             # process links from it meanwhile), so a build's uv run delays only this step.
@@ -222,7 +280,10 @@ def collect(
             if max_cache is not None or _due(store.index.tool_info("gc", "pyc-prune"), PYC_PRUNE_EVERY_S):
                 with gc_lock(layout, shared=False, timeout=lock_timeout):
                     report["freed"]["linked_caches"] += _prune_stale_pyc(layout.pyc_cache)
-                store.index.remember_tool("gc", "pyc-prune", {"at": time.time()})
+                try:
+                    store.index.remember_tool("gc", "pyc-prune", {"at": time.time()})
+                except DiskFullError:
+                    pass  # a memo: the next gc walks the bytecode cache again
         if max_cache is not None and live is None:
             say("caches left alone: no roots were read (nothing to collect)")
         elif max_cache is not None:
@@ -236,17 +297,70 @@ def collect(
             pruned = prune(store, max_cache, needed, prune_live=prune_live, dry_run=dry_run, timeout=UV_CACHE_TIMEOUT_S)
             report["cache_pruned"] = pruned
             report["freed"]["cache_entries"] = pruned["bytes"]
+        if not dry_run:
+            reserve.keep(layout)  # for the next gc on a full disk (none when this one freed nothing)
         report["seconds"] = round(time.monotonic() - started, 3)
         report["free_after"] = free_bytes(layout.store)
         return _report(report)
 
 
-def _budget(layout: Layout, min_free: int | None, max_freed: int | None, freed: int) -> int | None:
+def _release_reserve(root: str | Path | None) -> int:
+    """Give back the reserve before anything is opened: what follows (the index's shared memory and
+    journal, the lock's note) then has room on a full disk. Only in a store that passes the
+    directory checks (layout.check: nothing is deleted through a planted link). Returns the bytes
+    it gave back."""
+    layout = Layout.at(root)
+    if not os.path.isdir(layout.store):
+        return 0
+    layout.check()
+    return reserve.release(layout)
+
+
+def _open(root: str | Path | None, lock_timeout: float) -> Store:
+    """The store, its index opened as every command opens it; on a disk too full for the index's
+    shared memory, opened without it (Index(exclusive=True): other commands wait for this gc)."""
+    try:
+        return Store.open(root, lock_timeout)
+    except DiskFullError:
+        layout = Layout.at(root)
+        say("the disk is full: the index is opened without shared memory (other commands wait for this gc); "
+            "dead paths are deleted first and recorded after")
+        return Store(layout, Index(layout.db, layout.store, busy_timeout=lock_timeout, exclusive=True))
+
+
+def _record_deferred(store: Store, report: dict[str, Any]) -> None:
+    """What a full disk kept the sweep from recording, now that the trash is emptied: each deleted
+    path forgotten, the roots seen. Called with the gc lock held exclusively: a name a live temp
+    root holds, or one on disk again, belongs to a build of that key that registers it itself."""
+    deferred = report["deferred"]
+    if not deferred:
+        return
+    busy = read_all(store.layout)[0]
+    for name in sorted(deferred.pop("forget", ())):
+        if name in busy or os.path.lexists(store.layout.store / _component(name)):
+            continue
+        try:
+            _forget(store, name)
+        except ReferencedError:
+            say(f"{name} is gone but a registered path references it: `llmgw-store doctor` names it")
+    if "rooted" in deferred:
+        names, at = deferred.pop("rooted")
+        store.index.mark_rooted(names, at)
+
+
+def _forget(store: Store, name: str) -> None:
+    store.index.forget(name)
+    store.index.forget_rooted(name)
+    if name not in store.index.generation_path_names():
+        store.index.forget_cache_uses(name)  # no cold rollback can want its entries
+
+
+def _budget(layout: Layout, min_free: int | None, max_freed: int | None, freed: int, held: int = 0) -> int | None:
     """Bytes still to free: what the filesystem says is missing for `min_free` (read now, not
     predicted), and what is left of `max_freed`; None when neither is asked."""
     budget = None
     if min_free is not None:
-        budget = min_free - free_bytes(layout.store)
+        budget = min_free - (free_bytes(layout.store) - held)
     if max_freed is not None:
         budget = max_freed - freed if budget is None else min(budget, max_freed - freed)
     return budget
@@ -260,12 +374,13 @@ def _sweep(store: Store, excluded, budget, keep_dead_for, dry_run, lock_timeout,
         # From here until the lock is released no process can add a temp root: the roots read
         # below are all the roots there are, and the temp-roots files are read once.
         live_temp, stale = read_all(layout)
+        spared: set[str] = set()
         if first and not dry_run:
-            report["registered"] = _adopt_unregistered(store, live_temp)
-        root_map = roots(store, excluded, temp=live_temp)
-        live = _closure(store, {n for names in root_map.values() for n in names})
+            report["registered"] = _adopt_unregistered(store, live_temp, spared)
+        found = roots(store, excluded, temp=live_temp)
+        live = _closure(store, held_names(found)) | spared
         if first:
-            report["kept"] = {desc: names for desc, names in root_map.items()}
+            report["kept"] = tuple(found)
             if not dry_run:
                 remove_stale(stale)  # each under its own flock: never a live process's file
                 report["freed"]["stale_files"] = len(stale) + _remove_stale_key_locks(layout, live_temp)
@@ -274,26 +389,32 @@ def _sweep(store: Store, excluded, budget, keep_dead_for, dry_run, lock_timeout,
             # The grace period's clock: each path seen rooted now (and each whose generation this
             # gc deleted: rooted until a moment ago) was rooted at `now`.
             just_unrooted = _names_of_generations(layout, excluded)
-            store.index.mark_rooted({n for n in live | just_unrooted if not n.endswith(".partial")}, now_iso())
+            rooted, at = {n for n in live | just_unrooted if not n.endswith(".partial")}, now_iso()
+            try:
+                store.index.mark_rooted(rooted, at)
+            except DiskFullError:
+                report["deferred"]["rooted"] = (rooted, at)  # recorded once the trash is emptied
         # A link in optimise's pool or the wheel home is one gc removes once no path links the file.
         pooled = (inodes_of(layout.links_pool) | wheel_home_inodes(store)) if (budget is not None or dry_run) \
             else frozenset()
         dead = _choose(store, live, budget, checked=not dry_run, keep_dead_for=keep_dead_for, now=now,
                        pooled=pooled, report=report, predict=dry_run or budget is not None)
-        order = {n: i for i, n in enumerate(store.index.referrers_first(item["name"] for item in dead))}
-        for item in sorted(dead, key=lambda item: order[item["name"]]):
+        dead = _referrers_first(store, dead)  # deleted, and reported, in this order
+        for item in dead:
             say(f"{'would delete' if dry_run else 'deleting'} {item['name']} ({human_size(item['size'])}, {item['reason']})")
             if dry_run:
                 continue
             try:
-                store.index.forget(item["name"])
+                _forget(store, item["name"])
             except ReferencedError:  # a kept path (over the budget, in its grace) references it
                 say(f"keeping {item['name']}: a path gc keeps references it")
                 item["kept"] = True
                 continue
-            store.index.forget_rooted(item["name"])
-            if item["name"] not in store.index.generation_path_names():
-                store.index.forget_cache_uses(item["name"])  # no cold rollback can want its entries
+            except DiskFullError:
+                # Deleted first, recorded after (_record_deferred): until then the index names a
+                # path that is gone, which every reader takes as "not in the store". (SQLite checks
+                # the references when the delete runs, before the full disk refuses its commit.)
+                report["deferred"].setdefault("forget", set()).add(item["name"])
             debug.pause("GC_AFTER_FORGET")  # forgotten, still in store/
             src = layout.store / _component(item["name"])
             if os.path.lexists(src):
@@ -302,6 +423,38 @@ def _sweep(store: Store, excluded, budget, keep_dead_for, dry_run, lock_timeout,
         dead = [item for item in dead if not item.get("kept")]
         report["deleted"] += dead
     return dead, live
+
+
+def _referrers_first(store: Store, dead: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`dead` in its order (least recently used first), except that a path comes after every dead
+    path that references it: the index forgets a referrer before what it references."""
+    by_name = {item["name"]: item for item in dead}
+    referrers: dict[str, list[str]] = {}
+    for name in by_name:
+        for ref in store.index.references(name):
+            if ref in by_name and ref != name:
+                referrers.setdefault(ref, []).append(name)
+    ordered: list[dict[str, Any]] = []
+    seen: set[str] = set()
+
+    def place(name: str) -> None:
+        # Iterative depth-first: a reference cycle (which a damaged index could hold) ends the walk.
+        stack = [(name, iter(referrers.get(name, ())))]
+        seen.add(name)
+        while stack:
+            here, pending = stack[-1]
+            nxt = next(pending, None)
+            if nxt is None:
+                stack.pop()
+                ordered.append(by_name[here])
+            elif nxt not in seen:
+                seen.add(nxt)
+                stack.append((nxt, iter(referrers.get(nxt, ()))))
+
+    for item in dead:
+        if item["name"] not in seen:
+            place(item["name"])
+    return ordered
 
 
 def _names_of_generations(layout: Layout, generations: set[tuple[str, int]]) -> set[str]:
@@ -362,9 +515,11 @@ def _pool_names(tree: Path) -> set[str] | None:
 
 
 def _report(report: dict[str, Any]) -> GcReport:
+    report.pop("deferred", None)
     for item in report["deleted"]:
         item.pop("trash", None)
     return GcReport(**{**report, "deleted": tuple(report["deleted"]), "registered": tuple(report.get("registered", ())),
+                       "kept": tuple(report.get("kept", ())),
                        "kept_by_grace": tuple(report.get("kept_by_grace", ()))})
 
 
@@ -375,7 +530,7 @@ def _closure(store: Store, names: set[str]) -> set[str]:
     return live | {n + ".partial" for n in live}
 
 
-def _adopt_unregistered(store: Store, busy: set[str]) -> list[str]:
+def _adopt_unregistered(store: Store, busy: set[str], spared: set[str]) -> list[str]:
     """Register again each complete directory of store/ that the index does not know (Store.adopt,
     tree rehashed), so that it, and what it references, is judged like any registered path: kept
     when a root holds it, collected when none does. Called with the gc lock held exclusively: no
@@ -388,7 +543,14 @@ def _adopt_unregistered(store: Store, busy: set[str]) -> list[str]:
         if (name in known or name in busy or not is_store_name(name)
                 or not entry.is_dir(follow_symlinks=False)):
             continue
-        if store.adopt(name, rehash=True, busy=busy) is None:
+        try:
+            why = store.adopt(name, rehash=True, busy=busy)
+        except DiskFullError:
+            # Not registered, so its references are unknown: kept whole until a gc can record it.
+            say(f"kept {name} for now: complete but not in the index, which the full disk keeps from recording it")
+            spared.add(name)
+            continue
+        if why is None:
             say(f"registered {name} again from its manifest (complete, but not in the index)")
             adopted.append(name)
     return adopted
@@ -639,7 +801,11 @@ def _prune_downloads(layout: Layout) -> int:
 
 def print_roots(*, root: str | Path | None = None, lock_timeout: float = LOCK_TIMEOUT_S) -> Roots:
     """Each root and the store paths it holds (closure included), as gc would see them now."""
-    with Store.open(root, lock_timeout) as store:
-        with gc_lock(store.layout, shared=False, timeout=lock_timeout):
-            return Roots({desc: sorted(n for n in _closure(store, set(names)) if not n.endswith(".partial"))
-                          for desc, names in roots(store).items()})
+    try:
+        store = Store.open(root, lock_timeout)
+    except NoStoreError as exc:
+        say(exc.nothing_to("hold"))
+        return Roots(())
+    with store, gc_lock(store.layout, shared=False, timeout=lock_timeout):
+        return Roots(tuple(dataclasses.replace(r, paths=tuple(sorted(
+            n for n in _closure(store, set(r.paths)) if not n.endswith(".partial")))) for r in roots(store)))

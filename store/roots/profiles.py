@@ -133,8 +133,8 @@ class ProfileList(Result):
 
     profiles: tuple[ProfileSummary, ...]
 
-    def to_json(self) -> list[dict[str, Any]]:
-        return [p.to_json() for p in self.profiles]
+    def body(self) -> dict[str, Any]:
+        return {"profiles": [p.body() for p in self.profiles]}
 
 
 def profile_lock(store: Store, profile: str, timeout: float = locks.LOCK_TIMEOUT_S):

@@ -487,7 +487,8 @@ def _check_activation(act: dict[str, Any]) -> None:
 def load_all(layout: Layout, profile: str, which: list[int] | None = None) -> tuple[dict[int, Record], dict[int, str]]:
     """Every record of the profile (or those numbered `which`, as `numbers` lists them): (number ->
     record, number -> why it was refused). The key is read and profiles/ opened once for all."""
-    good, bad = {}, {}
+    good: dict[int, Record] = {}
+    bad: dict[int, str] = {}
     which = numbers(layout, profile) if which is None else which
     if not which:
         return good, bad

@@ -1,4 +1,8 @@
-"""Running things from a profile: shell lines for its environment, or exec a command in it."""
+"""Running things from a profile: shell lines for its environment, or exec a command in it.
+
+Both work for any user who can read the store, not only its owner (an engine runs as a service
+user): they open the store as a reader (core/diskview.py), write nothing and take no temp root.
+A running engine is kept from gc by its profile and by gc's scan of /proc (roots/gc.py)."""
 
 from __future__ import annotations
 
@@ -6,9 +10,10 @@ import os
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from llmgw_store.core.diskview import open_reader
 from llmgw_store.core.errors import NotFoundError, UsageError
-from llmgw_store.core.local_store import Store
 from llmgw_store.core.results import Result
 from llmgw_store.roots.generations import current_generation
 from llmgw_store.roots.resolve import is_profile, reference
@@ -18,14 +23,14 @@ from llmgw_store.roots.resolve import is_profile, reference
 class EnvLines(Result):
     variables: dict[str, str]
 
-    def to_json(self) -> dict[str, str]:
-        return dict(self.variables)
+    def body(self) -> dict[str, Any]:
+        return {"variables": dict(self.variables)}
 
 
 def env_lines(target: str, *, root: str | Path | None = None) -> EnvLines:
     """Variables for a shell. For a PROFILE: the profile's link, so a new shell follows later
     switches; for PROFILE@N, a store path, its name or key: that store path."""
-    with Store.open(root, readonly=True) as store:
+    with open_reader(root) as store:
         if is_profile(store, target):
             current_generation(store.layout, target)  # a profile link that points at a generation
             env_dir = store.layout.profiles / target
@@ -45,7 +50,7 @@ def exec_in(target: str, argv: list[str], *, root: str | Path | None = None) -> 
     keeps its environment across later switches (and gc sees it through /proc as long as it runs)."""
     if not argv:
         raise UsageError("no command given: llmgw-store run PROFILE -- COMMAND [ARGS...]")
-    with Store.open(root, readonly=True) as store:
+    with open_reader(root) as store:
         env_dir = store.layout.path_of(reference(store, target).name)
         where = f"profile {target}" if is_profile(store, target) else target
     env = dict(os.environ, VIRTUAL_ENV=str(env_dir))

@@ -1,4 +1,4 @@
-"""Pull of a content-addressed (v2) object: only the blobs this node lacks, as one streaming pipeline.
+"""Fetch a content-addressed (format 2) object into a tree: only the blobs this node lacks, as one streaming pipeline.
 
 Order, for one checked object (cache/pull.py has checked its metadata: shape, signature, key):
 1. the listing blob (`blobs/<content_hash>`), read at most to its signed compressed size and
@@ -42,15 +42,17 @@ from typing import Any
 from blake3 import blake3
 
 from llmgw_store.cache.objects import EMPTY, Blob, blob_name, digest_of, parse_listing, parse_plan, read_listing
-from llmgw_store.core import dedupe, files, manifest
+from llmgw_store.core import debug, dedupe, files, manifest
 from llmgw_store.core.errors import IntegrityError, StoreError
 from llmgw_store.core.manifest import MANIFEST_DIR, Entry
 from llmgw_store.core.report import say
+from llmgw_store.core.units import human_size
 
 _local = threading.local()
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 ONE_SHOT = 8 << 20  # blobs up to this size (and every pack) are inflated in one call, checked, then written
-THREADS = int(os.environ.get("LLMGW_STORE_PULL_THREADS", "8"))  # downloads in flight; decoding and writing run in the same workers (zstd and blake3 drop the GIL)
+# Downloads in flight; decoding and writing run in the same workers (zstd and blake3 drop the GIL).
+THREADS = int(os.environ.get("LLMGW_STORE_PULL_THREADS", "8"))
 CHUNK = 1 << 20
 PROGRESS_EVERY = 1.0
 
@@ -83,6 +85,7 @@ class Stats:
     bytes_fetched: int = 0  # compressed bytes downloaded
     bytes_reused: int = 0  # file bytes copied from store paths already here
     bytes_written: int = 0  # file bytes written from downloaded blobs
+    bytes_resumed: int = 0  # file bytes a pull of the same key fetched and checked before it failed
     blobs_fetched: int = 0
     files: int = 0
     phases: dict[str, float] = field(default_factory=dict)
@@ -107,13 +110,14 @@ class Progress:
             self.last = now
             rate = self.done / max(now - self.started, 1e-6)
             eta = (self.total - self.done) / rate if rate > 0 else 0
-            say(f"{self.verb} {self.name}: {self.done / 1e6:.1f}/{self.total / 1e6:.1f} MB, {self.files}/{self.total_files} "
-                f"files, {rate / 1e6:.1f} MB/s, ETA {eta:.0f}s")
+            say(f"{self.verb} {self.name}: {human_size(self.done)}/{human_size(self.total)}, {self.files}/{self.total_files} "
+                f"files, {human_size(rate)}/s, ETA {eta:.0f}s")
 
 
-def _inflate(backend, ref: BlobRef, out: Callable[[bytes], None], label: str) -> int:
+def _inflate(backend, ref: BlobRef, out: Callable[[bytes], None], label: str) -> int | None:
     """Stream blobs/<digest> through zstd into `out`, at most ref.csize bytes in and ref.size out;
-    the number of compressed bytes read. IntegrityError when absent, oversized or not zstd."""
+    the number of compressed bytes read, None when the cache lacks it. IntegrityError when
+    oversized or not zstd."""
     import zstandard
 
     produced = 0
@@ -134,7 +138,7 @@ def _inflate(backend, ref: BlobRef, out: Callable[[bytes], None], label: str) ->
     except zstandard.ZstdError as exc:
         raise IntegrityError(f"{label}: blob {ref.digest[:16]}… is not a zstd stream ({exc}); refusing it") from None
     if n is None:
-        raise IntegrityError(f"{label}: the cache lacks blob {ref.digest}; refusing the object (push it again)")
+        return None
     if produced != ref.size:
         raise IntegrityError(f"{label}: blob {ref.digest[:16]}… holds {produced} bytes, not the {ref.size} signed; "
                              "refusing it")
@@ -152,15 +156,16 @@ def _dctx():
     return dctx
 
 
-def inflate_whole(backend, ref: BlobRef, label: str) -> tuple[bytes, int]:
+def inflate_whole(backend, ref: BlobRef, label: str) -> tuple[bytes, int] | None:
     """(the inflated bytes, the compressed size) of a blob of at most ONE_SHOT or PACK_MAX bytes,
-    in one call: at most ref.csize bytes read, and a frame whose header declares another size than
-    the signed one is refused before anything is inflated (zstd would allocate what it declares)."""
+    in one call, or None when the cache lacks it: at most ref.csize bytes read, and a frame whose
+    header declares another size than the signed one is refused before anything is inflated (zstd
+    would allocate what it declares)."""
     import zstandard
 
     data = backend.get(blob_name(ref.digest), max_bytes=ref.csize)
     if data is None:
-        raise IntegrityError(f"{label}: the cache lacks blob {ref.digest}; refusing the object (push it again)")
+        return None
     try:
         declared = zstandard.frame_content_size(data)
         if declared not in (-1, ref.size):
@@ -178,11 +183,23 @@ def inflate_whole(backend, ref: BlobRef, label: str) -> tuple[bytes, int]:
 
 def fetch_small(backend, ref: BlobRef, label: str) -> bytes:
     """A small blob (listing, plan, manifest) in memory, checked against its signed digest."""
+    data = _fetch_small(backend, ref, label)
+    if data is None:
+        raise _lacking(label, ref.digest)
+    return data
+
+
+def _fetch_small(backend, ref: BlobRef, label: str) -> bytes | None:
     buf = bytearray()
-    _inflate(backend, ref, buf.extend, label)
+    if _inflate(backend, ref, buf.extend, label) is None:
+        return None
     if digest_of(bytes(buf)) != ref.digest:
         raise IntegrityError(f"{label}: blob {ref.digest[:16]}… does not hash to its signed digest; refusing it")
     return bytes(buf)
+
+
+def _lacking(label: str, digest: str) -> IntegrityError:
+    return IntegrityError(f"{label}: the cache lacks blob {digest}; refusing the object (push it again)")
 
 
 class _Writer:
@@ -199,6 +216,7 @@ class _Writer:
                 # Created with its final mode: the fd writes, nobody else can (the partial tree is
                 # in the 0700 var/, and nothing of it is used before the checks end).
                 self.fds.append((os.open(f"{tree}/{e.path}", _CREATE, 0o555 if e.kind == "x" else 0o444), e))
+            self.made = [e for _, e in self.fds]
         except BaseException:
             self.close(check=False)
             raise
@@ -224,10 +242,14 @@ class _Writer:
             self.fds = []
 
     def discard(self, tree: str) -> None:
-        targets = [e for _, e in self.fds]
+        """Close and remove the files made (after a refusal too: the next source starts clean)."""
+        targets = [e for _, e in self.fds] or self.made
         self.close(check=False)
         for e in targets:
-            os.unlink(f"{tree}/{e.path}")
+            try:
+                os.unlink(f"{tree}/{e.path}")
+            except FileNotFoundError:
+                pass
 
 
 def _put(tree: str, targets: list[Entry], data: memoryview) -> None:
@@ -387,16 +409,84 @@ def _structure(tree: str) -> list[tuple[str, str, int, str]]:
     return out
 
 
-def build_tree(backend, meta: MetaV2, store, tree: Path) -> tuple[dict[str, Any], Stats]:
-    """Fill the new directory `tree` with the object's files (steps 1-5 above); its manifest."""
+def _take_resumed(src: str, tree: str, targets: list[Entry], digest: str, size: int) -> bool:
+    """Move `src`, a file a failed pull of this key wrote (and checked) into its own partial tree,
+    to the paths `targets` of this one, once its bytes are shown to be `digest`'s again: the first
+    path takes it by rename, the others as hard links (one immutable inode in one store path).
+    Only a regular file of the store's owner, of the size, with no write, setuid, setgid or sticky
+    bit, executable exactly when the targets are; False (nothing made) otherwise, and the blob is
+    fetched."""
+    kinds = {e.kind for e in targets}
+    if len(kinds) != 1:
+        return False
+    executable = kinds == {"x"}
+    try:
+        fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return False
+    made: list[str] = []
+    try:
+        st = os.fstat(fd)
+        if (not stat.S_ISREG(st.st_mode) or st.st_mode & 0o7222 or bool(st.st_mode & stat.S_IXUSR) != executable
+                or st.st_size != size or st.st_uid != os.geteuid()):
+            return False
+        h = blake3(max_threads=blake3.AUTO) if size >= 8 << 20 else blake3()
+        while chunk := os.read(fd, CHUNK):
+            h.update(chunk)
+        if h.hexdigest() != digest:
+            return False
+        first = f"{tree}/{targets[0].path}"
+        os.rename(src, first)
+        made.append(first)
+        for e in targets[1:]:
+            os.link(first, f"{tree}/{e.path}", follow_symlinks=False)
+            made.append(f"{tree}/{e.path}")
+        got = os.lstat(first)
+        if (got.st_ino, got.st_dev) != (st.st_ino, st.st_dev):  # swapped since it was hashed
+            raise OSError("changed")
+        return True
+    except OSError:
+        for dest in made:
+            os.unlink(dest)
+        return False
+    finally:
+        os.close(fd)
+
+
+def _resumed_sources(resumed: Path | None, targets: dict[str, list[Entry]]) -> dict[str, str]:
+    """digest -> a file of `resumed` (a failed pull's tree of the same object) at one of the
+    digest's paths."""
+    if resumed is None or not os.path.isdir(resumed):
+        return {}
+    root = os.fspath(resumed)
+    found = {}
+    for digest, es in targets.items():
+        for e in es:
+            if os.path.lexists(f"{root}/{e.path}"):
+                found[digest] = f"{root}/{e.path}"
+                break
+    return found
+
+
+def build_tree(caches, meta: MetaV2, store, tree: Path, resumed: Path | None = None) -> tuple[dict[str, Any], Stats]:
+    """Fill the new directory `tree` with the object's files (steps 1-5 above); its manifest.
+    Each blob is asked of every cache of `caches` (cache/caches.py) in order until one serves it
+    whole and checked. `resumed`: the tree a pull of the same key left when it failed on the
+    network; the files in it that still hash right are taken instead of fetched."""
     label = f"{meta.key}.json"
     stats = Stats()
     t0 = time.monotonic()
+
+    def small(ref: BlobRef) -> bytes:
+        data = caches.first(lambda backend: _fetch_small(backend, ref, label))
+        if data is None:
+            raise _lacking(label, ref.digest)
+        return data
+
     # The three are fetched at once (each checked against its signed digest); the plan and the
     # manifest are used only after the listing is checked.
     with ThreadPoolExecutor(3) as pool:
-        listing_f, plan_f, manifest_f = (pool.submit(fetch_small, backend, ref, label)
-                                         for ref in (meta.listing, meta.plan, meta.manifest))
+        listing_f, plan_f, manifest_f = (pool.submit(small, ref) for ref in (meta.listing, meta.plan, meta.manifest))
         listing = listing_f.result()
         if listing and digest_of(listing) != meta.content_hash:
             raise IntegrityError(f"{label}: its listing does not hash to the signed content hash; refusing it")
@@ -420,13 +510,32 @@ def build_tree(backend, meta: MetaV2, store, tree: Path) -> tuple[dict[str, Any]
     progress = Progress(meta.name, meta.size, len(entries))
     stats.phases["mkdir"] = time.monotonic() - t0
 
-    # 3. what this node holds already
-    t0 = time.monotonic()
-    sources = local_sources(store, set(targets))
-    stats.phases["local-scan"] = time.monotonic() - t0
-    t0 = time.monotonic()
     have: set[str] = set()
     lock = threading.Lock()
+
+    # 3a. what a failed pull of this key fetched and checked already
+    t0 = time.monotonic()
+    kept = _resumed_sources(resumed, targets)
+
+    def resume(digest: str) -> None:
+        if _take_resumed(kept[digest], tree_s, targets[digest], digest, sizes[digest]):
+            with lock:
+                have.add(digest)
+                stats.bytes_resumed += sizes[digest] * len(targets[digest])
+            progress.add(sizes[digest], len(targets[digest]))
+
+    if kept:
+        with ThreadPoolExecutor(THREADS) as pool:
+            list(pool.map(resume, kept))
+        say(f"resuming {meta.name}: {len(have)} file(s), {human_size(stats.bytes_resumed)} fetched and checked by "
+            "a pull that did not finish")
+        stats.phases["resume"] = time.monotonic() - t0
+
+    # 3b. what this node holds already
+    t0 = time.monotonic()
+    sources = {d: p for d, p in local_sources(store, set(targets) - have).items() if d not in have}
+    stats.phases["local-scan"] = time.monotonic() - t0
+    t0 = time.monotonic()
 
     def copy(digest: str) -> None:
         if _link_local(sources[digest], tree_s, targets[digest], digest, sizes[digest]):
@@ -449,43 +558,71 @@ def build_tree(backend, meta: MetaV2, store, tree: Path) -> tuple[dict[str, Any]
         list(pool.map(copy, sources))
     stats.phases["local-copy"] = time.monotonic() - t0
 
-    # 4. the blobs still needed
+    # 4. the blobs still needed, each from the first cache that serves it checked
     t0 = time.monotonic()
     needed = [b for b in blobs if not all(m in have for m in b.members)]
 
-    def fetch(blob: Blob) -> None:
+    def fetch_from(backend, blob: Blob) -> tuple[int, int, int] | None:
+        """(compressed bytes read, file bytes written, files made) of `blob` from one cache; None
+        when it lacks the blob. Whatever a refused attempt wrote is removed first, so the next
+        cache starts clean."""
         ref = BlobRef(blob.digest, blob.size, blob.csize)
         if not blob.is_pack and blob.size > ONE_SHOT:
             w = _Writer(tree_s, targets[blob.digest], blob.digest, blob.size, label)
+            written = 0
+
+            def out(data: bytes) -> None:
+                nonlocal written
+                w.write(data)
+                written += len(data)
+                progress.add(len(data))
+
             try:
-                n = _inflate(backend, ref, lambda data: (w.write(data), progress.add(len(data))), label)
-                w.close()
+                n = _inflate(backend, ref, out, label)
+                if n is not None:
+                    w.close()
             except BaseException:
-                w.close(check=False)
+                w.discard(tree_s)
+                progress.add(-written)
                 raise
-            written = blob.size * len(targets[blob.digest])
-            nfiles = len(targets[blob.digest])
-        else:
-            # Checked before written: each file's bytes hash to its digest, then go to its paths.
-            raw, n = inflate_whole(backend, ref, label)
-            view, at, written, nfiles = memoryview(raw), 0, 0, 0
-            for m in blob.members:
-                part = view[at:at + sizes[m]]
-                at += sizes[m]
-                if m in have:
-                    continue
-                if blake3(part).hexdigest() != m:
-                    raise IntegrityError(f"{label}: blob {blob.digest[:16]}… holds bytes that do not hash to "
-                                         f"their signed digest {m[:16]}…; refusing it")
-                _put(tree_s, targets[m], part)  # hashed just above: not again
-                written += sizes[m] * len(targets[m])
-                nfiles += len(targets[m])
-            progress.add(written)
+            if n is None:
+                w.discard(tree_s)
+                return None
+            return n, blob.size * len(targets[blob.digest]), len(targets[blob.digest])
+        # Checked before written: each file's bytes hash to its digest, then go to its paths.
+        got = inflate_whole(backend, ref, label)
+        if got is None:
+            return None
+        raw, n = got
+        view, at, parts = memoryview(raw), 0, []
+        for m in blob.members:
+            part = view[at:at + sizes[m]]
+            at += sizes[m]
+            if m in have:
+                continue
+            if blake3(part).hexdigest() != m:
+                raise IntegrityError(f"{label}: blob {blob.digest[:16]}… holds bytes that do not hash to "
+                                     f"their signed digest {m[:16]}…; refusing it")
+            parts.append((m, part))
+        written = nfiles = 0
+        for m, part in parts:
+            _put(tree_s, targets[m], part)  # hashed just above: not again
+            written += sizes[m] * len(targets[m])
+            nfiles += len(targets[m])
+        progress.add(written)
+        return n, written, nfiles
+
+    def fetch(blob: Blob) -> None:
+        got = caches.first(lambda backend: fetch_from(backend, blob))
+        if got is None:
+            raise _lacking(label, blob.digest)
+        n, written, nfiles = got
         progress.add(0, nfiles)
         with lock:
             stats.bytes_fetched += n
             stats.bytes_written += written
             stats.blobs_fetched += 1
+        debug.pause("PULL_BLOB_WRITTEN")  # tests: a pull killed while its partial tree fills
 
     with ThreadPoolExecutor(THREADS) as pool:
         # Largest first: a big file's stream starts at once and the small ones fill the other workers.

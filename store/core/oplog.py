@@ -1,0 +1,137 @@
+"""When each maintenance operation last succeeded and how often it failed: what `stats
+--prometheus` turns into the metrics an alert needs (a node whose gc stopped running, a verify
+that found damage).
+
+    ROOT/var/ops/<op>.json     {"last_success": t, "last_failure": t, "successes": n, "failures": n,
+                                "damaged": n}   (t: seconds since the epoch; damaged: verify's last count)
+
+`recorded(op)` wraps the library function of `gc`, `verify`, `build` and `pull`. A run that
+returns counts as a success (a verify that finds damage, or a gc dry run, does not: the first is
+a failure, the second is not recorded); one that raises counts as a failure, except a usage error
+(bad input: nothing was attempted), a lock timeout (cron tries again; a gc that never gets the lock
+shows as a stale success time) and a root with no store yet. Each file is updated under its own
+flock (read, change, write in place), so two processes finishing at once both count. Recording
+is best effort: a full, read-only or foreign var/ never turns an operation's outcome into an error.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import functools
+import json
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from llmgw_store.core.buildmemo import open_var, private_dir
+from llmgw_store.core.errors import LockTimeout, UsageError
+from llmgw_store.core.layout import Layout
+
+OPS = ("gc", "verify", "build", "pull")
+FIELDS = ("last_success", "last_failure", "successes", "failures", "damaged")
+MAX_BYTES = 4096
+_QUIET = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOENT, errno.ELOOP,
+          errno.ENOTDIR)
+
+
+def recorded(op: str) -> Callable:
+    """Decorate the library function of `op` (it takes `root=` and maybe `dry_run=`)."""
+    assert op in OPS
+
+    def wrap(fn: Callable) -> Callable:
+        @functools.wraps(fn)
+        def run(*args: Any, **kw: Any) -> Any:
+            root = kw.get("root")
+            try:
+                result = fn(*args, **kw)
+            except (UsageError, LockTimeout):
+                raise
+            except Exception:
+                note(root, op, ok=False)
+                raise
+            if not kw.get("dry_run"):
+                damaged = getattr(result, "damaged", None)
+                note(root, op, ok=not damaged, damaged=None if damaged is None else len(damaged))
+            return result
+
+        return run
+
+    return wrap
+
+
+def _open_dir(layout: Layout) -> int | None:
+    """var/ops/ (made 0700 in the 0700 var/ if missing), checked as the build memo's directory is
+    (never through a link, the running user's, writable by no one else); None if it is not so."""
+    var = open_var(str(layout.root))
+    if var is None:
+        return None
+    try:
+        return private_dir("ops", var, True)
+    except OSError:
+        return None
+    finally:
+        os.close(var)
+
+
+def note(root: str | Path | None, op: str, *, ok: bool, damaged: int | None = None, at: float | None = None) -> None:
+    """Count one outcome of `op` in the store at `root` (best effort)."""
+    layout = Layout.at(root)
+    if not os.path.isdir(layout.store):
+        return
+    d = _open_dir(layout)
+    if d is None:
+        return
+    try:
+        fd = os.open(f"{op}.json", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600,
+                     dir_fd=d)
+    except OSError:
+        os.close(d)
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # held for a read and a write of a few bytes
+        state = _parse(os.pread(fd, MAX_BYTES, 0))
+        now = time.time() if at is None else at
+        key = "successes" if ok else "failures"
+        state[key] = int(state.get(key, 0)) + 1
+        state["last_success" if ok else "last_failure"] = now
+        if damaged is not None:
+            state["damaged"] = damaged
+        data = json.dumps(state, sort_keys=True).encode()
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, data, 0)
+    except OSError as exc:
+        if exc.errno not in _QUIET:
+            raise
+    finally:
+        os.close(fd)
+        os.close(d)
+
+
+def _parse(raw: bytes) -> dict[str, Any]:
+    try:
+        doc = json.loads(raw or b"{}")
+    except ValueError:
+        return {}  # a write cut short: the counters start again (Prometheus sees a counter reset)
+    if not isinstance(doc, dict):
+        return {}
+    return {k: v for k, v in doc.items() if k in FIELDS and isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def read_all(layout: Layout) -> dict[str, dict[str, Any]]:
+    """op -> its record (every field present: timestamps 0 and counts 0 when it never ran)."""
+    out = {}
+    for op in OPS:
+        state: dict[str, Any] = {}
+        try:
+            fd = os.open(layout.var / "ops" / f"{op}.json", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            try:
+                state = _parse(os.read(fd, MAX_BYTES))
+            finally:
+                os.close(fd)
+        except OSError:
+            pass
+        out[op] = {f: state.get(f, 0) for f in FIELDS}
+    return out

@@ -1,0 +1,197 @@
+"""A real web server as the binary cache: docs/fleet.md's nginx configuration, started as written
+(only its paths and port replaced), and a fleet that pushes, pulls, delta-pulls and collects through
+it; writes only with the builder's credential, reads open. Skipped where nginx is not installed
+(`.ci/run` installs Debian's)."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from tests.conftest import run_cli, run_in_env
+from tests.support.delta import delta_wheels, template, world  # noqa: F401  (fixtures)
+
+NGINX = shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx",) if os.path.exists(p)), None)
+pytestmark = pytest.mark.skipif(NGINX is None, reason="nginx is not installed (apt-get install nginx)")
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "fleet.md"
+PASSWORD = "s3cret-builder"
+AUTH = {"LLMGW_STORE_CACHE_AUTH": f"builder-1:{PASSWORD}"}
+
+WRAPPER = """
+worker_processes 1;
+pid {tmp}/nginx.pid;
+{user}
+events {{ worker_connections 256; }}
+http {{
+    access_log {tmp}/access.log;
+    types {{ application/json json; }}
+    default_type application/octet-stream;
+    proxy_temp_path {tmp}/proxy-tmp;
+    fastcgi_temp_path {tmp}/fastcgi-tmp;
+    uwsgi_temp_path {tmp}/uwsgi-tmp;
+    scgi_temp_path {tmp}/scgi-tmp;
+{server}
+}}
+"""
+
+
+def documented_server() -> str:
+    """The one ```nginx block of docs/fleet.md: the configuration users are told to deploy."""
+    blocks = re.findall(r"```nginx\n(.*?)```", DOCS.read_text(), re.S)
+    assert len(blocks) == 1, "docs/fleet.md must hold exactly one nginx configuration"
+    return blocks[0]
+
+
+def _die_with_parent() -> None:
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def start_nginx(tmp_path):
+    started: list[subprocess.Popen] = []
+
+    def start(edit=lambda conf: conf) -> SimpleNamespace:
+        base = tmp_path / f"nginx-{len(started)}"
+        srv = base / "srv"
+        (srv / ".tmp").mkdir(parents=True)
+        (srv / "llmgw").mkdir()
+        htpasswd = base / "builders.htpasswd"
+        htpasswd.write_text(f"builder-1:{{PLAIN}}{PASSWORD}\n")
+        port = _free_port()
+        server = documented_server()
+        for fixed in ("listen 80;", "/srv/llmgw-cache", "/etc/nginx/llmgw-builders.htpasswd"):
+            assert fixed in server, f"the documented configuration no longer says {fixed!r}: update this test"
+        server = (server.replace("listen 80;", f"listen 127.0.0.1:{port};").replace("/srv/llmgw-cache", str(srv))
+                  .replace("/etc/nginx/llmgw-builders.htpasswd", str(htpasswd)))
+        conf = base / "nginx.conf"
+        conf.write_text(WRAPPER.format(tmp=base, user="user root;" if os.geteuid() == 0 else "",
+                                       server=edit(server)))
+        proc = subprocess.Popen([NGINX, "-p", str(base), "-c", str(conf), "-e", str(base / "error.log"),
+                                 "-g", "daemon off;"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                preexec_fn=_die_with_parent)
+        started.append(proc)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    log = (base / "error.log").read_text() if (base / "error.log").exists() else ""
+                    raise AssertionError(f"nginx did not start: {proc.stderr.read().decode()} {log}")
+                time.sleep(0.05)
+        return SimpleNamespace(url=f"http://127.0.0.1:{port}/llmgw", host="127.0.0.1", files=srv / "llmgw")
+
+    yield start
+    for proc in started:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def push(w, name, url, env=None, check=True):
+    proc = run_cli(w["root"], "--json", "push", name, "--to", url, "--secret-key", str(w["keys"] / "builder-1.secret"),
+                   env=env)
+    if check:
+        assert proc.returncode == 0, proc.stderr
+        return json.loads(proc.stdout)
+    return proc
+
+
+def pull(w, name, url, node=None):
+    proc = run_cli(node or w["node"], "--json", "pull", name, "--from", url, "--trusted-key",
+                   str(w["keys"] / "builder-1.public"))
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_a_fleet_pushes_pulls_and_collects_through_the_documented_nginx(world, start_nginx):
+    w, (a, b) = world, world["names"]
+    ngx = start_nginx()
+    first = push(w, a, ngx.url, env=AUTH)
+    assert first["pushed"] == [a] and first["blobs_uploaded"] > 0
+    assert max(p.stat().st_size for p in (ngx.files / "blobs").iterdir()) > 1 << 20  # past nginx's default 1m
+    push(w, b, ngx.url, env=AUTH)
+    got = pull(w, a, ngx.url)  # no credential: reads are open
+    assert got["pulled"] == [a]
+    assert run_in_env(w["node"] / "store" / a, "tinyengine") == "tinyengine 1.0 tinydep 1.0"
+    delta = pull(w, b, ngx.url)
+    assert delta["pulled"] == [b] and delta["bytes_reused"] >= 1 << 20
+    assert delta["bytes_fetched"] < 0.25 * json.loads((ngx.files / f"{b[:32]}.json").read_text())["blobs_csize"]
+    assert run_cli(w["node"], "verify").returncode == 0
+
+    # A push of an object already there renews it: nginx rewrites the file.
+    meta = ngx.files / f"{a[:32]}.json"
+    old = time.time() - 3 * 86400
+    os.utime(meta, (old, old))
+    assert push(w, a, ngx.url, env=AUTH)["already_there"] == [a] and meta.stat().st_mtime > old + 86400
+
+    # cache gc through nginx: the builder's roots hold a; b goes (listing, DELETE), a stays.
+    run_cli(w["root"], "keygen", "node-1", "--out", str(w["keys"]), check=True)
+    run_cli(w["root"], "activate", "app", a, check=True)
+    run_cli(w["root"], "push-roots", "--to", ngx.url, "--secret-key", str(w["keys"] / "node-1.secret"), env=AUTH,
+            check=True)
+    gc = run_cli(w["root"], "--json", "cache", "gc", ngx.url, "--keep-from", str(w["keys"] / "node-1.public"),
+                 "--grace", "0s", env=AUTH)
+    assert gc.returncode == 0, gc.stderr
+    assert json.loads(gc.stdout)["deleted_objects"] == [f"{b[:32]}.json"]
+    assert not (ngx.files / f"{b[:32]}.json").exists() and meta.exists()
+    again = pull(w, a, ngx.url, node=w["tmp"] / "node2")
+    assert again["pulled"] == [a]
+
+
+def test_writes_need_the_builders_credential_and_reads_do_not(world, start_nginx, tmp_path):
+    w, a = world, world["names"][0]
+    ngx = start_nginx()
+    anonymous = push(w, a, ngx.url, check=False)
+    assert anonymous.returncode == 1 and "HTTP 401 (the cache wants credentials for writes" in anonymous.stderr
+    wrong = push(w, a, ngx.url, env={"LLMGW_STORE_CACHE_AUTH": "builder-1:guess"}, check=False)
+    assert wrong.returncode == 1 and "HTTP 401" in wrong.stderr and "guess" not in wrong.stderr
+    assert not any((ngx.files).iterdir())  # nothing was written
+    # a netrc entry for the host works too; one others can read is refused
+    netrc = tmp_path / "netrc"
+    netrc.write_text(f"machine {ngx.host} login builder-1 password {PASSWORD}\n")
+    netrc.chmod(0o644)
+    loose = push(w, a, ngx.url, env={"NETRC": str(netrc)}, check=False)
+    assert loose.returncode == 2 and "must be owned by this user and private to it (chmod 600)" in loose.stderr
+    netrc.chmod(0o600)
+    assert push(w, a, ngx.url, env={"NETRC": str(netrc)})["pushed"] == [a]
+    assert pull(w, a, ngx.url)["pulled"] == [a]
+    gc = run_cli(w["root"], "cache", "gc", ngx.url, "--keep-from", str(w["keys"] / "builder-1.public"),
+                 "--allow-no-roots")
+    assert gc.returncode == 1 and "HTTP 401" in gc.stderr  # a gc writes its marker first: refused, nothing deleted
+    assert (ngx.files / f"{a[:32]}.json").exists()
+
+
+@pytest.mark.parametrize("line, answer", [
+    ("client_max_body_size 0;", "HTTP 413 (the server refuses a body this large: nginx needs client_max_body_size 0)"),
+    ("create_full_put_path on;", "HTTP 500 (nginx answers this to a write without create_full_put_path on)"),
+])
+def test_the_documented_settings_are_the_ones_a_push_needs(world, start_nginx, line, answer):
+    """Without either line the documented server refuses pushes (the old docs lacked both)."""
+    w, a = world, world["names"][0]
+    ngx = start_nginx(edit=lambda conf: conf.replace(line, ""))
+    proc = push(w, a, ngx.url, env={**AUTH, "LLMGW_STORE_CACHE_ATTEMPTS": "2"}, check=False)
+    assert proc.returncode == 1 and answer in proc.stderr.splitlines()[-1], proc.stderr
+    ok = start_nginx()
+    assert push(w, a, ok.url, env=AUTH)["pushed"] == [a]
