@@ -85,10 +85,15 @@ def test_hash_mismatch_is_refused_and_nothing_is_installed(root, recipe, index, 
     err_lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("llmgw-store: error:")]
     assert len(err_lines) == 1 and "uv pip" in err_lines[0] and "hash" in err_lines[0].lower()
     assert "Traceback" not in proc.stderr
-    assert [p.name for p in (root / "store").iterdir()] == []
+    # Nothing but the wheel home, and in it nothing sealed: whatever uv unpacked before it met the
+    # bad wheel is unsealed and unlinked, which the next build seals or gc removes.
+    assert [p.name for p in (root / "store").iterdir()] == [".wheels"]
+    assert list((root / "var" / "wheels").iterdir()) == []
     assert registered(root) == []
     [logged] = build_log(root)
     assert logged["outcome"] == "failed" and "hash" in logged["error"].lower()
+    assert run_cli(root, "gc", check=True).returncode == 0
+    assert list((root / "store" / ".wheels").iterdir()) == []
 
 
 def test_failed_verify_leaves_nothing_and_names_the_log(root, tmp_path, index, uv_bin):
@@ -98,7 +103,7 @@ def test_failed_verify_leaves_nothing_and_names_the_log(root, tmp_path, index, u
     proc = run_cli(root, "build", str(tmp_path / "bad.toml"), "--index-url", index.url, "--uv", str(uv_bin))
     assert proc.returncode == 1
     assert "verify command" in proc.stderr and "exit 3" in proc.stderr and "full output:" in proc.stderr
-    assert list((root / "store").iterdir()) == [] and registered(root) == []
+    assert [p.name for p in (root / "store").iterdir() if p.name != ".wheels"] == [] and registered(root) == []
 
 
 def test_missing_binary_is_a_failed_build(root, tmp_path, index, uv_bin):
@@ -106,7 +111,7 @@ def test_missing_binary_is_a_failed_build(root, tmp_path, index, uv_bin):
     (tmp_path / "nobin.toml").write_text(text)
     proc = run_cli(root, "build", str(tmp_path / "nobin.toml"), "--index-url", index.url, "--uv", str(uv_bin))
     assert proc.returncode == 1 and "no executable bin/nope" in proc.stderr
-    assert list((root / "store").iterdir()) == []
+    assert [p.name for p in (root / "store").iterdir() if p.name != ".wheels"] == []  # the wheel home: see above
 
 
 def test_environment_survives_being_moved_with_the_store(root, recipe, index, uv_bin, tmp_path):

@@ -84,13 +84,13 @@ def test_sigkill_mid_build_leaves_nothing_registered_and_next_build_succeeds(roo
     con = sqlite3.connect(root / "var" / "db.sqlite")
     assert con.execute("SELECT count(*) FROM paths").fetchone()[0] == 0
     assert outcomes(root) == ["running"]
-    assert [p.name for p in (root / "store").iterdir()] == [partials[0].name]
+    assert [p.name for p in (root / "store").iterdir() if p.name != ".wheels"] == [partials[0].name]
 
     doc = build_json(root, recipe, index, uv_bin)
     assert doc["how"] == "built"
     assert outcomes(root) == ["abandoned", "built"]
-    # (.links: the pool the build shares its files through)
-    assert sorted(p.name for p in (root / "store").iterdir()) == [".links", Path(doc["path"]).name]
+    # (.links: the pool the build shares its files through; .wheels: the wheel home it links from)
+    assert sorted(p.name for p in (root / "store").iterdir()) == [".links", ".wheels", Path(doc["path"]).name]
     assert run_in_env(Path(doc["path"]), "tinyengine") == "tinyengine 1.0 tinydep 1.0"
 
 

@@ -35,7 +35,8 @@ def store(template, tmp_path):
 
 
 def on_disk(root: Path) -> set[str]:
-    return {p.name for p in (root / "store").iterdir() if "-uv-" not in p.name and p.name != ".links"}  # .links: the pool
+    # .links: the pool; .wheels: the wheel home
+    return {p.name for p in (root / "store").iterdir() if "-uv-" not in p.name and p.name not in (".links", ".wheels")}
 
 
 def indexed(root: Path) -> set[str]:

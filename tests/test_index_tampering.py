@@ -9,6 +9,7 @@ import shutil
 import sqlite3
 import stat
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -79,6 +80,9 @@ def test_a_malformed_name_never_becomes_a_path(tmp_path):
 
 
 MODULE = f"lib/python{PYTHON}/site-packages/tinyengine/__init__.py"
+# The module's bytecode: a file of each path's own (the module itself is linked from the wheel home,
+# build/wheelhome.py), identical in every path, so what registration and optimise share by the pool.
+PYC = f"lib/python{PYTHON}/site-packages/tinyengine/__pycache__/__init__.{sys.implementation.cache_tag}.pyc"
 AS_OF = "2024-02-02T00:00:00Z"
 
 
@@ -162,41 +166,42 @@ def test_the_pool_is_a_real_public_directory_of_the_store(root, recipe, index, u
 def _two_paths(root: Path, recipe: Path, index, uv_bin: Path) -> tuple[Path, Path]:
     a = Path(build_json(root, recipe, index, uv_bin)["path"])
     b = Path(build_json(root, recipe, index, uv_bin, "--as-of", "2024-06-02")["path"])
-    assert (a / MODULE).read_bytes() == (b / MODULE).read_bytes()
+    assert (a / PYC).read_bytes() == (b / PYC).read_bytes()
     return a, b
 
 
 def _pool_entry(root: Path, env: Path) -> Path:
     from blake3 import blake3
 
-    return root / "store" / ".links" / f"{blake3((env / MODULE).read_bytes()).hexdigest()}-f"
+    return root / "store" / ".links" / f"{blake3((env / PYC).read_bytes()).hexdigest()}-f"
 
 
-@pytest.mark.parametrize("plant", ["setuid_world_writable", "uv_cache_inode"])
+@pytest.mark.parametrize("plant", ["setuid_world_writable", "cache_inode"])
 def test_optimise_never_links_a_planted_pool_entry_into_store_paths(root, recipe, index, uv_bin, plant):
     a = Path(build_json(root, recipe, index, uv_bin)["path"])
     entry = _pool_entry(root, a)
     entry.unlink()  # A's file was pooled when A registered: the plant takes its name
     if plant == "setuid_world_writable":
-        entry.write_bytes((a / MODULE).read_bytes())
+        entry.write_bytes((a / PYC).read_bytes())
         os.chmod(entry, 0o6777)
-    else:  # the right bytes, but the uv cache's (writable) inode
-        hits = [Path(d, f) for d, _, fs in os.walk(root / "cache" / "uv") for f in fs
-                if Path(d, f).as_posix().endswith("tinyengine/__init__.py")]
-        assert hits and hits[0].read_bytes() == (a / MODULE).read_bytes()
+    else:  # the right bytes, but a cache's inode, writable as a cache's files may be
+        hits = [Path(d, f) for d, _, fs in os.walk(root / "cache" / "pyc") for f in fs
+                if Path(d, f).read_bytes() == (a / PYC).read_bytes()]
+        assert hits
+        os.chmod(hits[0], 0o644)
         os.link(hits[0], entry)
     planted = os.stat(entry).st_ino
     # B registers after the plant: sharing at registration must not link it either
     b = Path(build_json(root, recipe, index, uv_bin, "--as-of", "2024-06-02")["path"])
-    assert (a / MODULE).read_bytes() == (b / MODULE).read_bytes()
+    assert (a / PYC).read_bytes() == (b / PYC).read_bytes()
     run_cli(root, "optimise", check=True)
     for env in (a, b):
-        st = os.stat(env / MODULE)
+        st = os.stat(env / PYC)
         assert st.st_ino != planted and not st.st_mode & 0o7222
     assert run_cli(root, "verify").returncode == 0
     # the planted inode left the pool; a store file took its place, and the two paths share it
     assert os.stat(entry).st_ino != planted
-    assert os.stat(a / MODULE).st_ino == os.stat(b / MODULE).st_ino == os.stat(entry).st_ino
+    assert os.stat(a / PYC).st_ino == os.stat(b / PYC).st_ino == os.stat(entry).st_ino
 
 
 ODD_NAMES = ["a\rb", "c\r\nd", "e\x0bf", "g\x0ch", "i\x1cj", "k\x85l", "m\u2028n", "o\u2029p", "q\nr", "s\tt", "u\\v"]
@@ -230,7 +235,7 @@ def test_optimise_skips_a_path_whose_listing_cannot_be_read(root, recipe, index,
     assert r.returncode == 0, r.stderr
     assert f"{a.name}: skipped, its contents listing cannot be read" in r.stderr
     # the other path was still optimised: its files are in the pool
-    assert os.stat(b / MODULE).st_ino == os.stat(_pool_entry(root, b)).st_ino
+    assert os.stat(b / PYC).st_ino == os.stat(_pool_entry(root, b)).st_ino
 
 
 def test_rebuild_index_leaves_out_a_path_tampered_while_the_index_was_lost(root, recipe, index, uv_bin):

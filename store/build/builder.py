@@ -14,10 +14,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
-from llmgw_store.build import bytecode, cacheuse, canonical, indexpins, interpreters, lockfiles
+from llmgw_store.build import bytecode, cacheuse, canonical, indexpins, interpreters, lockfiles, wheelhome
 from llmgw_store.build import recipe as recipes
 from llmgw_store.build import uv as uvmod
-from llmgw_store.build.realise import DEFAULT_LOCK_TIMEOUT_S, realise
+from llmgw_store.build.realise import DEFAULT_LOCK_TIMEOUT_S, HANDOFF, realise
 from llmgw_store.build.recipe import ONE_DAY, Build, Recipe, format_time, parse_time, past_time
 from llmgw_store.core import credentials, debug, defaults, network
 from llmgw_store.core.buildmemo import MAX_RECIPE_BYTES
@@ -199,14 +199,22 @@ def _build(recipe_file: str | Path, options: BuildOptions, root: str | Path | No
         plan = _plan(store, recipe, chosen, options)
         steps["plan"] = round(time.monotonic() - started, 3)
         deadline = Deadline(plan)
-        path, how = realise(
-            store, plan.key, plan.name, plan.inputs, plan.meta,
-            lambda partial: make_env(store, plan, partial, deadline, steps),
-            verify=lambda tree: verify_env(store, plan, tree, deadline),
-            lock_timeout=options.lock_timeout,
-            check=lambda: check_requirements(plan),
-            substitute=substitution(substituter, store, plan.key, plan.name, only=options.substitute_only),
-        )
+        for attempt in (1, 2):
+            try:
+                path, how = realise(
+                    store, plan.key, plan.name, plan.inputs, plan.meta,
+                    lambda partial: make_env(store, plan, partial, deadline, steps),
+                    verify=lambda tree: verify_env(store, plan, tree, deadline),
+                    lock_timeout=options.lock_timeout,
+                    check=lambda: check_requirements(plan),
+                    substitute=substitution(substituter, store, plan.key, plan.name, only=options.substitute_only),
+                )
+                break
+            except wheelhome.DamagedWheel as exc:
+                if attempt == 2:
+                    raise
+                # The damaged entry is out of the wheel home: a second try unpacks that wheel again.
+                say(f"{exc}; building again")
         inputs = plan.inputs
         seconds = round(time.monotonic() - started, 3)
         if how == "built":
@@ -531,16 +539,22 @@ def make_env(store: Store, plan: BuildPlan, partial: Path, deadline: Deadline,
     pinned = lockfiles.pins(lock_text, lock.name)
     _check_engine_version(plan, pinned)
     pins = len(pinned)
-    say(f"installing {pins} pinned package(s) with --require-hashes --no-deps")
-    # Copied, never hardlinked: a store file that shared an inode with the uv cache would let an
-    # edit in place to one environment change the cache and every later build installed from it.
-    # Not `clone` either: uv 0.13 falls back from a failed reflink to a HARDLINK (ext4, tmpfs).
+    # Linked from the wheel home (uv's archive bucket is the store's, see wheelhome.py): the tree
+    # shares inodes only with sealed, checked store files. A private cache (a repair, a check) is
+    # copied from, never linked: it is deleted after the build. Not `clone` either: uv 0.13 falls
+    # back from a failed reflink to a HARDLINK (ext4, tmpfs).
+    linking = plan.uv_cache is None and wheelhome.attach(layout)
+    say(f"installing {pins} pinned package(s) with --require-hashes --no-deps"
+        + (" (linked from the wheel home)" if linking else " (copied)"))
     uv_run(
         ["pip", "install", "--require-hashes", "--no-deps", "-r", lock,
-         "--python", python, "--link-mode", "copy"],  # not --quiet: its lines are the progress detail
+         "--python", python, "--link-mode", "hardlink" if linking else "copy"],  # not --quiet: progress detail
         "uv pip install",
     )
-    cacheuse.record(store, plan.name, partial, plan.uv_cache)  # what gc keeps for repair and cold rollback
+    debug.pause("WHEELS_LINKED")  # uv has linked the wheel home's files into the .partial
+    handoff = wheelhome.adopt(layout, partial) if linking else None
+    # what gc keeps for repair and cold rollback
+    cacheuse.record(store, plan.name, partial, plan.uv_cache, set(handoff.entries) if handoff else None)
     step("install")
     say("compiling bytecode")
     pyc_cache = plan.pyc_cache or layout.pyc_cache
@@ -556,8 +570,10 @@ def make_env(store: Store, plan: BuildPlan, partial: Path, deadline: Deadline,
     binary = partial / "bin" / name
     if not (binary.is_file() and os.access(binary, os.X_OK)):
         raise StoreError(f"the environment has no executable bin/{name} (engine.binary in {plan.origin})")
-    canonical.normalise(partial, parse_time(as_of).timestamp())  # modes and times: not the builder's
+    # modes and times: not the builder's (the wheel home's files are canonical already, and shared)
+    canonical.normalise(partial, parse_time(as_of).timestamp(), keep=handoff.inodes if handoff else frozenset())
     return {
+        **({HANDOFF: handoff} if handoff else {}),
         "requirements": requirements,
         "exclude_newer": as_of,
         "index_url": plan.index_url,

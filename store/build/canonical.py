@@ -34,22 +34,26 @@ def canonical_mode(st_mode: int) -> int | None:
     return None
 
 
-def normalise(tree: Path, mtime: float) -> int:
+def normalise(tree: Path, mtime: float, keep: set[tuple[int, int]] | frozenset = frozenset()) -> int:
     """Give every entry under `tree` (and `tree`) its canonical mode and the time `mtime`; return
     how many entries were visited. Directories are done after what they hold (their time would
-    otherwise move again as their entries change)."""
+    otherwise move again as their entries change). The inodes in `keep` (st_dev, st_ino) are left
+    as they are: files linked from the wheel home, canonical already (frozen, time 1) and shared
+    with other store paths, whose metadata no build may change (build/wheelhome.py)."""
     times = (mtime, mtime)
     count = 0
     for dirpath, dirnames, filenames in os.walk(tree, topdown=False):
         for name in filenames + dirnames:
-            _one(os.path.join(dirpath, name), times)
+            _one(os.path.join(dirpath, name), times, keep)
             count += 1
-    _one(os.fspath(tree), times)
+    _one(os.fspath(tree), times, keep)
     return count + 1
 
 
-def _one(path: str, times: tuple[float, float]) -> None:
+def _one(path: str, times: tuple[float, float], keep: set[tuple[int, int]] | frozenset = frozenset()) -> None:
     st = os.lstat(path)
+    if keep and (st.st_dev, st.st_ino) in keep:
+        return
     mode = canonical_mode(st.st_mode)
     if mode is not None and stat.S_IMODE(st.st_mode) != mode:
         os.chmod(path, mode)

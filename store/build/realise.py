@@ -40,6 +40,11 @@ if TYPE_CHECKING:
     from llmgw_store.core.local_store import Store
 
 DEFAULT_LOCK_TIMEOUT_S = locks.BUILD_LOCK_TIMEOUT_S
+# A key `make` may return beside the manifest's fields: what the install step knows of the tree it
+# made (build/wheelhome.Handoff): `memo`, digests of files it has just hashed (manifest.scan's
+# memo: nothing is hashed twice), and `check(listing)`, run on the tree's listing before anything
+# is written (it raises if a file linked from the wheel home does not hash to its seal's digest).
+HANDOFF = "handoff"
 
 
 def realise(
@@ -199,13 +204,14 @@ def _produce(store: "Store", key, name, inputs, meta, make, verify, build_id: in
     try:
         partial.mkdir()
         extra = make(partial)
+        handoff = extra.pop(HANDOFF, None)
         # Frozen before verify: the environment must work read-only, as it will in the store, and
         # nothing verify runs can change the bytes being hashed meanwhile. .llmgw/ stays writable
         # until the manifest is in.
         meta_dir = partial / manifest.MANIFEST_DIR
         meta_dir.mkdir(exist_ok=True)
         freeze(partial, keep_writable=meta_dir)
-        entries = _scan_while(verify, partial)
+        entries = _scan_while(verify, partial, handoff)
         manifest.write_contents(partial, entries)
         doc = {
             **meta,
@@ -229,13 +235,24 @@ def _produce(store: "Store", key, name, inputs, meta, make, verify, build_id: in
         raise
 
 
-def _scan_while(verify: Callable[[Path], None] | None, tree: Path) -> list:
-    """Hash `tree` in a thread while `verify` runs (a subprocess, mostly waiting): the two overlap."""
+def _scan_while(verify: Callable[[Path], None] | None, tree: Path, handoff: Any = None) -> list:
+    """Hash `tree` in a thread while `verify` runs (a subprocess, mostly waiting): the two overlap.
+    With the install step's `handoff` (HANDOFF), its memo spares the scan what it hashed, and its
+    check runs on the listing — also when `verify` failed: a file linked from the wheel home that
+    changed since it was sealed explains the failure, and is what the build must say (and retry)."""
     from concurrent.futures import ThreadPoolExecutor
 
     say("hashing the tree" + (" while verifying" if verify else ""))
     with ThreadPoolExecutor(max_workers=1) as pool:
-        hashed = pool.submit(manifest.scan, tree)
-        if verify is not None:
-            verify(tree)
-        return hashed.result()
+        hashed = pool.submit(manifest.scan, tree, memo=handoff.memo if handoff is not None else None)
+        try:
+            if verify is not None:
+                verify(tree)
+        except Exception:
+            if handoff is not None:
+                handoff.check(hashed.result())
+            raise
+        entries = hashed.result()
+    if handoff is not None:
+        handoff.check(entries)
+    return entries

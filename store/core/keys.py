@@ -32,17 +32,11 @@ def canonical_json(value: Any) -> bytes:
 
 
 def nix_base32(digest: bytes) -> str:
-    """Nix's printHash32: 5-bit groups taken from the end of the digest, least significant first."""
+    """Nix's printHash32: 5-bit groups taken from the end of the digest, least significant first
+    (group n is bits 5n..5n+4 of the digest read as one little-endian number)."""
     length = (len(digest) * 8 - 1) // 5 + 1
-    out = []
-    for n in range(length - 1, -1, -1):
-        b = n * 5
-        i, j = divmod(b, 8)
-        c = digest[i] >> j
-        if i + 1 < len(digest):
-            c |= digest[i + 1] << (8 - j)
-        out.append(NIX_BASE32[c & 0x1F])
-    return "".join(out)
+    number = int.from_bytes(digest, "little")
+    return "".join([NIX_BASE32[(number >> (5 * n)) & 0x1F] for n in range(length - 1, -1, -1)])
 
 
 def store_key(inputs: dict[str, Any]) -> str:

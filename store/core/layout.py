@@ -3,6 +3,9 @@
     ROOT/store/<key>-<name>/            immutable environments (read-only once renamed into place)
     ROOT/store/<key>-<name>.partial/    a build in progress; only the holder of the key's lock touches it
     ROOT/store/.links/                  optimise's pool: one link per distinct file content (0755)
+    ROOT/store/.wheels/<id>/            the wheel home: unpacked wheels environments link from (0755,
+                                        uv's archive bucket: cache/uv/archive-v0 links here; build/wheelhome.py)
+    ROOT/var/wheels/<id>                what each sealed wheel home entry holds (its checked listing)
     ROOT/var/db.sqlite                  the index (WAL)
     ROOT/var/locks/                     one lock file per key (+ an .owner note saying who holds it,
                                         and a .pgids record of the holder's children, see procs.py)
@@ -118,6 +121,16 @@ class Layout:
         return self.store / ".links"
 
     @property
+    def wheel_home(self) -> Path:
+        """The wheel home: unpacked wheels, sealed, that environments hard-link (build/wheelhome.py)."""
+        return self.store / ".wheels"
+
+    @property
+    def wheel_seals(self) -> Path:
+        """One record per sealed wheel home entry: the listing it was checked to hold."""
+        return self.var / "wheels"
+
+    @property
     def python_installs(self) -> Path:
         return self.root / "python"
 
@@ -142,10 +155,11 @@ class Layout:
         """Every directory the store writes and its mode, parents before children."""
         cache = self.root / "cache"
         return [
-            (self.root, PUBLIC_DIR), (self.store, PUBLIC_DIR), (self.links_pool, PUBLIC_DIR), (self.profiles, PUBLIC_DIR),
+            (self.root, PUBLIC_DIR), (self.store, PUBLIC_DIR), (self.links_pool, PUBLIC_DIR), (self.wheel_home, PUBLIC_DIR),
+            (self.profiles, PUBLIC_DIR),
             (self.gcroots, PUBLIC_DIR), (self.python_installs, PUBLIC_DIR),
             (self.var, PRIVATE_DIR), (self.locks, PRIVATE_DIR), (self.temproots, PRIVATE_DIR),
-            (self.tmp, PRIVATE_DIR), (self.trash, PRIVATE_DIR), (self.logs, PRIVATE_DIR),
+            (self.tmp, PRIVATE_DIR), (self.trash, PRIVATE_DIR), (self.logs, PRIVATE_DIR), (self.wheel_seals, PRIVATE_DIR),
             # uv takes its cache lock in cache/uv: only the owner may open it.
             (cache, PRIVATE_DIR), (self.uv_cache, PRIVATE_DIR), (self.pyc_cache, PRIVATE_DIR),
             (self.downloads, PRIVATE_DIR),
@@ -170,16 +184,18 @@ class Layout:
     def ensure(self) -> None:
         """Check every directory the store writes, then make the missing ones (see the module's
         docstring): a refusal comes before anything is created. The pool is checked when it
-        exists, made only by `ensure_pool` (store/ holds nothing else until something is built)."""
+        exists, made only by `ensure_pool` (store/ holds nothing else until something is built); so is
+        the wheel home, made by `ensure_pool(wheels=True)`."""
         self._walk(create=False, fix=True)
         self._walk(create=True, fix=True)
 
-    def ensure_pool(self) -> None:
-        """`ensure`, and make optimise's pool store/.links too."""
+    def ensure_pool(self, wheels: bool = False) -> None:
+        """`ensure`, and make optimise's pool store/.links too (with `wheels`, the wheel home
+        store/.wheels instead)."""
         self._walk(create=False, fix=True)
-        self._walk(create=True, fix=True, pool=True)
+        self._walk(create=True, fix=True, pool=not wheels, wheels=wheels)
 
-    def _walk(self, *, create: bool, fix: bool, pool: bool = False, public_only: bool = False,
+    def _walk(self, *, create: bool, fix: bool, pool: bool = False, wheels: bool = False, public_only: bool = False,
               owner: int | None = None) -> None:
         if create:
             self.root.parent.mkdir(parents=True, exist_ok=True)
@@ -191,7 +207,8 @@ class Layout:
                     continue  # its parent is missing: checked once made
                 if public_only and mode != PUBLIC_DIR:
                     continue
-                fd = _own_dir(path, mode, parent, create and (pool or path != self.links_pool), fix, owner)
+                on_demand = {self.links_pool: pool, self.wheel_home: wheels}.get(path, True)
+                fd = _own_dir(path, mode, parent, create and on_demand, fix, owner)
                 if fd is not None:
                     fds[path] = fd
             if create:

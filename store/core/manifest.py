@@ -38,7 +38,7 @@ CONTENTS = f"{MANIFEST_DIR}/contents"
 _EXCLUDED = {MANIFEST, CONTENTS}
 CHUNK = 1 << 20
 MMAP_MIN = 1 << 20  # files from this size up are hashed through mmap with blake3's threads
-THREADS = min(8, (os.cpu_count() or 1) * 2)
+THREADS = min(2, os.cpu_count() or 1)  # large files hashed at once, each with blake3's own threads
 # Every file hashed is opened so: never through a link, never waiting on a FIFO.
 _OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _WRITE = stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH
@@ -87,27 +87,29 @@ def _mappable(st: os.stat_result) -> bool:
     return st.st_uid in (0, os.geteuid()) and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
 
 
-def digest_fd(fd: int, st: os.stat_result) -> str:
+def digest_fd(fd: int, st: os.stat_result, threads: bool = True) -> str:
     """blake3 of the open regular file `fd` (`st` its fstat): a small file in one read, a large one
     through mmap with blake3's own threads (no Python loop over chunks; the GIL is released while
-    hashing, so the pool's other threads go on)."""
+    hashing, so the pool's other threads go on). `threads=False`: one thread (a forked process,
+    where blake3's thread pool must not be used)."""
     size = st.st_size
+    auto = blake3.AUTO if threads else 1
     if size < MMAP_MIN:
         data = os.read(fd, size + 1)
         if len(data) == size:
             return blake3(data).hexdigest()
         h = blake3(data)  # a short read, or it grew since fstat: hash the rest too
     elif _mappable(st):
-        h = blake3(max_threads=blake3.AUTO)
+        h = blake3(max_threads=auto)
         try:
             with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as m:
                 h.update(m)
             return h.hexdigest()
         except (OSError, ValueError):  # a filesystem without mmap: read it instead
-            h = blake3(max_threads=blake3.AUTO)
+            h = blake3(max_threads=auto)
             os.lseek(fd, 0, os.SEEK_SET)
     else:
-        h = blake3(max_threads=blake3.AUTO)
+        h = blake3(max_threads=auto)
     while chunk := os.read(fd, CHUNK):
         h.update(chunk)
     return h.hexdigest()
@@ -123,202 +125,318 @@ def file_digest(path: str | Path) -> str:
         os.close(fd)
 
 
-def _digest_batch(paths: list[str]) -> list[str | OSError]:
-    """Digests of a batch of files (one pool task for many small files: a task per file costs more
-    than hashing it), each opened as `file_digest` opens it. An OSError is returned in its place,
-    for the caller to raise in order. The small-file case is written out here: it is most files."""
-    out: list[str | OSError] = []
-    append = out.append
-    for p in paths:
-        try:
-            fd = os.open(p, _OPEN_FLAGS)
-        except OSError as exc:
-            append(exc)
-            continue
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                append(OSError(errno.EINVAL, "not a regular file", p))
-                continue
-            size = st.st_size
-            if size < MMAP_MIN:
-                data = os.read(fd, size + 1)
-                if len(data) == size:
-                    append(blake3(data).hexdigest())
-                    continue
-                os.lseek(fd, 0, os.SEEK_SET)
-            append(digest_fd(fd, st))
-        except OSError as exc:
-            append(exc)
-        finally:
-            os.close(fd)
-    return out
-
-
-BATCH_FILES = 64  # small files per pool task
-BATCH_BYTES = 4 << 20  # or fewer, once their sizes add up to this
-
-
-class _Pool:
-    """`THREADS` threads hashing batches of files while the walk goes on (a thread per core and
-    more: open, read and hash all release the GIL). Lighter than concurrent.futures, which pulls in
-    logging at import time: verify's start-up counts. Results are (entry indexes, digests) pairs,
-    appended in any order; the first exception a worker meets is raised by `finish`."""
+class _BigFiles:
+    """Hashes the large files of a scan in THREADS threads (mmap, blake3's own threads: the GIL is
+    released for all of it) while the scanning thread goes on with the small ones. Small files are
+    hashed in the scanning thread itself: their cost is the Python around a few system calls, which
+    threads contending for the GIL only make slower (60,000 files: 1.2 s in one thread, 2.2-2.7 s
+    in a pool of 2 to 4 on 2 cores). Lighter than concurrent.futures, which pulls in logging at
+    import time: verify's start-up counts."""
 
     def __init__(self) -> None:
         import threading
         from queue import SimpleQueue
 
         self.jobs: SimpleQueue = SimpleQueue()
-        self.done: list[tuple[list[int], list[str | OSError]]] = []
-        self.error: BaseException | None = None
+        self.digests: dict[int, str | OSError] = {}
         self.threads = [threading.Thread(target=self._work, daemon=True) for _ in range(THREADS)]
         for t in self.threads:
             t.start()
 
+    def submit(self, i: int, fd: int, st: os.stat_result) -> None:
+        """Hash `fd` (the pool closes it) for entry `i`."""
+        self.jobs.put((i, fd, st))
+
     def _work(self) -> None:
-        debug.pause("HASH_PAUSE")  # tests: the walk has listed files that are not hashed yet
         while (job := self.jobs.get()) is not None:
-            idx, paths = job
+            i, fd, st = job
             try:
-                self.done.append((idx, _digest_batch(paths)))  # list.append is atomic
-            except BaseException as exc:  # noqa: BLE001 - handed to the caller by finish()
-                self.error = exc
+                self.digests[i] = digest_fd(fd, st)  # one dict item set: atomic
+            except OSError as exc:
+                self.digests[i] = exc
+            finally:
+                os.close(fd)
 
-    def submit(self, idx: list[int], paths: list[str]) -> None:
-        self.jobs.put((idx, paths))
-
-    def finish(self) -> list[tuple[list[int], list[str | OSError]]]:
+    def finish(self) -> dict[int, str | OSError]:
         for _ in self.threads:
             self.jobs.put(None)
         for t in self.threads:
             t.join()
-        if self.error is not None:
-            raise self.error
-        return self.done
+        return self.digests
 
 
 def scan(root: Path, writable: list[str] | None = None, *, memo: dict | None = None,
          foreign: list[dict[str, Any]] | None = None, modes: list[tuple[str, int]] | None = None) -> list[Entry]:
     """Every entry under `root` (manifest and listing excluded), in canonical order, files hashed.
-    A depth-first walk over sorted names yields the component-wise sorted order directly. With
-    `writable`, the paths of entries that have a write bit are appended to it (root itself as ".").
-    Files are hashed in a pool while the walk goes on: small ones in batches, large ones one per
-    task with blake3's threads. Raises OSError if a file the walk saw as regular cannot be opened
-    as one when it is hashed (swapped for a link or a FIFO meanwhile: never followed).
+    A depth-first walk over sorted names yields the component-wise sorted order directly; it takes
+    each entry's kind from its directory entry (d_type: no stat for a file). Then every file is
+    opened O_NOFOLLOW|O_NONBLOCK, checked to be a regular file by its descriptor and fstat-ed (its
+    exec and write bits, owner and size come from there), read and hashed: a small one in one read
+    here, a large one through mmap in a thread of _BigFiles. Raises OSError if a file the walk saw
+    as regular cannot be opened as one when it is hashed (swapped for a link or a FIFO meanwhile:
+    never followed, never waited on). With `writable`, the paths of entries that have a write bit
+    are appended to it (root itself as ".").
     `memo` (one dict for the paths of one verify run) maps the identity of an inode with several
     links (device, inode, size, mtime, ctime) to its digest: a file shared between store paths is
     hashed once per run.
     With `foreign`, each entry (root as ".", the manifest and listing included) not owned by the
     euid that runs the store, or carrying any extended attribute, is appended to it as
     {"path", "uid", "xattrs"}: a build makes neither, so either is a change made after it (a
-    chown, a hardlink to an outside file, setcap). One listxattr per entry, skipped for the rest of
-    the tree once the filesystem says it has none (ENOTSUP).
+    chown, a hardlink to an outside file, setcap). One listxattr per entry (a file's by its
+    descriptor), skipped for the rest of the tree once the filesystem says it has none (ENOTSUP).
     With `modes`, each file or directory (root as ".") with no write bit whose mode is not the
     frozen canonical one (files 0444, or 0555 with the owner's exec bit; directories 0555) is
     appended to it as (path, mode): a build leaves none (build/canonical.py), and a file of mode
     0400 breaks the environment for the service users who run it while its bytes are right."""
     entries: list[Any] = []
-    batch_idx: list[int] = []
-    batch_paths: list[str] = []
-    batch_bytes = 0
-    pending: list[tuple[int, tuple]] = []  # shared inodes hashed in this scan, for the memo
+    regular: list[tuple[int, str]] = []  # (index in entries, path) of every regular file
     check_w = writable is not None
-    step, hashed = f"hashing {root.name}", [0]
     root_st = os.lstat(root)
     if check_w and root_st.st_mode & _WRITE:
         writable.append(".")
     euid, xattrs_ok = os.geteuid(), [True]
 
-    def alien(path: str, rel: str, uid: int) -> None:
-        names: list[str] = []
-        if xattrs_ok[0]:
-            try:
-                names = os.listxattr(path, follow_symlinks=False)
-            except OSError as exc:
-                if exc.errno not in (errno.ENOTSUP, errno.EOPNOTSUPP):
-                    raise
-                xattrs_ok[0] = False
+    def xattrs_of(target: str | int) -> list[str]:
+        if not xattrs_ok[0]:
+            return []
+        try:
+            return os.listxattr(target, follow_symlinks=False) if isinstance(target, str) else os.listxattr(target)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOTSUP, errno.EOPNOTSUPP):
+                raise
+            xattrs_ok[0] = False
+            return []
+
+    def alien(rel: str, uid: int, names: list[str]) -> None:
         if uid != euid or names:
             foreign.append({"path": rel, "uid": uid, "xattrs": sorted(names)})
 
     if foreign is not None:
-        alien(os.fspath(root), ".", root_st.st_uid)
+        alien(".", root_st.st_uid, xattrs_of(os.fspath(root)))
     S_ISREG, S_ISDIR, S_ISLNK, S_IXUSR = stat.S_ISREG, stat.S_ISDIR, stat.S_ISLNK, stat.S_IXUSR
     if modes is not None and not root_st.st_mode & _WRITE and stat.S_IMODE(root_st.st_mode) != 0o555:
         modes.append((".", stat.S_IMODE(root_st.st_mode)))
-    pool = _Pool()
-
-    def flush() -> None:
-        nonlocal batch_idx, batch_paths, batch_bytes
-        if batch_paths:
-            pool.submit(batch_idx, batch_paths)
-            batch_idx, batch_paths, batch_bytes = [], [], 0
 
     def walk(dir_path: str, prefix: str) -> None:
-        nonlocal batch_bytes
         with os.scandir(dir_path) as it:
             children = sorted(it, key=lambda e: e.name)
         for e in children:
             rel = prefix + e.name
+            if e.is_file(follow_symlinks=False) and rel not in _EXCLUDED:
+                regular.append((len(entries), e.path))
+                entries.append(rel)  # filled in once the file is hashed
+                continue
             st = e.stat(follow_symlinks=False)
             mode = st.st_mode
             if check_w and mode & _WRITE and not S_ISLNK(mode):
                 writable.append(rel)
             if foreign is not None:
-                alien(e.path, rel, st.st_uid)
+                alien(rel, st.st_uid, xattrs_of(e.path))
             if modes is not None and not mode & _WRITE and (S_ISREG(mode) or S_ISDIR(mode)) \
                     and stat.S_IMODE(mode) != (0o555 if S_ISDIR(mode) or mode & S_IXUSR else 0o444):
                 modes.append((rel, stat.S_IMODE(mode)))
             if rel in _EXCLUDED:
                 continue
-            if S_ISREG(mode):
-                size = st.st_size
-                hashed[0] += size
-                if len(entries) % 64 == 0 or size >= MMAP_MIN:
-                    progress(step, hashed[0], None, "B")
-                kind = "x" if mode & S_IXUSR else "f"
-                if memo is not None and st.st_nlink > 1:
-                    ident = (st.st_dev, st.st_ino, size, st.st_mtime_ns, st.st_ctime_ns)
-                    known = memo.get(ident)
-                    if known is not None:
-                        entries.append(Entry(rel, kind, size, known))
-                        continue
-                    pending.append((len(entries), ident))
-                if size >= MMAP_MIN:
-                    pool.submit([len(entries)], [e.path])
-                else:
-                    batch_idx.append(len(entries))
-                    batch_paths.append(e.path)
-                    batch_bytes += size
-                    if len(batch_paths) >= BATCH_FILES or batch_bytes >= BATCH_BYTES:
-                        flush()
-                entries.append((rel, kind, size))
-            elif S_ISDIR(mode):
+            if S_ISDIR(mode):
                 entries.append(Entry(rel, "d", 0, ""))
                 walk(e.path, rel + "/")
             elif S_ISLNK(mode):
                 entries.append(Entry(rel, "l", 0, os.readlink(e.path)))
+            elif S_ISREG(mode):  # a regular file its directory entry did not say was one
+                regular.append((len(entries), e.path))
+                entries.append(rel)
             else:
                 entries.append(Entry(rel, "o", 0, ""))
 
+    big = _BigFiles()
     try:
         walk(os.fspath(root), "")
-        flush()
-        debug.pause("HASH_WALKED")  # tests: every entry listed and queued; hashing held by HASH_PAUSE
+    except BaseException:
+        big.finish()
+        raise
+    debug.pause("HASH_WALKED")  # tests: every entry listed, none hashed (then HASH_PAUSE)
+    debug.pause("HASH_PAUSE")
+    step = f"hashing {root.name}"
+    want_xattrs = xattrs_ok if foreign is not None else None
+    # A large tree's files are shared with one forked helper (every other file): the Python
+    # around each small file is most of their cost, and one process holds one core (threads would
+    # contend for the GIL). The helper hashes its large files itself, in one thread.
+    child = _fork_helper(regular[1::2], memo, want_xattrs) if len(regular) >= FORK_MIN_FILES and CORES > 1 else None
+    mine = regular[0::2] if child is not None else regular
+    try:
+        results = _hash_files(mine, memo, want_xattrs, big, step)
     finally:
-        done = pool.finish()
-    for idx, digests in done:
-        for i, d in zip(idx, digests):
-            if isinstance(d, OSError):
-                raise d
-            rel, kind, size = entries[i]
-            entries[i] = Entry(rel, kind, size, d)
+        digests = big.finish()
+        theirs = _helper_results(child) if child is not None else []
+    if theirs is None:  # the helper failed: its share is hashed here
+        again = _BigFiles()
+        try:
+            theirs = _hash_files(regular[1::2], memo, want_xattrs, again, step)
+        finally:
+            digests.update(again.finish())
+    errors = [r for r in results + theirs if r[0] == "err"]
+    if errors:
+        _, _, no, why, path = min(errors, key=lambda r: r[1])
+        raise OSError(no, why, path)
+    pending: list[tuple[int, tuple]] = []  # inodes with other links hashed here, for the memo
+    hashed = 0
+    for _, i, kind, size, digest, w, uid, names, ident, mode in sorted(results + theirs, key=lambda r: r[1]):
+        rel = entries[i]
+        if digest is None:  # a large file, hashed by _BigFiles
+            digest = digests[i]
+            if isinstance(digest, OSError):
+                raise digest
+        entries[i] = Entry(rel, kind, size, digest)
+        hashed += size
+        if check_w and w:
+            writable.append(rel)
+        if foreign is not None and (uid != euid or names):
+            foreign.append({"path": rel, "uid": uid, "xattrs": sorted(names)})
+        if modes is not None and not w and mode != (0o555 if kind == "x" else 0o444):
+            modes.append((rel, mode))
+        if ident is not None:
+            pending.append((i, ident))
     if memo is not None:
         for i, ident in pending:
-            memo[ident] = entries[i].digest
-    progress(step, hashed[0], hashed[0], "B")
+            memo.setdefault(ident, entries[i].digest)
+    progress(step, hashed, hashed, "B")
     return entries
+
+
+FORK_MIN_FILES = 4096  # below this a helper process costs more than it saves
+CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def _hash_files(files: list[tuple[int, str]], memo: dict | None, xattrs: list[bool] | None,
+                big: _BigFiles | None, step: str | None) -> list[tuple]:
+    """("ok", index, kind, size, digest, writable, uid, xattr names, memo identity or None, mode) of each
+    file, or ("err", index, errno, strerror, path): each opened O_NOFOLLOW|O_NONBLOCK, checked to be
+    a regular file by its descriptor and fstat-ed; a small one read and hashed here, a large one
+    handed to `big` (digest None: _BigFiles has it), or hashed here in one thread when `big` is None
+    (the forked helper, where blake3's thread pool must not run). `memo` gives the digest of an
+    inode with other links hashed before in this run. Plain tuples: the helper sends them through
+    marshal."""
+    out: list[tuple] = []
+    append = out.append
+    hashed = 0
+    for n, (i, path) in enumerate(files):
+        if step is not None and n % 64 == 0:
+            progress(step, hashed, None, "B")
+        try:
+            fd = os.open(path, _OPEN_FLAGS)
+        except OSError as exc:
+            append(("err", i, exc.errno, exc.strerror, path))
+            continue
+        handed = False
+        try:
+            st = os.fstat(fd)
+            mode = st.st_mode
+            if not stat.S_ISREG(mode):
+                append(("err", i, errno.EINVAL, "not a regular file", path))
+                continue
+            names: list[str] = []
+            if xattrs is not None and xattrs[0]:
+                try:
+                    names = os.listxattr(fd)
+                except OSError as exc:
+                    if exc.errno not in (errno.ENOTSUP, errno.EOPNOTSUPP):
+                        raise
+                    xattrs[0] = False
+            size = st.st_size
+            hashed += size
+            ident = digest = None
+            if memo is not None and st.st_nlink > 1:
+                ident = (st.st_dev, st.st_ino, size, st.st_mtime_ns, st.st_ctime_ns)
+                digest = memo.get(ident)
+            if digest is not None:
+                pass
+            elif size < MMAP_MIN and len(data := os.read(fd, size + 1)) == size:
+                digest = blake3(data).hexdigest()
+            elif big is not None:
+                os.lseek(fd, 0, os.SEEK_SET)
+                big.submit(i, fd, st)
+                handed = True
+            else:
+                os.lseek(fd, 0, os.SEEK_SET)
+                digest = digest_fd(fd, st, threads=False)
+            append(("ok", i, "x" if mode & stat.S_IXUSR else "f", size, digest, bool(mode & _WRITE), st.st_uid,
+                    names, ident, stat.S_IMODE(mode)))
+        except OSError as exc:
+            append(("err", i, exc.errno, exc.strerror, path))
+        finally:
+            if not handed:
+                os.close(fd)
+    return out
+
+
+def _fork_helper(files: list[tuple[int, str]], memo: dict | None, xattrs: list[bool] | None) -> tuple[int, int] | None:
+    """(pid, read end of its pipe) of a forked process hashing `files` (_hash_files, one thread),
+    which writes its results, marshalled, to the pipe and exits; None when fork fails (the caller
+    hashes them itself). The helper reads only what the walk listed and writes only the pipe; it
+    stops if its parent dies (it checks every 64 files; the parent also kills it on any exit path)."""
+    import marshal
+
+    try:
+        r, w = os.pipe()
+    except OSError:
+        return None
+    parent = os.getpid()
+    try:
+        pid = os.fork()
+    except OSError:
+        os.close(r)
+        os.close(w)
+        return None
+    if pid == 0:  # the helper: nothing here may raise past os._exit
+        code = 1
+        try:
+            os.close(r)
+            results = []
+            for n in range(0, len(files), 64):
+                debug.pause("SCAN_HELPER")  # tests: a slow helper, to see it stop when its parent dies
+                if os.getppid() != parent:
+                    break
+                results += _hash_files(files[n:n + 64], memo, xattrs, None, None)
+            else:
+                data = memoryview(marshal.dumps(results))
+                while data:
+                    data = data[os.write(w, data):]
+                code = 0
+        except BaseException:  # the parent sees the exit code and hashes the share itself
+            pass
+        finally:
+            os._exit(code)
+    os.close(w)
+    return pid, r
+
+
+def _helper_results(child: tuple[int, int]) -> list[tuple] | None:
+    """The helper's results, or None if it failed (it is killed and reaped in any case)."""
+    import marshal
+    import signal
+
+    pid, r = child
+    chunks = []
+    try:
+        while chunk := os.read(r, 1 << 20):
+            chunks.append(chunk)
+    except BaseException:
+        os.kill(pid, signal.SIGKILL)
+        raise
+    finally:
+        os.close(r)
+        try:
+            os.kill(pid, signal.SIGKILL)  # done already, unless this parent is unwinding
+        except ProcessLookupError:
+            pass
+        _, status = os.waitpid(pid, 0)
+    if not os.WIFEXITED(status) or os.WEXITSTATUS(status) != 0:
+        return None
+    try:
+        out = marshal.loads(b"".join(chunks))
+    except (ValueError, EOFError, TypeError):
+        return None
+    return out if isinstance(out, list) else None
 
 
 def listing(entries: list[Entry]) -> bytes:

@@ -1,9 +1,18 @@
-"""Pruning the caches by what live store paths use (`gc --max-cache SIZE`).
+"""Pruning the caches: the wheel home by its links (every gc), and both caches by what live store
+paths use (`gc --max-cache SIZE`).
+
+The wheel home (`store/.wheels`, uv's archive bucket: build/wheelhome.py) holds the unpacked
+wheels environments link. Every gc removes the entries no file outside links any more — no store
+path and no build in flight — and no cold generation's path was installed from, with their seals
+and uv's pointers to them (`prune_wheel_home`): keeping uv's cache after a build costs nothing but
+those pointers, and the wheels of cold generations (rolled back to offline) while their records
+stay.
 
 Entries, and what says a live path uses one:
-- uv: an unpacked wheel, `cache/uv/archive-v0/<id>/`. Each build records the archives it installed
-  from (build/cacheuse.py, table `cache_uses`); a repair or a cold rollback of a live path
-  reinstalls from them offline. An entry is live when a path of the live closure recorded it.
+- uv: an unpacked wheel, `cache/uv/archive-v0/<id>/` (the wheel home's `<id>`). Each build records
+  the archives it installed from (build/cacheuse.py, table `cache_uses`); a repair or a cold
+  rollback of a live path reinstalls from them offline. An entry is live when a path of the live
+  closure recorded it.
 - pyc: a compiled module, `cache/pyc/<magic>/<xx>/<key>.<tag>.pyc`. Entries are copied into
   environments byte for byte, so the record of which ones a path used is its own verified contents
   listing (`.llmgw/contents`, blake3 of every pyc): an entry is live when its bytes are a pyc of a
@@ -22,18 +31,17 @@ of real directories found in the bucket (a row naming `../x` matches nothing and
 
 from __future__ import annotations
 
-import fcntl
 import os
 import stat
-import time
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
 from llmgw_store.build import cacheuse
+from llmgw_store.build.cacheuse import uv_cache_lock
 from llmgw_store.core.errors import LockTimeout, StoreError
+from llmgw_store.core.index import CacheUse
 from llmgw_store.core.local_store import Store
 from llmgw_store.core.report import say
 from llmgw_store.core.temproots import read_all
@@ -63,9 +71,11 @@ def _ts(iso: str | None) -> float:
 
 
 def cache_cost(store: Store) -> int:
-    """Bytes on disk that removing both caches whole would free."""
+    """Bytes on disk that removing both caches whole would free (uv's includes the wheel home, its
+    archive bucket: what store paths link there costs nothing)."""
     t = Tally()
     t.add(store.layout.uv_cache)
+    t.add(store.layout.wheel_home)
     t.add(store.layout.pyc_cache)
     return t.freed
 
@@ -73,7 +83,7 @@ def cache_cost(store: Store) -> int:
 def uv_entries(store: Store, live: set[str], tidy: bool = True) -> list[Entry]:
     """Every archive of uv's cache; live when a path of `live` recorded it. With `tidy`, records
     of paths neither registered nor live, and malformed records, are dropped."""
-    uses: dict[str, list[dict]] = {}
+    uses: dict[str, list[CacheUse]] = {}
     registered = {r.name for r in store.index.paths()}
     rows = store.index.cache_uses(cacheuse.CACHE)
     # Read after the records: a build that recorded them added its temp root before it started,
@@ -153,25 +163,6 @@ def _links_to(uv_cache: Path) -> dict[str, list[str]]:
     return out
 
 
-@contextmanager
-def uv_cache_lock(uv_cache: Path, timeout: float) -> Iterator[None]:
-    """uv's own lock on its cache (`.lock`, flock), exclusive: every uv command holds it shared."""
-    fd = os.open(uv_cache / ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    raise LockTimeout(f"uv's cache lock {uv_cache / '.lock'} was held for {timeout:g}s") from None
-                time.sleep(0.05)
-        yield
-    finally:
-        os.close(fd)
-
-
 def _remove_uv(store: Store, e: Entry, links: dict[str, list[str]]) -> int:
     cache = store.layout.uv_cache
     freed = 0
@@ -180,8 +171,113 @@ def _remove_uv(store: Store, e: Entry, links: dict[str, list[str]]) -> int:
         for suffix in POINTER_SUFFIXES:
             freed += remove_tree(cache / (rel + suffix))
     freed += remove_tree(e.path)
+    _drop_seal(store, e.name)
     store.index.drop_cache_entry(cacheuse.CACHE, e.name)
     return freed
+
+
+def _drop_seal(store: Store, ident: str) -> None:
+    try:
+        os.unlink(store.layout.wheel_seals / ident)
+    except FileNotFoundError:
+        pass
+
+
+def _wheel_entries(store: Store) -> list[os.DirEntry]:
+    """The wheel home's entries: well-named real directories (at most cacheuse.MAX_ARCHIVES)."""
+    out: list[os.DirEntry] = []
+    try:
+        with os.scandir(store.layout.wheel_home) as it:
+            for i, e in enumerate(it):
+                if i >= cacheuse.MAX_ARCHIVES:
+                    break
+                if cacheuse.ARCHIVE_RE.fullmatch(e.name) and e.is_dir(follow_symlinks=False):
+                    out.append(e)
+    except (FileNotFoundError, NotADirectoryError):
+        pass
+    return out
+
+
+def wheel_home_inodes(store: Store) -> set[tuple[int, int]]:
+    """(st_dev, st_ino) of every file of the wheel home: like a pool entry, a link there is one gc
+    removes once no store path links the file (accounting.Tally's `pooled`)."""
+    out = set()
+    for e in _wheel_entries(store):
+        for _, st in walk(e.path):
+            if stat.S_ISREG(st.st_mode):
+                out.add((st.st_dev, st.st_ino))
+    return out
+
+
+def prune_wheel_home(store: Store, *, dry_run: bool, timeout: float) -> tuple[int, int]:
+    """Remove the wheel home's entries no file outside links any more (no store path, no build in
+    flight: wheelhome.linked) and no path a generation record names was installed from (its
+    cache-use records stay while the record does), with their seals and uv's pointers to them; and
+    seals whose entry is gone. Returns (entries, bytes freed on disk; with `dry_run`, what removing them would free).
+    Holds uv's cache lock exclusively (every uv command holds it shared while it runs, so none is
+    linking from an entry meanwhile); a lock not had within `timeout` leaves the wheel home as it is."""
+    from llmgw_store.build import wheelhome
+
+    layout = store.layout
+    with ExitStack() as held:
+        if not dry_run:
+            try:
+                held.enter_context(uv_cache_lock(layout.uv_cache, timeout))
+            except (OSError, LockTimeout) as exc:
+                say(f"left the wheel home alone this time: {exc}")
+                return 0, 0
+        # From here (the lock held) no uv process runs: an entry nothing links now cannot be about
+        # to be linked by one; a build that has linked one keeps its links until it registers.
+        entries = _wheel_entries(store)
+        # What a generation record names (a cold generation, rolled back to offline from uv's
+        # cache) keeps its entries: gc keeps its cache-use records when it deletes the path.
+        recorded = {str(r.entry) for r in store.index.cache_uses(cacheuse.CACHE)}
+        dead = [e for e in entries if e.name not in recorded and not wheelhome.linked(e.path)]
+        freed = 0
+        for e in dead:
+            if dry_run:
+                t = Tally()
+                t.add(e.path)
+                freed += t.freed
+                continue
+            freed += remove_tree(e.path)
+            _drop_seal(store, e.name)
+            store.index.drop_cache_entry(cacheuse.CACHE, e.name)
+        if not dry_run:
+            here = {e.name for e in entries} - {e.name for e in dead}
+            _drop_orphan_seals(store, here)
+            if dead:
+                prune_uv_pointers(store, here)
+    if dead:
+        say(f"{'would remove' if dry_run else 'removed'} {len(dead)} wheel(s) no store path links from the wheel home "
+            f"({freed / 2**20:.1f} MiB)")
+    return len(dead), freed
+
+
+def _drop_orphan_seals(store: Store, entries: set[str]) -> None:
+    try:
+        names = os.listdir(store.layout.wheel_seals)
+    except OSError:
+        return
+    for n in names[:cacheuse.MAX_ARCHIVES]:
+        if cacheuse.ARCHIVE_RE.fullmatch(n) and n not in entries:
+            _drop_seal(store, n)
+
+
+def prune_uv_pointers(store: Store, present: set[str]) -> int:
+    """Remove uv's pointers (every suffix) to archives that are not in the wheel home any more:
+    uv would fetch those wheels again in any case. Returns how many archives they named. Called
+    with uv's cache lock held."""
+    cache = store.layout.uv_cache
+    gone = 0
+    for ident, rels in _links_to(cache).items():
+        if ident in present:
+            continue
+        gone += 1
+        for rel in rels:
+            for suffix in POINTER_SUFFIXES:
+                remove_tree(cache / (rel + suffix))
+    return gone
 
 
 def prune(store: Store, max_cache: int, live: set[str], *, prune_live: bool, dry_run: bool,
@@ -194,7 +290,8 @@ def prune(store: Store, max_cache: int, live: set[str], *, prune_live: bool, dry
         return report
     entries = uv_entries(store, live, tidy=not dry_run) + pyc_entries(store)
     digests: set[str] | None = None
-    dead, alive = [], []
+    dead: list[Entry] = []
+    alive: list[Entry] = []
     for e in sorted(entries, key=lambda e: (e.last_used, e.cache, e.name)):
         (alive if e.live else dead).append(e)
     links = _links_to(store.layout.uv_cache) if not dry_run else {}

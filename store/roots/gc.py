@@ -52,6 +52,7 @@ from llmgw_store.core.results import Result, fields_of
 from llmgw_store.core.temproots import gc_lock, read_all, remove_stale
 from llmgw_store.core.units import human_size
 from llmgw_store.roots.accounting import Tally, inodes_of, listed_files, on_disk, remove_tree, walk
+from llmgw_store.roots.cachelog import prune_wheel_home, wheel_home_inodes
 
 
 def runtime_roots(layout: Layout) -> dict[str, set[str]]:
@@ -115,21 +116,26 @@ class Root:
         return {k: v for k, v in fields_of(self).items() if v is not None}
 
 
-def roots(store: Store, excluded_generations: set[tuple[str, int]] = frozenset()) -> list[Root]:
-    """Every root and the store path names it holds directly."""
+_GENERATION_LINK = re.compile(r"(.+)-(\d+)-link")
+
+
+def roots(store: Store, excluded_generations: set[tuple[str, int]] | frozenset[tuple[str, int]] = frozenset(),
+          temp: set[str] | None = None) -> list[Root]:
+    """Every root and the store path names it holds directly. `temp`: the names live temp roots
+    hold, when the caller has read them (under the gc lock) already."""
     from llmgw_store.build.uv import UV_VERSION
     from llmgw_store.roots.pins import list_pins
 
     layout = store.layout
     out: list[Root] = []
     for entry in sorted(os.scandir(layout.profiles) if layout.profiles.is_dir() else [], key=lambda e: e.name):
-        m = re.fullmatch(r"(.+)-(\d+)-link", entry.name)
+        m = _GENERATION_LINK.fullmatch(entry.name)
         if m and entry.is_symlink() and (m.group(1), int(m.group(2))) not in excluded_generations:
-            out.append(Root("generation", (Path(os.readlink(entry.path)).name,), profile=m.group(1),
+            out.append(Root("generation", (os.readlink(entry.path).rpartition("/")[2],), profile=m.group(1),
                             generation=int(m.group(2))))
     for pin, name in sorted(list_pins(layout).items()):
         out.append(Root("pin", (name,), pin=pin))
-    live, _ = read_all(layout)
+    live = read_all(layout)[0] if temp is None else temp
     if live:
         out.append(Root("temp", tuple(sorted(live))))
     by_pid: dict[int, set[str]] = {}
@@ -245,8 +251,9 @@ def collect(
                 break
             dead, live = _sweep(store, excluded, budget, keep_dead_for, dry_run, lock_timeout, report)
             if dry_run:
-                # and what the pool prune would free that no path links already
-                report["freed"]["store_paths"] = sum(d["freed"] for d in dead) + _prune_pool(layout.links_pool, dry_run=True)
+                # and what the pool and wheel home prunes would free that no path links already
+                report["freed"]["store_paths"] = (sum(d["freed"] for d in dead) + _prune_pool(layout.links_pool, dry_run=True)
+                                                  + prune_wheel_home(store, dry_run=True, timeout=0)[1])
                 break
             # The lock is released: builds and activations go on while the trash is deleted.
             debug.pause("GC_BEFORE_EMPTY_TRASH")
@@ -260,6 +267,11 @@ def collect(
                 whole = max_cache is not None or pooled is None
                 report["freed"]["store_paths"] += _prune_pool(layout.links_pool, names=None if whole else pooled)
                 _record_deferred(store, report)
+            # The wheels only the deleted paths linked: freed with them. Under uv's cache lock, not
+            # the gc lock (removing an entry changes no store path; what matters is that no uv
+            # process links from it meanwhile), so a build's uv run delays only this step.
+            report["freed"]["store_paths"] += prune_wheel_home(store, dry_run=False,
+                                                               timeout=min(lock_timeout, WHEEL_HOME_LOCK_S))[1]
             if budget is None or not dead:
                 break
         if not dry_run:
@@ -360,13 +372,13 @@ def _sweep(store: Store, excluded, budget, keep_dead_for, dry_run, lock_timeout,
     first = report["rounds"] == 1
     with gc_lock(layout, shared=False, timeout=lock_timeout):
         # From here until the lock is released no process can add a temp root: the roots read
-        # below are all the roots there are.
+        # below are all the roots there are, and the temp-roots files are read once.
+        live_temp, stale = read_all(layout)
         spared: set[str] = set()
         if first and not dry_run:
-            report["registered"] = _adopt_unregistered(store, read_all(layout)[0], spared)
-        found = roots(store, excluded)
+            report["registered"] = _adopt_unregistered(store, live_temp, spared)
+        found = roots(store, excluded, temp=live_temp)
         live = _closure(store, held_names(found)) | spared
-        live_temp, stale = read_all(layout)
         if first:
             report["kept"] = tuple(found)
             if not dry_run:
@@ -382,7 +394,9 @@ def _sweep(store: Store, excluded, budget, keep_dead_for, dry_run, lock_timeout,
                 store.index.mark_rooted(rooted, at)
             except DiskFullError:
                 report["deferred"]["rooted"] = (rooted, at)  # recorded once the trash is emptied
-        pooled = inodes_of(layout.links_pool) if (budget is not None or dry_run) else frozenset()
+        # A link in optimise's pool or the wheel home is one gc removes once no path links the file.
+        pooled = (inodes_of(layout.links_pool) | wheel_home_inodes(store)) if (budget is not None or dry_run) \
+            else frozenset()
         dead = _choose(store, live, budget, checked=not dry_run, keep_dead_for=keep_dead_for, now=now,
                        pooled=pooled, report=report, predict=dry_run or budget is not None)
         dead = _referrers_first(store, dead)  # deleted, and reported, in this order
@@ -714,21 +728,37 @@ def _unlink(path: str, st: os.stat_result) -> int:
 
 
 UV_CACHE_TIMEOUT_S = 120.0
+WHEEL_HOME_LOCK_S = 10.0  # gc waits this long (at most --lock-timeout) for uv's cache lock to prune the wheel home
 
 
 def _prune_uv_cache(store: Store, dry_run: bool) -> int:
-    """`uv cache prune`: what nothing in uv's cache points at any more (unreferenced archives,
+    """uv's pointers to archives that are gone, where its archive bucket is the wheel home (never
+    `uv cache prune` there: it would take the store's link to the wheel home for a stale bucket);
+    else `uv cache prune`: what nothing in uv's cache points at any more (unreferenced archives,
     stale buckets). Entries a path was built from are pointed at, so they stay; `--max-cache`
     (cachelog.py) removes entries by live use. uv takes its own cache lock, so builds in flight are
     safe; the wait for it is bounded and a busy cache is skipped until the next gc."""
     from llmgw_store.build import uv as uvmod
-    from llmgw_store.core.errors import CommandError
+    from llmgw_store.build.cacheuse import bucket_dir, uv_cache_lock
+    from llmgw_store.core.errors import CommandError, LockTimeout
+    from llmgw_store.roots.cachelog import prune_uv_pointers
 
     cache = store.layout.uv_cache
     if dry_run:
-        say("would run `uv cache prune`")
+        say("would prune uv's cache")
         return 0
     before = _cost(cache)
+    if bucket_dir(cache) == store.layout.wheel_home:
+        try:
+            with uv_cache_lock(cache, UV_CACHE_TIMEOUT_S):
+                present = {n for n in os.listdir(store.layout.wheel_home)}
+                gone = prune_uv_pointers(store, present)
+        except (OSError, LockTimeout) as exc:
+            say(f"left the uv cache alone this time: {exc}")
+            return 0
+        freed = max(0, before - _cost(cache))
+        say(f"uv's pointers to {gone} archive(s) no longer unpacked: freed {human_size(freed)}")
+        return freed
     pinned = [r for r in store.index.paths() if r.engine == "uv" and r.version == uvmod.UV_VERSION]
     if pinned:
         binary = store.layout.path_of(pinned[0].name) / "bin" / "uv"

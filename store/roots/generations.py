@@ -18,6 +18,31 @@ def gen_link(layout: Layout, profile: str, number: int) -> Path:
     return layout.profiles / f"{profile}-{number}-link"
 
 
+def scan_profile(layout: Layout, profile: str) -> tuple[dict[int, tuple[str, float]], list[int]]:
+    """One pass over profiles/ for a listing of `profile`: (generation number -> (store path name,
+    its link's mtime), the numbers that have a record file, ascending). The same names as
+    disk_generations and records.numbers read, read once: a profile of 1,000 generations is 2,000
+    entries, and every lookup per generation (a second scan, an lstat) is what makes a listing grow."""
+    link = re.compile(rf"{re.escape(profile)}-(\d+)-link")
+    record = re.compile(rf"\.{re.escape(profile)}-(\d{{1,10}})\.record")
+    links: dict[int, tuple[str, float]] = {}
+    numbers = []
+    for entry in os.scandir(layout.profiles) if layout.profiles.is_dir() else []:
+        name = entry.name
+        if name[0] == ".":
+            m = record.fullmatch(name)
+            if m and 1 <= int(m.group(1)) <= 10**9:
+                numbers.append(int(m.group(1)))
+        elif (m := link.fullmatch(name)) and entry.is_symlink():
+            try:
+                target = os.readlink(entry.path)
+                mtime = entry.stat(follow_symlinks=False).st_mtime
+            except FileNotFoundError:
+                continue  # deleted meanwhile
+            links[int(m.group(1))] = (target.rpartition("/")[2], mtime)
+    return dict(sorted(links.items())), sorted(numbers)
+
+
 def disk_generations(layout: Layout, profile: str) -> dict[int, str]:
     """number -> store path name, read from the generation links."""
     pat = re.compile(rf"^{re.escape(profile)}-(\d+)-link$")

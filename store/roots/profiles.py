@@ -51,7 +51,13 @@ from llmgw_store.core.results import Result
 from llmgw_store.core.signals import Window
 from llmgw_store.core.temproots import TempRoots
 from llmgw_store.roots import health, records
-from llmgw_store.roots.generations import current_generation, disk_generations, gen_link, generation_target
+from llmgw_store.roots.generations import (
+    current_generation,
+    disk_generations,
+    gen_link,
+    generation_target,
+    scan_profile,
+)
 from llmgw_store.roots.resolve import reference, registered
 
 
@@ -393,19 +399,23 @@ def generations(profile: str, *, root: str | Path | None = None,
     with Store.open(root, lock_timeout, readonly=True) as store:
         layout = store.layout
         current = current_generation(layout, profile)
-        gens = disk_generations(layout, profile)
+        # One pass over profiles/, one read of the index's paths, the records key read once: what
+        # a listing costs per generation is its record (roots/generations.scan_profile).
+        links, numbers = scan_profile(layout, profile)
+        gens = {n: name for n, (name, _) in links.items()}
         differs = _sync_index(store, profile, gens, write=False)
-        recs, refused = records.load_all(layout, profile)
+        recs, refused = records.load_all(layout, profile, numbers)
+        rows = {r.name: r for r in store.index.paths()}
         out = []
         for number in sorted(set(gens) | set(recs)):
             rec = recs.get(number)
             linked = number in gens
             name = gens[number] if linked else rec.name  # type: ignore[union-attr]
-            row = store.index.path_by_name(name)
+            row = rows.get(name)
             act = rec.activation if rec is not None else {}
             out.append(Generation(
                 number=number, path=str(layout.path_of(name)), name=name,
-                created=_link_time(gen_link(layout, profile, number)) if linked else rec.created,  # type: ignore[union-attr]
+                created=_time_of(links[number][1]) if linked else rec.created,  # type: ignore[union-attr]
                 current=number == current,
                 engine=row.engine if row else (rec.engine if rec else None),
                 version=row.version if row else (rec.version if rec else None),
@@ -414,7 +424,7 @@ def generations(profile: str, *, root: str | Path | None = None,
                 check=act.get("check"), rolled_back_to=act.get("rolled_back_to"),
             ))
         return GenerationList(profile, current, tuple(out), tuple(differs), tuple(refused.values()),
-                              tuple(records.history(layout, profile)[-50:]))
+                              tuple(records.history(layout, profile, last=50)))
 
 
 def delete_generations(
@@ -550,4 +560,8 @@ def _clear_temporaries(layout: Layout, profile: str) -> None:
 
 
 def _link_time(link: Path) -> str:
-    return datetime.fromtimestamp(os.lstat(link).st_mtime, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return _time_of(os.lstat(link).st_mtime)
+
+
+def _time_of(mtime: float) -> str:
+    return datetime.fromtimestamp(mtime, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")

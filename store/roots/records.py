@@ -300,12 +300,13 @@ def prune(layout: Layout, profile: str, keep: int, hot: set[int] | list[int] | d
 
 # --- reading (outside input: every byte checked before use) ----------------------------------
 
-def _read_bounded(layout: Layout, filename: str, limit: int) -> bytes | None:
+def _read_bounded(layout: Layout, filename: str, limit: int, dir_fd: int | None = None) -> bytes | None:
     """The file's bytes, or None when it does not exist (core/files.read_bounded): never through a
     link, never a FIFO or a device, never another user's file, never one others may write or with
     a second hard link, never more than `limit` bytes; IntegrityError otherwise. A record or
-    history an older llmgw-store left readable by all (0644) is closed up to 0600 first."""
-    dfd = _dir_fd(layout)
+    history an older llmgw-store left readable by all (0644) is closed up to 0600 first.
+    `dir_fd`: profiles/ opened already (by _dir_fd), for a caller reading many records."""
+    dfd = _dir_fd(layout) if dir_fd is None else dir_fd
     try:
         return files.read_bounded(filename, limit, dir_fd=dfd, owner=os.geteuid(), deny_mode=0o022, one_link=True,
                                   tighten=0o044)
@@ -318,24 +319,28 @@ def _read_bounded(layout: Layout, filename: str, limit: int) -> bytes | None:
         raise IntegrityError(f"{layout.profiles / filename} cannot be read as a record ({why}); it is not a plain "
                              "file: remove it") from None
     finally:
-        os.close(dfd)
+        if dir_fd is None:
+            os.close(dfd)
 
 
-def load(layout: Layout, profile: str, number: int) -> Record | None:
+def load(layout: Layout, profile: str, number: int, *, key: bytes | None = None,
+         dir_fd: int | None = None) -> Record | None:
     """Generation `number`'s record, checked; None when there is none. IntegrityError naming the file
-    and what is wrong when it is not a record this store wrote, or was changed since."""
+    and what is wrong when it is not a record this store wrote, or was changed since. `key` (the
+    records key, `secret`) and `dir_fd` (profiles/, `_dir_fd`): read once by a caller loading many."""
     check_profile(profile)
     check_generation(number)
-    raw = _read_bounded(layout, record_file(profile, number), RECORD_MAX)
+    raw = _read_bounded(layout, record_file(profile, number), RECORD_MAX, dir_fd)
     if raw is None:
         return None
-    where = layout.profiles / record_file(profile, number)
     try:
-        return _checked(json.loads(raw.decode()), profile, number, secret(layout))
+        return _checked(json.loads(raw.decode()), profile, number, secret(layout) if key is None else key)
     except _Bad as exc:
+        where = layout.profiles / record_file(profile, number)
         raise IntegrityError(f"{where} is not a valid generation record ({exc}); it is not used: restore it from "
                              f"a backup or forget it (`llmgw-store generations {profile} --forget {number}`)") from None
     except (ValueError, UnicodeDecodeError) as exc:
+        where = layout.profiles / record_file(profile, number)
         raise IntegrityError(f"{where} is not a valid generation record (not JSON: {str(exc)[:100]}); it is not "
                              f"used: forget it (`llmgw-store generations {profile} --forget {number}`)") from None
 
@@ -479,17 +484,30 @@ def _check_activation(act: dict[str, Any]) -> None:
             raise _Bad(f"activation.{k} must be a number or a short string")
 
 
-def load_all(layout: Layout, profile: str) -> tuple[dict[int, Record], dict[int, str]]:
-    """Every record of the profile: (number -> record, number -> why it was refused)."""
-    good, bad = {}, {}
-    for n in numbers(layout, profile):
-        try:
-            rec = load(layout, profile, n)
-        except IntegrityError as exc:
-            bad[n] = str(exc)
-            continue
-        if rec is not None:
-            good[n] = rec
+def load_all(layout: Layout, profile: str, which: list[int] | None = None) -> tuple[dict[int, Record], dict[int, str]]:
+    """Every record of the profile (or those numbered `which`, as `numbers` lists them): (number ->
+    record, number -> why it was refused). The key is read and profiles/ opened once for all."""
+    good: dict[int, Record] = {}
+    bad: dict[int, str] = {}
+    which = numbers(layout, profile) if which is None else which
+    if not which:
+        return good, bad
+    try:
+        key = secret(layout)
+    except IntegrityError as exc:
+        return good, {n: str(exc) for n in which}
+    dfd = _dir_fd(layout)
+    try:
+        for n in which:
+            try:
+                rec = load(layout, profile, n, key=key, dir_fd=dfd)
+            except IntegrityError as exc:
+                bad[n] = str(exc)
+                continue
+            if rec is not None:
+                good[n] = rec
+    finally:
+        os.close(dfd)
     return good, bad
 
 
@@ -499,9 +517,9 @@ def load_all(layout: Layout, profile: str) -> tuple[dict[int, Record], dict[int,
 # rewritten atomically with its last HISTORY_MAX events. A line cut short by a crash is skipped
 # when read.
 
-def history(layout: Layout, profile: str) -> list[dict[str, Any]]:
-    """The profile's recorded events, oldest first. The file is informative: what cannot be read
-    is reported and skipped (never used for any decision)."""
+def history(layout: Layout, profile: str, last: int = HISTORY_MAX) -> list[dict[str, Any]]:
+    """The profile's recorded events, oldest first (the `last` ones). The file is informative: what
+    cannot be read is reported and skipped (never used for any decision)."""
     try:
         raw = _read_bounded(layout, history_file(profile), HISTORY_MAX_BYTES)
     except IntegrityError as exc:
@@ -510,14 +528,15 @@ def history(layout: Layout, profile: str) -> list[dict[str, Any]]:
     if raw is None:
         return []
     events = []
-    for line in raw.split(b"\n")[-(HISTORY_MAX + 1):]:
+    last = min(last, HISTORY_MAX)
+    for line in raw.split(b"\n")[-(last + 1):]:
         try:
             event = json.loads(line)
         except ValueError:
             continue
         if isinstance(event, dict) and len(event) <= 16:
             events.append(event)
-    return events[-HISTORY_MAX:]
+    return events[-last:]
 
 
 def add_event(layout: Layout, profile: str, event: str, **fields: Any) -> dict[str, Any]:
