@@ -62,7 +62,7 @@ def test_keygen_writes_two_formats_that_differ(tmp_path):
     shown = run_cli(tmp_path / "r", "key", "public", str(secret), check=True)
     assert shown.stdout.strip() == public.read_text().strip()
     doc = json.loads(run_cli(tmp_path / "r", "--json", "key", "public", str(secret), check=True).stdout)
-    assert doc == {"public_key": public.read_text().strip()}
+    assert doc == {"schema_version": 1, "public_key": public.read_text().strip()}
 
 
 def test_keygen_never_overwrites_nor_follows_a_planted_link(tmp_path):
