@@ -46,8 +46,8 @@ import tomllib
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import PY, REPO, cli, packages, store_json, uv_bin  # noqa: E402
-from harness import Bench, BenchError, Run, Side, add_common_args, clean_env, du_bytes, rmtree  # noqa: E402
+from common import PY, REPO, cli, packages, store_json, uv_bin
+from harness import Bench, BenchError, Run, Side, add_common_args, clean_env, du_bytes, rmtree
 
 # The seed's commands, one bash script (one process tree, measured as a whole); each step's start
 # and end go to stdout for the row's steps.

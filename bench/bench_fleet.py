@@ -46,8 +46,8 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import REPO, cli, packages, store_json, uv_bin  # noqa: E402
-from harness import Bench, BenchError, Side, add_common_args, du_bytes, rmtree  # noqa: E402
+from common import REPO, cli, packages, store_json, uv_bin
+from harness import Bench, BenchError, Side, add_common_args, du_bytes, rmtree
 
 NGINX_CONF = """daemon off;
 master_process on;

@@ -31,8 +31,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import REPO, cli, clone_registered, packages, store_json, uv_bin  # noqa: E402
-from harness import Bench, BenchError, Side, add_common_args, du_bytes  # noqa: E402
+from common import REPO, cli, clone_registered, packages, store_json, uv_bin
+from harness import Bench, BenchError, Side, add_common_args, du_bytes
 
 
 def register_empty(root: Path, template, n: int, profiles: int) -> int:

@@ -34,8 +34,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import PY, cli, store_json, uv_bin  # noqa: E402
-from harness import Bench, BenchError, Side, add_common_args, du_bytes  # noqa: E402
+from common import PY, cli, store_json, uv_bin
+from harness import Bench, BenchError, Side, add_common_args, du_bytes
 
 # The baseline: what a bare blake3 pass over a tree costs in a fresh process. argv: tree, threads
 # (1 = one thread, N = a pool of N over the files, with blake3's own threads for the big ones).

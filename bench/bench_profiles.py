@@ -30,8 +30,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import PY, cli, packages, store_json, uv_bin  # noqa: E402
-from harness import Bench, BenchError, Side, add_common_args  # noqa: E402
+from common import PY, cli, packages, store_json, uv_bin
+from harness import Bench, BenchError, Side, add_common_args
 
 
 def nix_profile(bench: Bench, rounds: int) -> tuple[Path, str, list[str]] | None:

@@ -39,7 +39,7 @@ def store_json(meter: Meter, root: Path, *args: str, env: dict | None = None) ->
     try:
         return json.loads(run.stdout), run
     except ValueError as exc:
-        raise SystemExit(f"bench: llmgw-store {' '.join(args)} printed no JSON document: {exc}: {run.stdout[:500]}")
+        raise SystemExit(f"bench: llmgw-store {' '.join(args)} printed no JSON document: {exc}: {run.stdout[:500]}") from exc
 
 
 # The quick modes' packages (the tests' index, tests/conftest.py): tinyengine 1.0 and 1.1 over

@@ -43,9 +43,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 REPO = Path(__file__).resolve().parent.parent
 PY = Path(sys.executable)
@@ -213,7 +213,7 @@ class Meter:
                     if cg:
                         _kill_cgroup(cg)
                         _rmdir_quiet(cg)
-                    raise BenchError(f"timed out after {timeout} s: {' '.join(argv)[:300]}")
+                    raise BenchError(f"timed out after {timeout} s: {' '.join(argv)[:300]}") from None
                 wall = time.perf_counter() - t0
                 code = os.waitstatus_to_exitcode(status)
                 if code < 0:
@@ -502,7 +502,7 @@ class Bench:
         os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
         os.environ.setdefault("LLMGW_STORE_PYTHON_PREFERENCE", "only-system")
 
-    def __enter__(self) -> "Bench":
+    def __enter__(self) -> Bench:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -555,7 +555,7 @@ class Bench:
         for j, b_side in enumerate(baselines):
             b = _summary(b_side)
             g = goal[j] if isinstance(goal, list) else goal
-            ratio = _ratio([(x.wall_s, y.wall_s) for x, y in zip(subject.runs, b_side.runs)])
+            ratio = _ratio([(x.wall_s, y.wall_s) for x, y in zip(subject.runs, b_side.runs, strict=True)])
             r = {
                 "row": names[j] if names else f"{row} vs {b_side.name}",
                 "figure": a["wall_s"], "unit": "s", "baseline": b_side.name, "baseline_figure": b["wall_s"],
@@ -563,7 +563,7 @@ class Bench:
                 "ratio_of_medians": round(a["wall_s"] / b["wall_s"], 3) if b["wall_s"] else None,
                 "cpu_ratio": _ratio([(x.cpu_s if x.cpu_s is not None else x.cpu_waited_s,
                                       y.cpu_s if y.cpu_s is not None else y.cpu_waited_s)
-                                     for x, y in zip(subject.runs, b_side.runs)]),
+                                     for x, y in zip(subject.runs, b_side.runs, strict=True)]),
                 "goal": _goal_text(g), "goal_met": _goal_met(g, ratio),
                 "load": [min(loads), max(loads)], "rounds": len(subject.runs),
                 "subject": a, "against": b,

@@ -95,7 +95,7 @@ def start_nginx(tmp_path):
             except OSError:
                 if proc.poll() is not None or time.monotonic() > deadline:
                     log = (base / "error.log").read_text() if (base / "error.log").exists() else ""
-                    raise AssertionError(f"nginx did not start: {proc.stderr.read().decode()} {log}")
+                    raise AssertionError(f"nginx did not start: {proc.stderr.read().decode()} {log}") from None
                 time.sleep(0.05)
         return SimpleNamespace(url=f"http://127.0.0.1:{port}/llmgw", host="127.0.0.1", files=srv / "llmgw")
 

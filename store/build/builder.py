@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 from llmgw_store.build import bytecode, cacheuse, canonical, indexpins, interpreters, lockfiles, wheelhome
 from llmgw_store.build import recipe as recipes

@@ -292,7 +292,7 @@ if __name__ == "__main__":
             size = max(25, len(files) // (n * 8))
             results = list(pool.map(work, [(root, cache, files[i:i + size]) for i in range(0, len(files), size)]))
     print(len(files), sum(r[0] for r in results), sum(r[1] for r in results))
-""" % {"entry": ENTRY_RE.pattern, "temp": TEMP_PREFIX, "secret_env": SECRET_ENV, "per_worker": MODULES_PER_WORKER}
+""" % {"entry": ENTRY_RE.pattern, "temp": TEMP_PREFIX, "secret_env": SECRET_ENV, "per_worker": MODULES_PER_WORKER}  # noqa: UP031 (the script has braces of its own)
 
 
 def cache_secret(path: Path) -> bytes:

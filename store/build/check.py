@@ -64,10 +64,11 @@ class CheckResult(Result):
     seconds: float
 
 
-def check(recipe_file: str | Path, options: BuildOptions = BuildOptions(), *,
+def check(recipe_file: str | Path, options: BuildOptions | None = None, *,
           root: str | Path | None = None) -> CheckResult:
     """Rebuild the recipe's key into a temporary tree and compare it with the store path."""
     started = time.monotonic()
+    options = options or BuildOptions()
     recipe = recipes.load(recipe_file)
     chosen = _chosen(recipe, options)
     if options.as_of is not None:

@@ -25,9 +25,10 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 from llmgw_store.core import locks, manifest, uses
 from llmgw_store.core.dedupe import share
@@ -48,7 +49,7 @@ HANDOFF = "handoff"
 
 
 def realise(
-    store: "Store",
+    store: Store,
     key: str,
     name: str,
     inputs: dict[str, Any],
@@ -114,7 +115,7 @@ def realise(
 
 
 def replace(
-    store: "Store",
+    store: Store,
     key: str,
     name: str,
     inputs: dict[str, Any],
@@ -196,7 +197,7 @@ def _children_recorded(layout, key: str) -> Iterator[None]:
         yield
 
 
-def _produce(store: "Store", key, name, inputs, meta, make, verify, build_id: int) -> dict[str, Any]:
+def _produce(store: Store, key, name, inputs, meta, make, verify, build_id: int) -> dict[str, Any]:
     """Run `make` in a fresh `.partial`, freeze it, verify and hash it, write its manifest. On any
     failure the `.partial` is removed and the build logged as failed."""
     partial = store.layout.partial_of(name)

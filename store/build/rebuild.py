@@ -24,9 +24,10 @@ they come from the URL the user configured, when it names the same index, or fro
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from llmgw_store.build import builder, interpreters
 from llmgw_store.build import recipe as recipes

@@ -12,7 +12,7 @@ import fnmatch
 import re
 import tomllib
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -202,7 +202,7 @@ def parse(data: dict[str, Any], file: str | Path) -> Recipe:
         if "version" in b and not VERSION_RE.fullmatch(b["version"]):
             raise RecipeError(file, f"{where}.version", f"{b['version']!r} is not a version")
         if "as_of" in b:
-            b["as_of"] = format_time(past_time(b["as_of"], lambda msg: RecipeError(file, f"{where}.as_of", msg)))
+            b["as_of"] = format_time(past_time(b["as_of"], lambda msg, where=where: RecipeError(file, f"{where}.as_of", msg)))
         if ("extra_index" in b) != ("index_packages" in b) or ("index_packages" in b and not b["index_packages"]):
             raise RecipeError(file, f"{where}.extra_index", "extra_index and a non-empty index_packages go together: "
                               "the second index serves only the packages named for it")
@@ -433,12 +433,12 @@ def parse_time(value: str | datetime, error=UsageError) -> datetime:
         except ValueError:
             raise error(f"{shown(value)} is not an ISO 8601 time such as 2024-03-01T00:00:00Z") from None
     if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=timezone.utc)
+        dt = dt.replace(tzinfo=UTC)
     # Years outside 1970..9000 are typos, and near datetime's own bounds a shift to UTC or the day
     # added to a publication time overflows.
     if not 1970 <= dt.year <= 9000:
         raise error(f"{shown(str(value))} is out of range: a time from 1970 to 9000")
-    return dt.astimezone(timezone.utc)
+    return dt.astimezone(UTC)
 
 
 def past_time(value: str | datetime, error=UsageError) -> datetime:
@@ -446,14 +446,14 @@ def past_time(value: str | datetime, error=UsageError) -> datetime:
     held, and one in the future fixes nothing (what is uploaded before it would change a build of
     the same key)."""
     dt = parse_time(value, error)
-    if dt > datetime.now(timezone.utc):
+    if dt > datetime.now(UTC):
         raise error(f"{format_time(dt)} is in the future: a resolution date must have passed "
                     "(leave it out to resolve as the index stood a day after the release)")
     return dt
 
 
 def format_time(dt: datetime) -> str:
-    return dt.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return dt.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 ONE_DAY = timedelta(days=1)

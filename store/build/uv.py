@@ -24,9 +24,10 @@ from __future__ import annotations
 import os
 import re
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING
 
 from llmgw_store.core import network
 from llmgw_store.core.credentials import IndexAuth
@@ -112,8 +113,8 @@ def version_of(binary: Path, log_dir: Path) -> str:
     return m.group(1)
 
 
-def resolve(store: "Store", uv_path: str | Path | None, index_url: str, *, later: bool = False,
-            auth: IndexAuth | None = None, install: bool = True) -> "UvTool | PendingUv":
+def resolve(store: Store, uv_path: str | Path | None, index_url: str, *, later: bool = False,
+            auth: IndexAuth | None = None, install: bool = True) -> UvTool | PendingUv:
     """The uv to build with: `uv_path` if given (its version memoised by inode, size and mtime), else
     the store's own pinned uv, installed on first use (from the shipped binary, else the wheel on
     `index_url`, sent `auth`). With `install=False` (nothing will be built) a missing store path
@@ -174,7 +175,7 @@ class PendingUv:
 
     pending = True
 
-    def __init__(self, store: "Store", path: Path, stamp: str) -> None:
+    def __init__(self, store: Store, path: Path, stamp: str) -> None:
         from concurrent.futures import ThreadPoolExecutor
 
         self.path, self._store, self._stamp = path, store, stamp
@@ -200,12 +201,12 @@ def _pinned_key() -> tuple[dict, str, str]:
     return inputs, key, path_name(key, "uv", UV_VERSION, "bin")
 
 
-def _pinned_present(store: "Store") -> bool:
+def _pinned_present(store: Store) -> bool:
     _, key, name = _pinned_key()
     return store.index.path_by_key(key) is not None and store.layout.path_of(name).is_dir()
 
 
-def _pinned(store: "Store", index_url: str, auth: IndexAuth | None = None) -> UvTool:
+def _pinned(store: Store, index_url: str, auth: IndexAuth | None = None) -> UvTool:
     from llmgw_store.build.realise import realise
 
     inputs, key, name = _pinned_key()
@@ -223,7 +224,7 @@ def _pinned(store: "Store", index_url: str, auth: IndexAuth | None = None) -> Uv
     return UvTool(path / "bin" / "uv", UV_VERSION)
 
 
-def _copy_shipped(store: "Store", partial: Path, found: Path) -> dict:
+def _copy_shipped(store: Store, partial: Path, found: Path) -> dict:
     """Copy the shipped binary into the store path being made, hashing what is copied: the copy
     must have the digest pip recorded for the file (a binary changed in place is refused) and say
     it is UV_VERSION. Builds run the copy, never the file in the Python environment."""
@@ -248,7 +249,7 @@ def _copy_shipped(store: "Store", partial: Path, found: Path) -> dict:
     return {"source": "shipped", "sha256": digest.hexdigest()}
 
 
-def _install_wheel(store: "Store", partial: Path, index_url: str, auth: IndexAuth | None = None) -> dict:
+def _install_wheel(store: Store, partial: Path, index_url: str, auth: IndexAuth | None = None) -> dict:
     import zipfile
 
     from packaging.tags import sys_tags

@@ -462,7 +462,7 @@ def sweep_stale_pulls(tmp: Path) -> None:
     try:
         with os.scandir(tmp) as it:
             cutoff = time.time() - RESUME_KEEP_S
-            old = [e.name for _, e in zip(range(MAX_STALE_SCAN), it)
+            old = [e.name for _, e in zip(range(MAX_STALE_SCAN), it, strict=False)
                    if RESUME_RE.fullmatch(e.name) and e.stat(follow_symlinks=False).st_mtime < cutoff]
     except FileNotFoundError:
         return

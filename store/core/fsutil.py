@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 WRITE_BITS = stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH
 
@@ -42,7 +42,7 @@ def force_rmtree(root: Path) -> None:
     from llmgw_store.core.report import heartbeat
 
     with heartbeat(f"deleting {Path(root).name}"):  # a vLLM tree is 100k entries: seconds
-        for dirpath, dirnames, _ in os.walk(root):
+        for dirpath, _, _ in os.walk(root):
             os.chmod(dirpath, stat.S_IMODE(os.lstat(dirpath).st_mode) | stat.S_IWUSR | stat.S_IXUSR | stat.S_IRUSR)
         shutil.rmtree(root)
 

@@ -37,12 +37,11 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from llmgw_store.core.dirs import PRIVATE_DIR, PUBLIC_DIR  # noqa: F401  (re-exported)
+from llmgw_store.core.dirs import PRIVATE_DIR, PUBLIC_DIR
 from llmgw_store.core.dirs import own_dir as _own_dir
 from llmgw_store.core.dirs import refuse as _refuse
 from llmgw_store.core.errors import IndexError_
 from llmgw_store.core.keys import is_store_name
-
 
 
 def default_root() -> Path:
@@ -63,7 +62,7 @@ class Layout:
     root: Path
 
     @classmethod
-    def at(cls, root: str | Path | None) -> "Layout":
+    def at(cls, root: str | Path | None) -> Layout:
         return cls(Path(root).absolute() if root is not None else default_root().absolute())
 
     @property

@@ -30,7 +30,7 @@ class Store:
 
     @classmethod
     def open(cls, root: str | Path | None = None, lock_timeout: float = BUSY_TIMEOUT_S, *,
-             readonly: bool = False, create: bool = False) -> "Store":
+             readonly: bool = False, create: bool = False) -> Store:
         """Check the store's directories (make the missing ones), then open its index. Waits on the
         index's SQLite locks never outlast `lock_timeout` (the command's --lock-timeout).
         `readonly=True` is for commands that only look (list, info, stats, verify, generations):
@@ -64,7 +64,7 @@ class Store:
     def close(self) -> None:
         self.index.close()
 
-    def __enter__(self) -> "Store":
+    def __enter__(self) -> Store:
         return self
 
     def __exit__(self, *exc) -> None:

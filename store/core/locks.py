@@ -29,9 +29,9 @@ import errno
 import json
 import os
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 from llmgw_store.core import debug, defaults
 from llmgw_store.core.errors import LockTimeout

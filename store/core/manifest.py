@@ -56,7 +56,7 @@ class Entry(NamedTuple):
         return f"{self.kind}\t{self.size}\t{_esc(self.digest)}\t{_esc(self.path)}"
 
     @classmethod
-    def parse(cls, line: str) -> "Entry":
+    def parse(cls, line: str) -> Entry:
         kind, size, digest, path = line.split("\t", 3)
         return cls(_unesc(path), kind, int(size), _unesc(digest))
 

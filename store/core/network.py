@@ -12,8 +12,8 @@ one line saying what needed it (exit 1), before it connects anywhere.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 from llmgw_store.core.errors import OfflineError
 

@@ -80,10 +80,10 @@ import secrets
 import signal
 import threading
 import time
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
 
 from llmgw_store.core import cgroups, report
 

@@ -20,7 +20,7 @@ def sweep_dead(tmp: Path, pattern: re.Pattern[str], max_scan: int, what: str) ->
     (A pid reused since is taken as alive: its tree waits for the next sweep.)"""
     try:
         with os.scandir(tmp) as it:
-            names = [e.name for _, e in zip(range(max_scan), it)]
+            names = [e.name for _, e in zip(range(max_scan), it, strict=False)]
     except FileNotFoundError:
         return
     for n in names:

@@ -600,7 +600,7 @@ def _choose(store: Store, live: set[str], budget: int | None, *, checked: bool =
                 what = "unregistered (a gc registers it again if its manifest shows it complete)"
             leftovers.append({"name": name, "size": None, "reason": what, "last_used": ""})
     # Registered rows whose directory is gone are forgotten too (nothing to free).
-    for name, row in rows.items():
+    for name in rows:
         if name not in on_disk and name not in live:
             registered.append({"name": name, "size": 0, "reason": "registered but missing on disk", "last_used": ""})
     tally = Tally(pooled)

@@ -6,10 +6,11 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, NamedTuple, Optional, Protocol
+from typing import NamedTuple, Protocol
 
 from llmgw_store.cache.backends.retry import RetryPolicy, Transient, Watch, is_document, run
 from llmgw_store.core.errors import IntegrityError, NetworkError, UsageError
@@ -42,7 +43,7 @@ class Opened(NamedTuple):
     """An object opened for reading from byte `start`: its whole length (None when the server did
     not say) and read(n) -> at most n bytes, b"" at its end."""
 
-    total: Optional[int]
+    total: int | None
     start: int
     read: Callable[[int], bytes]
 

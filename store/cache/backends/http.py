@@ -329,7 +329,7 @@ class HttpBackend(StreamingBackend):
             sock.settimeout(2)
             resp = conn.getresponse()
             return resp, sock
-        except Exception:  # noqa: BLE001 - no answer to read: the send error stands
+        except Exception:
             return None
 
     def _send(self, method: str, url: str, watch: Watch, *, headers: dict[str, str] | None = None,

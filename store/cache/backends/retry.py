@@ -79,7 +79,7 @@ class RetryPolicy:
                 raise UsageError(f"cache {f.replace('_', ' ')} {value!r}: give seconds, more than 0, at most a day")
 
     @classmethod
-    def from_env(cls, **given: float | int | str | None) -> "RetryPolicy":
+    def from_env(cls, **given: float | int | str | None) -> RetryPolicy:
         """The policy for this process: each field from `given` (a command-line option, a library
         argument) when not None, else from its LLMGW_STORE_CACHE_* variable, else the default."""
         values: dict[str, float | int] = {}
@@ -110,7 +110,7 @@ class Request:
         self.deadline = self.started + (policy.metadata_timeout if document else policy.deadline)
         self.attempt = 0
 
-    def begin(self) -> "Watch":
+    def begin(self) -> Watch:
         self.attempt += 1
         return Watch(self)
 
