@@ -392,6 +392,9 @@ def _check_sealed(entry: Path, seal: dict[str, manifest.Entry]) -> tuple[dict[st
         if stat.S_IMODE(st.st_mode) != _mode(kind):
             raise _Damage(f"{rel} has mode {stat.S_IMODE(st.st_mode):04o}, not {_mode(kind):04o}")
         if kind != "d":
+            # A capability or another attribute set on a linked inode since it was sealed (root can,
+            # through any store path that links it) would pass to every environment linking it.
+            _no_xattrs(entry / rel, rel)
             digests[rel] = want.digest
             inodes[rel] = (st.st_dev, st.st_ino)
     missing = len(seal) - len(digests) - sum(1 for e in seal.values() if e.kind == "d")

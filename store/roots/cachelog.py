@@ -209,7 +209,8 @@ def wheel_home_inodes(store: Store) -> set[tuple[int, int]]:
     return out
 
 
-def prune_wheel_home(store: Store, *, dry_run: bool, timeout: float) -> tuple[int, int]:
+def prune_wheel_home(store: Store, *, dry_run: bool, timeout: float, gone: frozenset[str] | set[str] = frozenset()
+                     ) -> tuple[int, int]:
     """Remove the wheel home's entries no file outside links any more (no store path, no build in
     flight: wheelhome.linked) and no path a generation record names was installed from (its
     cache-use records stay while the record does), with their seals and uv's pointers to them; and
@@ -231,7 +232,11 @@ def prune_wheel_home(store: Store, *, dry_run: bool, timeout: float) -> tuple[in
         entries = _wheel_entries(store)
         # What a generation record names (a cold generation, rolled back to offline from uv's
         # cache) keeps its entries: gc keeps its cache-use records when it deletes the path.
-        recorded = {str(r.entry) for r in store.index.cache_uses(cacheuse.CACHE)}
+        # `gone`: paths deleted whose records a full disk has not let gc forget yet; their uses
+        # hold nothing (unless a generation record names the path).
+        cold = store.index.generation_path_names() if gone else set()
+        recorded = {str(r.entry) for r in store.index.cache_uses(cacheuse.CACHE)
+                    if r.path_name not in gone or r.path_name in cold}
         dead = [e for e in entries if e.name not in recorded and not wheelhome.linked(e.path)]
         freed = 0
         for e in dead:

@@ -266,12 +266,16 @@ def collect(
             with gc_lock(layout, shared=False, timeout=lock_timeout):
                 whole = max_cache is not None or pooled is None
                 report["freed"]["store_paths"] += _prune_pool(layout.links_pool, names=None if whole else pooled)
+            # The wheels only the deleted paths linked: freed with them, before what a full disk kept
+            # gc from recording is recorded (the paths' files are the wheel home's inodes: deleting
+            # the paths alone frees nothing). Under uv's cache lock, not the gc lock (removing an
+            # entry changes no store path; what matters is that no uv process links from it
+            # meanwhile), so a build's uv run delays only this step.
+            report["freed"]["store_paths"] += prune_wheel_home(
+                store, dry_run=False, timeout=min(lock_timeout, WHEEL_HOME_LOCK_S),
+                gone=report["deferred"].get("forget", set()))[1]
+            with gc_lock(layout, shared=False, timeout=lock_timeout):
                 _record_deferred(store, report)
-            # The wheels only the deleted paths linked: freed with them. Under uv's cache lock, not
-            # the gc lock (removing an entry changes no store path; what matters is that no uv
-            # process links from it meanwhile), so a build's uv run delays only this step.
-            report["freed"]["store_paths"] += prune_wheel_home(store, dry_run=False,
-                                                               timeout=min(lock_timeout, WHEEL_HOME_LOCK_S))[1]
             if budget is None or not dead:
                 break
         if not dry_run:
