@@ -41,7 +41,7 @@ from llmgw_store.core import debug, reserve
 from llmgw_store.core.errors import DiskFullError, IndexError_, NoStoreError, UsageError
 from llmgw_store.core.fsutil import free_bytes
 from llmgw_store.core.index import Index, ReferencedError, now_iso
-from llmgw_store.core.keys import is_store_name
+from llmgw_store.core.keys import NIX_BASE32, STORE_NAME_MAX, is_store_name
 from llmgw_store.core.layout import Layout
 from llmgw_store.core.local_store import Store
 from llmgw_store.core.locks import LOCK_TIMEOUT_S
@@ -54,11 +54,18 @@ from llmgw_store.core.units import human_size
 from llmgw_store.roots.accounting import Tally, inodes_of, listed_files, on_disk, remove_tree, walk
 from llmgw_store.roots.cachelog import prune_wheel_home, wheel_home_inodes
 
+# A store path name after any `/store/` (core/keys.STORE_NAME_RE's shape, bounded): a process names
+# its environment through whatever prefix reaches the root where it runs (the root bind-mounted
+# elsewhere in a container's mount namespace, a symlinked parent), and /proc shows
+# that prefix, not ours. Matching the name alone can only keep more (the safe direction); names
+# that are not entries of this store are dropped.
+_RUNTIME_NAME = re.compile(rf"/store/([{NIX_BASE32}]{{32}}-[A-Za-z0-9._+!-]{{1,{STORE_NAME_MAX - 33}}})")
+
 
 def runtime_roots(layout: Layout) -> dict[str, set[str]]:
-    """Store path names used by running processes -> the pids using them."""
-    stores = {os.fspath(layout.store), os.path.realpath(layout.store)}
-    pattern = re.compile("(?:" + "|".join(re.escape(s) for s in stores) + r")/([^/\0\s:'\"]+)")
+    """Store path names used by running processes (those /proc shows: the pid namespace gc runs
+    in) -> the pids using them."""
+    pattern = _RUNTIME_NAME
     found: dict[str, set[str]] = {}
 
     def note(text: str, pid: str) -> None:
@@ -88,7 +95,7 @@ def runtime_roots(layout: Layout) -> dict[str, set[str]]:
                     note(f.read().decode(errors="replace").replace("\0", "\n"), pid)
             except OSError:
                 pass
-    return found
+    return {name: pids for name, pids in found.items() if os.path.lexists(layout.store / name)}
 
 
 @dataclass(frozen=True)
