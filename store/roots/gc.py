@@ -28,6 +28,7 @@ lost) and judges it like any registered path; one that is not complete is garbag
 from __future__ import annotations
 
 import dataclasses
+import errno
 import os
 import re
 import stat
@@ -166,7 +167,8 @@ class GcReport(Result):
     """What gc did (or with dry_run would do): each path deleted (name, size: its apparent bytes,
     freed: the bytes its deletion freed on disk, reason), bytes freed per kind (on disk: blocks,
     an inode counted only when its last link went), each root and what it holds, generations
-    deleted, complete paths registered again, dead paths kept by the grace period, caches pruned."""
+    deleted, complete paths registered again, dead paths kept by the grace period, caches pruned;
+    `undeleted`: trees left in the trash because the kernel refused their deletion (gc exits 1)."""
 
     dry_run: bool
     deleted: tuple[dict[str, Any], ...] = ()
@@ -180,6 +182,7 @@ class GcReport(Result):
     kept_by_grace: tuple[str, ...] = ()
     cache_pruned: dict[str, int] = field(default_factory=dict)
     rounds: int = 0
+    undeleted: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -213,7 +216,7 @@ def collect(
     filesystem's own free space, re-read after each round of deletion."""
     started = time.monotonic()
     report: dict[str, Any] = {"dry_run": dry_run, "deleted": [], "generations_deleted": {}, "freed": {}, "kept": {},
-                              "kept_by_grace": [], "rounds": 0, "deferred": {}}
+                              "kept_by_grace": [], "rounds": 0, "deferred": {}, "undeleted": []}
     # The reserve's blocks are the store's own: gc gives them back to itself, not to the disk, so
     # every comparison with --min-free counts them as used (`held`).
     held = _release_reserve(root) if not dry_run else 0
@@ -503,14 +506,38 @@ def _empty_trash(layout: Layout, dead: list[dict[str, Any]], report: dict[str, A
         if "trash" in item:
             names = _pool_names(item["trash"]) if pool_used else set()
             pooled = None if names is None or pooled is None else pooled | names
-            item["freed"] = remove_tree(item.pop("trash"))
+            item["freed"] = _remove_or_leave(item.pop("trash"), report)
             report["freed"]["store_paths"] += item["freed"]
         else:
             item["freed"] = 0
     for entry in os.scandir(layout.trash):
+        if entry.path in report["undeleted"]:
+            continue  # said already
         pooled = None if pool_used else pooled
-        report["freed"]["store_paths"] += remove_tree(entry.path)
+        report["freed"]["store_paths"] += _remove_or_leave(entry.path, report)
     return pooled
+
+
+# What the kernel refuses even root (EPERM: an immutable or append-only attribute; EBUSY: a mount
+# point inside the tree). Such a tree stays in the trash, where nothing uses it, and every other
+# one is still deleted; gc then exits 1 (cli/commands/gc.py), every time until someone clears it.
+_LEAVE = (errno.EPERM, errno.EACCES, errno.EBUSY)
+
+
+def _remove_or_leave(tree: str | os.PathLike, report: dict[str, Any]) -> int:
+    """remove_tree(tree), or, when the kernel refuses a deletion in it, one line naming it and the
+    likely cause, the tree left in the trash and named in report["undeleted"] (0 bytes counted)."""
+    try:
+        return remove_tree(tree)
+    except OSError as exc:
+        if exc.errno not in _LEAVE:
+            raise
+        shown = os.fspath(tree)
+        report["undeleted"].append(shown)
+        say(f"cannot delete {shown}: {exc.strerror} ({os.fsdecode(exc.filename or shown)}): left in the trash; "
+            f"most likely an immutable or append-only attribute (`lsattr -R {shown}`, cleared with `chattr -R -i -a`)"
+            " or a mount inside it; the next gc deletes it once that is gone")
+        return 0
 
 
 _POOL_NAME = re.compile(r"[0-9a-f]{64}-[fx]")
@@ -530,6 +557,7 @@ def _report(report: dict[str, Any]) -> GcReport:
     for item in report["deleted"]:
         item.pop("trash", None)
     return GcReport(**{**report, "deleted": tuple(report["deleted"]), "registered": tuple(report.get("registered", ())),
+                       "undeleted": tuple(report.get("undeleted", ())),
                        "kept": tuple(report.get("kept", ())),
                        "kept_by_grace": tuple(report.get("kept_by_grace", ()))})
 
