@@ -28,7 +28,7 @@ def store(template, tmp_path):
     root = copy_store(template["root"], tmp_path / "root")
     yield root, template["names"]
     # or pytest cannot remove it (wherever gc moved it)
-    subprocess.run(["find", str(root), "-name", "pyvenv.cfg", "-exec", "chattr", "-i", "{}", "+"], capture_output=True)
+    subprocess.run(["find", str(root), "(", "-name", "pyvenv.cfg", "-o", "-name", "METADATA", ")", "-exec", "chattr", "-i", "{}", "+"], capture_output=True)
 
 
 def immutable(path: Path) -> None:
@@ -79,3 +79,15 @@ def test_eperm_for_root_is_not_called_an_ownership_problem():
     assert "/r/var/trash/x/f" in str(err) and "lsattr" in str(err) and "owns the store" not in str(err)
     # EACCES (another user's root, a squashed NFS) is still "not yours": exit 2.
     assert isinstance(from_os_error(PermissionError(errno.EACCES, "Permission denied", "/r/var")), AccessDeniedError)
+
+
+def test_an_immutable_file_shared_with_the_wheel_home_fails_only_its_own_path(store):
+    """A wheel's file (METADATA: the wheel home's inode, hard-linked into the path) made immutable."""
+    root, (a, b) = store
+    [meta] = [p for p in (root / "store" / a).rglob("METADATA") if "tinyengine" in str(p)][:1]
+    immutable(meta)
+    proc = run_cli(root, "--json", "gc")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr and "owns the store" not in proc.stderr, proc.stderr
+    r = json.loads(proc.stdout)
+    assert {d["name"] for d in r["deleted"]} == {a, b} and on_disk(root) == set() and len(r["undeleted"]) == 1
+    assert proc.stderr.count(r["undeleted"][0]) == 1, proc.stderr
