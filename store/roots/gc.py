@@ -534,9 +534,9 @@ def _remove_or_leave(tree: str | os.PathLike, report: dict[str, Any]) -> int:
             raise
         shown = os.fspath(tree)
         report["undeleted"].append(shown)
-        say(f"cannot delete {shown}: {exc.strerror} ({os.fsdecode(exc.filename or shown)}): left in the trash; "
-            f"most likely an immutable or append-only attribute (`lsattr -R {shown}`, cleared with `chattr -R -i -a`)"
-            " or a mount inside it; the next gc deletes it once that is gone")
+        say(f"cannot delete {shown} ({os.fsdecode(exc.filename or '')}: {exc.strerror}): left in the trash; most "
+            "likely an immutable or append-only attribute (`lsattr -R` it; `chattr -R -i -a` clears it) or a mount "
+            "inside it; the next gc deletes it once that is gone")
         return 0
 
 
