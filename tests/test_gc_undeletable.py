@@ -91,3 +91,18 @@ def test_an_immutable_file_shared_with_the_wheel_home_fails_only_its_own_path(st
     r = json.loads(proc.stdout)
     assert {d["name"] for d in r["deleted"]} == {a, b} and on_disk(root) == set() and len(r["undeleted"]) == 1
     assert proc.stderr.count(r["undeleted"][0]) == 1, proc.stderr
+
+
+def test_an_immutable_dead_directory_stays_in_the_store_and_the_rest_goes(store):
+    root, (a, b) = store
+    immutable(root / "store" / a)  # rename(2) into the trash is refused
+    try:
+        proc = run_cli(root, "--json", "gc")
+        assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+        r = json.loads(proc.stdout)
+        assert [d["name"] for d in r["deleted"]] == [b] and on_disk(root) == {a}
+        assert r["undeleted"] == [str(root / "store" / a)] and "lsattr" in proc.stderr
+    finally:
+        subprocess.run(["chattr", "-i", str(root / "store" / a)], check=True)
+    proc = run_cli(root, "--json", "gc")  # registered again from its manifest, and collected
+    assert proc.returncode == 0 and on_disk(root) == set(), proc.stderr

@@ -432,8 +432,17 @@ def _sweep(store: Store, excluded, budget, keep_dead_for, dry_run, lock_timeout,
             debug.pause("GC_AFTER_FORGET")  # forgotten, still in store/
             src = layout.store / _component(item["name"])
             if os.path.lexists(src):
-                item["trash"] = layout.trash / f"{item['name']}.{os.getpid()}.{time.monotonic_ns()}"
-                os.rename(src, item["trash"])
+                trash = layout.trash / f"{item['name']}.{os.getpid()}.{time.monotonic_ns()}"
+                try:
+                    os.rename(src, trash)
+                except OSError as exc:
+                    if exc.errno not in _LEAVE:
+                        raise
+                    # Left where it is, unregistered: the next gc registers it again and retries.
+                    _left(os.fspath(src), exc, "left in store/", report)
+                    item["kept"] = True
+                    continue
+                item["trash"] = trash
         dead = [item for item in dead if not item.get("kept")]
         report["deleted"] += dead
     return dead, live
@@ -532,12 +541,15 @@ def _remove_or_leave(tree: str | os.PathLike, report: dict[str, Any]) -> int:
     except OSError as exc:
         if exc.errno not in _LEAVE:
             raise
-        shown = os.fspath(tree)
-        report["undeleted"].append(shown)
-        say(f"cannot delete {shown} ({os.fsdecode(exc.filename or '')}: {exc.strerror}): left in the trash; most "
-            "likely an immutable or append-only attribute (`lsattr -R` it; `chattr -R -i -a` clears it) or a mount "
-            "inside it; the next gc deletes it once that is gone")
+        _left(os.fspath(tree), exc, "left in the trash", report)
         return 0
+
+
+def _left(shown: str, exc: OSError, where: str, report: dict[str, Any]) -> None:
+    report["undeleted"].append(shown)
+    say(f"cannot delete {shown} ({os.fsdecode(exc.filename or '')}: {exc.strerror}): {where}; most likely an "
+        "immutable or append-only attribute (`lsattr -R` it; `chattr -R -i -a` clears it) or a mount inside it; "
+        "the next gc deletes it once that is gone")
 
 
 _POOL_NAME = re.compile(r"[0-9a-f]{64}-[fx]")
