@@ -45,6 +45,18 @@ def _hold(argv: list[str], env_path: str):
     return proc
 
 
+def _kept_while_running(root: Path, a: str, proc: subprocess.Popen) -> None:
+    """gc keeps A (and only A) while `proc` runs from it, naming its pid; collects it after."""
+    try:
+        r = gc(root)
+        assert on_disk(root) == {a}, r["deleted"]
+        assert any(k["kind"] == "process" and k["pid"] == proc.pid and k["paths"] == [a] for k in r["kept"])
+    finally:
+        proc.kill()
+        proc.wait()
+    assert [d["name"] for d in gc(root)["deleted"]] == [a]
+
+
 def test_engine_in_a_mount_namespace_with_the_root_bind_mounted_elsewhere_keeps_its_environment(store, tmp_path):
     """A container bind-mounts the shared root at ALT in its own mount namespace and runs an engine
     from ALT/store/A: the host's gc (same pid namespace) sees only ALT/... in /proc."""
@@ -58,15 +70,8 @@ def test_engine_in_a_mount_namespace_with_the_root_bind_mounted_elsewhere_keeps_
     env_path = f"{alt}/store/{a}"
     script = f"mount --bind '{root}' '{alt}' && exec '{env_path}/bin/python' -c \"{HOLD}\""
     proc = _hold(["unshare", "--mount", "--propagation", "private", "sh", "-c", script], env_path)
-    try:
-        assert not (alt / "store").exists()  # the mount is the container's alone
-        r = gc(root)
-        assert on_disk(root) == {a}, r["deleted"]
-        assert any(k["kind"] == "process" and k["pid"] == proc.pid and k["paths"] == [a] for k in r["kept"])
-    finally:
-        proc.kill()
-        proc.wait()
-    assert [d["name"] for d in gc(root)["deleted"]] == [a]
+    assert not (alt / "store").exists()  # the mount is the container's alone
+    _kept_while_running(root, a, proc)
 
 
 def test_engine_reaching_the_root_through_a_symlinked_parent_keeps_its_environment(store, tmp_path):
@@ -75,15 +80,7 @@ def test_engine_reaching_the_root_through_a_symlinked_parent_keeps_its_environme
     lnk = tmp_path / "lnk"
     lnk.symlink_to(tmp_path)
     env_path = f"{lnk}/root/store/{a}"
-    proc = _hold([f"{env_path}/bin/python", "-c", HOLD], env_path)
-    try:
-        r = gc(root)
-        assert on_disk(root) == {a}, r["deleted"]
-        assert any(k["kind"] == "process" and k["pid"] == proc.pid and k["paths"] == [a] for k in r["kept"])
-    finally:
-        proc.kill()
-        proc.wait()
-    assert [d["name"] for d in gc(root)["deleted"]] == [a]
+    _kept_while_running(root, a, _hold([f"{env_path}/bin/python", "-c", HOLD], env_path))
 
 
 def test_a_name_this_store_does_not_hold_is_no_root(store):
