@@ -57,8 +57,12 @@ def gc(obj: Context, dry_run: bool, delete_older_than: str | None, keep: int | N
     if r.cache_pruned:
         extra += (f"; {r.cache_pruned['entries']} cache entr(ies) pruned ({human_size(r.cache_pruned['bytes'])})"
                   + (f", {r.cache_pruned['kept_live']} kept for live paths" if r.cache_pruned["kept_live"] else ""))
+    if r.undeleted:
+        extra += f"; {len(r.undeleted)} left in the trash (the kernel refused their deletion: see above)"
     obj.emit(r.to_json(), f"{len(r.deleted)} store path(s) {'to delete' if dry_run else 'deleted'}, {verb} "
                           f"{human_size(freed)} on disk in {r.seconds:.1f}s{extra}")
+    if r.undeleted:
+        obj.exit(1)  # the rest was collected; cron's log shows the failure
 
 
 @cli.command(name="systemd-units")

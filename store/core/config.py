@@ -38,12 +38,14 @@ bytes (`remember`); the fast path reads the file's bytes and takes the values fr
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 
 from llmgw_store.core import defaults
 from llmgw_store.core.dirs import private_dir, read_private, replace_private
 from llmgw_store.core.errors import UsageError
+from llmgw_store.core.files import FileRefused, resolve_trusted, untrusted
 
 CONFIG_ENV = "LLMGW_STORE_CONFIG"
 ENV_PREFIX = "LLMGW_STORE_"
@@ -296,46 +298,50 @@ def locate(flag: str | None, environ: os._Environ | dict = os.environ) -> tuple[
     return default_path(), False
 
 
-def _trusted(path: str, what: str, where: str) -> os.stat_result:
-    """lstat of `path` (a real path) if it and every directory above it are owned by root or this
-    user and writable by no one else; ConfigError otherwise."""
-    me = os.geteuid()
-    parts = path.split("/")
-    st = None
-    for i in range(1, len(parts) + 1):
-        p = "/".join(parts[:i]) or "/"
+def _open_trusted(path: str, what: str, where: str, *, open_it: bool = True) -> tuple[int, os.stat_result]:
+    """(fd, fstat) of `path` (as given, not its real path) opened for reading, if it and every
+    directory walked through on the way are root's or this user's and writable by no one else, and
+    every link on the way lies in such a directory (core/files.resolve_trusted, the rule writes
+    outside the root follow too); ConfigError otherwise. The caller closes the fd. Without
+    `open_it` (a program the file names: it may be execute-only), (-1, its lstat)."""
+    def refused(reason: str) -> ConfigError:
+        return ConfigError(f"{where}: refusing {what} {path}: it {reason}; only root or you may be able to write "
+                           "it, the directories above it and the links on the way")
+
+    try:
+        dfd, name = resolve_trusted(path, every=True)
         try:
-            st = os.lstat(p)
-        except OSError as exc:
-            raise ConfigError(f"{where}: cannot read {what} {path}: {exc.strerror}") from None
-        others_write = stat.S_IMODE(st.st_mode) & (stat.S_IWGRP | stat.S_IWOTH)
-        sticky_root_dir = stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX and st.st_uid == 0
-        if st.st_uid not in (0, me) or (others_write and not sticky_root_dir):
-            raise ConfigError(f"{where}: refusing {what} {path}: {p} is "
-                              + (f"owned by uid {st.st_uid}" if st.st_uid not in (0, me) else
-                                 f"writable by other users (mode {stat.S_IMODE(st.st_mode):o})")
-                              + "; only root or you may be able to write it and the directories above it")
-    assert st is not None
-    return st
+            if open_it:
+                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
+                st = os.fstat(fd)
+            else:
+                fd, st = -1, os.stat(name, dir_fd=dfd, follow_symlinks=False)
+        finally:
+            os.close(dfd)
+    except FileRefused as exc:
+        raise refused(exc.reason) from None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # the name became a link after it was resolved
+            raise refused("is a symbolic link that changed while it was read") from None
+        raise  # FileNotFoundError and the like: the caller says "cannot read"
+    why = "a symbolic link that changed while it was read" if stat.S_ISLNK(st.st_mode) else untrusted(st)
+    if why is not None:
+        if fd >= 0:
+            os.close(fd)
+        raise refused(f"is {why}")
+    return fd, st
 
 
 def read(path: str, explicit: bool) -> bytes | None:
     """The config file's bytes, after the trust checks; None when the default file is absent."""
     try:
-        real = os.path.realpath(path, strict=True)
+        fd, st = _open_trusted(path, "the config file", path)
     except OSError as exc:
         if not explicit and isinstance(exc, FileNotFoundError):
             return None
         raise ConfigError(f"{path}: cannot read the config file: {exc.strerror or exc}") from None
-    st = _trusted(real, "the config file", path)
-    if not stat.S_ISREG(st.st_mode):
-        raise ConfigError(f"{path}: the config file is not a regular file")
     try:
-        fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read the config file: {exc.strerror}") from None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        if not stat.S_ISREG(st.st_mode):
             raise ConfigError(f"{path}: the config file is not a regular file")
         data = os.read(fd, MAX_CONFIG_BYTES + 1)
     finally:
@@ -378,7 +384,10 @@ def parse(path: str, data: bytes) -> dict[str, object]:
             [v for v in value if v.startswith("/")] if name == "trusted_keys" else [])  # type: ignore[attr-defined]
         for f in files:
             if os.path.lexists(f):
-                _trusted(os.path.realpath(f), f"the file {name} names,", f"{path}: {name}")
+                try:
+                    _open_trusted(f, f"the file {name} names,", f"{path}: {name}", open_it=False)
+                except OSError as exc:
+                    raise ConfigError(f"{path}: {name}: cannot read {f}: {exc.strerror or exc}") from None
     return values
 
 

@@ -9,6 +9,7 @@
     │   └── UnsafePathError         a directory to write into outside the root is a link or another user's
     ├── DiskFullError               no space left on the store's filesystem (ENOSPC, EDQUOT, SQLite's full)
     ├── ReadOnlyError               the filesystem or the index is read-only (EROFS)
+    ├── NotPermittedError           the kernel refused root (EPERM: an immutable or append-only file)
     ├── LockTimeout                 exit 75 (EX_TEMPFAIL): a lock could not be had in time
     ├── NetworkError                an index or download could not be reached or answered badly
     │   └── OfflineError            something needed the network under --offline
@@ -100,6 +101,11 @@ class ReadOnlyError(StoreError):
     message names the path. Commands that only look (list, info, verify, env, run) still work."""
 
 
+class NotPermittedError(StoreError):
+    """The kernel refused root an operation on a file (EPERM): not an ownership problem, but an
+    immutable or append-only attribute (chattr +i/+a), a security module, or a mount's flags."""
+
+
 class LockTimeout(StoreError):
     """A lock was held by another process for longer than the allowed wait."""
 
@@ -180,6 +186,11 @@ def from_os_error(exc: BaseException) -> StoreError | None:
     if exc.errno == errno.EROFS:
         return ReadOnlyError(f"the filesystem of{where or ' the store'} is read-only: remount it read-write, or "
                              "use only commands that look (list, info, stats, verify, env, run)")
+    if exc.errno == errno.EPERM and os.geteuid() == 0:
+        # Root owns everything it may change: EPERM here is an attribute or a policy, never the owner.
+        return NotPermittedError(f"operation not permitted:{where or ' a file of the store'}, even to root: most likely "
+                                 "an immutable or append-only attribute (`lsattr -d` it; `chattr -i -a` clears it) "
+                                 "or a security module")
     if exc.errno in _DENIED:
         return AccessDeniedError(f"permission denied:{where or ' a file of the store'}: run llmgw-store as the "
                                  f"user that owns the store (this is uid {os.geteuid()}), or pass another --root")

@@ -11,7 +11,10 @@ one way to write a file outside it, and the one private secret file.
     write_outside(path, data, ...)   a file the store writes outside its root (a Prometheus
                                      textfile, key files, systemd units): write_atomic into the
                                      target directory opened without following a link, once that
-                                     directory is shown to be no other user's (`check_target_dir`)
+                                     directory is shown to be no other user's (`check_target_dir`);
+                                     a link among the directories above it is followed only in a
+                                     trusted directory (`resolve_trusted`, `untrusted`: the rule
+                                     the config file's path is held to as well)
     private_secret(path, nbytes)     N random bytes made once (0600, exclusive, whole or absent)
                                      and read back only from the owner's private regular file with
                                      one link
@@ -239,23 +242,96 @@ def _fsync_dir(dfd: int | None) -> None:
             os.close(fd)
 
 
+MAX_LINKS = 40  # links followed while resolving one path (the kernel's MAXSYMLINKS)
+
+
+def untrusted(st: os.stat_result) -> str | None:
+    """Why a directory (or file) with this stat is one another user could change, or None when only
+    root or this user can: owned by another uid, or writable by group or others (a directory with
+    the sticky bit excepted, as /tmp: no one else can rename or remove what is in it)."""
+    if st.st_uid not in (0, os.geteuid()):
+        return f"owned by uid {st.st_uid}, not by root or this user ({os.geteuid()})"
+    if st.st_mode & _GROUP_OTHER_WRITE and not (stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX):
+        return f"writable by other users (mode {stat.S_IMODE(st.st_mode):04o})"
+    return None
+
+
+def resolve_trusted(path: str | os.PathLike, *, every: bool = False, follow_last: bool = True) -> tuple[int, str]:
+    """(a descriptor of the directory holding `path`'s last component, that component), resolved
+    from / one component at a time with O_NOFOLLOW. A symbolic link on the way is followed only when
+    the directory holding it is trusted (`untrusted` finds nothing: root's links in root's
+    directories, as /var/run -> /run, are followed; a link in another user's directory never is),
+    at most MAX_LINKS of them; with `every`, each directory walked through must be trusted too.
+    `follow_last`: whether a link as the last component is followed (else it is the answer). The
+    last component is "." for "/". FileRefused names the link or directory and why;
+    FileNotFoundError when a directory on the way is absent. The caller closes the descriptor."""
+    shown = os.fspath(path)
+    parts = os.path.abspath(shown).split("/")[::-1]  # a stack: the next component last
+    here = "/"
+    fd = os.open("/", _DIR)
+    links = 0
+    try:
+        if every and (why := untrusted(os.fstat(fd))):
+            raise FileRefused(shown, f"lies below / which is {why}")
+        while parts:
+            part = parts.pop()
+            if part in ("", "."):
+                continue
+            last = not any(p not in ("", ".") for p in parts)
+            if part != "..":
+                try:
+                    st = os.stat(part, dir_fd=fd, follow_symlinks=False)
+                except FileNotFoundError:
+                    if last:
+                        return fd, part
+                    raise
+                if stat.S_ISLNK(st.st_mode) and (follow_last or not last):
+                    if why := untrusted(os.fstat(fd)):
+                        raise FileRefused(shown, f"goes through the symbolic link {os.path.join(here, part)} in a "
+                                                 f"directory {why}, who could point it anywhere")
+                    links += 1
+                    if links > MAX_LINKS:
+                        raise FileRefused(shown, f"goes through more than {MAX_LINKS} symbolic links")
+                    target = os.readlink(part, dir_fd=fd)
+                    if target.startswith("/"):
+                        os.close(fd)
+                        fd, here = -1, "/"
+                        fd = os.open("/", _DIR)  # (-1 meanwhile: nothing to close if this fails)
+                    parts.extend(target.split("/")[::-1])
+                    continue
+                if last:
+                    return fd, part
+            nxt = _open(part, _DIR, fd, shown, "lies below something that is not a directory (a link?)")
+            os.close(fd)
+            fd = nxt
+            here = os.path.dirname(here) if part == ".." else os.path.join(here, part)
+            if every and (why := untrusted(os.fstat(fd))):
+                raise FileRefused(shown, f"lies below {here} which is {why}")
+        return fd, "."
+    except BaseException:
+        if fd >= 0:
+            os.close(fd)
+        raise
+
+
 def check_target_dir(dfd: int, shown: str | os.PathLike) -> None:
     """The rule for a directory outside the root the store writes into (its descriptor, opened
-    without following a link): owned by root or by the user the store runs as, and writable by no
-    one else — unless it has the sticky bit (as /tmp), where no one else can rename or remove what
-    the store put there. A directory of another user is refused even when only its owner may write
-    it: that user could swap the file the store wrote (a secret key for one of theirs) the moment
-    after. UnsafePathError (exit 2) says what to do."""
+    without following a link): `untrusted` finds nothing — owned by root or by the user the store
+    runs as, and writable by no one else unless it has the sticky bit (as /tmp), where no one else
+    can rename or remove what the store put there. A directory of another user is refused even when
+    only its owner may write it: that user could swap the file the store wrote (a secret key for
+    one of theirs) the moment after. UnsafePathError (exit 2) says what to do."""
     st = os.fstat(dfd)
+    why = untrusted(st)
+    if why is None:
+        return
     where = os.fspath(shown)
     if st.st_uid not in (0, os.geteuid()):
-        raise UnsafePathError(f"refusing to write into {where}: it is owned by uid {st.st_uid}, not by root or this "
-                              f"user ({os.geteuid()}), who could swap what the store writes there; use a directory of "
-                              "root's (readers such as node_exporter only need to read it)")
-    if st.st_mode & _GROUP_OTHER_WRITE and not st.st_mode & stat.S_ISVTX:
-        raise UnsafePathError(f"refusing to write into {where}: it is writable by group or others (mode "
-                              f"{stat.S_IMODE(st.st_mode):04o}) without the sticky bit; another user could swap "
-                              "what the store writes there — chmod go-w it, or use another directory")
+        raise UnsafePathError(f"refusing to write into {where}: it is {why}, who could swap what the store writes "
+                              "there; use a directory of root's (readers such as node_exporter only need to read it)")
+    raise UnsafePathError(f"refusing to write into {where}: it is writable by group or others (mode "
+                          f"{stat.S_IMODE(st.st_mode):04o}) without the sticky bit; another user could swap what the "
+                          "store writes there — chmod go-w it, or use another directory")
 
 
 def write_outside(path: str | os.PathLike, data: bytes, *, mode: int = 0o644, exclusive: bool = False) -> os.PathLike:
@@ -267,9 +343,16 @@ def write_outside(path: str | os.PathLike, data: bytes, *, mode: int = 0o644, ex
 
     p = Path(os.path.abspath(path))
     try:
-        dfd = os.open(p.parent, _DIR)
+        # The directories above: links followed only where trusted; the directory itself: never.
+        gfd, name = resolve_trusted(p.parent, follow_last=False)
+        try:
+            dfd = os.open(name, _DIR, dir_fd=gfd)
+        finally:
+            os.close(gfd)
     except FileNotFoundError:
         raise UnsafePathError(f"cannot write {p}: its directory {p.parent} does not exist") from None
+    except FileRefused as exc:
+        raise UnsafePathError(f"refusing to write into {p.parent}: it {exc.reason}; pass the real directory") from None
     except OSError as exc:
         if exc.errno in (errno.ELOOP, errno.ENOTDIR):
             raise UnsafePathError(f"refusing to write into {p.parent}: it is a symbolic link or not a directory; "

@@ -28,6 +28,7 @@ lost) and judges it like any registered path; one that is not complete is garbag
 from __future__ import annotations
 
 import dataclasses
+import errno
 import os
 import re
 import stat
@@ -41,7 +42,7 @@ from llmgw_store.core import debug, reserve
 from llmgw_store.core.errors import DiskFullError, IndexError_, NoStoreError, UsageError
 from llmgw_store.core.fsutil import free_bytes
 from llmgw_store.core.index import Index, ReferencedError, now_iso
-from llmgw_store.core.keys import is_store_name
+from llmgw_store.core.keys import NIX_BASE32, STORE_NAME_MAX, is_store_name
 from llmgw_store.core.layout import Layout
 from llmgw_store.core.local_store import Store
 from llmgw_store.core.locks import LOCK_TIMEOUT_S
@@ -54,11 +55,18 @@ from llmgw_store.core.units import human_size
 from llmgw_store.roots.accounting import Tally, inodes_of, listed_files, on_disk, remove_tree, walk
 from llmgw_store.roots.cachelog import prune_wheel_home, wheel_home_inodes
 
+# A store path name after any `/store/` (core/keys.STORE_NAME_RE's shape, bounded): a process names
+# its environment through whatever prefix reaches the root where it runs (the root bind-mounted
+# elsewhere in a container's mount namespace, a symlinked parent), and /proc shows
+# that prefix, not ours. Matching the name alone can only keep more (the safe direction); names
+# that are not entries of this store are dropped.
+_RUNTIME_NAME = re.compile(rf"/store/([{NIX_BASE32}]{{32}}-[A-Za-z0-9._+!-]{{1,{STORE_NAME_MAX - 33}}})")
+
 
 def runtime_roots(layout: Layout) -> dict[str, set[str]]:
-    """Store path names used by running processes -> the pids using them."""
-    stores = {os.fspath(layout.store), os.path.realpath(layout.store)}
-    pattern = re.compile("(?:" + "|".join(re.escape(s) for s in stores) + r")/([^/\0\s:'\"]+)")
+    """Store path names used by running processes (those /proc shows: the pid namespace gc runs
+    in) -> the pids using them."""
+    pattern = _RUNTIME_NAME
     found: dict[str, set[str]] = {}
 
     def note(text: str, pid: str) -> None:
@@ -88,7 +96,7 @@ def runtime_roots(layout: Layout) -> dict[str, set[str]]:
                     note(f.read().decode(errors="replace").replace("\0", "\n"), pid)
             except OSError:
                 pass
-    return found
+    return {name: pids for name, pids in found.items() if os.path.lexists(layout.store / name)}
 
 
 @dataclass(frozen=True)
@@ -159,7 +167,8 @@ class GcReport(Result):
     """What gc did (or with dry_run would do): each path deleted (name, size: its apparent bytes,
     freed: the bytes its deletion freed on disk, reason), bytes freed per kind (on disk: blocks,
     an inode counted only when its last link went), each root and what it holds, generations
-    deleted, complete paths registered again, dead paths kept by the grace period, caches pruned."""
+    deleted, complete paths registered again, dead paths kept by the grace period, caches pruned;
+    `undeleted`: trees left in the trash because the kernel refused their deletion (gc exits 1)."""
 
     dry_run: bool
     deleted: tuple[dict[str, Any], ...] = ()
@@ -173,6 +182,7 @@ class GcReport(Result):
     kept_by_grace: tuple[str, ...] = ()
     cache_pruned: dict[str, int] = field(default_factory=dict)
     rounds: int = 0
+    undeleted: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -206,7 +216,7 @@ def collect(
     filesystem's own free space, re-read after each round of deletion."""
     started = time.monotonic()
     report: dict[str, Any] = {"dry_run": dry_run, "deleted": [], "generations_deleted": {}, "freed": {}, "kept": {},
-                              "kept_by_grace": [], "rounds": 0, "deferred": {}}
+                              "kept_by_grace": [], "rounds": 0, "deferred": {}, "undeleted": []}
     # The reserve's blocks are the store's own: gc gives them back to itself, not to the disk, so
     # every comparison with --min-free counts them as used (`held`).
     held = _release_reserve(root) if not dry_run else 0
@@ -422,8 +432,17 @@ def _sweep(store: Store, excluded, budget, keep_dead_for, dry_run, lock_timeout,
             debug.pause("GC_AFTER_FORGET")  # forgotten, still in store/
             src = layout.store / _component(item["name"])
             if os.path.lexists(src):
-                item["trash"] = layout.trash / f"{item['name']}.{os.getpid()}.{time.monotonic_ns()}"
-                os.rename(src, item["trash"])
+                trash = layout.trash / f"{item['name']}.{os.getpid()}.{time.monotonic_ns()}"
+                try:
+                    os.rename(src, trash)
+                except OSError as exc:
+                    if exc.errno not in _LEAVE:
+                        raise
+                    # Left where it is, unregistered: the next gc registers it again and retries.
+                    _left(os.fspath(src), exc, "left in store/", report)
+                    item["kept"] = True
+                    continue
+                item["trash"] = trash
         dead = [item for item in dead if not item.get("kept")]
         report["deleted"] += dead
     return dead, live
@@ -496,14 +515,41 @@ def _empty_trash(layout: Layout, dead: list[dict[str, Any]], report: dict[str, A
         if "trash" in item:
             names = _pool_names(item["trash"]) if pool_used else set()
             pooled = None if names is None or pooled is None else pooled | names
-            item["freed"] = remove_tree(item.pop("trash"))
+            item["freed"] = _remove_or_leave(item.pop("trash"), report)
             report["freed"]["store_paths"] += item["freed"]
         else:
             item["freed"] = 0
     for entry in os.scandir(layout.trash):
+        if entry.path in report["undeleted"]:
+            continue  # said already
         pooled = None if pool_used else pooled
-        report["freed"]["store_paths"] += remove_tree(entry.path)
+        report["freed"]["store_paths"] += _remove_or_leave(entry.path, report)
     return pooled
+
+
+# What the kernel refuses even root (EPERM: an immutable or append-only attribute; EBUSY: a mount
+# point inside the tree). Such a tree stays in the trash, where nothing uses it, and every other
+# one is still deleted; gc then exits 1 (cli/commands/gc.py), every time until someone clears it.
+_LEAVE = (errno.EPERM, errno.EACCES, errno.EBUSY)
+
+
+def _remove_or_leave(tree: str | os.PathLike, report: dict[str, Any]) -> int:
+    """remove_tree(tree), or, when the kernel refuses a deletion in it, one line naming it and the
+    likely cause, the tree left in the trash and named in report["undeleted"] (0 bytes counted)."""
+    try:
+        return remove_tree(tree)
+    except OSError as exc:
+        if exc.errno not in _LEAVE:
+            raise
+        _left(os.fspath(tree), exc, "left in the trash", report)
+        return 0
+
+
+def _left(shown: str, exc: OSError, where: str, report: dict[str, Any]) -> None:
+    report["undeleted"].append(shown)
+    say(f"cannot delete {shown} ({os.fsdecode(exc.filename or '')}: {exc.strerror}): {where}; most likely an "
+        "immutable or append-only attribute (`lsattr -R` it; `chattr -R -i -a` clears it) or a mount inside it; "
+        "the next gc deletes it once that is gone")
 
 
 _POOL_NAME = re.compile(r"[0-9a-f]{64}-[fx]")
@@ -523,6 +569,7 @@ def _report(report: dict[str, Any]) -> GcReport:
     for item in report["deleted"]:
         item.pop("trash", None)
     return GcReport(**{**report, "deleted": tuple(report["deleted"]), "registered": tuple(report.get("registered", ())),
+                       "undeleted": tuple(report.get("undeleted", ())),
                        "kept": tuple(report.get("kept", ())),
                        "kept_by_grace": tuple(report.get("kept_by_grace", ()))})
 
