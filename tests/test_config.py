@@ -261,3 +261,26 @@ def test_containment_and_the_units_gc_policy_come_from_the_file(tmp_path):
                        root=root)  # the flag wins over the file
     assert proc.returncode == 0, proc.stderr
     assert "--min-free" not in (tmp_path / "units" / "llmgw-store-gc.service").read_text()
+
+
+def test_config_shows_no_credentials(tmp_path):
+    """An index token and a cache password never reach `config`'s output (eyes, logs, tickets)."""
+    conf = write_config(tmp_path / "config.toml", 'index_url = "http://__token__:IDXTOKEN@mirror.internal/simple"\n'
+                        'substituters = ["http://nodeuser:CACHEPASS@cache.internal/llmgw"]\n')
+    for args in (("config",), ("--json", "config")):
+        proc = with_config(conf, *args)
+        assert proc.returncode == 0, proc.stderr
+        assert "IDXTOKEN" not in proc.stdout + proc.stderr and "CACHEPASS" not in proc.stdout + proc.stderr
+        # positive: the URLs themselves are shown, and where they come from
+        assert "http://mirror.internal/simple" in proc.stdout and "http://cache.internal/llmgw" in proc.stdout
+
+
+def test_a_cache_password_is_not_copied_into_the_fast_paths_cache(tmp_path):
+    conf = write_config(tmp_path / "config.toml", 'substituters = ["http://u:CACHEPASS@cache.internal/llmgw"]\n')
+    conf.chmod(0o600)
+    assert with_config(conf, "config").returncode == 0
+    cache = tmp_path / "cache"
+    assert not any(b"CACHEPASS" in f.read_bytes() for f in cache.rglob("*") if f.is_file())
+    plain = write_config(tmp_path / "plain.toml", 'substituters = ["http://cache.internal/llmgw"]\n')
+    assert with_config(plain, "config").returncode == 0
+    assert any(b"cache.internal" in f.read_bytes() for f in (cache / "llmgw-store").iterdir())
