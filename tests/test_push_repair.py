@@ -145,3 +145,23 @@ def test_format_1_push_again_restores_a_lost_archive(world, tmp_path):
     assert _pull_fails(w, a, url)
     assert push1(w["root"], a, url, secret)["repaired"] == [a]
     assert pull2(w, a, url)["pulled"] == [a]
+
+
+def test_a_sound_blob_of_another_size_is_kept(world, tmp_path):
+    """The positive case beside the planted blob: a valid frame of the right bytes that another zstd
+    (here with a checksum) wrote, at another size than this push's, is kept as it is: objects signed
+    with its size need it."""
+    import zstandard
+
+    w, (a, _) = world, world["names"]
+    cache, url = _setup(w, tmp_path)
+    (cache / "blobs").mkdir(parents=True)
+    data = random.Random(1).randbytes(1 << 20)
+    other = zstandard.ZstdCompressor(level=3, write_checksum=True).compress(data)  # a checksummed frame
+    assert len(other) != len(zstandard.ZstdCompressor(level=3).compress(data))  # another size than push's
+    (cache / "blobs" / WEIGHTS).write_bytes(other)
+    first = push2(w, a, url)
+    assert first["pushed"] == [a] and first["bytes_shared"] >= len(other)
+    assert (cache / "blobs" / WEIGHTS).read_bytes() == other
+    assert pull2(w, a, url)["pulled"] == [a]
+    assert push2(w, a, url)["already_there"] == [a]  # and a push again renews it

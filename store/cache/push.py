@@ -12,7 +12,8 @@ The metadata is written last: an object without it does not exist for pullers.
 
 Racing a cache gc (cache/cache_gc.py) loses nothing. Push (1) writes `pending/<key>-<nonce>.json`
 naming every blob it will reference, (2) waits while any unexpired `gc/<nonce>.json` marker
-exists, (3) uploads the blobs the cache lacks, (4) writes the metadata, (5) removes its marker. A
+exists, (3) uploads the blobs the cache lacks or holds at another size, (4) writes the metadata,
+(5) removes its marker. A push of an object the cache holds runs the same steps (`_push_v2`). A
 gc writes its marker before it reads anything and removes it after its last delete. So either
 push's step 2 ran before the gc's marker existed — then its pending marker existed before the gc
 read the pending markers, and the gc keeps its blobs — or it waits until that gc has deleted all it
@@ -279,13 +280,13 @@ def _sound_blob(backend, blob, there: int, by_digest, label: str) -> bool:
     signed with its size need kept as it is. Only such a blob is kept; anything else is replaced."""
     from blake3 import blake3
 
-    from llmgw_store.cache.tree_fetch import BlobRef, _inflate
+    from llmgw_store.cache.tree_fetch import BlobRef, inflate
 
     if there > blob.size + (blob.size >> 7) + (1 << 17):  # past zstd's compress bound: no frame of it
         return False
     h, buf = blake3(max_threads=blake3.AUTO), bytearray()  # a pack (at most PACK_MAX) in memory, a file streamed
     try:
-        if _inflate(backend, BlobRef(blob.digest, blob.size, there), buf.extend if blob.is_pack else h.update,
+        if inflate(backend, BlobRef(blob.digest, blob.size, there), buf.extend if blob.is_pack else h.update,
                     label) is None:
             return False
     except (IntegrityError, NetworkError):
