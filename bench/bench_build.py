@@ -9,8 +9,10 @@ A warm-up build of RECIPE fills a store (and its uv cache). Then:
                (or flagged, with --allow-editable and in --quick); it names the interpreter.
   cold build, warm cache
                the store building a copy of RECIPE with `as_of` fixed to the warm-up's date into a
-               fresh root whose uv cache is a copy (cp -al) of the warm one, against the seed's
-               commands by hand from another copy of it, with the same uv and the same date:
+               fresh root holding what the warm-up's node keeps for its next build (its uv cache and
+               its wheel home: store/.wheels with the seals var/wheels; see warm_store_root), against
+               the seed's commands by hand from a plain uv cache holding the same wheels as real
+               directories (see warm_hand_cache), with the same uv and the same date:
                    uv venv --relocatable --python REQUEST --python-preference P
                    uv pip compile --generate-hashes --exclude-newer DATE --index-url URL
                    uv pip install --require-hashes --no-deps -r LOCK     (uv's DEFAULT link mode)
@@ -81,6 +83,65 @@ def step_of(steps: dict, *words: str) -> float | None:
     return None
 
 
+ARCHIVE_BUCKET = "archive-v0"  # uv's bucket of unpacked wheels; in a store's cache, the link to the wheel home
+
+
+def wheel_home_of(uv_cache: Path) -> Path:
+    """The directory a store's uv cache keeps its unpacked wheels in: the wheel home its
+    `archive-v0` links to (store/build/cacheuse.WHEEL_HOME_LINK), or the bucket itself."""
+    bucket = uv_cache / ARCHIVE_BUCKET
+    if bucket.is_symlink():
+        home = Path(os.path.normpath(bucket.parent / os.readlink(bucket)))
+        if home.name != ".wheels" or home.parent.name != "store" or not home.is_dir():
+            raise BenchError(f"{bucket} links to {home}, not to a store's wheel home: update bench_build's warm copies")
+        return home
+    return bucket
+
+
+def entries(bucket: Path) -> set[str]:
+    """The unpacked wheels of a bucket (or wheel home) by uv's archive id."""
+    return {e.name for e in os.scandir(bucket) if e.is_dir(follow_symlinks=False)} if bucket.is_dir() else set()
+
+
+def copy_uv_cache(src: Path, dest: Path) -> None:
+    """uv's cache, hard-linked (cp -al: uv writes a cache entry whole and renames it into place,
+    never into a linked file), without its lock file (each cache its own, as on two machines)."""
+    subprocess.run(["cp", "-al", str(src), str(dest)], check=True)
+    (dest / ".lock").unlink(missing_ok=True)
+
+
+def warm_hand_cache(warm_cache: Path, dest: Path) -> None:
+    """A plain uv cache as the seed's commands leave it after the same build: the warm root's uv
+    cache with `archive-v0` a real directory holding the same unpacked wheels (the wheel home's
+    entries, hard-linked: the same bytes, no copy to write back while the row is timed). uv's other
+    buckets point into it by relative paths (`wheels-v*/…/<version>-<tag> ->
+    ../../../../archive-v0/<id>`), which resolve in the copy."""
+    copy_uv_cache(warm_cache, dest)
+    bucket = dest / ARCHIVE_BUCKET
+    if bucket.is_symlink():
+        bucket.unlink()
+    else:
+        rmtree(bucket)
+    subprocess.run(["cp", "-al", str(wheel_home_of(warm_cache)), str(bucket)], check=True)
+
+
+def warm_store_root(warm: Path, root: Path) -> None:
+    """A fresh root holding what a node that has built keeps for its next build (and nothing of the
+    build itself: no store path, index, memo or bytecode cache): its uv cache, whose `archive-v0`
+    is the store's relative link `../../store/.wheels`, so it points into this root; its wheel home
+    store/.wheels, hard-linked (the inodes the warm root's environment links, as a node's wheel home
+    is linked by its earlier paths); and the seals var/wheels, copied (a seal must have one link,
+    core/files one_link). The build then checks each entry against its seal by shape and every
+    linked file's digest in its scan, as a second build on that node does: a seal that did not fit
+    would fail it (DamagedWheel, evicted, unpacked again), which store_after sees."""
+    (root / "cache").mkdir(mode=0o700, parents=True)
+    (root / "store").mkdir(mode=0o755)
+    (root / "var").mkdir(mode=0o700)
+    copy_uv_cache(warm / "cache" / "uv", root / "cache" / "uv")
+    subprocess.run(["cp", "-al", str(warm / "store" / ".wheels"), str(root / "store" / ".wheels")], check=True)
+    subprocess.run(["cp", "-a", str(warm / "var" / "wheels"), str(root / "var" / "wheels")], check=True)
+
+
 def compile_workers(env_path: Path) -> int:
     """The store's number of compile workers for this tree (all cores where it cannot be asked)."""
     modules = sum(f.endswith(".py") for _, _, fs in os.walk(env_path / "lib") for f in fs)
@@ -135,6 +196,9 @@ def run_all(bench: Bench, args, recipe: Path, index_args: list[str]) -> None:
     uv_cache = warm / "cache" / "uv"
     if not uv_cache.is_dir():
         raise BenchError(f"the store keeps no uv cache at {uv_cache}: update bench_build's warm-cache copy")
+    warm_wheels = entries(wheel_home_of(uv_cache))
+    if not warm_wheels:
+        raise BenchError(f"the warm-up build left no unpacked wheel in {wheel_home_of(uv_cache)}: nothing is warm")
     print(f"warm-up build: {env.name} (as_of {as_of}, python {request})", file=sys.stderr)
 
     if not args.skip_hit:
@@ -159,13 +223,24 @@ def run_all(bench: Bench, args, recipe: Path, index_args: list[str]) -> None:
     hand_env = clean_env({"UV_NO_CONFIG": "1", "UV_PYTHON_DOWNLOADS": "never"})
     last_store_root: dict[str, Path] = {}
 
+    seals_before: dict[int, dict[str, int]] = {}
+
+    def seal_inodes(root: Path) -> dict[str, int]:
+        """Each seal's inode: a seal written again (sealed anew) is a new file, renamed into place."""
+        return {e.name: e.inode() for e in os.scandir(root / "var" / "wheels")}
+
+    def not_warm(new: set[str], who: str) -> None:
+        if new:
+            raise BenchError(f"{who} {len(new)} wheel(s) anew ({sorted(new)[:3]}), which the warm-up root "
+                             "held ready: the warm-cache row was not warm")
+
     def sides(cache: str) -> tuple[Side, Side]:
         def store_argv(i):
             root = bench.work / f"store-{cache}-{i}"
             rmtree(root)
             if cache == "warm":
-                (root / "cache").mkdir(parents=True)
-                subprocess.run(["cp", "-al", str(uv_cache), str(root / "cache" / "uv")], check=True)
+                warm_store_root(warm, root)
+                seals_before[i] = seal_inodes(root)
             return cli(root, "--json", "build", fixed, "--uv", uv, *index_args, *pick)
 
         def store_after(i, run: Run):
@@ -173,6 +248,10 @@ def run_all(bench: Bench, args, recipe: Path, index_args: list[str]) -> None:
             if doc.get("cache_hit") or doc.get("as_of", as_of) != as_of:
                 raise BenchError(f"the store's cold build was a hit or resolved at another date: {doc}")
             root = bench.work / f"store-{cache}-{i}"
+            if cache == "warm":
+                not_warm(entries(root / "store" / ".wheels") - warm_wheels, "the store unpacked")
+                after = seal_inodes(root)
+                not_warm({n for n in after if seals_before[i].get(n) != after[n]}, "the store sealed")
             out = {"disk_env_bytes": du_bytes(Path(doc["path"])), "steps": doc.get("steps") or {}}
             previous = last_store_root.get(cache)
             if previous and previous != root:
@@ -185,13 +264,15 @@ def run_all(bench: Bench, args, recipe: Path, index_args: list[str]) -> None:
             rmtree(d)
             d.mkdir()
             if cache == "warm":
-                subprocess.run(["cp", "-al", str(uv_cache), str(d / "cache")], check=True)
+                warm_hand_cache(uv_cache, d / "cache")
             hand_env["UV_CACHE_DIR"] = str(d / "cache")
             return ["/bin/bash", "-c", BY_HAND, "by-hand", uv, request, args.python_preference, d / "env", reqs,
                     d / "lock", as_of, index_url, str(jobs), *verify]
 
         def hand_after(i, run: Run):
             d = bench.work / f"hand-{cache}-{i}"
+            if cache == "warm":
+                not_warm(entries(d / "cache" / ARCHIVE_BUCKET) - warm_wheels, "uv unpacked")
             out = {"disk_env_bytes": du_bytes(d / "env"), "disk_env_and_cache_bytes": du_bytes(d / "env", d / "cache"),
                    "steps": script_steps(run.stdout)}
             rmtree(d)
@@ -211,6 +292,9 @@ def run_all(bench: Bench, args, recipe: Path, index_args: list[str]) -> None:
                       names=["cold build, empty caches vs the seed's commands"], warmup=False)
         rmtree(last_store_root.pop("cold", Path("/nonexistent")))
     first_steps = store_side.extras[-1].get("steps", {})
+    # The last warm root's wheel home shares its inodes with the warm-up root's (warm_store_root):
+    # gone, its entries' link counts are this root's own, as gc reads them (wheelhome.linked).
+    rmtree(warm)
     disk_and_neighbour(bench, args, last_store_root["warm"], fixed, recipe, uv, index_args, pick, as_of, first_steps)
 
 
@@ -226,7 +310,9 @@ def disk_and_neighbour(bench: Bench, args, root: Path, fixed: Path, recipe: Path
                  "the environment alone", alone, goal=("<=", 1.15),
                  note="du of the whole root (store, caches, index; each inode once) after `gc`",
                  detail={"gc_s": round(gc.wall_s, 3), "gc_freed": (json.loads(gc.stdout).get("freed") or {}),
-                         "by_parts": {p.name: du_bytes(p) for p in sorted(root.iterdir())}})
+                         "by_parts": {p.name: du_bytes(p) for p in sorted(root.iterdir())},
+                         # its files are the environment's too (hard links): counted once in the figure
+                         "wheel_home": du_bytes(root / "store" / ".wheels")})
     if not (args.neighbour_as_of or args.neighbour_version):
         return
     when = args.neighbour_as_of

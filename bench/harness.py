@@ -387,9 +387,12 @@ def load1() -> float:
 
 
 def rmtree(path: Path) -> None:
-    """Remove a tree the store made read-only."""
+    """Remove a tree the store made read-only. Only its directories are made writable (all that
+    unlinking needs): its files may be hard links of another root's wheel home or store paths,
+    whose modes a check compares (a `chmod -R` here damaged the warm-up root's wheel home)."""
     if os.path.lexists(path):
-        subprocess.run(["chmod", "-R", "u+w", str(path)], check=False, capture_output=True)
+        subprocess.run(["find", str(path), "-type", "d", "!", "-perm", "-u+w", "-exec", "chmod", "u+w", "{}", "+"],
+                       check=False, capture_output=True)
         shutil.rmtree(path, ignore_errors=True)
 
 
