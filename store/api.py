@@ -35,7 +35,7 @@ def build(recipe: str | Path, options: BuildOptions | None = None, *, substitute
 
     options = options or BuildOptions()
     return build_recipe(recipe, options, root=root, substituter=_substituter(substituters, trusted_keys, options.offline,
-                                                                               cache_network))
+                                                                               cache_network, options.substitute_only))
 
 
 def activate(profile: str, target: str | Path, options: BuildOptions | None = None, *,
@@ -56,9 +56,9 @@ def activate(profile: str, target: str | Path, options: BuildOptions | None = No
 
 
 def push(targets: list[str], to: str, secret_key: str, *, root: str | Path | None = None,
-         format: int = 2, lock_timeout: float | None = None, policy=None) -> PushResult:
+         format: int = 2, lock_timeout: float | None = None, policy=None, rewrite_blobs: bool = False) -> PushResult:
     """Push store paths given as PROFILE, PROFILE@N, a store name, a key or a path (object `format`
-    2: shared blobs; 1: one archive)."""
+    2: shared blobs; 1: one archive; `rewrite_blobs`: upload every blob again)."""
     from llmgw_store.cache.push import push as push_names
     from llmgw_store.core.local_store import Store
     from llmgw_store.roots.resolve import reference
@@ -66,7 +66,8 @@ def push(targets: list[str], to: str, secret_key: str, *, root: str | Path | Non
     with Store.open(root) as store:
         names = [reference(store, t).name for t in targets]
     extra = {} if lock_timeout is None else {"lock_timeout": lock_timeout}
-    return push_names(names, to, secret_key, root=root, format=format, policy=policy, **extra)
+    return push_names(names, to, secret_key, root=root, format=format, policy=policy, rewrite_blobs=rewrite_blobs,
+                      **extra)
 
 
 def push_roots(to: str, secret_key: str, *, node: str | None = None, root: str | Path | None = None, policy=None):
@@ -128,16 +129,24 @@ def rollback(profile: str, *, to: int | None = None, substituters: tuple[str, ..
 
 
 def _substituter(substituters: tuple[str, ...], trusted_keys: tuple[str, ...], offline: bool,
-                 cache_network: dict | None = None):
+                 cache_network: dict | None = None, substitute_only: bool = False):
     """The binary caches to ask, as the build layer's Substituter (None: none given). Offline, a
-    cache that needs the network is passed over with one line (only file:// ones are asked)."""
+    cache that needs the network is passed over with one line (only file:// ones are asked); when
+    that leaves none under `substitute_only`, the usage error says so."""
     if offline:
+        from llmgw_store.core.credentials import public_url
         from llmgw_store.core.report import say
 
-        for url in substituters:
-            if not url.startswith("file://"):
-                say(f"cache {url}: passed over (--offline: file:// caches only)")
+        passed = [public_url(u) for u in substituters if not u.startswith("file://")]
+        for url in passed:
+            say(f"cache {url}: passed over (--offline: file:// caches only)")
         substituters = tuple(u for u in substituters if u.startswith("file://"))
+        if passed and not substituters and substitute_only:
+            from llmgw_store.core.errors import UsageError
+
+            raise UsageError(f"--substitute-only with --offline: the binary caches given ({' '.join(passed)}) were "
+                             "passed over because of --offline (it asks file:// caches only): pass a file:// "
+                             "--substituter, or drop --offline")
     if not substituters:
         return None
     from llmgw_store.cache.backends import RetryPolicy
@@ -171,7 +180,7 @@ def _realise_record(rec: Record, substituters: tuple[str, ...], trusted_keys: tu
                 and store.layout.path_of(rec.name).is_dir():
             say(f"{what}: its store path is still there, as recorded")
             return "hit"
-    substituter = _substituter(substituters, trusted_keys, offline, cache_network)
+    substituter = _substituter(substituters, trusted_keys, offline, cache_network, substitute_only)
     recorded = rebuild.Recorded(key=rec.key, name=rec.name, inputs=rec.inputs, content_hash=rec.content_hash,
                                 engine=rec.engine, version=rec.version, variant=rec.variant, lock=rec.lock,
                                 lock_format=rec.lock_format, what=what)

@@ -231,8 +231,11 @@ def test_the_docs_list_every_setting_and_their_example_configs_are_valid(tmp_pat
         assert values["root"] == "/var/lib/llmgw-store"
 
 
-def test_a_token_in_the_config_is_not_copied_into_the_fast_paths_cache(tmp_path):
-    conf = write_config(tmp_path / "config.toml", 'index_url = "https://__token__:s3cret@mirror.internal/simple"\n')
+@pytest.mark.parametrize("text", ['index_url = "https://__token__:s3cret@mirror.internal/simple"\n',
+                                  'substituters = ["http://u:s3cret@cache.internal/llmgw"]\n'])
+def test_a_token_in_the_config_is_not_copied_into_the_fast_paths_cache(tmp_path, text):
+    """An index token or a cache password: the fast path finds no entry and defers to the full CLI."""
+    conf = write_config(tmp_path / "config.toml", text)
     conf.chmod(0o600)
     assert with_config(conf, "config").returncode == 0
     cache = tmp_path / "cache"
@@ -261,3 +264,16 @@ def test_containment_and_the_units_gc_policy_come_from_the_file(tmp_path):
                        root=root)  # the flag wins over the file
     assert proc.returncode == 0, proc.stderr
     assert "--min-free" not in (tmp_path / "units" / "llmgw-store-gc.service").read_text()
+
+
+def test_config_shows_no_credentials(tmp_path):
+    """An index token and a cache password never reach `config`'s output (eyes, logs, tickets)."""
+    conf = write_config(tmp_path / "config.toml", 'index_url = "http://__token__:IDXTOKEN@mirror.internal/simple"\n'
+                        'substituters = ["http://nodeuser:CACHEPASS@cache.internal/llmgw"]\n')
+    for args in (("config",), ("--json", "config")):
+        proc = with_config(conf, *args)
+        assert proc.returncode == 0, proc.stderr
+        assert "IDXTOKEN" not in proc.stdout + proc.stderr and "CACHEPASS" not in proc.stdout + proc.stderr
+        # positive: the URLs themselves are shown, and where they come from
+        assert "http://mirror.internal/simple" in proc.stdout and "http://cache.internal/llmgw" in proc.stdout
+

@@ -42,7 +42,9 @@ def config_cmd(ctx: click.Context) -> None:
             value, source = config.effective(s, flag, os.environ, values)
         except ValueError:
             value, source = os.environ[s.env], "env (not a valid value: the commands that take it refuse it)"
-        settings[s.name] = {"value": list(value) if isinstance(value, tuple) else value, "source": source,
+        # Shown without credentials (an index token, a cache's password): both outputs are for eyes and logs.
+        value = [_public(v) for v in value] if isinstance(value, (tuple, list)) else _public(value)
+        settings[s.name] = {"value": value, "source": source,
                             "flag": s.flag, "env": s.env, "key": s.name,
                             "commands": ["(every command)"] if config.GLOBAL in s.commands or "*" in s.commands
                             else list(s.commands)}
@@ -58,6 +60,12 @@ def config_cmd(ctx: click.Context) -> None:
         lines.append(f"{name:<{width}}  {shown:<40}  {where}")
     obj.emit({"schema_version": SCHEMA_VERSION, "config_file": loaded.path if loaded is not None else None,
               "settings": settings}, "\n".join(lines))
+
+
+def _public(value: object) -> object:
+    from llmgw_store.core.credentials import public_url
+
+    return public_url(value) if isinstance(value, str) else value
 
 
 def _unset(name: str) -> str:

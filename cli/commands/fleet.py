@@ -36,11 +36,13 @@ def cache_network_options(f):
 @click.option("--secret-key", required=True, envvar="LLMGW_STORE_SECRET_KEY", help="Signing key file (from keygen).")
 @click.option("--format", "format_", type=click.IntRange(1, 2), default=2, show_default=True,
               help="Object format: 2 = files as shared blobs (delta pulls), 1 = one archive (older nodes).")
+@click.option("--rewrite-blobs", is_flag=True, envvar="LLMGW_STORE_REWRITE_BLOBS",
+              help="Upload every blob (or archive) again, even one the cache holds at the right size.")
 @lock_timeout_option(locks.LOCK_TIMEOUT_S, "the store's locks and a running cache gc's marker")
 @cache_network_options
 @click.pass_obj
-def push(obj: Context, paths: tuple[str, ...], to: str, secret_key: str, format_: int, lock_timeout: float,
-         policy) -> None:
+def push(obj: Context, paths: tuple[str, ...], to: str, secret_key: str, format_: int, rewrite_blobs: bool,
+         lock_timeout: float, policy) -> None:
     """Upload store PATHS and what they reference to a binary cache, signed.
 
     \b
@@ -49,8 +51,9 @@ def push(obj: Context, paths: tuple[str, ...], to: str, secret_key: str, format_
     """
     from llmgw_store.api import push as do_push
 
-    r = do_push(list(paths), to, secret_key, root=obj.root, format=format_, lock_timeout=lock_timeout, policy=policy)
-    obj.emit(r.to_json(), f"pushed {len(r.pushed)}, already there {len(r.already_there)}")
+    r = do_push(list(paths), to, secret_key, root=obj.root, format=format_, lock_timeout=lock_timeout, policy=policy,
+                rewrite_blobs=rewrite_blobs)
+    obj.emit(r.to_json(), f"pushed {len(r.pushed)}, repaired {len(r.repaired)}, already there {len(r.already_there)}")
 
 
 @cli.command()

@@ -12,7 +12,8 @@ The metadata is written last: an object without it does not exist for pullers.
 
 Racing a cache gc (cache/cache_gc.py) loses nothing. Push (1) writes `pending/<key>-<nonce>.json`
 naming every blob it will reference, (2) waits while any unexpired `gc/<nonce>.json` marker
-exists, (3) uploads the blobs the cache lacks, (4) writes the metadata, (5) removes its marker. A
+exists, (3) uploads the blobs the cache lacks or holds at another size, (4) writes the metadata,
+(5) removes its marker. A push of an object the cache holds runs the same steps (`_push_v2`). A
 gc writes its marker before it reads anything and removes it after its last delete. So either
 push's step 2 ran before the gc's marker existed — then its pending marker existed before the gc
 read the pending markers, and the gc keeps its blobs — or it waits until that gc has deleted all it
@@ -35,7 +36,7 @@ from typing import Any
 from llmgw_store.cache.backends import RetryPolicy, backend_for
 from llmgw_store.cache.signing import METADATA_MAX_BYTES, load_secret, sign
 from llmgw_store.core import debug, locks
-from llmgw_store.core.errors import IntegrityError, LockTimeout, NotFoundError, UsageError
+from llmgw_store.core.errors import IntegrityError, LockTimeout, NetworkError, NotFoundError, UsageError
 from llmgw_store.core.fsutil import sha256_of
 from llmgw_store.core.index import RegisteredPath
 from llmgw_store.core.keys import canonical_json
@@ -69,6 +70,7 @@ class PushResult(Result):
     bytes_shared: int = 0  # compressed bytes of blobs the cache had already
     blobs_uploaded: int = 0
     seconds: float = 0.0
+    repaired: tuple[str, ...] = ()  # held by the cache, but not as this push writes it: mended (docs/fleet.md)
 
 
 def _read_verified(path: Path, digest: str, size: int) -> bytes:
@@ -132,8 +134,42 @@ def _wait_for_gc(backend, lock_timeout: float) -> None:
         time.sleep(GC_WAIT_POLL)
 
 
-def _push_v2(store: Store, backend, row: RegisteredPath, secret_key, lock_timeout: float) -> dict[str, int]:
-    """Upload one registered store path as a format-2 object; what it cost."""
+def _own_plan(backend, current: bytes | None, blobs, entries, document, label: str) -> dict[str, int]:
+    """The compressed size of each blob as this store's own earlier push recorded it: the plan of
+    the cache's metadata `current`, trusted only when the document this push would write with that
+    plan's sizes is byte for byte `current` (ed25519 signatures are deterministic, so only a push
+    with this key, of this path, wrote it). Empty when it is not (absent, garbage, another key's,
+    another plan): the caller then learns each present blob's size by compressing it."""
+    from llmgw_store.cache.objects import Blob, parse_plan, plan_bytes
+    from llmgw_store.cache.tree_fetch import BlobRef, fetch_small
+
+    if not current:
+        return {}
+    bound = len(plan_bytes([Blob(b.digest, b.members, b.size, 1 << 42) for b in blobs]))
+    try:
+        ref = json.loads(current)["plan"]
+        size, csize = ref["size"], ref["csize"]
+        if not (isinstance(size, int) and isinstance(csize, int) and 0 < size <= bound and 0 < csize <= bound + 4096):
+            return {}
+        theirs = parse_plan(fetch_small(backend, BlobRef(ref["digest"], size, csize), label), entries, label)
+    except (IntegrityError, ValueError, KeyError, TypeError, AttributeError):
+        return {}
+    if {(b.digest, b.members) for b in theirs} != {(b.digest, b.members) for b in blobs}:
+        return {}
+    if document(sorted(theirs, key=lambda b: b.digest))[0] != current:
+        return {}
+    return {b.digest: b.csize for b in theirs}
+
+
+def _push_v2(store: Store, backend, row: RegisteredPath, secret_key, lock_timeout: float, current: bytes | None,
+             rewrite_blobs: bool = False) -> dict[str, Any]:
+    """Upload one registered store path as a format-2 object, or repair or renew the one the cache
+    holds (`current`: its metadata as read, b"" when unreadable); what it cost and found.
+
+    Every blob is looked at after the gc wait: one missing is uploaded; one present whose size is
+    not the size this push uploads (its own earlier plan's, else learnt by compressing it) is
+    replaced unless it inflates to exactly its bytes; with `rewrite_blobs` every blob is uploaded.
+    The small blobs and the metadata are always written (again): that renews the object."""
     import secrets
     from concurrent.futures import ThreadPoolExecutor
 
@@ -159,20 +195,41 @@ def _push_v2(store: Store, backend, row: RegisteredPath, secret_key, lock_timeou
     for e in entries:
         if e.kind in "fx":
             by_digest.setdefault(e.digest, e)
+    references = store.index.references(name)
+    zc = zstandard.ZstdCompressor(level=ZSTD_LEVEL)
+
+    def document(done: list[Blob]) -> tuple[bytes, list[tuple[str, bytes]]]:
+        """The metadata this push writes for blobs of these sizes, and its small blobs (deterministic)."""
+        smalls, refs = [], []
+        for data in (listing, plan_bytes(done), manifest_bytes):
+            packed = zc.compress(data)
+            smalls.append((digest_of(data), packed))
+            refs.append({"digest": digest_of(data), "size": len(data), "csize": len(packed)})
+        listing_ref, plan_ref, manifest_ref = refs
+        meta = {
+            "format": FORMAT, "name": name, "key": key, "inputs": json.loads(row.inputs),
+            "content_hash": row.content_hash, "size": row.size, "files": row.files, "references": references,
+            "listing": {"size": listing_ref["size"], "csize": listing_ref["csize"]},
+            "plan": plan_ref, "manifest": manifest_ref,
+            "blobs_csize": sum(b.csize for b in done) + sum(r["csize"] for r in refs),
+        }
+        sign(meta, secret_key)
+        return canonical_json(meta), smalls
+
+    own = {} if rewrite_blobs else _own_plan(backend, current, blobs, entries, document, f"{key}.json")
     marker = f"pending/{key}-{os.getpid()}-{secrets.token_hex(4)}.json"
     backend.put(marker, canonical_json({"key": key, "name": name, "time": time.time(),
                                         "blobs": [b.digest for b in blobs]}))
-    cost = {"uploaded": 0, "shared": 0, "blobs": 0}
+    cost: dict[str, Any] = {"uploaded": 0, "shared": 0, "blobs": 0, "missing": 0, "wrong_size": 0}
     lock = threading.Lock()
     progress = Progress(name, sum(b.size for b in blobs), len(entries), verb="pushing")
     try:
         _wait_for_gc(backend, lock_timeout)
         debug.pause("PUSH_BLOBS_PAUSE")
-        zc = zstandard.ZstdCompressor(level=ZSTD_LEVEL)
 
         def upload(blob: Blob) -> Blob:
-            there = backend.size(blob_name(blob.digest))
-            if there is not None:
+            there = None if rewrite_blobs else backend.size(blob_name(blob.digest))
+            if there is not None and own.get(blob.digest) == there:  # as this key's last push left it
                 with lock:
                     cost["shared"] += there
                 progress.add(blob.size, len(blob.members))
@@ -185,77 +242,142 @@ def _push_v2(store: Store, backend, row: RegisteredPath, secret_key, lock_timeou
                 else:
                     e = by_digest[blob.digest]
                     data = _compress_file(tree / e.path, e.digest, e.size, tmp)
-                backend.put(blob_name(blob.digest), data)
                 csize = len(data) if isinstance(data, bytes) else data.stat().st_size
+                if there is not None and (there == csize or (blob.digest not in own and _sound_blob(
+                        backend, blob, there, by_digest, f"{key}.json"))):
+                    with lock:
+                        cost["shared"] += there
+                    progress.add(blob.size, len(blob.members))
+                    return Blob(blob.digest, blob.members, blob.size, there)
+                backend.put(blob_name(blob.digest), data)
             finally:
                 tmp.unlink(missing_ok=True)
             with lock:
                 cost["uploaded"] += csize
                 cost["blobs"] += 1
+                if not rewrite_blobs:
+                    cost["missing" if there is None else "wrong_size"] += 1
             progress.add(blob.size, len(blob.members))
             return Blob(blob.digest, blob.members, blob.size, csize)
 
         with ThreadPoolExecutor(THREADS) as pool:
             done = list(pool.map(upload, sorted(blobs, key=lambda b: -b.size)))
         done.sort(key=lambda b: b.digest)
-        plan = plan_bytes(done)
-
-        def small(data: bytes) -> dict[str, Any]:
-            packed = zc.compress(data)
-            d = digest_of(data)
+        meta_bytes, smalls = document(done)
+        for d, packed in smalls:
             backend.put(blob_name(d), packed)  # always written again: see the module docstring
             cost["uploaded"] += len(packed)
-            return {"digest": d, "size": len(data), "csize": len(packed)}
-
-        listing_ref, plan_ref, manifest_ref = small(listing), small(plan), small(manifest_bytes)
-        meta = {
-            "format": FORMAT, "name": name, "key": key, "inputs": json.loads(row.inputs),
-            "content_hash": row.content_hash, "size": row.size, "files": row.files,
-            "references": store.index.references(name),
-            "listing": {"size": listing_ref["size"], "csize": listing_ref["csize"]},
-            "plan": plan_ref, "manifest": manifest_ref,
-            "blobs_csize": sum(b.csize for b in done) + sum(r["csize"] for r in (listing_ref, plan_ref, manifest_ref)),
-        }
-        sign(meta, secret_key)
-        backend.put(f"{key}.json", canonical_json(meta))  # last: the object now exists
+        backend.put(f"{key}.json", meta_bytes)  # last: the object now exists (renewed, if it did)
+        cost["metadata_rewritten"] = current is not None and meta_bytes != current
     finally:
         backend.delete(marker)
     return cost
 
 
-def _renew(backend, key: str, name: str, lock_timeout: float) -> bool:
-    """A push of an object the cache holds already renews it: its metadata is written again (the
-    same bytes), so its time — from which cache gc counts the grace — is now. Under the upload's
-    protocol (the module docstring): a pending marker naming the key, then a wait for any running
-    gc, then a look: so a gc cannot delete the object between the look and the renewal. False when
-    a gc deleted it meanwhile: the caller pushes it whole."""
+def _sound_blob(backend, blob, there: int, by_digest, label: str) -> bool:
+    """Whether the cache's blob of another size than this push's (`there`) holds exactly the
+    bytes it is named for, inflated and hashed: a frame another zstd version wrote, which objects
+    signed with its size need kept as it is. Only such a blob is kept; anything else is replaced."""
+    from blake3 import blake3
+
+    from llmgw_store.cache.tree_fetch import BlobRef, inflate
+
+    if there > blob.size + (blob.size >> 7) + (1 << 17):  # past zstd's compress bound: no frame of it
+        return False
+    h, buf = blake3(max_threads=blake3.AUTO), bytearray()  # a pack (at most PACK_MAX) in memory, a file streamed
+    try:
+        if inflate(backend, BlobRef(blob.digest, blob.size, there), buf.extend if blob.is_pack else h.update,
+                    label) is None:
+            return False
+    except (IntegrityError, NetworkError):
+        return False
+    if not blob.is_pack:
+        return h.hexdigest() == blob.digest
+    offset = 0
+    for m in blob.members:
+        size = by_digest[m].size
+        if blake3(bytes(buf[offset:offset + size])).hexdigest() != m:
+            return False
+        offset += size
+    return offset == len(buf)
+
+
+def _repairs(cost: dict[str, Any]) -> str:
+    """What a push of an object the cache held mended, in words ("" when nothing)."""
+    words = []
+    if cost.get("metadata_rewritten"):
+        words.append("metadata rewritten (it was not what this push signs)")
+    for k, what in (("missing", "missing"), ("wrong_size", "of the wrong size")):
+        if cost.get(k):
+            words.append(f"{cost[k]} blob{'s' if cost[k] != 1 else ''} {what} uploaded again")
+    return ", ".join(words)
+
+
+def _read_current(backend, key: str) -> bytes | None:
+    """The cache's metadata for `key` (bounded), b"" when it holds something unreadable there
+    (oversized, not a regular file): either way not what a push writes, so rewritten."""
+    try:
+        return backend.get(f"{key}.json", max_bytes=METADATA_MAX_BYTES)
+    except IntegrityError:
+        return b""
+
+
+def _push_v1(store: Store, backend, row: RegisteredPath, secret_key, lock_timeout: float, current: bytes | None,
+             rewrite_blobs: bool = False) -> dict[str, Any]:
+    """Format 1: the archive and its metadata, under the same pending/gc protocol as format 2. An
+    object the cache holds is renewed when its metadata is what this push signs and its archive has
+    the signed size; else both are written again."""
     import secrets
 
+    name, key = row.name, row.key
+    tmp = store.layout.tmp / f"push-{os.getpid()}-{key}.tar.zst"
     marker = f"pending/{key}-{os.getpid()}-{secrets.token_hex(4)}.json"
-    backend.put(marker, canonical_json({"key": key, "name": name, "time": time.time(), "blobs": []}))
+    cost: dict[str, Any] = {"uploaded": 0, "shared": 0, "blobs": 0, "missing": 0, "wrong_size": 0}
     try:
+        _archive(store.layout.path_of(name), name, tmp)
+        meta = {
+            "name": name, "key": key, "inputs": json.loads(row.inputs),
+            "content_hash": row.content_hash, "size": row.size, "files": row.files,
+            "compression": "zstd", "archive": f"{key}.tar.zst", "archive_sha256": sha256_of(tmp),
+            "archive_size": tmp.stat().st_size,
+            "references": store.index.references(name),
+        }
+        sign(meta, secret_key)
+        meta_bytes = canonical_json(meta)
+        backend.put(marker, canonical_json({"key": key, "name": name, "time": time.time(), "blobs": []}))
         _wait_for_gc(backend, lock_timeout)
-        current = backend.get(f"{key}.json", max_bytes=METADATA_MAX_BYTES)
-        if current is None:
-            return False
-        backend.put(f"{key}.json", current)
-        return True
+        there = None if rewrite_blobs else backend.size(meta["archive"])
+        if there == meta["archive_size"] and current == meta_bytes:
+            cost["shared"] = there
+        else:
+            backend.put(meta["archive"], tmp)
+            cost["uploaded"] = meta["archive_size"]
+            if current is not None and not rewrite_blobs and there != meta["archive_size"]:
+                cost["missing" if there is None else "wrong_size"] += 1
+        backend.put(f"{key}.json", meta_bytes)  # last: the object now exists (renewed, if it did)
+        cost["metadata_rewritten"] = current is not None and meta_bytes != current
     finally:
+        tmp.unlink(missing_ok=True)
         backend.delete(marker)
+    return cost
 
 
 def push(names: list[str], to: str, secret_key: str, *, root: str | Path | None = None,
-         lock_timeout: float = locks.LOCK_TIMEOUT_S, format: int = 2, policy: RetryPolicy | None = None) -> PushResult:
+         lock_timeout: float = locks.LOCK_TIMEOUT_S, format: int = 2, policy: RetryPolicy | None = None,
+         rewrite_blobs: bool = False) -> PushResult:
     """Push the registered store paths `names` and their references (recorded at registration),
-    references first; an object the cache holds already is renewed (`_renew`). (`llmgw_store.api.push`
-    turns PROFILE, PROFILE@N, keys and paths into names.) `policy`: retries, stalls and deadlines."""
+    references first. An object the cache holds already is renewed when it is exactly what this push
+    would write and has every blob at its size, and repaired otherwise (missing or resized blobs
+    uploaded, the metadata written anew with this key: `repaired`). (`llmgw_store.api.push` turns
+    PROFILE, PROFILE@N, keys and paths into names.) `rewrite_blobs`: upload every blob again, for a
+    blob of the right size and the wrong bytes. `policy`: retries, stalls and deadlines."""
     if format not in (1, 2):
         raise UsageError(f"object format {format}: this llmgw-store writes 1 (one archive) or 2 (shared blobs)")
     # Read and checked first: a public key, a missing file or a key of the wrong shape is exit 2
     # even when every object is in the cache already (and nothing would be signed).
     secret = load_secret(secret_key)
     backend = backend_for(to, policy)
-    pushed, skipped = [], []
+    pushed, skipped, repaired = [], [], []
     total = {"uploaded": 0, "shared": 0, "blobs": 0}
     t_start = time.monotonic()
     with Store.open(root, lock_timeout) as store:
@@ -267,41 +389,23 @@ def push(names: list[str], to: str, secret_key: str, *, root: str | Path | None 
             row = store.index.path_by_name(name)
             if row is None:
                 raise NotFoundError(f"{name} is not a registered store path in {store.layout.store}")
-            key = row.key
-            if backend.get(f"{key}.json", max_bytes=METADATA_MAX_BYTES) is not None \
-                    and _renew(backend, key, name, lock_timeout):
+            current = _read_current(backend, row.key)
+            started = time.monotonic()
+            cost = (_push_v2 if format == 2 else _push_v1)(store, backend, row, secret, lock_timeout, current,
+                                                           rewrite_blobs)
+            for k in total:
+                total[k] += cost[k]
+            took = f"in {time.monotonic() - started:.1f}s"
+            mended = _repairs(cost) or ("every blob uploaded again (--rewrite-blobs)" if rewrite_blobs else "")
+            if current is None:
+                say(f"pushed {name}: {human_size(cost['uploaded'])} uploaded in {cost['blobs']} blobs, "
+                    f"{human_size(cost['shared'])} the cache had already, {took}")
+                pushed.append(name)
+            elif mended:
+                say(f"{name}: the cache held it damaged or signed otherwise; repaired it: {mended} {took}")
+                repaired.append(name)
+            else:
                 say(f"{name}: the cache has it already; renewed it (cache gc counts its grace from now)")
                 skipped.append(name)
-                continue
-            if format == 2:
-                started = time.monotonic()
-                cost = _push_v2(store, backend, row, secret, lock_timeout)
-                for k in total:
-                    total[k] += cost[k]
-                say(f"pushed {name}: {human_size(cost['uploaded'])} uploaded in {cost['blobs']} blobs, "
-                    f"{human_size(cost['shared'])} the cache had already, in {time.monotonic() - started:.1f}s")
-                pushed.append(name)
-                continue
-            tree = store.layout.path_of(name)
-            tmp = store.layout.tmp / f"push-{os.getpid()}-{key}.tar.zst"
-            started = time.monotonic()
-            try:
-                _archive(tree, name, tmp)
-                meta = {
-                    "name": name, "key": key, "inputs": json.loads(row.inputs),
-                    "content_hash": row.content_hash, "size": row.size, "files": row.files,
-                    "compression": "zstd", "archive": f"{key}.tar.zst", "archive_sha256": sha256_of(tmp),
-                    "archive_size": tmp.stat().st_size,
-                    "references": store.index.references(name),
-                }
-                sign(meta, secret)
-                backend.put(meta["archive"], tmp)
-                backend.put(f"{key}.json", canonical_json(meta))  # last: the object now exists
-            finally:
-                tmp.unlink(missing_ok=True)
-            say(f"pushed {name} ({human_size(meta['archive_size'])} compressed from {human_size(row.size)} "
-                     f"in {time.monotonic() - started:.1f}s)")
-            total["uploaded"] += meta["archive_size"]
-            pushed.append(name)
     return PushResult(tuple(pushed), tuple(skipped), to, total["uploaded"], total["shared"], total["blobs"],
-                      round(time.monotonic() - t_start, 3))
+                      round(time.monotonic() - t_start, 3), tuple(repaired))

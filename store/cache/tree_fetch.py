@@ -145,6 +145,12 @@ def _inflate(backend, ref: BlobRef, out: Callable[[bytes], None], label: str) ->
     return n
 
 
+
+def inflate(backend, ref: BlobRef, out: Callable[[bytes], None], label: str) -> int | None:
+    """`_inflate` for other modules (push checks a blob of an unexpected size by inflating it)."""
+    return _inflate(backend, ref, out, label)
+
+
 def _dctx():
     import zstandard
 

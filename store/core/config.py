@@ -494,10 +494,13 @@ def _decode(s: Setting, raw: str) -> object:
 def remember(path: str, data: bytes, values: dict[str, object]) -> None:
     """Leave the parsed `values` of the file `path` (whose bytes are `data`) for `cached`. Best
     effort: a new 0600 file renamed over the entry (a reader sees the old entry or the new one).
-    A file whose index URL carries credentials is never copied (a token stays where it was put)."""
+    A file whose index URL or a substituter carries credentials is never copied (a token or a
+    password stays where it was put): the fast path finds no entry and defers to the full command,
+    which reads them from the file."""
     from llmgw_store.core.credentials import auth_of
 
-    if isinstance(values.get("index_url"), str) and auth_of(values["index_url"]) is not None:  # type: ignore[arg-type]
+    urls = [values.get("index_url"), *(values.get("substituters") or ())]  # type: ignore[misc]
+    if any(isinstance(u, str) and auth_of(u) is not None for u in urls):
         return
     lines = [CACHE_FORMAT] + [f"{name}={_encode(v)}" for name, v in sorted(values.items())]
     body = ("\n".join(lines) + "\n").encode("ascii")

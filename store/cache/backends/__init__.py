@@ -34,14 +34,19 @@ def backend_for(url: str, policy: RetryPolicy | None = None) -> Backend:
 
         return FileBackend(Path(url[len("file://"):]), policy)
     from llmgw_store.core import network
+    from llmgw_store.core.credentials import public_url
 
-    network.require(f"the binary cache {url}", "only file:// caches can be used offline")
-    if url.startswith(("http://", "https://")):
-        from llmgw_store.cache.backends.http import HttpBackend
+    shown = public_url(url)  # messages never carry a cache's credentials
+    network.require(f"the binary cache {shown}", "only file:// caches can be used offline")
+    try:
+        if url.startswith(("http://", "https://")):
+            from llmgw_store.cache.backends.http import HttpBackend
 
-        return HttpBackend(url, policy)
-    if url.startswith("s3://"):
-        from llmgw_store.cache.backends.s3 import S3Backend
+            return HttpBackend(url, policy)
+        if url.startswith("s3://"):
+            from llmgw_store.cache.backends.s3 import S3Backend
 
-        return S3Backend(url, policy)
-    raise UsageError(f"{url!r}: a cache URL is file:///dir, http(s)://host/prefix or s3://bucket/prefix")
+            return S3Backend(url, policy)
+    except ValueError as exc:  # urllib's: an unclosed [IPv6 literal, a port that is not a number
+        raise UsageError(f"{shown!r}: not a cache URL ({exc})") from None
+    raise UsageError(f"{shown!r}: a cache URL is file:///dir, http(s)://host/prefix or s3://bucket/prefix")
