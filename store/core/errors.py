@@ -28,12 +28,10 @@ from __future__ import annotations
 
 import errno
 import os
-from contextlib import contextmanager
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (a hot path loads this module)
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
     from pathlib import Path
 
 EX_OK = 0
@@ -197,14 +195,18 @@ def from_os_error(exc: BaseException) -> StoreError | None:
     return None
 
 
-@contextmanager
-def translated() -> Iterator[None]:
+class translated:
     """Turn an OSError that says the disk is full, read-only or not ours into its typed StoreError
-    (from_os_error): the one place the CLI (and the fast path) calls, around each command."""
-    try:
-        yield
-    except OSError as exc:
-        err = from_os_error(exc)
-        if err is None:
-            raise
-        raise err from exc
+    (from_os_error): the one place the CLI (and the fast path) calls, around each command
+    (`with translated(): ...`). A class, not contextlib's decorator: contextlib would bring
+    functools and collections onto the cache hit's path (about 3 ms of a 17 ms hit)."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> bool:
+        if isinstance(exc, OSError):
+            err = from_os_error(exc)
+            if err is not None:
+                raise err from exc
+        return False
