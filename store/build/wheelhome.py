@@ -82,6 +82,12 @@ BATCH_FILES, BATCH_BYTES = 64, 4 << 20
 ATTACH_LOCK_S = 10.0  # how long a build waits for uv's cache lock to make the bucket the wheel home
 EVICT_LOCK_S = 10.0
 _EUID = os.geteuid()
+# (path in the wheel, the digest its RECORD gives) -> the digest uv's unpacking gave, for files whose
+# RECORD line is wrong as published (pynvvideocodec 2.0.4 ships two such .so files: its wheel's
+# sha256 is the lock's, its RECORD is not its contents). The first mismatch evicts the entry and
+# the build runs again (uv unpacks the hash-checked wheel anew); the same bytes the second time are
+# the wheel's own, and sealed as unpacked. In this process only: a new process checks afresh.
+_RECORD_WRONG: dict[tuple[str, str], str] = {}
 _OPEN = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -530,7 +536,7 @@ def _hash_all(entry: Path, files: list[tuple[str, os.stat_result]],
             progress(step, done[0], total, "B")
         return out
 
-    results: dict[str, tuple[str, int, str, tuple]] = {}
+    results: dict[str, tuple] = {}
     if len(batches) == 1:
         results.update(one_batch(batches[0]))
     else:
@@ -539,12 +545,23 @@ def _hash_all(entry: Path, files: list[tuple[str, os.stat_result]],
         with ThreadPoolExecutor(THREADS) as pool:
             for part in pool.map(one_batch, batches):
                 results.update(part)
-    return results
+    wrong = {rel: r[4] for rel, r in results.items() if r[4] is not None}
+    new = sorted(rel for rel, (want, got) in wrong.items() if _RECORD_WRONG.get((rel, want)) != got)
+    for rel, (want, got) in wrong.items():
+        _RECORD_WRONG[(rel, want)] = got
+    if new:
+        more = f" (and {len(new) - 1} more)" if len(new) > 1 else ""
+        raise _Damage(f"{new[0]}{more} does not match the digest the wheel's RECORD gives it")
+    if wrong:
+        say(f"{entry.name}: the wheel's RECORD is wrong for {len(wrong)} file(s) ({sorted(wrong)[0]}): unpacked "
+            "twice from the wheel uv checked against the lock's sha256, the same bytes both times; sealed as unpacked")
+    return {rel: r[:4] for rel, r in results.items()}
 
 
-def _hash_one(path: Path, rel: str, want: tuple[str, str, int | None] | None) -> tuple[str, int, str, tuple]:
-    """(kind, size, blake3, memo identity) of one file, made canonical, checked against `want`
-    (its RECORD line; None for RECORD itself and its signatures)."""
+def _hash_one(path: Path, rel: str, want: tuple[str, str, int | None] | None) -> tuple[str, int, str, tuple, Any]:
+    """(kind, size, blake3, memo identity, mismatch) of one file, made canonical, checked against
+    `want` (its RECORD line; None for RECORD itself and its signatures); `mismatch` is None, or
+    (the RECORD's digest, the file's) when they differ (_hash_all decides)."""
     try:
         fd = os.open(path, _OPEN)
     except OSError as exc:
@@ -571,14 +588,15 @@ def _hash_one(path: Path, rel: str, want: tuple[str, str, int | None] | None) ->
             b.update(data)
             if h is not None:
                 h.update(data)
+        mismatch = None
         if h is not None and want is not None:
             got = base64.urlsafe_b64encode(h.digest()).rstrip(b"=").decode()
             if got != want[1].rstrip("="):
-                raise _Damage(f"{rel} does not match the {want[0]} digest the wheel's RECORD gives it")
-            if want[2] is not None and want[2] != st.st_size:
+                mismatch = (f"{want[0]}={want[1]}", f"{want[0]}={got}")
+            elif want[2] is not None and want[2] != st.st_size:
                 raise _Damage(f"{rel} is {st.st_size} bytes, not the {want[2]} the wheel's RECORD says")
         ident = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-        return kind, st.st_size, b.hexdigest(), ident
+        return kind, st.st_size, b.hexdigest(), ident, mismatch
     finally:
         os.close(fd)
 
