@@ -34,10 +34,10 @@ TIMEOUT_S = 60
 SYSTEM_PYTHON = shutil.which("python3", path="/usr/bin:/bin")
 
 
-def second_user(prefix: str):
-    """Generator for a module-scoped fixture: the pwd entry of a fresh local user."""
-    if os.geteuid() != 0 or shutil.which("useradd") is None or SYSTEM_PYTHON is None:
-        pytest.skip("a second user can only be made as root with useradd (and needs /usr/bin/python3)")
+def _fresh_user(prefix: str):
+    """The pwd entry of a new local user with no home and no shell, removed when the generator ends."""
+    if os.geteuid() != 0 or shutil.which("useradd") is None:
+        pytest.skip("a second user can only be made as root with useradd")
     import pwd
 
     name = f"{prefix}{os.getpid() % 100000}"
@@ -46,7 +46,14 @@ def second_user(prefix: str):
     try:
         yield pwd.getpwnam(name)
     finally:
-        subprocess.run(["userdel", name], capture_output=True)
+        subprocess.run(["userdel", name], capture_output=True, check=False)
+
+
+def second_user(prefix: str):
+    """Generator for a module-scoped fixture: the pwd entry of a fresh local user."""
+    if SYSTEM_PYTHON is None:
+        pytest.skip("a second user's snippets need /usr/bin/python3")
+    yield from _fresh_user(prefix)
 
 
 def as_user(user, script: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -119,17 +126,7 @@ def site_packages() -> Path:
 @contextmanager
 def local_user(prefix: str = "llmgwsvc") -> Iterator:
     """A fresh local user (pwd entry) with no home and no shell, removed on exit."""
-    if os.geteuid() != 0 or shutil.which("useradd") is None:
-        pytest.skip("a second user can only be made as root with useradd")
-    name = f"{prefix}{os.getpid() % 100000}"
-    subprocess.run(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", name], check=True,
-                   capture_output=True)
-    try:
-        import pwd
-
-        yield pwd.getpwnam(name)
-    finally:
-        subprocess.run(["userdel", name], capture_output=True, check=False)
+    yield from _fresh_user(prefix)
 
 
 def need_cli_for_others() -> str:
