@@ -7,6 +7,8 @@ import functools
 import click
 
 from llmgw_store.cli.app import Context, cli, lock_timeout_option, setting_option
+from llmgw_store.cli.handlers import cache_network
+from llmgw_store.cli.spec import CACHE_NETWORK
 from llmgw_store.core import locks
 
 
@@ -15,18 +17,17 @@ def cache_network_options(f):
     fail"): the options become one `policy` argument (cache.backends.RetryPolicy)."""
 
     @functools.wraps(f)
-    def with_policy(*args, cache_attempts, cache_stall, cache_metadata_timeout, cache_deadline, cache_redirects_to,
-                    **kwargs):
+    def with_policy(*args, **kwargs):
         from llmgw_store.cache.backends import RetryPolicy
 
-        kwargs["policy"] = RetryPolicy.from_env(attempts=cache_attempts, stall=cache_stall,
-                                                metadata_timeout=cache_metadata_timeout, deadline=cache_deadline,
-                                                redirects_to=" ".join(cache_redirects_to) or None)
+        fields = cache_network(kwargs)  # the same reading as build's substituters (cli/handlers.py)
+        for name in CACHE_NETWORK:
+            del kwargs[f"cache_{name}"]
+        kwargs["policy"] = RetryPolicy.from_env(**fields)
         return f(*args, **kwargs)
 
-    for name in reversed(("cache.attempts", "cache.stall", "cache.metadata_timeout", "cache.deadline",
-                          "cache.redirects_to")):
-        with_policy = setting_option(name)(with_policy)
+    for name in reversed(CACHE_NETWORK):
+        with_policy = setting_option(f"cache.{name}")(with_policy)
     return with_policy
 
 

@@ -111,8 +111,7 @@ def _world_readable(path: Path) -> str | None:
 @contextmanager
 def traversable_dir(prefix: str = "llmgw-shared-") -> Iterator[Path]:
     """A directory under /tmp every user may traverse (pytest's tmp_path is private to root)."""
-    d = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
-    d.chmod(0o755)
+    d = shared_dir(prefix)
     try:
         yield d
     finally:
