@@ -9,6 +9,7 @@ import hashlib
 import json
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -152,3 +153,13 @@ def test_every_name_of_a_path_works_and_a_bad_one_is_exit_2(world, tmp_path):
                     ["export", "p", "--format", "conda"]):
         proc = run_cli(root, *command)
         assert proc.returncode == 2 and "Traceback" not in proc.stderr, (command, proc.stderr)
+
+
+@pytest.mark.parametrize("value", ["plain", "quote\" back\\slash", "tab\tnl\ncr\rff\fbs\b", "nul\x00 esc\x1b del\x7f",
+                                   "astral \U0001F600 and bmp \u00e9\u4e2d", "\ud7ff\ue000\uffff"])
+def test_exported_toml_strings_read_back_as_written(value):
+    """export --format pylock writes TOML basic strings; JSON's escaping is not TOML's (a surrogate
+    pair for a character outside the BMP, a raw DEL)."""
+    from llmgw_store.integrity.inspect import toml_string
+
+    assert tomllib.loads(f"v = {toml_string(value)}\n")["v"] == value

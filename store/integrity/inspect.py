@@ -327,24 +327,36 @@ def _pylock_from_requirements(p: _Opened, lock_text: str, index_url: str) -> str
         if not files:
             raise StoreError(f"{name} {pin['version']}: none of its locked files is listed by {index_url} any "
                              "more; export --format requirements instead")
-        lines += ["", "[[packages]]", f"name = {_toml(name)}", f"version = {_toml(pin['version'])}",
-                  f"index = {_toml(index_url)}"]
+        lines += ["", "[[packages]]", f"name = {toml_string(name)}", f"version = {toml_string(pin['version'])}",
+                  f"index = {toml_string(index_url)}"]
         wheels = [f for f in files if f.filename.endswith(".whl")]
         sdists = [f for f in files if not f.filename.endswith(".whl")]
         if wheels:
             lines.append("wheels = [")
-            lines += [f"  {{ name = {_toml(f.filename)}, url = {_toml(f.url)}, "
-                      f"hashes = {{ sha256 = {_toml(str(f.sha256))} }} }}," for f in wheels]
+            lines += [f"  {{ name = {toml_string(f.filename)}, url = {toml_string(f.url)}, "
+                      f"hashes = {{ sha256 = {toml_string(str(f.sha256))} }} }}," for f in wheels]
             lines.append("]")
         if sdists:
             f = sdists[0]
-            lines.append(f"sdist = {{ name = {_toml(f.filename)}, url = {_toml(f.url)}, "
-                         f"hashes = {{ sha256 = {_toml(str(f.sha256))} }} }}")
+            lines.append(f"sdist = {{ name = {toml_string(f.filename)}, url = {toml_string(f.url)}, "
+                         f"hashes = {{ sha256 = {toml_string(str(f.sha256))} }} }}")
     return "\n".join(lines) + "\n"
 
 
-def _toml(value: str) -> str:
-    """A TOML basic string: JSON's escaping is TOML's for these characters."""
-    import json
+def toml_string(value: str) -> str:
+    """A TOML basic string. Not JSON's escaping: JSON writes a character outside the BMP as a
+    surrogate pair (``\\ud83d\\ude00``), which TOML rejects, and leaves DEL raw, which TOML
+    forbids in a string. Every control character and DEL is escaped; everything else is itself."""
+    out = []
+    for ch in value:
+        o = ord(ch)
+        if ch in _TOML_ESCAPES:
+            out.append(_TOML_ESCAPES[ch])
+        elif o < 0x20 or o == 0x7F:
+            out.append(f"\\u{o:04X}")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
 
-    return json.dumps(value)
+
+_TOML_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f", "\r": "\\r"}
