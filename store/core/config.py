@@ -38,14 +38,13 @@ bytes (`remember`); the fast path reads the file's bytes and takes the values fr
 
 from __future__ import annotations
 
-import errno
 import os
 import stat
 
 from llmgw_store.core import defaults
 from llmgw_store.core.dirs import private_dir, read_private, replace_private
 from llmgw_store.core.errors import UsageError
-from llmgw_store.core.files import FileRefused, resolve_trusted, untrusted
+from llmgw_store.core.files import FileRefused, open_trusted
 
 CONFIG_ENV = "LLMGW_STORE_CONFIG"
 ENV_PREFIX = "LLMGW_STORE_"
@@ -301,7 +300,7 @@ def locate(flag: str | None, environ: os._Environ | dict = os.environ) -> tuple[
 def _open_trusted(path: str, what: str, where: str, *, open_it: bool = True) -> tuple[int, os.stat_result]:
     """(fd, fstat) of `path` (as given, not its real path) opened for reading, if it and every
     directory walked through on the way are root's or this user's and writable by no one else, and
-    every link on the way lies in such a directory (core/files.resolve_trusted, the rule writes
+    every link on the way lies in such a directory (core/files.open_trusted, the rule writes
     outside the root follow too); ConfigError otherwise. The caller closes the fd. Without
     `open_it` (a program the file names: it may be execute-only), (-1, its lstat)."""
     def refused(reason: str) -> ConfigError:
@@ -309,27 +308,9 @@ def _open_trusted(path: str, what: str, where: str, *, open_it: bool = True) -> 
                            "it, the directories above it and the links on the way")
 
     try:
-        dfd, name = resolve_trusted(path, every=True)
-        try:
-            if open_it:
-                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
-                st = os.fstat(fd)
-            else:
-                fd, st = -1, os.stat(name, dir_fd=dfd, follow_symlinks=False)
-        finally:
-            os.close(dfd)
+        return open_trusted(path, open_it=open_it)
     except FileRefused as exc:
         raise refused(exc.reason) from None
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:  # the name became a link after it was resolved
-            raise refused("is a symbolic link that changed while it was read") from None
-        raise  # FileNotFoundError and the like: the caller says "cannot read"
-    why = "a symbolic link that changed while it was read" if stat.S_ISLNK(st.st_mode) else untrusted(st)
-    if why is not None:
-        if fd >= 0:
-            os.close(fd)
-        raise refused(f"is {why}")
-    return fd, st
 
 
 def read(path: str, explicit: bool) -> bytes | None:
