@@ -141,7 +141,8 @@ SETTINGS: tuple[Setting, ...] = (
             help="Binary cache to ask before building (file:///dir, http(s)://...); repeatable "
                  "(the variable: space-separated)."),
     Setting("trusted_keys", "list", "--trusted-key", (), commands=(*_REALISING, "pull"), hit="ignored", metavar="KEY",
-            help="Public key (name:base64, or a .public file) whose signatures are accepted; repeatable."),
+            help="Public key (name:base64, or a .public file by its absolute path) whose signatures are accepted; "
+                 "repeatable."),
     Setting("substitute_only", "bool", "--substitute-only", False, commands=_REALISING, hit="ignored",
             help="Pull from the --substituter caches and never build: a miss is exit 1 naming the key and the caches "
                  "asked, with nothing built. For a node; the recipe's version and as_of pinned (or a recorded "
@@ -359,10 +360,10 @@ def parse(path: str, data: bytes) -> dict[str, object]:
             raise ConfigError(f"{path}: unknown key {key!r} (known: " + ", ".join(
                 sorted({n.split(".", 1)[0] for n in BY_NAME})) + ")")
         values[key] = check_value(s, value, f"{path}: {key}")
+    if "trusted_keys" in values:
+        values["trusted_keys"] = _anchored_keys(path, values["trusted_keys"])  # type: ignore[arg-type]
     for name, value in values.items():  # the files it names are trusted like the config itself
-        s = BY_NAME[name]
-        files = [value] if s.kind == "path" and name != "root" else (
-            [v for v in value if v.startswith("/")] if name == "trusted_keys" else [])  # type: ignore[attr-defined]
+        files = named_files(name, value)
         for f in files:
             if os.path.lexists(f):
                 try:
@@ -370,6 +371,28 @@ def parse(path: str, data: bytes) -> dict[str, object]:
                 except OSError as exc:
                     raise ConfigError(f"{path}: {name}: cannot read {f}: {exc.strerror or exc}") from None
     return values
+
+
+def _anchored_keys(path: str, keys: tuple[str, ...]) -> tuple[str, ...]:
+    """`trusted_keys` with each key file named by its absolute path: one given relative is the
+    config file's directory's (resolved here, once: never the directory a command runs in). A key
+    written inline (core/names.inline_key) stays a key, whatever files exist."""
+    from llmgw_store.core.names import inline_key
+
+    base = os.path.dirname(os.path.abspath(path))
+    return tuple(k if inline_key(k) is not None or k.startswith("/") else os.path.normpath(os.path.join(base, k))
+                 for k in keys)
+
+
+def named_files(name: str, value: object) -> list[str]:
+    """The files the value of the setting `name` names, which are trusted like the config file:
+    `uv`, and the key files among `trusted_keys` (anchored: absolute; the rest are inline keys)."""
+    s = BY_NAME[name]
+    if s.kind == "path" and name != "root":
+        return [value]  # type: ignore[list-item]
+    if name == "trusted_keys":
+        return [v for v in value if v.startswith("/")]  # type: ignore[attr-defined]
+    return []
 
 
 class ConfigFile:

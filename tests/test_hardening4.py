@@ -1,0 +1,189 @@
+"""The fourth round of hardening (issue 32): each attack on a store that runs as root on a shared
+node, with the honest case beside it.
+
+- an inline trusted key whose base64 holds `/` is a key, never a path another user planted; a key
+  file is named by an absolute path (or, in the config file, relative to its directory) and held to
+  the config file's trust rule wherever it is named;
+- the fast path checks the files its cached config values name (uv, key files) as the full command
+  does;
+- a config file nested deep is a config error (exit 2, a JSON document), not a traceback;
+- the shipped uv is checked against pip's RECORD before it is ever run;
+- a service user whose HOME is root's reads no config file there (a missing file), unless named.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from llmgw_store.cache import signing
+from llmgw_store.core.errors import IntegrityError, UsageError
+from tests.conftest import cli_cmd
+
+NOBODY = 65534
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="another user's files are made with chown, as root")
+
+
+def _key_with_a_slash(name: str = "builder") -> tuple[object, str]:
+    """A signing key whose public key's base64 holds a `/` (about half of them do)."""
+    from nacl.signing import SigningKey
+
+    while True:
+        sk = SigningKey.generate()
+        b64 = base64.b64encode(bytes(sk.verify_key)).decode()
+        if "/" in b64.rstrip("=")[1:]:
+            return sk, f"{name}:{b64}"
+
+
+def _signed(sk, name: str) -> dict:
+    from nacl.signing import SigningKey
+
+    meta = {"key": "k" * 32, "name": "x"}
+    sig = SigningKey(bytes(sk)).sign(signing.signed_part(meta)).signature
+    meta["signatures"] = [{"key": name, "sig": base64.b64encode(sig).decode()}]
+    return meta
+
+
+def _sticky(tmp_path: Path) -> Path:
+    """A root-owned sticky directory every user may write (a shared scratch directory, as /tmp)."""
+    d = tmp_path / "shared"
+    d.mkdir()
+    d.chmod(0o1777)
+    return d
+
+
+def _plant(shared: Path, relative: str, text: str, uid: int = NOBODY) -> Path:
+    """What another user makes in the shared directory: `relative` (directories and all), theirs."""
+    target = shared / relative
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(text)
+    p = target
+    while p != shared:
+        os.chown(p, uid, uid)
+        p = p.parent
+    return target
+
+
+# --- another user's key becomes trusted --------------------------------------------------------
+
+@needs_root
+@pytest.mark.parametrize("via", ["flag", "variable"])
+def test_an_inline_key_with_a_slash_is_never_read_as_a_path(tmp_path, monkeypatch, via):
+    """Run from a shared sticky directory where another user made `builder:AB/CD=` (the trusted
+    key's own text as a path) holding their public key: the value is the key, their file is never
+    read, and what they sign is refused."""
+    real, value = _key_with_a_slash()
+    intruder, _ = _key_with_a_slash()
+    shared = _sticky(tmp_path)
+    planted = _plant(shared, value, f"builder:{base64.b64encode(bytes(intruder.verify_key)).decode()}\n")
+    assert planted.is_file()
+    monkeypatch.chdir(shared)
+    if via == "flag":
+        trusted = signing.trusted_keys([value])
+    else:
+        monkeypatch.setenv("LLMGW_STORE_TRUSTED_KEYS", value)
+        trusted = signing.trusted_keys([])
+    assert trusted == {"builder": bytes(real.verify_key)}
+    with pytest.raises(IntegrityError, match="not signed by a trusted key"):
+        signing.check_signature(_signed(intruder, "builder"), trusted, "k")
+    assert signing.check_signature(_signed(real, "builder"), trusted, "k") == "builder"
+
+
+def _refused(values, *fragments, env: str | None = None, monkeypatch=None) -> str:
+    if env is not None:
+        monkeypatch.setenv("LLMGW_STORE_TRUSTED_KEYS", env)
+    with pytest.raises(UsageError) as caught:
+        signing.trusted_keys(values)
+    for f in fragments:
+        assert f in str(caught.value), (f, str(caught.value))
+    return str(caught.value)
+
+
+@needs_root
+def test_a_key_file_is_held_to_the_config_files_trust_rule(tmp_path, monkeypatch):
+    """A key file by flag or variable: only by an absolute path, and only one no other user could
+    have written (the file, the directories above it, the links on the way); the honest file, and a
+    link to it from a trusted directory, are read."""
+    real, value = _key_with_a_slash()
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    good = keys / "builder.public"
+    good.write_text(value + "\n")
+    good.chmod(0o644)
+    assert signing.trusted_keys([str(good)]) == {"builder": bytes(real.verify_key)}
+    link = keys / "current.public"
+    link.symlink_to(good)
+    assert signing.trusted_keys([str(link)]) == {"builder": bytes(real.verify_key)}
+    monkeypatch.setenv("LLMGW_STORE_TRUSTED_KEYS", str(good))
+    assert signing.trusted_keys([]) == {"builder": bytes(real.verify_key)}
+    monkeypatch.delenv("LLMGW_STORE_TRUSTED_KEYS")
+
+    # Relative: never looked up in the current directory (another user's, perhaps).
+    monkeypatch.chdir(keys)
+    _refused(["builder.public"], "absolute path")
+    _refused([], "absolute path", "LLMGW_STORE_TRUSTED_KEYS", env="builder.public", monkeypatch=monkeypatch)
+    monkeypatch.delenv("LLMGW_STORE_TRUSTED_KEYS")
+    # Another user's file, in a directory of ours.
+    theirs = keys / "theirs.public"
+    theirs.write_text(value + "\n")
+    os.chown(theirs, NOBODY, NOBODY)
+    _refused([str(theirs)], str(theirs), "owned by uid 65534")
+    # Our file, writable by others.
+    loose = keys / "loose.public"
+    loose.write_text(value + "\n")
+    loose.chmod(0o666)
+    _refused([str(loose)], "writable by other users")
+    # Our file, in a directory another user owns (they can swap it), via the variable too.
+    shared = _sticky(tmp_path)
+    inside = _plant(shared, "their-dir/builder.public", value + "\n")
+    os.chown(inside, 0, 0)
+    _refused([], str(inside), "owned by uid 65534", env=str(inside), monkeypatch=monkeypatch)
+    monkeypatch.delenv("LLMGW_STORE_TRUSTED_KEYS")
+    # A link in another user's directory, to our good file.
+    their_link = shared / "their-dir" / "link.public"
+    their_link.symlink_to(good)
+    os.lchown(their_link, NOBODY, NOBODY)
+    _refused([str(their_link)], "owned by uid 65534")
+    # Neither a key nor an absolute path: one message saying both.
+    _refused(["builder:AAAA"], "name:base64", "absolute path")
+
+
+def _config(path: Path, text: str) -> Path:
+    path.write_text(text)
+    path.chmod(0o644)
+    return path
+
+
+def _cli(config: Path, *args: str, env: dict | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    argv = [cli_cmd(Path("/"))[0], *args]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False, cwd=cwd,
+                          env={**os.environ, "LLMGW_STORE_CONFIG": str(config), **(env or {})})
+
+
+@needs_root
+def test_a_relative_key_file_in_the_config_is_the_config_directorys_and_trusted(tmp_path, monkeypatch):
+    """`trusted_keys = ["keys/b.public"]` is the file beside the config, whatever the current
+    directory; it is trust-checked as `uv` is; a key inline stays a key."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    real, value = _key_with_a_slash()
+    etc = tmp_path / "etc"
+    (etc / "keys").mkdir(parents=True)
+    (etc / "keys" / "b.public").write_text(value + "\n")
+    conf = _config(etc / "config.toml", f'trusted_keys = ["keys/b.public", "{value}"]\n')
+    # Run from a shared directory where another user planted keys/b.public of their own.
+    shared = _sticky(tmp_path)
+    _plant(shared, "keys/b.public", "builder:" + base64.b64encode(b"\1" * 32).decode() + "\n")
+    proc = _cli(conf, "--json", "config", cwd=shared)
+    assert proc.returncode == 0, proc.stderr
+    shown = json.dumps(json.loads(proc.stdout))
+    assert str(etc / "keys" / "b.public") in shown and str(shared) not in shown
+    # The file beside the config, once another user owns its directory: refused, exit 2.
+    os.chown(etc / "keys", NOBODY, NOBODY)
+    proc = _cli(conf, "--json", "config", cwd=shared)
+    assert proc.returncode == 2 and "trusted_keys" in proc.stderr and "owned by uid 65534" in proc.stderr, proc.stderr
+    assert json.loads(proc.stdout)["error"]
