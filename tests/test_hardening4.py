@@ -187,3 +187,55 @@ def test_a_relative_key_file_in_the_config_is_the_config_directorys_and_trusted(
     proc = _cli(conf, "--json", "config", cwd=shared)
     assert proc.returncode == 2 and "trusted_keys" in proc.stderr and "owned by uid 65534" in proc.stderr, proc.stderr
     assert json.loads(proc.stdout)["error"]
+
+
+# --- the fast path runs a uv the full command refuses ------------------------------------------
+
+def _traced(config: Path, *args: str, env: dict | None = None) -> tuple[subprocess.CompletedProcess, bool]:
+    """The installed command, and whether the fast path answered (click was never imported)."""
+    import sys
+
+    argv = [sys.executable, "-X", "importtime", cli_cmd(Path("/"))[0], *args]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False,
+                          env={**os.environ, "LLMGW_STORE_CONFIG": str(config), **(env or {})})
+    loaded = {ln.rsplit("|", 1)[-1].strip() for ln in proc.stderr.splitlines() if ln.startswith("import time:")}
+    proc.stderr = "".join(ln + "\n" for ln in proc.stderr.splitlines() if not ln.startswith("import time:"))
+    return proc, "click" not in loaded
+
+
+def test_the_fast_path_checks_the_uv_its_cached_config_names(tmp_path, monkeypatch, index, uv_bin):
+    """The config's uv passes when the full command caches the file's values; then its directory
+    becomes writable by others and the binary is replaced. Both parsers refuse it (exit 2, naming
+    it), and the replacement never runs."""
+    from tests.support.recipes import write_recipe
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    uv = tools / "uv"
+    uv.write_bytes(uv_bin.read_bytes())
+    uv.chmod(0o755)
+    root = tmp_path / "node"
+    conf = _config(tmp_path / "node.toml", f'root = "{root}"\nindex_url = "{index.url}"\nuv = "{uv}"\n')
+    recipe = write_recipe(tmp_path, 'version = "1.0"')
+    # The honest case: the full command caches the values, the fast path then answers.
+    assert _cli(conf, "config").returncode == 0
+    assert _cli(conf, "activate", "p", str(recipe)).returncode == 0
+    proc, fast = _traced(conf, "activate", "p", str(recipe))
+    assert proc.returncode == 0 and fast and "already at generation 1" in proc.stdout, proc.stderr
+    other = write_recipe(tmp_path, 'version = "1.0"', name="other.toml").read_text()
+    (tmp_path / "other.toml").write_text(other.replace('name = "tiny"', 'name = "tiny2"', 1))
+
+    # Another user may now write uv's directory, and swaps the binary for a script.
+    ran = tmp_path / "ran"
+    tools.chmod(0o777)
+    uv.unlink()
+    uv.write_text(f"#!/bin/sh\necho ran >> {ran}\nexec {uv_bin} \"$@\"\n")
+    uv.chmod(0o755)
+    full = _cli(conf, "config")
+    assert full.returncode == 2 and "writable by other users" in full.stderr and "uv" in full.stderr, full.stderr
+    for args in (["activate", "p", str(recipe)], ["activate", "q", str(tmp_path / "other.toml")],
+                 ["build", str(recipe), "--as-of", "2024-06-02"]):
+        proc = _cli(conf, *args)
+        assert proc.returncode == 2 and "writable by other users" in proc.stderr, (args, proc.stderr)
+    assert not ran.exists()

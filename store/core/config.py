@@ -560,7 +560,25 @@ def read_cached(flag: str | None, environ: os._Environ | dict = os.environ) -> t
     if data is None:
         return True, {}
     values = cached(path, data)
-    return (values is not None), (values or {})
+    if values is None or not files_trusted(values):
+        return False, {}
+    return True, values
+
+
+def files_trusted(values: dict[str, object]) -> bool:
+    """Whether every file the config's `values` name (`named_files`: uv, key files) still passes
+    the walk `parse` held it to (core/files.open_trusted): cached values were checked when they
+    were parsed, and a directory can open up since. A missing file is left to the command that
+    uses it, as `parse` leaves it."""
+    for name, value in values.items():
+        for f in named_files(name, value):
+            try:
+                open_trusted(f, open_it=False)
+            except FileNotFoundError:
+                continue
+            except OSError:  # FileRefused among them
+                return False
+    return True
 
 
 # -- effective values -----------------------------------------------------------------------------
