@@ -239,3 +239,36 @@ def test_the_fast_path_checks_the_uv_its_cached_config_names(tmp_path, monkeypat
         proc = _cli(conf, *args)
         assert proc.returncode == 2 and "writable by other users" in proc.stderr, (args, proc.stderr)
     assert not ran.exists()
+
+
+# --- a deep config file is a traceback -----------------------------------------------------------
+
+DEEP = 3000
+
+
+@pytest.mark.parametrize("text", [
+    "lock_timeout = " + "[" * DEEP + "]" * DEEP + "\n",
+    "substituters = " + "{a = " * DEEP + "1" + "}" * DEEP + "\n",
+    "lock_timeout." + ".".join(["a"] * DEEP) + " = 1\n",
+    "[gc]\nkeep = " + "[" * 200 + "]" * 200 + "\n",
+], ids=["arrays", "inline-tables", "dotted-keys", "shallower"])
+def test_a_deep_config_file_is_a_config_error(tmp_path, monkeypatch, text):
+    """Nested thousands deep (arrays, inline tables, dotted keys): one line, exit 2, and a JSON
+    document under --json, from every command and both parsers; the same values shallow are read."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    conf = _config(tmp_path / "config.toml", text)
+    for args in (["list"], ["config"], ["activate", "p", "/x"], ["build", "r.toml"]):
+        proc = _cli(conf, *args)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, (args, proc.stderr)
+        lines = proc.stderr.splitlines()
+        assert len(lines) == 1 and lines[0].startswith("llmgw-store: error: ") and str(conf) in lines[0], proc.stderr
+        proc = _cli(conf, "--json", *args)
+        assert proc.returncode == 2 and json.loads(proc.stdout)["error"], (args, proc.stdout, proc.stderr)
+
+
+def test_a_config_file_nested_as_deep_as_a_setting_needs_is_read(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    conf = _config(tmp_path / "config.toml", 'substituters = ["file:///x"]\n[gc]\nkeep = 3\n[cache]\nattempts = 2\n')
+    proc = _cli(conf, "--json", "config")
+    assert proc.returncode == 0, proc.stderr
+    assert "file:///x" in proc.stdout
