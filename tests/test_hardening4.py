@@ -272,3 +272,90 @@ def test_a_config_file_nested_as_deep_as_a_setting_needs_is_read(tmp_path, monke
     proc = _cli(conf, "--json", "config")
     assert proc.returncode == 0, proc.stderr
     assert "file:///x" in proc.stdout
+
+
+# --- the shipped uv may run before it is checked -----------------------------------------------
+
+def _planted_uv_dist(tmp: Path, real: Path, counter: Path) -> tuple[Path, Path, bytes]:
+    """A `uv` distribution of the pinned version (as test_uv_bootstrap's): its RECORD lists the
+    real binary's digest, and its bin/uv starts as the real binary. Returns (site, bin/uv, the
+    same-size script that counts its runs in `counter`, then runs the real uv)."""
+    import hashlib
+
+    from llmgw_store.build.uv import UV_VERSION
+
+    data = real.read_bytes()
+    site, bindir = tmp / "site", tmp / "bin"
+    (site / "uv").mkdir(parents=True)
+    bindir.mkdir()
+    binary = bindir / "uv"
+    binary.write_bytes(data)
+    binary.chmod(0o755)
+    (site / "uv" / "__init__.py").write_text(f"def find_uv_bin():\n    return {str(binary)!r}\n")
+    info = site / f"uv-{UV_VERSION}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: uv\nVersion: {UV_VERSION}\n")
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    (info / "RECORD").write_text(f"../bin/uv,sha256={digest},{len(data)}\nuv/__init__.py,,\n")
+    script = f"#!/bin/sh\necho ran >> {counter}\nexec {real} \"$@\"\n#".encode()
+    script += b"x" * (len(data) - len(script))
+    assert len(script) == len(data)
+    return site, binary, script
+
+
+def _replace_in_place(binary: Path, script: bytes) -> None:
+    """Overwrite the binary's bytes (same inode, same size) and put its mtime back."""
+    st = binary.stat()
+    with open(binary, "r+b") as f:
+        f.write(script)
+    os.utime(binary, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def test_the_shipped_uv_is_checked_against_its_record_before_it_ever_runs(tmp_path, index, uv_bin):
+    """pip's uv replaced in place by a same-size script (its mtime put back): no command runs it —
+    not a substitute-only build (which asks the shipped binary its --version and finds an
+    interpreter with it), not a build (which copies it), not gc's `uv cache prune` — on fresh
+    roots and on a root whose store uv was made before; each fresh root refuses it naming RECORD."""
+    from tests.support.recipes import write_recipe
+
+    counter = tmp_path / "runs"
+    site, binary, script = _planted_uv_dist(tmp_path / "dist", uv_bin, counter)
+    env = {"PYTHONPATH": f"{site}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    recipe = write_recipe(tmp_path, 'version = "1.0"\nas_of = "2024-02-02"')
+    key = "k:" + base64.b64encode(b"\1" * 32).decode()
+    only = ["--substitute-only", "--substituter", f"file://{tmp_path / 'empty'}", "--trusted-key", key]
+
+    def cli(root: Path, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(cli_cmd(root, *args), capture_output=True, text=True, timeout=300, check=False,
+                              env={**os.environ, **env})
+
+    # The honest binary: a store uv copied from it, and a substitute-only miss on a fresh root.
+    existing = tmp_path / "existing"
+    assert cli(existing, "build", str(recipe), "--index-url", index.url).returncode == 0
+    honest = cli(tmp_path / "honest", "build", str(recipe), *only)
+    assert honest.returncode == 1 and "no binary cache has" in honest.stderr, honest.stderr
+    # A root built with --uv whose uv cache has its own archive directory (an older store's):
+    # gc --max-cache prunes it with `uv cache prune`, run by the shipped binary.
+    pruned = tmp_path / "pruned"
+    assert cli(pruned, "build", str(recipe), "--index-url", index.url, "--uv", str(uv_bin)).returncode == 0
+    bucket = pruned / "cache" / "uv" / "archive-v0"
+    if bucket.is_symlink():
+        bucket.unlink()
+        bucket.mkdir()
+    assert not counter.exists()  # the honest binary ran, but not through the counting script
+
+    _replace_in_place(binary, script)
+    for n, args in enumerate([("build", str(recipe), *only), ("build", str(recipe), *only),
+                              ("build", str(recipe), "--index-url", index.url)]):
+        proc = cli(tmp_path / f"fresh-{n}", *args)
+        assert proc.returncode == 1 and "RECORD" in proc.stderr, (args, proc.stderr)
+        assert not counter.exists(), (args, counter.read_text())
+    proc = cli(pruned, "gc", "--max-cache", "1G")
+    assert "RECORD" in proc.stderr, proc.stderr
+    # The root whose store uv was made from the honest binary runs its own copy.
+    proc = cli(existing, "build", str(recipe), "--as-of", "2024-03-03", "--index-url", index.url)
+    assert proc.returncode == 0, proc.stderr
+    proc = cli(existing, "build", str(recipe), "--as-of", "2024-04-04", *only)
+    assert proc.returncode == 1 and "no binary cache has" in proc.stderr, proc.stderr
+    assert cli(existing, "gc", "--max-cache", "1G").returncode == 0
+    assert not counter.exists(), counter.read_text()
