@@ -359,3 +359,67 @@ def test_the_shipped_uv_is_checked_against_its_record_before_it_ever_runs(tmp_pa
     assert proc.returncode == 1 and "no binary cache has" in proc.stderr, proc.stderr
     assert cli(existing, "gc", "--max-cache", "1G").returncode == 0
     assert not counter.exists(), counter.read_text()
+
+
+# --- a service user without its own HOME -----------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def served(wheels, uv_bin):
+    """A store other users read, with profile p at tinyengine 1.0, and a service user."""
+    from tests.conftest import start_index, write_recipe
+    from tests.support.users import local_user, system_python, traversable_dir
+
+    if system_python() is None:
+        pytest.skip("no world-runnable python on this machine: the environment is root's alone")
+    idx = start_index(wheels)
+    try:
+        with traversable_dir("llmgw-h4-") as shared, local_user("llmgwh4") as user:
+            root = shared / "root"
+            recipe = write_recipe(shared, 'version = "1.0"')
+            env = {**os.environ, "LLMGW_STORE_PYTHON_PREFERENCE": "only-system", "LLMGW_STORE_CONFIG": ""}
+            subprocess.run(cli_cmd(root, "build", str(recipe), "--index-url", idx.url, "--uv", str(uv_bin),
+                                   "--as-of", "2024-02-02"), check=True, capture_output=True, env=env, timeout=300)
+            subprocess.run(cli_cmd(root, "activate", "p", str(recipe), "--index-url", idx.url, "--uv", str(uv_bin),
+                                   "--as-of", "2024-02-02"), check=True, capture_output=True, env=env, timeout=300)
+            yield {"root": root, "user": user, "shared": shared}
+    finally:
+        idx.stop()
+
+
+@needs_root
+@pytest.mark.parametrize("home", ["root", "another-user", "another-users-open-home"])
+def test_a_service_user_with_roots_home_runs_readers(served, home):
+    """`runuser`/`setpriv` keep HOME: the implicit config file under a home the service user may not
+    enter is no file for `run` and `env` (one line under -v); named by --config or the variable it
+    is still an error, and a command that is not a reader still says why."""
+    from tests.support.users import cli_as
+
+    root, user = served["root"], served["user"]
+    if home == "root":
+        homedir = Path("/root")
+        if os.stat(homedir).st_mode & 0o001:
+            pytest.skip("/root lets other users through here")
+    else:
+        homedir = served["shared"] / "alice"
+        homedir.mkdir(exist_ok=True)
+        homedir.chmod(0o755 if home == "another-users-open-home" else 0o700)
+        os.chown(homedir, NOBODY, NOBODY)
+    implicit = homedir / ".config" / "llmgw-store" / "config.toml"
+    env = {"HOME": str(homedir)}
+    ran = cli_as(user, root, "run", "p", "--", "tinyengine", env=env)
+    assert ran.returncode == 0 and "tinyengine 1.0" in ran.stdout, ran.stderr
+    assert ran.stderr == ""
+    lines = cli_as(user, root, "env", "p", env=env)
+    assert lines.returncode == 0 and "export VIRTUAL_ENV=" in lines.stdout, lines.stderr
+    told = cli_as(user, root, "-v", "env", "p", env=env)
+    assert told.returncode == 0, told.stderr
+    said = [ln for ln in told.stderr.splitlines() if str(implicit) in ln]
+    assert len(said) == 1 and "no config file" in said[0], told.stderr
+    # Named, it must be read.
+    for named in (["--config", str(implicit)], []):
+        extra = {} if named else {"LLMGW_STORE_CONFIG": str(implicit)}
+        proc = cli_as(user, root, *named, "run", "p", "--", "tinyengine", env={**env, **extra})
+        assert proc.returncode == 2 and str(implicit) in proc.stderr, proc.stderr
+    # Not a reader: the config file it cannot read is still an error.
+    proc = cli_as(user, root, "stats", env=env)
+    assert proc.returncode == 2 and str(implicit) in proc.stderr, proc.stderr

@@ -314,14 +314,55 @@ def _open_trusted(path: str, what: str, where: str, *, open_it: bool = True) -> 
         raise refused(exc.reason) from None
 
 
+class ConfigUnreachable(ConfigError):
+    """The default config file (never one named by --config or the variable) lies below a directory
+    of another user's that keeps this user out or that the trust rule refuses: a service user run by
+    `runuser`/`setpriv`, which keep root's HOME. A reader command (`run`, `env`...) takes it as no
+    file, and says `note` under -v; any other command says this error."""
+
+    def __init__(self, message: str, note: str):
+        super().__init__(message)
+        self.note = note
+
+
+def _foreign_dir(path: str) -> str | None:
+    """The directory on the way to `path` that is another user's (root's included) and that this
+    user may not pass (no search permission), or that belongs to another user who is not root
+    (the trust rule refuses it); None when every directory on the way is passable and root's or
+    this user's, so a refusal is about the file or a directory of this user's own."""
+    me = os.geteuid()
+    here = "/"
+    for part in os.path.dirname(os.path.abspath(path)).split("/"):
+        if not part:
+            continue
+        nxt = os.path.join(here, part)
+        try:
+            st = os.stat(nxt)
+        except OSError:
+            return None
+        if st.st_uid not in (0, me) or (st.st_uid != me and not os.access(nxt, os.X_OK)):
+            return nxt
+        here = nxt
+    return None
+
+
 def read(path: str, explicit: bool) -> bytes | None:
-    """The config file's bytes, after the trust checks; None when the default file is absent."""
+    """The config file's bytes, after the trust checks; None when the default file is absent.
+    ConfigUnreachable when the default file lies below another user's directory (`_foreign_dir`)."""
     try:
         fd, st = _open_trusted(path, "the config file", path)
-    except OSError as exc:
+    except (OSError, ConfigError) as exc:
         if not explicit and isinstance(exc, FileNotFoundError):
             return None
-        raise ConfigError(f"{path}: cannot read the config file: {exc.strerror or exc}") from None
+        message = str(exc) if isinstance(exc, ConfigError) else \
+            f"{path}: cannot read the config file: {exc.strerror or exc}"
+        if not explicit and (foreign := _foreign_dir(path)) is not None:
+            raise ConfigUnreachable(message, f"no config file: {path} lies below {foreign}, another user's directory "
+                                    f"(runuser and setpriv keep HOME); name one with --config or "
+                                    f"{CONFIG_ENV}") from None
+        if isinstance(exc, ConfigError):
+            raise
+        raise ConfigError(message) from None
     try:
         if not stat.S_ISREG(st.st_mode):
             raise ConfigError(f"{path}: the config file is not a regular file")
