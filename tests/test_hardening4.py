@@ -149,6 +149,14 @@ def test_a_key_file_is_held_to_the_config_files_trust_rule(tmp_path, monkeypatch
     their_link.symlink_to(good)
     os.lchown(their_link, NOBODY, NOBODY)
     _refused([str(their_link)], "owned by uid 65534")
+    # A link in our directory, leading into theirs: the walk goes on through their directory.
+    into = keys / "into.public"
+    into.symlink_to(inside)
+    _refused([str(into)], "owned by uid 65534")
+    # A directory, or a FIFO, is no key file (and is never waited on).
+    _refused([str(keys)], "not a regular file")
+    os.mkfifo(keys / "fifo.public")
+    _refused([str(keys / "fifo.public")], "not a regular file")
     # Neither a key nor an absolute path: one message saying both.
     _refused(["builder:AAAA"], "name:base64", "absolute path")
 
@@ -423,3 +431,33 @@ def test_a_service_user_with_roots_home_runs_readers(served, home):
     # Not a reader: the config file it cannot read is still an error.
     proc = cli_as(user, root, "stats", env=env)
     assert proc.returncode == 2 and str(implicit) in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("opened", ["directory", "link"])
+def test_the_fast_path_checks_the_key_files_its_cached_config_names(tmp_path, monkeypatch, opened):
+    """A key file named by the config (relative: the config's directory's), cached by the full
+    command; then its directory opens up to others (or the name becomes a link planted in a
+    directory others may write): the cached values are not used."""
+    from llmgw_store.core import config
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    _, value = _key_with_a_slash()
+    etc = tmp_path / "etc"
+    (etc / "keys").mkdir(parents=True)
+    (etc / "keys" / "b.public").write_text(value + "\n")
+    conf = _config(etc / "config.toml", 'trusted_keys = ["keys/b.public"]\nlock_timeout = 7\n')
+    assert _cli(conf, "config").returncode == 0
+    environ = {**os.environ, "LLMGW_STORE_CONFIG": str(conf)}
+    known, values = config.read_cached(None, environ)
+    assert known and values["trusted_keys"] == (str(etc / "keys" / "b.public"),) and values["lock_timeout"] == 7
+    if opened == "directory":
+        (etc / "keys").chmod(0o777)
+    else:
+        loose = tmp_path / "loose"
+        loose.mkdir()
+        loose.chmod(0o777)
+        (loose / "b.public").write_text(value + "\n")
+        (etc / "keys").rename(etc / "old-keys")
+        (etc / "keys").symlink_to(loose)
+    assert config.read_cached(None, environ) == (False, {})
+    assert _cli(conf, "config").returncode == 2
