@@ -29,6 +29,10 @@ from llmgw_store.core import config, report
 from llmgw_store.core.errors import StoreError, translated
 
 CONFIG_ERROR = "llmgw_store.config_error"
+CONFIG_NOTE = "llmgw_store.config_note"
+# Commands every user who can read the store may run (docs/operations.md "Service users"): the
+# default config file below another user's home is no file to them (core/config.ConfigUnreachable).
+READERS = frozenset({"run", "env", "packages", "why", "export"})
 HELP = "llmgw_store.help"
 
 
@@ -253,6 +257,11 @@ class StoreGroup(click.Group):
             ctx.meta[HELP] = bool({"-h", "--help"} & set(rest))
             try:
                 loaded = config.load(_global_value(found, "--config"))
+            except config.ConfigUnreachable as err:
+                if not rest or rest[0] not in READERS:
+                    ctx.meta[CONFIG_ERROR] = err
+                ctx.meta[CONFIG_NOTE] = err.note  # a reader runs without it, and says so under -v
+                loaded = None
             except StoreError as err:
                 ctx.meta[CONFIG_ERROR] = err  # said when a command runs; --help still works
                 loaded = None
@@ -344,3 +353,5 @@ def cli(ctx: click.Context, root: str | None, config_file: str | None, as_json: 
     ctx.with_resource(report.reporting_to(ctx.obj.reporter))
     if CONFIG_ERROR in ctx.meta and not ctx.meta.get(HELP):
         raise ctx.meta[CONFIG_ERROR]
+    if CONFIG_NOTE in ctx.meta and verbose:
+        click.echo(f"{PROG}: {ctx.meta[CONFIG_NOTE]}", err=True)

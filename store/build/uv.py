@@ -122,7 +122,7 @@ def resolve(store: Store, uv_path: str | Path | None, index_url: str, *, later: 
     `uv_path` whose version is not remembered gives a PendingUv: `uv --version` runs in a thread
     while the caller goes on."""
     if uv_path is None and not install and not _pinned_present(store):
-        uv_path = shipped()  # None: not shipped, so it must be installed after all
+        uv_path = checked_shipped(store)  # None: not shipped, so it must be installed after all
     if uv_path is not None:
         path = Path(uv_path).absolute()
         stamp = file_stamp(path)
@@ -152,6 +152,36 @@ def shipped() -> Path | None:
     except (PackageNotFoundError, FileNotFoundError, OSError):
         return None
     return found if found.is_file() else None
+
+
+def checked_shipped(store: Store | None = None) -> Path | None:
+    """`shipped()`, once its bytes are shown to be the ones pip's RECORD lists for it (IntegrityError
+    otherwise): the one way to a shipped binary that may be run, `--version` included. The check
+    (a sha256 of the whole binary) is memoised in `store`'s index by the file's device, inode, size,
+    mtime and ctime: a binary written in place has a new ctime, whatever its mtime says."""
+    found = shipped()
+    if found is None:
+        return None
+    st = os.stat(found)
+    stamp = f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
+    if store is not None:
+        memo = store.index.tool_info("uv-shipped", str(found))
+        if memo and memo.get("stamp") == stamp:
+            return found
+    recorded = _recorded_sha256(found)
+    if recorded is not None:
+        from llmgw_store.core.fsutil import sha256_of
+
+        if sha256_of(found) != recorded:
+            raise _not_recorded(found)
+    if store is not None:
+        store.index.remember_tool("uv-shipped", str(found), {"stamp": stamp, "sha256": recorded})
+    return found
+
+
+def _not_recorded(found: Path) -> IntegrityError:
+    return IntegrityError(f"{found} is not the file the uv {UV_VERSION} package installed (its sha256 differs from "
+                          "the package's RECORD); reinstall llmgw-store, or pass --uv PATH")
 
 
 def _recorded_sha256(binary: Path) -> str | None:
@@ -240,8 +270,7 @@ def _copy_shipped(store: Store, partial: Path, found: Path) -> dict:
             out.write(chunk)
     recorded = _recorded_sha256(found)
     if recorded is not None and recorded != digest.hexdigest():
-        raise IntegrityError(f"{found} is not the file the uv {UV_VERSION} package installed (its sha256 differs from "
-                             "the package's RECORD); reinstall llmgw-store, or pass --uv PATH")
+        raise _not_recorded(found)
     target.chmod(0o755)
     got = version_of(target, store.layout.logs)
     if got != UV_VERSION:

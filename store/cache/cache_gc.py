@@ -43,6 +43,7 @@ from llmgw_store.cache.tree_fetch import BlobRef, fetch_small
 from llmgw_store.core import debug
 from llmgw_store.core.errors import IntegrityError, StoreError, UsageError
 from llmgw_store.core.keys import KEY_RE, canonical_json, key_of_name
+from llmgw_store.core.names import inline_key
 from llmgw_store.core.report import say
 from llmgw_store.core.results import Result
 from llmgw_store.core.units import human_size
@@ -270,8 +271,9 @@ def gc(url: str, keep_from: list[str], *, grace: float, dry_run: bool = False,
     cutoff = now - grace
     backend = backend_for(url, policy)
     values: list[str] = []
-    for v in keep_from:  # a directory stands for the .public files in it
-        values += sorted(str(p) for p in Path(v).glob("*.public")) if os.path.isdir(v) else [v]
+    for v in keep_from:  # a directory stands for the .public files in it; a key is never a path
+        values += sorted(str(p) for p in Path(v).glob("*.public")) if inline_key(v) is None and os.path.isdir(v) \
+            else [v]
     trusted = trusted_keys(values)
     if not trusted:
         raise UsageError("cache gc needs the public keys of the nodes whose roots it keeps: --keep-from KEY")

@@ -29,9 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from llmgw_store.core.errors import IntegrityError, UsageError
-from llmgw_store.core.files import write_outside
+from llmgw_store.core.files import FileRefused, open_trusted, write_outside
 from llmgw_store.core.keys import canonical_json
-from llmgw_store.core.names import check_signing_key_name, shown
+from llmgw_store.core.names import check_signing_key_name, inline_key, shown
 from llmgw_store.core.results import Result
 
 METADATA_MAX_BYTES = 1 << 20
@@ -175,11 +175,39 @@ def public_key_of(path: str | Path) -> str:
     return load_secret(path).public_key
 
 
-def key_text(value: str) -> str:
-    """A public key given inline (`name:base64`) or as a file holding it."""
-    if os.path.isfile(value):
-        return _read_key_file(value, "the key file")
-    return value.strip()
+def key_text(value: str, what: str | None = None) -> str:
+    """A public key given inline (`name:base64`, see `inline_key`), else the text of the key file
+    `value` names: an absolute path (a relative one would be looked up wherever the command runs),
+    to a file no other user could have written (core/files.open_trusted, the config file's rule:
+    the file, every directory above it and every link on the way root's or this user's and closed
+    to others). UsageError naming the value (`what`: how, by default as a key file) otherwise."""
+    what = what or f"the key file {_where(value)}"
+    if inline_key(value) is not None:
+        return value.strip()
+    if not value.startswith("/"):
+        raise UsageError(f"{what} is neither a key (name:base64 of {PUBLIC_BYTES} bytes) nor a key file's absolute "
+                         "path; name a key file by its absolute path")
+    try:
+        fd, st = open_trusted(value)
+    except FileRefused as exc:
+        raise UsageError(f"refusing {what}: it {exc.reason}; only root or you may be able to write "
+                         "it, the directories above it and the links on the way") from None
+    except FileNotFoundError:
+        raise UsageError(f"{what}: no such file") from None
+    except OSError as exc:
+        raise UsageError(f"{what}: {exc.strerror or exc}") from None
+    try:
+        if not stat.S_ISREG(st.st_mode):
+            raise UsageError(f"{what} is not a regular file")
+        data = os.read(fd, KEY_FILE_MAX + 1)
+    finally:
+        os.close(fd)
+    if len(data) > KEY_FILE_MAX:
+        raise UsageError(f"{what} is larger than a key file ({KEY_FILE_MAX} bytes)")
+    try:
+        return data.decode("ascii").strip()
+    except UnicodeDecodeError:
+        raise UsageError(f"{what} is not a key file (name:base64)") from None
 
 
 def parse_key(text: str, what: str) -> tuple[str, bytes]:
@@ -193,17 +221,18 @@ def parse_key(text: str, what: str) -> tuple[str, bytes]:
 
 
 def trusted_keys(values: list[str] | tuple[str, ...]) -> dict[str, bytes]:
-    keys = dict(_trusted(v, f"trusted key {shown(v)}") for v in values)
+    keys = dict(_trusted(v, f"trusted key {shown(v, 240)}") for v in values)
     for v in os.environ.get("LLMGW_STORE_TRUSTED_KEYS", "").split():
-        name, raw = _trusted(v, f"trusted key {shown(v)} (LLMGW_STORE_TRUSTED_KEYS)")
+        name, raw = _trusted(v, f"trusted key {shown(v, 240)} (LLMGW_STORE_TRUSTED_KEYS)")
         keys[name] = raw
     return keys
 
 
 def _trusted(value: str, what: str) -> tuple[str, bytes]:
-    if value.endswith(".secret") and os.path.isfile(value):
+    text = key_text(value, what)
+    if value.endswith(".secret") and inline_key(value) is None:
         raise UsageError(f"{what} is a secret key file; trust its .public (`llmgw-store key public {_where(value)}`)")
-    return parse_key(key_text(value), what)
+    return parse_key(text, what)
 
 
 def signed_part(meta: dict[str, Any]) -> bytes:

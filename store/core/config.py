@@ -38,14 +38,13 @@ bytes (`remember`); the fast path reads the file's bytes and takes the values fr
 
 from __future__ import annotations
 
-import errno
 import os
 import stat
 
 from llmgw_store.core import defaults
 from llmgw_store.core.dirs import private_dir, read_private, replace_private
 from llmgw_store.core.errors import UsageError
-from llmgw_store.core.files import FileRefused, resolve_trusted, untrusted
+from llmgw_store.core.files import FileRefused, open_trusted
 
 CONFIG_ENV = "LLMGW_STORE_CONFIG"
 ENV_PREFIX = "LLMGW_STORE_"
@@ -142,7 +141,8 @@ SETTINGS: tuple[Setting, ...] = (
             help="Binary cache to ask before building (file:///dir, http(s)://...); repeatable "
                  "(the variable: space-separated)."),
     Setting("trusted_keys", "list", "--trusted-key", (), commands=(*_REALISING, "pull"), hit="ignored", metavar="KEY",
-            help="Public key (name:base64, or a .public file) whose signatures are accepted; repeatable."),
+            help="Public key (name:base64, or a .public file by its absolute path) whose signatures are accepted; "
+                 "repeatable."),
     Setting("substitute_only", "bool", "--substitute-only", False, commands=_REALISING, hit="ignored",
             help="Pull from the --substituter caches and never build: a miss is exit 1 naming the key and the caches "
                  "asked, with nothing built. For a node; the recipe's version and as_of pinned (or a recorded "
@@ -301,7 +301,7 @@ def locate(flag: str | None, environ: os._Environ | dict = os.environ) -> tuple[
 def _open_trusted(path: str, what: str, where: str, *, open_it: bool = True) -> tuple[int, os.stat_result]:
     """(fd, fstat) of `path` (as given, not its real path) opened for reading, if it and every
     directory walked through on the way are root's or this user's and writable by no one else, and
-    every link on the way lies in such a directory (core/files.resolve_trusted, the rule writes
+    every link on the way lies in such a directory (core/files.open_trusted, the rule writes
     outside the root follow too); ConfigError otherwise. The caller closes the fd. Without
     `open_it` (a program the file names: it may be execute-only), (-1, its lstat)."""
     def refused(reason: str) -> ConfigError:
@@ -309,37 +309,60 @@ def _open_trusted(path: str, what: str, where: str, *, open_it: bool = True) -> 
                            "it, the directories above it and the links on the way")
 
     try:
-        dfd, name = resolve_trusted(path, every=True)
-        try:
-            if open_it:
-                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
-                st = os.fstat(fd)
-            else:
-                fd, st = -1, os.stat(name, dir_fd=dfd, follow_symlinks=False)
-        finally:
-            os.close(dfd)
+        return open_trusted(path, open_it=open_it)
     except FileRefused as exc:
         raise refused(exc.reason) from None
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:  # the name became a link after it was resolved
-            raise refused("is a symbolic link that changed while it was read") from None
-        raise  # FileNotFoundError and the like: the caller says "cannot read"
-    why = "a symbolic link that changed while it was read" if stat.S_ISLNK(st.st_mode) else untrusted(st)
-    if why is not None:
-        if fd >= 0:
-            os.close(fd)
-        raise refused(f"is {why}")
-    return fd, st
+
+
+class ConfigUnreachable(ConfigError):
+    """The default config file (never one named by --config or the variable) lies below a directory
+    of another user's that keeps this user out or that the trust rule refuses: a service user run by
+    `runuser`/`setpriv`, which keep root's HOME. A reader command (`run`, `env`...) takes it as no
+    file, and says `note` under -v; any other command says this error."""
+
+    def __init__(self, message: str, note: str):
+        super().__init__(message)
+        self.note = note
+
+
+def _foreign_dir(path: str) -> str | None:
+    """The directory on the way to `path` that is another user's (root's included) and that this
+    user may not pass (no search permission), or that belongs to another user who is not root
+    (the trust rule refuses it); None when every directory on the way is passable and root's or
+    this user's, so a refusal is about the file or a directory of this user's own."""
+    me = os.geteuid()
+    here = "/"
+    for part in os.path.dirname(os.path.abspath(path)).split("/"):
+        if not part:
+            continue
+        nxt = os.path.join(here, part)
+        try:
+            st = os.stat(nxt)
+        except OSError:
+            return None
+        if st.st_uid not in (0, me) or (st.st_uid != me and not os.access(nxt, os.X_OK)):
+            return nxt
+        here = nxt
+    return None
 
 
 def read(path: str, explicit: bool) -> bytes | None:
-    """The config file's bytes, after the trust checks; None when the default file is absent."""
+    """The config file's bytes, after the trust checks; None when the default file is absent.
+    ConfigUnreachable when the default file lies below another user's directory (`_foreign_dir`)."""
     try:
         fd, st = _open_trusted(path, "the config file", path)
-    except OSError as exc:
+    except (OSError, ConfigError) as exc:
         if not explicit and isinstance(exc, FileNotFoundError):
             return None
-        raise ConfigError(f"{path}: cannot read the config file: {exc.strerror or exc}") from None
+        message = str(exc) if isinstance(exc, ConfigError) else \
+            f"{path}: cannot read the config file: {exc.strerror or exc}"
+        if not explicit and (foreign := _foreign_dir(path)) is not None:
+            raise ConfigUnreachable(message, f"no config file: {path} lies below {foreign}, another user's directory "
+                                    f"(runuser and setpriv keep HOME); name one with --config or "
+                                    f"{CONFIG_ENV}") from None
+        if isinstance(exc, ConfigError):
+            raise
+        raise ConfigError(message) from None
     try:
         if not stat.S_ISREG(st.st_mode):
             raise ConfigError(f"{path}: the config file is not a regular file")
@@ -351,16 +374,81 @@ def read(path: str, explicit: bool) -> bytes | None:
     return data
 
 
+MAX_CONFIG_DEPTH = 8  # a setting is at most [table] key = [list]: 3 levels; anything deeper is refused
+
+
+def _shape_problem(text: str) -> str | None:
+    """Why the file's text is nested deeper than MAX_CONFIG_DEPTH, read before the TOML parser sees
+    it (which recurses once per bracket, and takes time quadratic in the parts of one dotted key:
+    36 s for 64 KiB of `a.a.a...`), or None. One linear pass: strings and comments are skipped,
+    brackets counted, and the dots of one run of key parts."""
+    depth = dots = 0
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        if c in "\"'":
+            quote = text[i:i + 3] if text[i:i + 3] in ('"""', "'''") else c
+            j = i + len(quote)
+            while j < n and not text.startswith(quote, j):
+                j += 2 if c == '"' and text[j] == "\\" else 1
+            i = j + len(quote)
+            continue
+        if c == "#":
+            i = text.find("\n", i)
+            if i < 0:
+                break
+            continue
+        if c in "[{":
+            depth += 1
+            if depth > MAX_CONFIG_DEPTH:
+                return f"the config file is nested deeper than {MAX_CONFIG_DEPTH} levels"
+        elif c in "]}":
+            depth = max(0, depth - 1)
+        if c == ".":
+            dots += 1
+            if dots >= MAX_CONFIG_DEPTH:
+                return f"the config file has a dotted key of more than {MAX_CONFIG_DEPTH} parts"
+        elif c not in " \t" and not (c.isalnum() or c in "_-"):
+            dots = 0  # `=`, a newline, a bracket, a comma: the end of a run of key parts
+        i += 1
+    return None
+
+
+def _depth_problem(doc: dict) -> str | None:
+    """Why the parsed document is nested deeper than MAX_CONFIG_DEPTH (dotted keys make depth
+    without a bracket), or None. Iterative, and it stops at the bound: the caller may then show a
+    value (repr recurses)."""
+    stack: list[tuple[object, int]] = [(doc, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > MAX_CONFIG_DEPTH:
+            return f"the config file is nested deeper than {MAX_CONFIG_DEPTH} levels"
+        children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
+        stack.extend((v, depth + 1) for v in children if isinstance(v, (dict, list)))
+    return None
+
+
 def parse(path: str, data: bytes) -> dict[str, object]:
-    """The settings the file holds, by setting name, each checked; ConfigError naming the key."""
+    """The settings the file holds, by setting name, each checked; ConfigError naming the key.
+    Bounded as a recipe is: at most MAX_CONFIG_BYTES (`read`), nested at most MAX_CONFIG_DEPTH
+    levels — a file nested deeper than the parser's recursion reaches is a ConfigError too, never
+    a traceback — and so parsed in time linear in its size."""
     import tomllib
 
     try:
-        doc = tomllib.loads(data.decode("utf-8"))
+        text = data.decode("utf-8")
     except UnicodeDecodeError:
         raise ConfigError(f"{path}: the config file is not UTF-8 text") from None
+    if (why := _shape_problem(text)) is not None:
+        raise ConfigError(f"{path}: {why}")
+    try:
+        doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not a valid TOML file: {exc}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: the config file is nested deeper than {MAX_CONFIG_DEPTH} levels") from None
+    if (why := _depth_problem(doc)) is not None:
+        raise ConfigError(f"{path}: {why}")
     values: dict[str, object] = {}
     for key, value in doc.items():
         if key in TABLES:
@@ -378,10 +466,10 @@ def parse(path: str, data: bytes) -> dict[str, object]:
             raise ConfigError(f"{path}: unknown key {key!r} (known: " + ", ".join(
                 sorted({n.split(".", 1)[0] for n in BY_NAME})) + ")")
         values[key] = check_value(s, value, f"{path}: {key}")
+    if "trusted_keys" in values:
+        values["trusted_keys"] = _anchored_keys(path, values["trusted_keys"])  # type: ignore[arg-type]
     for name, value in values.items():  # the files it names are trusted like the config itself
-        s = BY_NAME[name]
-        files = [value] if s.kind == "path" and name != "root" else (
-            [v for v in value if v.startswith("/")] if name == "trusted_keys" else [])  # type: ignore[attr-defined]
+        files = named_files(name, value)
         for f in files:
             if os.path.lexists(f):
                 try:
@@ -389,6 +477,28 @@ def parse(path: str, data: bytes) -> dict[str, object]:
                 except OSError as exc:
                     raise ConfigError(f"{path}: {name}: cannot read {f}: {exc.strerror or exc}") from None
     return values
+
+
+def _anchored_keys(path: str, keys: tuple[str, ...]) -> tuple[str, ...]:
+    """`trusted_keys` with each key file named by its absolute path: one given relative is the
+    config file's directory's (resolved here, once: never the directory a command runs in). A key
+    written inline (core/names.inline_key) stays a key, whatever files exist."""
+    from llmgw_store.core.names import inline_key
+
+    base = os.path.dirname(os.path.abspath(path))
+    return tuple(k if inline_key(k) is not None or k.startswith("/") else os.path.normpath(os.path.join(base, k))
+                 for k in keys)
+
+
+def named_files(name: str, value: object) -> list[str]:
+    """The files the value of the setting `name` names, which are trusted like the config file:
+    `uv`, and the key files among `trusted_keys` (anchored: absolute; the rest are inline keys)."""
+    s = BY_NAME[name]
+    if s.kind == "path" and name != "root":
+        return [value]  # type: ignore[list-item]
+    if name == "trusted_keys":
+        return [v for v in value if v.startswith("/")]  # type: ignore[attr-defined]
+    return []
 
 
 class ConfigFile:
@@ -556,7 +666,25 @@ def read_cached(flag: str | None, environ: os._Environ | dict = os.environ) -> t
     if data is None:
         return True, {}
     values = cached(path, data)
-    return (values is not None), (values or {})
+    if values is None or not files_trusted(values):
+        return False, {}
+    return True, values
+
+
+def files_trusted(values: dict[str, object]) -> bool:
+    """Whether every file the config's `values` name (`named_files`: uv, key files) still passes
+    the walk `parse` held it to (core/files.open_trusted): cached values were checked when they
+    were parsed, and a directory can open up since. A missing file is left to the command that
+    uses it, as `parse` leaves it."""
+    for name, value in values.items():
+        for f in named_files(name, value):
+            try:
+                open_trusted(f, open_it=False)
+            except FileNotFoundError:
+                continue
+            except OSError:  # FileRefused among them
+                return False
+    return True
 
 
 # -- effective values -----------------------------------------------------------------------------

@@ -314,6 +314,35 @@ def resolve_trusted(path: str | os.PathLike, *, every: bool = False, follow_last
         raise
 
 
+def open_trusted(path: str | os.PathLike, *, open_it: bool = True) -> tuple[int, os.stat_result]:
+    """(fd, fstat) of `path` opened for reading, if it and every directory walked through on the way
+    are root's or this user's and writable by no one else, and every link on the way lies in such a
+    directory (`resolve_trusted` with `every`): the rule for a file the store takes as its user's
+    own word (the config file, the `uv` and key files it names, a key file named anywhere). Without
+    `open_it` (a program: it may be execute-only), (-1, its lstat). FileRefused says why not;
+    FileNotFoundError (and other OSErrors) when it cannot be reached. The caller closes the fd."""
+    dfd, name = resolve_trusted(path, every=True)
+    try:
+        if open_it:
+            try:
+                fd = os.open(name, _READ, dir_fd=dfd)
+            except OSError as exc:
+                if exc.errno == errno.ELOOP:  # the name became a link after it was resolved
+                    raise FileRefused(path, "is a symbolic link that changed while it was read") from None
+                raise
+            st = os.fstat(fd)
+        else:
+            fd, st = -1, os.stat(name, dir_fd=dfd, follow_symlinks=False)
+    finally:
+        os.close(dfd)
+    why = "a symbolic link that changed while it was read" if stat.S_ISLNK(st.st_mode) else untrusted(st)
+    if why is not None:
+        if fd >= 0:
+            os.close(fd)
+        raise FileRefused(path, f"is {why}")
+    return fd, st
+
+
 def check_target_dir(dfd: int, shown: str | os.PathLike) -> None:
     """The rule for a directory outside the root the store writes into (its descriptor, opened
     without following a link): `untrusted` finds nothing — owned by root or by the user the store

@@ -83,3 +83,23 @@ def check_store_name(text: str) -> str:
 def check_signing_key_name(text: str) -> str:
     return check("signing key", text, SIGNING_KEY_RE, USER_NAME_MAX, "use [A-Za-z0-9._-], starting with a letter or digit")
 
+
+KEY_LENGTHS = (32, 64)  # an ed25519 public key; a secret key (seed + public key), as Nix writes them
+
+
+def inline_key(value: str) -> tuple[str, bytes] | None:
+    """(name, bytes) when `value` is a signing key written inline: `name:base64` of a public or a
+    secret key's length, else None. The one rule for a key argument (flag, variable or config
+    file): such a value is a key and never a path, whatever files exist (about half of all keys
+    hold a `/`, and anyone may make `builder:AB/CD=` in a shared directory)."""
+    import base64
+
+    name, sep, b64 = value.strip().partition(":")
+    if not sep or not name or len(b64) > 128:
+        return None
+    try:
+        raw = base64.b64decode(b64, validate=True)
+    except ValueError:
+        return None
+    return (name, raw) if len(raw) in KEY_LENGTHS else None
+

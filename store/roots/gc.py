@@ -791,7 +791,7 @@ def _prune_uv_cache(store: Store, dry_run: bool) -> int:
     safe; the wait for it is bounded and a busy cache is skipped until the next gc."""
     from llmgw_store.build import uv as uvmod
     from llmgw_store.build.cacheuse import bucket_dir, uv_cache_lock
-    from llmgw_store.core.errors import CommandError, LockTimeout
+    from llmgw_store.core.errors import CommandError, IntegrityError, LockTimeout
     from llmgw_store.roots.cachelog import prune_uv_pointers
 
     cache = store.layout.uv_cache
@@ -814,9 +814,14 @@ def _prune_uv_cache(store: Store, dry_run: bool) -> int:
     if pinned:
         binary = store.layout.path_of(pinned[0].name) / "bin" / "uv"
     else:
-        from uv import find_uv_bin
-
-        binary = Path(find_uv_bin())
+        try:
+            binary = uvmod.checked_shipped(store)  # checked against pip's RECORD before it runs
+        except IntegrityError as exc:
+            say(f"left the uv cache alone this time: {exc}")
+            return 0
+        if binary is None:
+            say("left the uv cache alone this time: no uv to prune it with")
+            return 0
     try:
         uvmod.run([binary, "cache", "prune"], what="uv cache prune", log_dir=store.layout.logs, timeout=UV_CACHE_TIMEOUT_S,
                   env=uvmod.clean_env(UV_NO_CONFIG="1", UV_CACHE_DIR=str(cache)), cwd=store.layout.tmp)
