@@ -5,7 +5,7 @@ The node is configured the way a unit file or the config file does it — enviro
 build option on its command lines (LLMGW_STORE_SUBSTITUTERS, LLMGW_STORE_TRUSTED_KEYS,
 LLMGW_STORE_SUBSTITUTE_ONLY, LLMGW_STORE_OFFLINE, LLMGW_STORE_INDEX_URL) — and runs no --uv: the
 key of a pinned recipe needs the shipped uv's version and the host's interpreter, nothing from the
-network. A miss is exit 1 naming the key and the cache, and builds nothing.
+network. A miss is exit 66 naming the key and the cache, and builds nothing.
 """
 
 from __future__ import annotations
@@ -97,10 +97,10 @@ def test_a_node_activates_what_the_builder_pushed_with_the_index_down(fleet):
     assert "built" not in _outcomes(node)
     assert not list((node / "cache" / "downloads").iterdir())
 
-    # A miss: exit 1 naming the key and the cache asked; nothing built, nothing left behind.
+    # A miss: exit 66 naming the key and the cache asked; nothing built, nothing left behind.
     for args in (["activate", "svc", str(c)], ["build", str(c)]):
         proc = run_cli(node, *args, env=env)
-        assert proc.returncode == 1, proc.stderr
+        assert proc.returncode == 66, proc.stderr
         line = _one_error(proc)
         assert "--substitute-only: no binary cache has" in line and fleet["cache"] in line
         assert re.search(r"-tinyengine-1\.1-cpu \(key [0-9a-z]{32};", line), line
@@ -134,7 +134,7 @@ def test_a_recorded_generation_comes_back_from_the_cache_and_a_miss_is_never_reb
     key = names["b.toml"].split("-", 1)[0]
     (Path(fleet["cache"][len("file://"):]) / f"{key}.json").unlink()
     proc = run_cli(node, "rollback", "svc", "--to", "2", env=env)
-    assert proc.returncode == 1, proc.stderr
+    assert proc.returncode == 66, proc.stderr
     line = _one_error(proc)
     assert f"no binary cache has {names['b.toml']} (key {key};" in line and fleet["cache"] in line
     assert names["b.toml"] not in _store(node) and "built" not in _outcomes(node)
