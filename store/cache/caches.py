@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from llmgw_store.cache.backends import Backend, RetryPolicy, backend_for
+from llmgw_store.core import oplog
 from llmgw_store.core.credentials import public_url as shown
 from llmgw_store.core.errors import IntegrityError, NetworkError, UsageError
 from llmgw_store.core.report import say
@@ -72,6 +73,7 @@ class Caches:
                 failure = exc
                 self._pass_over(url, exc)
                 continue
+            oplog.cache_answered()
             with self._lock:
                 self.reached = time.time()
                 if result is not None:

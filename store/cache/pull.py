@@ -36,7 +36,7 @@ from llmgw_store.cache.caches import Caches, shown
 from llmgw_store.cache.objects import FORMAT, shape_v2
 from llmgw_store.cache.signing import METADATA_MAX_BYTES, check_signature, trusted_keys
 from llmgw_store.cache.tree_fetch import BlobRef, MetaV2, Stats, build_tree
-from llmgw_store.core import debug, locks, manifest
+from llmgw_store.core import debug, locks, manifest, oplog
 from llmgw_store.core.errors import IntegrityError, NetworkError, NotFoundError, StoreError, UsageError
 from llmgw_store.core.fsutil import force_rmtree
 from llmgw_store.core.keys import KEY_RE, is_store_name, key_of_name
@@ -332,6 +332,7 @@ def fetch_into_store(store: Store, caches: Caches, meta: Meta | MetaV2) -> tuple
         store.index.fail_build(build_id, time.monotonic() - started, f"{type(exc).__name__}: {exc}")
         raise
     seconds = time.monotonic() - started
+    oplog.fetched(stats.bytes_fetched)
     say(f"substituted {meta.name} from {served_by(caches, served_before)} (signed by {meta.signer}) in "
         f"{seconds:.1f}s: fetched "
         f"{human_size(stats.bytes_fetched)} in {stats.blobs_fetched} blobs, reused {human_size(stats.bytes_reused)} "
