@@ -135,3 +135,43 @@ def test_an_object_refused_as_damaged_is_exit_65(fleet):
     assert _store(node) == []
     blobs[0].write_bytes(saved)
     _ok(run_cli(node, "activate", "svc", str(a), env=env), fleet["cache"])
+
+
+def test_a_substitute_only_node_never_probes_for_an_interpreter_download(fleet):
+    """`only-managed` with no managed Python in the node's root: a node may build nothing, so it
+    neither probes the download host nor downloads; it says so and uses what it has. The download
+    host is a listener on 127.0.0.1 (named by https_proxy, as uv's downloads would reach it) that
+    counts the connections it is offered."""
+    import socket
+    import threading
+
+    node, env, (a, _, _) = fleet["node"], fleet["env"], fleet["recipes"]
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    offered = []
+
+    def accept() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            offered.append(1)
+            conn.close()
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        proxy = f"http://127.0.0.1:{listener.getsockname()[1]}"
+        node_env = {**env, "LLMGW_STORE_PYTHON_PREFERENCE": "only-managed", "LLMGW_STORE_OFFLINE": "",
+                    "https_proxy": proxy, "HTTPS_PROXY": proxy, "ALL_PROXY": "", "all_proxy": ""}
+        proc = run_cli(node, "activate", "svc", str(a), env=node_env)
+        assert proc.returncode == 0, proc.stderr
+        assert "no managed Python" in proc.stderr and "--substitute-only" in proc.stderr
+        assert offered == [], proc.stderr
+        # Without --substitute-only the same settings do probe it (the positive case of the listener).
+        built = run_cli(fleet["node"].parent / "other", "build", str(a), env={**node_env,
+                                                                                "LLMGW_STORE_SUBSTITUTE_ONLY": ""})
+        assert offered, built.stderr
+    finally:
+        listener.close()

@@ -301,7 +301,8 @@ def _plan(store: Store, recipe: Recipe, chosen: Build, options: BuildOptions) ->
     interp = None
     if (files is not None or getattr(pending, "pending", False)) and "{" not in chosen.fields["python"]:
         try:
-            interp = interpreters.find(store, pending, chosen.fields["python"], options.python_preference)
+            interp = interpreters.find(store, pending, chosen.fields["python"], options.python_preference,
+                                       downloads=not options.substitute_only)
         except Exception:
             if isinstance(pending, uvmod.PendingUv):
                 pending.tool()  # an --uv that is not uv is the error to report, not what it "found"
@@ -321,7 +322,8 @@ def _plan(store: Store, recipe: Recipe, chosen: Build, options: BuildOptions) ->
     else:
         as_of = _published_plus_a_day(store, recipe, version, index_url, files, auth)
     if interp is None or fields["python"] != chosen.fields["python"]:
-        interp = interpreters.find(store, uv, fields["python"], options.python_preference)
+        interp = interpreters.find(store, uv, fields["python"], options.python_preference,
+                                   downloads=not options.substitute_only)
     inputs = {
         "schema": SCHEMA_VERSION,
         "engine": recipe.name,
