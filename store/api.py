@@ -149,6 +149,15 @@ def _substituter(substituters: tuple[str, ...], trusted_keys: tuple[str, ...], o
                              "--substituter, or drop --offline")
     if not substituters:
         return None
+    if not trusted_keys:
+        from llmgw_store.core.credentials import public_url
+        from llmgw_store.core.errors import UsageError
+
+        # Nothing a cache serves could be checked: every object would be refused and the command
+        # would build (or, substitute-only, fail) as if the caches were empty.
+        raise UsageError(f"binary caches given ({' '.join(public_url(u) for u in substituters)}) but no trusted "
+                         "key: pass --trusted-key (config trusted_keys, LLMGW_STORE_TRUSTED_KEYS) with the "
+                         "builder's public key")
     from llmgw_store.cache.backends import RetryPolicy
     from llmgw_store.cache.pull import CacheSubstituter
 

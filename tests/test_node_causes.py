@@ -175,3 +175,36 @@ def test_a_substitute_only_node_never_probes_for_an_interpreter_download(fleet):
         assert offered, built.stderr
     finally:
         listener.close()
+
+
+def test_an_explicit_config_file_that_sets_nothing_or_no_trusted_key_is_refused(fleet, tmp_path):
+    """A node given an empty file (or one of comments only), or caches with no key to check them
+    by: one line, exit 2, no store made — not a build from public PyPI into the default root. The
+    default file may be empty; a file that sets something is read (the positive cases)."""
+    node, (a, _, _) = fleet["node"], fleet["recipes"]
+    clean = {k: "" for k in fleet["env"]}  # only the file speaks
+    for text in ("", "# the node's settings\n\n[gc]\n"):
+        conf = tmp_path / "node.toml"
+        conf.write_text(text)
+        conf.chmod(0o644)
+        for how in (["--config", str(conf)], []):
+            proc = run_cli(node, *how, "build", str(a), env={**clean, "LLMGW_STORE_CONFIG": "" if how else str(conf)})
+            assert proc.returncode == 2, proc.stderr
+            assert "sets nothing" in _one_error(proc) and str(conf) in _one_error(proc)
+            assert not node.exists()
+    # The default file (none named): empty is allowed, and a plain local command runs.
+    xdg = tmp_path / "xdg"
+    (xdg / "llmgw-store").mkdir(parents=True)
+    (xdg / "llmgw-store" / "config.toml").write_text("")
+    proc = run_cli(node, "list", env={**clean, "LLMGW_STORE_CONFIG": "", "XDG_CONFIG_HOME": str(xdg)})
+    assert proc.returncode == 0, proc.stderr
+
+    conf = tmp_path / "nokey.toml"
+    conf.write_text(f'substitute_only = true\nsubstituters = ["{fleet["cache"]}"]\n'
+                    f'index_url = "{fleet["env"]["LLMGW_STORE_INDEX_URL"]}"\n')
+    conf.chmod(0o644)
+    proc = run_cli(node, "--config", str(conf), "build", str(a), env=clean)
+    assert proc.returncode == 2 and "but no trusted key" in _one_error(proc), proc.stderr
+    assert _store(node) == []
+    conf.write_text(conf.read_text() + f'trusted_keys = ["{fleet["env"]["LLMGW_STORE_TRUSTED_KEYS"]}"]\n')
+    _ok(run_cli(node, "--config", str(conf), "build", str(a), env=clean), fleet["cache"])
