@@ -208,3 +208,15 @@ def test_an_explicit_config_file_that_sets_nothing_or_no_trusted_key_is_refused(
     assert _store(node) == []
     conf.write_text(conf.read_text() + f'trusted_keys = ["{fleet["env"]["LLMGW_STORE_TRUSTED_KEYS"]}"]\n')
     _ok(run_cli(node, "--config", str(conf), "build", str(a), env=clean), fleet["cache"])
+
+
+def test_a_pulled_paths_last_use_is_its_pull_on_this_node(fleet):
+    """`list` on a node: the path's last use is when this node pulled it, not when the builder built it."""
+    import datetime
+
+    node, env, (a, _, _) = fleet["node"], fleet["env"], fleet["recipes"]
+    started = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    run_cli(node, "activate", "svc", str(a), env=env, check=True)
+    (row,) = json.loads(run_cli(node, "--json", "list", check=True).stdout)["paths"]
+    assert row["name"] == fleet["names"]["a.toml"]
+    assert row["created"] < started <= row["last_used"], row  # created: the builder's build, as signed

@@ -355,6 +355,9 @@ def _install(store: Store, tree: Path, doc: dict[str, Any], meta: Meta | MetaV2,
     t0 = time.monotonic()
     store.install(tree, doc, list(meta.references), build_id=build_id, seconds=round(time.monotonic() - started, 3),
                   outcome="substituted")
+    # Registered from the signed manifest, whose time is the builder's: on this node the path was
+    # first used now (gc's grace and `list` read last_used).
+    store.index.touch(meta.name)
     stats.phases["register"] = time.monotonic() - t0
 
 
