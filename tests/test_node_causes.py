@@ -220,3 +220,17 @@ def test_a_pulled_paths_last_use_is_its_pull_on_this_node(fleet):
     (row,) = json.loads(run_cli(node, "--json", "list", check=True).stdout)["paths"]
     assert row["name"] == fleet["names"]["a.toml"]
     assert row["created"] < started <= row["last_used"], row  # created: the builder's build, as signed
+
+
+def test_verbose_json_of_build_and_activate_carries_the_key_inputs(fleet):
+    """What a builder and a node compare when their keys differ: `-v --json` of build and activate
+    has the key's inputs (as `info` records them); plain --json keeps its document."""
+    node, env, (a, _, _) = fleet["node"], fleet["env"], fleet["recipes"]
+    doc = json.loads(run_cli(node, "-v", "--json", "activate", "svc", str(a), env=env, check=True).stdout)
+    info = json.loads(run_cli(node, "--json", "info", "svc", check=True).stdout)
+    assert doc["inputs"] == info["inputs"] and doc["inputs"]["index_url"] == fleet["index"].url.rstrip("/")
+    for args in (["-v", "--json"], ["--json"]):  # the second is answered from the build memo
+        built = json.loads(run_cli(node, *args, "build", str(a), env=env, check=True).stdout)
+        assert built["key"] == info["key"] and (built.get("inputs") == info["inputs"] if "-v" in args
+                                                 else "inputs" not in built)
+    assert "inputs" not in json.loads(run_cli(node, "--json", "activate", "svc", str(a), env=env, check=True).stdout)

@@ -154,6 +154,9 @@ class BuildResult:
     how: str  # "hit", "waited" (another process built it), "recovered" (re-registered), "substituted" or "built"
     seconds: float  # the whole build, planning included: the same figure as the summary line
     steps: dict[str, float] = field(default_factory=dict)  # seconds per step of a build that ran
+    # The key's inputs (as `info` records them): in the document under -v --json only (the build
+    # memo's answer, which has none, is the document otherwise).
+    inputs: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def cache_hit(self) -> bool:
@@ -161,6 +164,7 @@ class BuildResult:
 
     def to_json(self) -> dict[str, Any]:
         fields = asdict(self)
+        fields.pop("inputs")
         fields["uv_version"] = fields.pop("uv")  # one name per concept across commands (docs/json.md)
         return document({**fields, "path": str(self.path), "cache_hit": self.cache_hit})
 
@@ -238,7 +242,7 @@ def _build(recipe_file: str | Path, options: BuildOptions, root: str | Path | No
         result = BuildResult(
             path=path, name=plan.name, key=plan.key, engine=recipe.name, version=plan.version,
             variant=chosen.variant, as_of=inputs["as_of"], uv=inputs["uv"],
-            python=inputs["python"]["version"], how=how, seconds=seconds, steps=steps,
+            python=inputs["python"]["version"], how=how, seconds=seconds, steps=steps, inputs=inputs,
         )
         if memo is not None:
             _remember(store, memo, result, plan, recipe, chosen, options)
