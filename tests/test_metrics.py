@@ -14,7 +14,7 @@ import pytest
 
 from llmgw_store.core import oplog
 from tests.conftest import build_store, copy_store, run_cli, write_recipe
-from tests.test_node import fleet  # noqa: F401  (fixture)
+from tests.support.fleet import fleet  # noqa: F401  (fixture)
 
 SAMPLE = re.compile(r'([a-z_]+)\{((?:[a-z_]+="(?:[^"\\\n]|\\.)*",?)*)\} (-?[0-9]+(?:\.[0-9]+)?)')
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from tests.conftest import run_cli
 from tests.support.fault_server import FaultyCache
-from tests.test_node import _one_error, _store, fleet  # noqa: F401  (fixture)
+from tests.support.fleet import _one_error, _store, fleet  # noqa: F401  (fixture)
 
 FAST = {"LLMGW_STORE_CACHE_STALL": "2", "LLMGW_STORE_CACHE_METADATA_TIMEOUT": "2", "LLMGW_STORE_CACHE_ATTEMPTS": "2"}
 
