@@ -115,7 +115,8 @@ def _said(candidate: dict[str, Any]) -> str:
 def neighbours(caches: Caches, trusted: dict[str, bytes], name: str, inputs: dict[str, Any],
                urls: list[str]) -> list[dict[str, Any]]:
     """The objects of the same engine, version and variant as `name` the caches `urls` hold (each
-    `name`, `key`, `cache`, `differs`: the key inputs that differ from `inputs`), newest first."""
+    `name`, `key`, `cache`, `differs`: the key inputs that differ from `inputs`), those that differ
+    in fewest inputs first."""
     suffix = name[33:]
     found: list[dict[str, Any]] = []
     for url in urls:
@@ -132,6 +133,7 @@ def neighbours(caches: Caches, trusted: dict[str, bytes], name: str, inputs: dic
                               "differs": differences(other, inputs)})
         except StoreError:
             continue  # an explanation only: a cache that cannot be listed explains nothing
+    found.sort(key=lambda c: len(c["differs"]))  # the closest first (stable: newest first among equals)
     return found
 
 
