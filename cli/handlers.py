@@ -52,7 +52,10 @@ def build(ctx, kw: dict) -> None:
     from llmgw_store.api import build as do_build
 
     result = do_build(kw["recipe"], options_from(kw), **caches_from(kw), root=ctx.root)
-    ctx.emit(result.to_json(), str(result.path))
+    doc = result.to_json()
+    if ctx.verbose:
+        doc["inputs"] = result.inputs  # -v --json: what a builder and a node compare when their keys differ
+    ctx.emit(doc, str(result.path))
 
 
 def memo_answer(ctx, kw: dict) -> bool:
@@ -63,6 +66,8 @@ def memo_answer(ctx, kw: dict) -> bool:
 
     if kw.get("python"):
         return False  # --python: never memoised (builder.build), the full command builds or finds it
+    if ctx.verbose and ctx.as_json:
+        return False  # -v --json carries the key's inputs, which the memo does not hold
     recipe = kw["recipe"]
     try:
         fd = os.open(recipe, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
@@ -160,10 +165,15 @@ def activate(ctx, kw: dict) -> None:
     r = do_activate(profile, target, options, **caches_from(kw), root=ctx.root, lock_timeout=kw["lock_timeout"],
                     check=check, no_check=kw["no_check"], check_timeout=kw["check_timeout"],
                     then_check=kw["then_check"], keep_records=kw["keep_records"])
+    doc = r.to_json()
+    if ctx.verbose and ctx.as_json:
+        from llmgw_store.integrity.queries import path_info
+
+        doc["inputs"] = path_info(r.path, root=ctx.root).row.inputs  # the key's, as for build -v --json
     checked = f" (check {r.check['result']})" if r.check else ""
     text = (f"{profile}: generation {r.generation} -> {r.path}{checked}" if r.changed
             else f"{profile}: already at generation {r.generation} -> {r.path}")
-    ctx.emit(r.to_json(), text)
+    ctx.emit(doc, text)
 
 
 def rollback(ctx, kw: dict) -> None:

@@ -6,14 +6,17 @@ alike by the click app (cli/app.py) and the fast path (cli/fast.py), so the two 
              and errors, each one line: `llmgw-store: error: ...`, control characters escaped
 
 Exit codes: 0 ok, 1 the operation failed, 2 bad usage or input (nothing was changed), 75 a lock
-could not be had in time, 130/143/129 interrupted by SIGINT/SIGTERM/SIGHUP (core/signals.py).
+could not be had in time, 66/69/77/65 --substitute-only got nothing: a miss, the caches
+unreachable, signed by an untrusted key, damaged (core/errors.py), 130/143/129 interrupted by SIGINT/SIGTERM/SIGHUP (core/signals.py).
 Under --json an error is also a JSON document on stdout:
 
     {"schema_version": 1, "exit_code": 2, "error": {"kind": "usage", "message": "..."}}
 
 `kind` is the error's class in the store's error tree (core/errors.py) in snake case without
 "Error" (`not_found`, `lock_timeout`, `integrity`, `usage`, `store` for the root, ...), or
-`interrupted` (with `signal`) or `internal` (a bug). A CommandError also gives `log`.
+`interrupted` (with `signal`) or `internal` (a bug). A CommandError also gives `log`; a
+--substitute-only command that got nothing (`cache_miss`, `cache_unreachable`, `cache_untrusted`,
+`cache_damaged`; exit 66, 69, 77, 65) gives `cause`, `key`, `name`, `caches`, `inputs`, `candidates`.
 """
 
 from __future__ import annotations
@@ -106,6 +109,7 @@ def store_error(err: StoreError, as_json: bool, verbose: int) -> int:
     tail = getattr(err, "output_tail", "") if verbose else ""
     detail = "\n".join(printable(ln) for ln in tail.splitlines()) if tail else ""
     extra = {"log": str(err.log)} if getattr(err, "log", None) else {}
+    extra.update(getattr(err, "details", None) or {})  # a NotSubstituted: its cause, the key's inputs, the caches'
     return fail(as_json, err.exit_code, kind_of(err), f"error: {err}", detail=detail, **extra)
 
 

@@ -107,8 +107,8 @@ def rollback(profile: str, *, to: int | None = None, substituters: tuple[str, ..
     `trusted_keys`), else rebuilt from its recorded lock, offline from uv's cache when it can be,
     then from the recorded index, with the recorded uv and interpreter; either way the path must
     have the recorded key and content hash before the profile switches (IntegrityError otherwise,
-    and nothing switched). `substitute_only`: pulled, never rebuilt (a miss is NotSubstituted, exit
-    1); `offline`: no network but file:// caches, and no second try from the index. `index_url`:
+    and nothing switched). `substitute_only`: pulled, never rebuilt (no substitute is a NotSubstituted naming its
+    cause); `offline`: no network but file:// caches, and no second try from the index. `index_url`:
     the index URL the user configured, whose credentials (if any) a rebuild sends to the recorded
     index when it is the same one."""
     from dataclasses import replace
@@ -149,6 +149,15 @@ def _substituter(substituters: tuple[str, ...], trusted_keys: tuple[str, ...], o
                              "--substituter, or drop --offline")
     if not substituters:
         return None
+    if not trusted_keys:
+        from llmgw_store.core.credentials import public_url
+        from llmgw_store.core.errors import UsageError
+
+        # Nothing a cache serves could be checked: every object would be refused and the command
+        # would build (or, substitute-only, fail) as if the caches were empty.
+        raise UsageError(f"binary caches given ({' '.join(public_url(u) for u in substituters)}) but no trusted "
+                         "key: pass --trusted-key (config trusted_keys, LLMGW_STORE_TRUSTED_KEYS) with the "
+                         "builder's public key")
     from llmgw_store.cache.backends import RetryPolicy
     from llmgw_store.cache.pull import CacheSubstituter
 
@@ -188,7 +197,8 @@ def _realise_record(rec: Record, substituters: tuple[str, ...], trusted_keys: tu
         raise NotFoundError(f"{what} is cold and its record holds no lock to rebuild it from: pass --substituter "
                             "(and --trusted-key) to pull it from a binary cache")
     with Store.open(root, lock_timeout) as store:
-        substitute = builder.substitution(substituter, store, rec.key, rec.name, only=substitute_only)
+        substitute = builder.substitution(substituter, store, rec.key, rec.name, only=substitute_only,
+                                          inputs=rec.inputs)
         if substitute_only or not recorded.rebuildable:
             def nothing_to_build(partial):
                 raise NotFoundError(f"no binary cache given has {rec.name}, and its record holds no lock to rebuild "

@@ -23,7 +23,8 @@ def test_a_bad_substituter_from_the_environment_is_passed_over_without_its_passw
     proc = run_cli(w["node"], "build", str(template["recipe"]), "--as-of", "2024-02-02", "--index-url",
                    template["index"].url, "--substitute-only", "--trusted-key", str(w["keys"] / "builder-1.public"),
                    env={"LLMGW_STORE_SUBSTITUTERS": "htp://u:CACHEPASS@h/x"})
-    assert proc.returncode == 1 and "CACHEPASS" not in proc.stderr
+    # A URL no backend reads is bad input (exit 2), the node's own, not a cache's miss.
+    assert proc.returncode == 2 and "CACHEPASS" not in proc.stderr
     assert "cache htp://h/x: 'htp://h/x': a cache URL is" in proc.stderr and "passing it over" in proc.stderr
 
 

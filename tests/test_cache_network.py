@@ -157,7 +157,7 @@ def test_build_takes_the_cache_settings_from_the_config_file_and_the_flag_wins(p
             "--uv", str(uv_bin), "--trusted-key", str(pushed["keys"] / "builder-1.public"), "--substitute-only"]
     once = servers(tmp_path / "cache", rules=[(r"/cache/blobs/", "503", 1)])
     proc = run_cli(pushed["node"], *args, "--substituter", once.url, env=env)
-    assert proc.returncode == 1 and a[:32] in proc.stderr.splitlines()[-1], proc.stderr
+    assert proc.returncode == 69 and a[:32] in proc.stderr.splitlines()[-1], proc.stderr
     assert once.counts == {"503": 1} and not (pushed["node"] / "store" / a).exists()
     again = servers(tmp_path / "cache", rules=[(r"/cache/blobs/", "503", 1)])
     proc = run_cli(pushed["node"], *args, "--substituter", again.url, "--cache-attempts", "3", env=env)

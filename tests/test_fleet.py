@@ -186,3 +186,57 @@ def test_gc_racing_a_push_keeps_the_path_being_pushed(builder, tmp_path):
         pusher.wait()
     gc = json.loads(run_cli(root, "--json", "gc", check=True).stdout)
     assert name in [d["name"] for d in gc["deleted"]]
+
+
+# --- the documented builder's and node's config files ask for one key ----------------------------
+
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+# The settings that enter a key (with the recipe, the host's interpreter and platform, the as-of).
+KEY_SETTINGS = ("index_url", "uv", "python_preference")
+
+
+def _toml_after(doc: Path, words: str) -> str:
+    """The first ```toml block after `words` in `doc`, as the page shows it."""
+    text = doc.read_text()
+    at = text.index(words)
+    start = text.index("```toml\n", at) + len("```toml\n")
+    return text[start:text.index("```", start)]
+
+
+def _documented_configs() -> dict[str, str]:
+    ops = DOCS / "operations.md"
+    return {"builder": _toml_after(ops, "The builder, which resolves, builds and pushes"),
+            "node": _toml_after(ops, "A fleet node, which only fetches what the builder pushed"),
+            "fleet.md node": _toml_after(DOCS / "fleet.md", "As the config file of a node")}
+
+
+def test_the_documented_builder_and_node_files_give_one_key_on_one_host(tmp_path):
+    """Each file as the docs show it (its root, caches and key file replaced by the command line and
+    the environment, which win over a file): the key each computes for one pinned recipe on this
+    host. A node file that sets a key's setting otherwise than the builder's asks for another key."""
+    import tomllib
+
+    from tests.support.recipes import write_recipe
+
+    files = _documented_configs()
+    settings = {who: tomllib.loads(text) for who, text in files.items()}
+    for s in KEY_SETTINGS:
+        assert len({repr(v.get(s)) for v in settings.values()}) == 1, (s, {w: v.get(s) for w, v in settings.items()})
+    recipe = write_recipe(tmp_path, 'version = "1.0"\nas_of = "2024-02-02T00:00:00Z"')
+    run_cli(tmp_path / "k", "keygen", "builder-1", "--out", str(tmp_path / "keys"), check=True)
+    (tmp_path / "empty-cache").mkdir()
+    env = {"LLMGW_STORE_SUBSTITUTE_ONLY": "1", "LLMGW_STORE_SUBSTITUTERS": f"file://{tmp_path / 'empty-cache'}",
+           "LLMGW_STORE_TRUSTED_KEYS": str(tmp_path / "keys" / "builder-1.public"),
+           "LLMGW_STORE_PYTHON_PREFERENCE": "", "LLMGW_STORE_INDEX_URL": "", "LLMGW_STORE_UV": "",
+           "LLMGW_STORE_OFFLINE": "1"}
+    keys = {}
+    for i, (who, text) in enumerate(files.items()):
+        conf = tmp_path / f"config-{i}.toml"
+        conf.write_text(text.replace("/etc/llmgw-store/builder-1.public", str(tmp_path / "keys" / "builder-1.public")))
+        conf.chmod(0o644)
+        # An empty cache: the substitute-only miss says the key and its inputs (nothing is built).
+        proc = run_cli(tmp_path / f"root-{i}", "--config", str(conf), "--json", "build", str(recipe), env=env)
+        assert proc.returncode == 66, (who, proc.stderr)
+        err = json.loads(proc.stdout)["error"]
+        keys[who] = (err["key"], err["inputs"]["index_url"], err["inputs"]["python"])
+    assert len(set(map(repr, keys.values()))) == 1, keys

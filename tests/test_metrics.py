@@ -14,6 +14,7 @@ import pytest
 
 from llmgw_store.core import oplog
 from tests.conftest import build_store, copy_store, run_cli, write_recipe
+from tests.support.fleet import fleet  # noqa: F401  (fixture)
 
 SAMPLE = re.compile(r'([a-z_]+)\{((?:[a-z_]+="(?:[^"\\\n]|\\.)*",?)*)\} (-?[0-9]+(?:\.[0-9]+)?)')
 
@@ -113,3 +114,30 @@ def test_a_record_cut_short_starts_the_counters_again(template, tmp_path):
     (ops / "gc.json").write_text('{"successes": 4, "last_suc')
     run_cli(root, "gc", check=True)
     assert oplog.read_all(oplog.Layout.at(root))["gc"]["successes"] == 1
+
+
+def test_a_pull_only_node_reports_its_pulls_their_causes_and_its_cache(fleet, tmp_path):
+    """A substitute-only node (test_node's fleet: a builder pushed to a file:// cache): what it
+    activates counts as op="pull", never op="build"; a failure counts under its cause; the last
+    time a cache answered and the bytes fetched are there too."""
+    node, env = fleet["node"], fleet["env"]
+    a, _, c = fleet["recipes"]
+    started = time.time()
+    run_cli(node, "activate", "svc", str(a), env=env, check=True)
+    assert run_cli(node, "build", str(c), env=env).returncode == 66  # a miss
+    run_cli(tmp_path / "k", "keygen", "other", "--out", str(tmp_path / "k2"), check=True)
+    untrusting = {**env, "LLMGW_STORE_TRUSTED_KEYS": str(tmp_path / "k2" / "other.public")}
+    run_cli(node, "gc", "--keep-dead-for", "0s", check=True)
+    assert run_cli(node, "build", str(fleet["recipes"][1]), env=untrusting).returncode == 77
+    prom = tmp_path / "node.prom"
+    run_cli(node, "stats", "--prometheus", str(prom), check=True)
+    s = parse(prom.read_text())
+    assert sample(s, "llmgw_store_successes_total", op="pull") == 1
+    assert sample(s, "llmgw_store_successes_total", op="build") == 0
+    assert started <= sample(s, "llmgw_store_last_success_timestamp_seconds", op="pull") <= time.time()
+    assert sample(s, "llmgw_store_failures_total", op="pull") == 2
+    assert sample(s, "llmgw_store_failures_by_cause_total", op="pull", cause="miss") == 1
+    assert sample(s, "llmgw_store_failures_by_cause_total", op="pull", cause="untrusted") == 1
+    assert sample(s, "llmgw_store_failures_total", op="build") == 0
+    assert started <= sample(s, "llmgw_store_cache_last_contact_timestamp_seconds") <= time.time()
+    assert sample(s, "llmgw_store_cache_fetched_bytes_total") > 0

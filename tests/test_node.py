@@ -5,7 +5,7 @@ The node is configured the way a unit file or the config file does it — enviro
 build option on its command lines (LLMGW_STORE_SUBSTITUTERS, LLMGW_STORE_TRUSTED_KEYS,
 LLMGW_STORE_SUBSTITUTE_ONLY, LLMGW_STORE_OFFLINE, LLMGW_STORE_INDEX_URL) — and runs no --uv: the
 key of a pinned recipe needs the shipped uv's version and the host's interpreter, nothing from the
-network. A miss is exit 1 naming the key and the cache, and builds nothing.
+network. A miss is exit 66 naming the key and the cache, and builds nothing.
 """
 
 from __future__ import annotations
@@ -15,20 +15,8 @@ import re
 import sqlite3
 from pathlib import Path
 
-import pytest
-
-from tests.conftest import run_cli, start_index, write_recipe
-
-PINNED = 'version = "{version}"\nas_of = "{as_of}"'
-
-
-def _recipe(tmp: Path, name: str, version: str, as_of: str) -> Path:
-    return write_recipe(tmp, PINNED.format(version=version, as_of=as_of), name=name)
-
-
-def _store(root: Path) -> list[str]:
-    store = root / "store"
-    return sorted(p.name for p in store.iterdir() if not p.name.startswith(".")) if store.exists() else []
+from tests.conftest import run_cli, write_recipe
+from tests.support.fleet import _one_error, _store, fleet  # noqa: F401  (fixture)
 
 
 def _run(profile: Path) -> str:
@@ -46,42 +34,6 @@ def _outcomes(root: Path) -> list[str]:
         con.close()
 
 
-def _one_error(proc) -> str:
-    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("llmgw-store: error:")]
-    assert len(errors) == 1, proc.stderr
-    return errors[0]
-
-
-@pytest.fixture
-def fleet(tmp_path, wheels):
-    """The builder: two pinned recipes built (with the shipped uv) and pushed to a file:// cache;
-    a third recipe it never built. The index is stopped before the node does anything."""
-    index = start_index(wheels)
-    try:
-        builder, keys, cache = tmp_path / "builder", tmp_path / "keys", f"file://{tmp_path / 'cache'}"
-        a = _recipe(tmp_path, "a.toml", "1.0", "2024-02-02T00:00:00Z")   # tinydep 1.0
-        b = _recipe(tmp_path, "b.toml", "1.0", "2024-08-01T00:00:00Z")   # tinydep 2.0
-        c = _recipe(tmp_path, "c.toml", "1.1", "2024-08-01T00:00:00Z")   # never built: a miss
-        run_cli(builder, "keygen", "builder-1", "--out", str(keys), check=True)
-        names = {}
-        for r in (a, b):
-            doc = json.loads(run_cli(builder, "--json", "build", str(r), "--index-url", index.url, check=True).stdout)
-            names[r.name] = doc["name"]
-            run_cli(builder, "push", doc["name"], "--to", cache, "--secret-key", str(keys / "builder-1.secret"),
-                    check=True)
-    finally:
-        index.stop()
-    node_env = {
-        "LLMGW_STORE_SUBSTITUTERS": cache,
-        "LLMGW_STORE_TRUSTED_KEYS": (keys / "builder-1.public").read_text().strip(),
-        "LLMGW_STORE_SUBSTITUTE_ONLY": "1",
-        "LLMGW_STORE_OFFLINE": "1",
-        "LLMGW_STORE_INDEX_URL": index.url,  # a key input: the node names the builder's index
-    }
-    return {"node": tmp_path / "node", "env": node_env, "cache": cache, "recipes": (a, b, c), "names": names,
-            "index": index}
-
-
 def test_a_node_activates_what_the_builder_pushed_with_the_index_down(fleet):
     node, env = fleet["node"], fleet["env"]
     a, b, c = fleet["recipes"]
@@ -97,10 +49,10 @@ def test_a_node_activates_what_the_builder_pushed_with_the_index_down(fleet):
     assert "built" not in _outcomes(node)
     assert not list((node / "cache" / "downloads").iterdir())
 
-    # A miss: exit 1 naming the key and the cache asked; nothing built, nothing left behind.
+    # A miss: exit 66 naming the key and the cache asked; nothing built, nothing left behind.
     for args in (["activate", "svc", str(c)], ["build", str(c)]):
         proc = run_cli(node, *args, env=env)
-        assert proc.returncode == 1, proc.stderr
+        assert proc.returncode == 66, proc.stderr
         line = _one_error(proc)
         assert "--substitute-only: no binary cache has" in line and fleet["cache"] in line
         assert re.search(r"-tinyengine-1\.1-cpu \(key [0-9a-z]{32};", line), line
@@ -134,7 +86,7 @@ def test_a_recorded_generation_comes_back_from_the_cache_and_a_miss_is_never_reb
     key = names["b.toml"].split("-", 1)[0]
     (Path(fleet["cache"][len("file://"):]) / f"{key}.json").unlink()
     proc = run_cli(node, "rollback", "svc", "--to", "2", env=env)
-    assert proc.returncode == 1, proc.stderr
+    assert proc.returncode == 66, proc.stderr
     line = _one_error(proc)
     assert f"no binary cache has {names['b.toml']} (key {key};" in line and fleet["cache"] in line
     assert names["b.toml"] not in _store(node) and "built" not in _outcomes(node)

@@ -23,7 +23,7 @@ from llmgw_store.build.recipe import ONE_DAY, Build, Recipe, format_time, parse_
 from llmgw_store.core import credentials, debug, defaults, network
 from llmgw_store.core.buildmemo import MAX_RECIPE_BYTES
 from llmgw_store.core.credentials import IndexAuth
-from llmgw_store.core.errors import CommandError, NotSubstituted, RecipeError, StoreError, UsageError
+from llmgw_store.core.errors import CacheMiss, CommandError, RecipeError, StoreError, UsageError
 from llmgw_store.core.fsutil import force_rmtree, free_bytes
 from llmgw_store.core.host import platform_facts
 from llmgw_store.core.keys import SCHEMA_VERSION, path_name, store_key
@@ -48,14 +48,19 @@ class Substituter(Protocol):
 
     def substitute(self, store: Store, key: str, name: str) -> bool: ...
 
+    def refusal(self, key: str, name: str, inputs: dict[str, Any] | None = None) -> StoreError:
+        """After substitute() returned False: the typed error saying why (core/errors.py's
+        NotSubstituted family, or the node's own failure)."""
+
 
 NO_CACHE = "--substitute-only needs a binary cache to pull from: pass --substituter URL (and --trusted-key)"
 
 
 def substitution(substituter: Substituter | None, store: Store, key: str, name: str, *,
-                 only: bool = False) -> Callable[[], bool] | None:
+                 only: bool = False, inputs: dict[str, Any] | None = None) -> Callable[[], bool] | None:
     """What realise asks before it builds `key`: the substituter, and with `only` (--substitute-only)
-    a miss is NotSubstituted (exit 1) instead of a build. It runs under the key's lock, before a
+    no substitute is the substituter's `refusal` (its cause: miss, unreachable, untrusted, damaged;
+    `inputs`, the key's, explain a miss) instead of a build. It runs under the key's lock, before a
     `.partial` or a build-log row exists, so a refused build leaves nothing behind. The one place
     that decides "pull, else build" (build, activate RECIPE, cold rollback)."""
     if substituter is None:
@@ -67,9 +72,12 @@ def substitution(substituter: Substituter | None, store: Store, key: str, name: 
         if substituter.substitute(store, key, name):
             return True
         if only:
+            refusal = getattr(substituter, "refusal", None)
+            if refusal is not None:
+                raise refusal(key, name, inputs)
             asked = ", ".join(credentials.public_url(u) for u in getattr(substituter, "urls", ())) or "none"
-            raise NotSubstituted(f"--substitute-only: no binary cache has {name} (key {key}; asked: {asked}); "
-                                 "nothing was built: push it from a builder, or drop --substitute-only to build here")
+            raise CacheMiss(f"--substitute-only: no binary cache has {name} (key {key}; asked: {asked}); "
+                            "nothing was built: push it from a builder, or drop --substitute-only to build here")
         return False
 
     return substitute
@@ -85,7 +93,7 @@ class BuildOptions:
     python_preference: str = interpreters.DEFAULT_PREFERENCE
     lock_timeout: float = DEFAULT_LOCK_TIMEOUT_S
     latest_ttl: float = LATEST_TTL_S
-    # --substitute-only: pull from the substituters, never build (a miss is NotSubstituted, exit 1).
+    # --substitute-only: pull from the substituters, never build (no substitute: a NotSubstituted, by cause).
     substitute_only: bool = False
     # --offline: no network but file:// caches (core/network.py); uv runs with UV_OFFLINE.
     offline: bool = False
@@ -146,6 +154,9 @@ class BuildResult:
     how: str  # "hit", "waited" (another process built it), "recovered" (re-registered), "substituted" or "built"
     seconds: float  # the whole build, planning included: the same figure as the summary line
     steps: dict[str, float] = field(default_factory=dict)  # seconds per step of a build that ran
+    # The key's inputs (as `info` records them): in the document under -v --json only (the build
+    # memo's answer, which has none, is the document otherwise).
+    inputs: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def cache_hit(self) -> bool:
@@ -153,6 +164,7 @@ class BuildResult:
 
     def to_json(self) -> dict[str, Any]:
         fields = asdict(self)
+        fields.pop("inputs")
         fields["uv_version"] = fields.pop("uv")  # one name per concept across commands (docs/json.md)
         return document({**fields, "path": str(self.path), "cache_hit": self.cache_hit})
 
@@ -208,7 +220,8 @@ def _build(recipe_file: str | Path, options: BuildOptions, root: str | Path | No
                     verify=lambda tree: verify_env(store, plan, tree, deadline),
                     lock_timeout=options.lock_timeout,
                     check=lambda: check_requirements(plan),
-                    substitute=substitution(substituter, store, plan.key, plan.name, only=options.substitute_only),
+                    substitute=substitution(substituter, store, plan.key, plan.name, only=options.substitute_only,
+                                            inputs=plan.inputs),
                 )
                 break
             except wheelhome.DamagedWheel as exc:
@@ -229,7 +242,7 @@ def _build(recipe_file: str | Path, options: BuildOptions, root: str | Path | No
         result = BuildResult(
             path=path, name=plan.name, key=plan.key, engine=recipe.name, version=plan.version,
             variant=chosen.variant, as_of=inputs["as_of"], uv=inputs["uv"],
-            python=inputs["python"]["version"], how=how, seconds=seconds, steps=steps,
+            python=inputs["python"]["version"], how=how, seconds=seconds, steps=steps, inputs=inputs,
         )
         if memo is not None:
             _remember(store, memo, result, plan, recipe, chosen, options)
@@ -292,7 +305,8 @@ def _plan(store: Store, recipe: Recipe, chosen: Build, options: BuildOptions) ->
     interp = None
     if (files is not None or getattr(pending, "pending", False)) and "{" not in chosen.fields["python"]:
         try:
-            interp = interpreters.find(store, pending, chosen.fields["python"], options.python_preference)
+            interp = interpreters.find(store, pending, chosen.fields["python"], options.python_preference,
+                                       downloads=not options.substitute_only)
         except Exception:
             if isinstance(pending, uvmod.PendingUv):
                 pending.tool()  # an --uv that is not uv is the error to report, not what it "found"
@@ -312,7 +326,8 @@ def _plan(store: Store, recipe: Recipe, chosen: Build, options: BuildOptions) ->
     else:
         as_of = _published_plus_a_day(store, recipe, version, index_url, files, auth)
     if interp is None or fields["python"] != chosen.fields["python"]:
-        interp = interpreters.find(store, uv, fields["python"], options.python_preference)
+        interp = interpreters.find(store, uv, fields["python"], options.python_preference,
+                                   downloads=not options.substitute_only)
     inputs = {
         "schema": SCHEMA_VERSION,
         "engine": recipe.name,

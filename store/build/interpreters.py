@@ -64,7 +64,10 @@ class Interpreter:
         return {"request": request, "implementation": self.implementation, "version": self.version}
 
 
-def find(store: Store, uv: UvTool, request: str, preference: str) -> Interpreter:
+def find(store: Store, uv: UvTool, request: str, preference: str, *, downloads: bool = True) -> Interpreter:
+    """The interpreter for `request` under `preference`; `downloads` False (a --substitute-only
+    node, which reaches nothing but its caches): only what is installed, never a download, nor the
+    probe of the download host."""
     if preference not in PREFERENCES:
         raise UsageError(f"python preference {preference!r} is not one of {', '.join(PREFERENCES)}")
     # A uv whose version is still being asked (uv.PendingUv: one this store has not seen, so no
@@ -74,7 +77,7 @@ def find(store: Store, uv: UvTool, request: str, preference: str) -> Interpreter
         memo = store.index.tool_info("python", f"{request}|{preference}|{uv.version}{shared}")
         if memo and memo["stamp"] == file_stamp(Path(memo["path"])):
             return Interpreter(memo["path"], memo["implementation"], memo["version"], memo["managed"])
-    found = _discover(store, uv, request, preference)
+    found = _discover(store, uv, request, preference, downloads)
     ident = f"{request}|{preference}|{uv.version}{shared}"
     store.index.remember_tool("python", ident, {**asdict(found), "stamp": file_stamp(Path(found.path))})
     return found
@@ -87,15 +90,15 @@ _PYENV_HAS = re.compile(r"exists in these Python versions:\s*\n((?:[ \t]+[0-9A-Z
 MAX_SHIMS = 4
 
 
-def _discover(store: Store, uv: UvTool, request: str, preference: str) -> Interpreter:
+def _discover(store: Store, uv: UvTool, request: str, preference: str, downloads: bool = True) -> Interpreter:
     with heartbeat(f"looking for a Python {request} (--python-preference {preference})"):
-        return _discover_quietly(store, uv, request, preference)
+        return _discover_quietly(store, uv, request, preference, downloads)
 
 
-def _discover_quietly(store: Store, uv: UvTool, request: str, preference: str) -> Interpreter:
+def _discover_quietly(store: Store, uv: UvTool, request: str, preference: str, downloads: bool = True) -> Interpreter:
     path, skipped = _uv_find(store, uv, request, preference)
     if path is None and preference in ("only-managed", "managed"):
-        path = _install_managed(store, uv, request, preference)
+        path = _install_managed(store, uv, request, preference, downloads)
         if path is None and preference == "only-managed":
             say(f"using a system interpreter: no managed Python {request} could be downloaded")
             path, skipped = _uv_find(store, uv, request, "only-system")
@@ -105,7 +108,7 @@ def _discover_quietly(store: Store, uv: UvTool, request: str, preference: str) -
     if not request.startswith("/") and others_reach(store.layout.root):
         why = why_others_cannot_run(found.path)
         if why is not None:
-            other = _runnable_by_all(store, uv, request, preference)
+            other = _runnable_by_all(store, uv, request, preference, downloads)
             if other is not None:
                 say(f"using {other.path} rather than {found.path}, which other users cannot run ({why}): "
                     "this store is read by other users")
@@ -128,7 +131,8 @@ def _probe(store: Store, path: str, request: str, preference: str) -> Interprete
 MAX_CANDIDATES = 16
 
 
-def _runnable_by_all(store: Store, uv: UvTool, request: str, preference: str) -> Interpreter | None:
+def _runnable_by_all(store: Store, uv: UvTool, request: str, preference: str,
+                     downloads: bool = True) -> Interpreter | None:
     """An interpreter for `request` that every user can run: among the installations uv knows
     (`uv python list --only-installed`, in uv's order), else a managed one downloaded where the
     preference allows; None when there is none."""
@@ -154,7 +158,7 @@ def _runnable_by_all(store: Store, uv: UvTool, request: str, preference: str) ->
             if why_others_cannot_run(found.path) is None:
                 return found
     if preference in ("managed", "only-managed"):
-        path = _install_managed(store, uv, request, preference)
+        path = _install_managed(store, uv, request, preference, downloads)
         if path is not None and why_others_cannot_run(path) is None:
             return _probe(store, path, request, preference)
     return None
@@ -216,7 +220,7 @@ def warn_if_private(layout, env: Path) -> str | None:
     return why
 
 
-def _install_managed(store: Store, uv: UvTool, request: str, preference: str) -> str | None:
+def _install_managed(store: Store, uv: UvTool, request: str, preference: str, downloads: bool = True) -> str | None:
     """Download a managed interpreter into ROOT/python and find it; None (having said why) when the
     download host cannot be reached or the download fails (a usage error for `managed`: there is
     nothing else to fall back to after the host's own were looked at)."""
@@ -224,6 +228,10 @@ def _install_managed(store: Store, uv: UvTool, request: str, preference: str) ->
 
     if network.is_offline():
         say(f"no managed Python {request} download: --offline")
+        return None
+    if not downloads:
+        say(f"no managed Python {request} download: --substitute-only (a node reaches nothing but its caches; "
+            f"install it into {store.layout.python_installs} if the builder's key names one)")
         return None
     host = _download_host()
     if not _reachable(host):

@@ -7,15 +7,20 @@ cache that is down would cost each of thousands of blobs its retries; one that s
 fail their digest is not asked for more). A cache that lacks an item simply passes it on to the
 next. When no cache serves an item, the last failure is raised (it carries the cache's URL as
 `exc.cache`), or None is returned when every cache lacks it.
+
+What each cache did is kept for the command's report: `failed` (URL -> the failure that passed it
+over), `served` (URL -> items it served), `reached` (when a cache last answered, serving or lacking).
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from llmgw_store.cache.backends import Backend, RetryPolicy, backend_for
+from llmgw_store.core import oplog
 from llmgw_store.core.credentials import public_url as shown
 from llmgw_store.core.errors import IntegrityError, NetworkError, UsageError
 from llmgw_store.core.report import say
@@ -31,7 +36,14 @@ class Caches:
         self.policy = policy or RetryPolicy.from_env()
         self._backends: dict[str, Backend] = {}
         self._failed: dict[str, BaseException] = {}
+        self.served: dict[str, int] = {}
+        self.reached = 0.0  # seconds since the epoch a cache last answered (0: none did)
         self._lock = threading.Lock()
+
+    @property
+    def failed(self) -> dict[str, BaseException]:
+        with self._lock:
+            return dict(self._failed)
 
     def backend(self, url: str) -> Backend:
         with self._lock:
@@ -61,6 +73,11 @@ class Caches:
                 failure = exc
                 self._pass_over(url, exc)
                 continue
+            oplog.cache_answered()
+            with self._lock:
+                self.reached = time.time()
+                if result is not None:
+                    self.served[url] = self.served.get(url, 0) + 1
             if result is not None:
                 return result
         if failure is not None:

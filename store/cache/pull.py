@@ -36,7 +36,7 @@ from llmgw_store.cache.caches import Caches, shown
 from llmgw_store.cache.objects import FORMAT, shape_v2
 from llmgw_store.cache.signing import METADATA_MAX_BYTES, check_signature, trusted_keys
 from llmgw_store.cache.tree_fetch import BlobRef, MetaV2, Stats, build_tree
-from llmgw_store.core import debug, locks, manifest
+from llmgw_store.core import debug, locks, manifest, oplog
 from llmgw_store.core.errors import IntegrityError, NetworkError, NotFoundError, StoreError, UsageError
 from llmgw_store.core.fsutil import force_rmtree
 from llmgw_store.core.keys import KEY_RE, is_store_name, key_of_name
@@ -320,6 +320,7 @@ def fetch_into_store(store: Store, caches: Caches, meta: Meta | MetaV2) -> tuple
     rename into store/ and the registration). Caller holds the key's lock, and has found nothing
     of the key in the store (Store.recover)."""
     started = time.monotonic()
+    served_before = dict(caches.served)
     sweep_stale_pulls(store.layout.tmp)  # what pulls killed by SIGKILL left (a build's substitution too)
     build_id = store.index.start_build(meta.key, meta.name)
     try:
@@ -331,7 +332,9 @@ def fetch_into_store(store: Store, caches: Caches, meta: Meta | MetaV2) -> tuple
         store.index.fail_build(build_id, time.monotonic() - started, f"{type(exc).__name__}: {exc}")
         raise
     seconds = time.monotonic() - started
-    say(f"substituted {meta.name} from the cache (signed by {meta.signer}) in {seconds:.1f}s: fetched "
+    oplog.fetched(stats.bytes_fetched)
+    say(f"substituted {meta.name} from {served_by(caches, served_before)} (signed by {meta.signer}) in "
+        f"{seconds:.1f}s: fetched "
         f"{human_size(stats.bytes_fetched)} in {stats.blobs_fetched} blobs, reused {human_size(stats.bytes_reused)} "
         "from store paths here" + (f", resumed {human_size(stats.bytes_resumed)}" if stats.bytes_resumed else ""))
     if stats.phases:
@@ -339,11 +342,22 @@ def fetch_into_store(store: Store, caches: Caches, meta: Meta | MetaV2) -> tuple
     return store.layout.path_of(meta.name), stats
 
 
+def served_by(caches: Caches, before: dict[str, int]) -> str:
+    """The caches that served items since `before` (a copy of `caches.served`), as a message says them."""
+    urls = [u for u, n in caches.served.items() if n > before.get(u, 0)]
+    if not urls:
+        return "the cache"
+    return ("cache " if len(urls) == 1 else "caches ") + ", ".join(shown(u) for u in urls)
+
+
 def _install(store: Store, tree: Path, doc: dict[str, Any], meta: Meta | MetaV2, build_id: int, started: float,
              stats: Stats) -> None:
     t0 = time.monotonic()
     store.install(tree, doc, list(meta.references), build_id=build_id, seconds=round(time.monotonic() - started, 3),
                   outcome="substituted")
+    # Registered from the signed manifest, whose time is the builder's: on this node the path was
+    # first used now (gc's grace and `list` read last_used).
+    store.index.touch(meta.name)
     stats.phases["register"] = time.monotonic() - t0
 
 
@@ -518,23 +532,42 @@ class CacheSubstituter:
     """The build layer's `Substituter`: asks the binary caches for the key before a build, each
     object and blob from every cache in order (cache/caches.py). A cache that is down, lacks the
     key or serves something that fails a check is passed over (one line on stderr); when no cache
-    serves it, the build layer decides what happens (`substitution`)."""
+    serves it, the build layer decides what happens (`substitution`), and under --substitute-only
+    raises `refusal(...)`: the cause, typed (cache/misses.py)."""
 
     def __init__(self, urls: list[str] | tuple[str, ...], trusted: list[str] | tuple[str, ...],
                  policy: RetryPolicy | None = None):
         self.urls, self.keys = tuple(urls), trusted_keys(trusted)
         self.caches = Caches(self.urls, policy)
+        self.failure: StoreError | None = None  # what stopped the last substitute() outside a cache's passing over
+        self.bytes_fetched = 0  # by every substitution of this command (the metrics' bytes fetched)
 
     def substitute(self, store: Store, key: str, name: str) -> bool:
         """True once `name` is in the store from a cache (caller holds the key's lock); False when
         no cache served it (what that means — build, or fail under --substitute-only — is
         build/builder.py's `substitution`)."""
+        self.failure = None
         try:
             meta = self.caches.first(lambda backend: fetch_meta(backend, key, self.keys, name))
             if meta is not None:
-                fetch_into_store(store, self.caches, meta)
+                _, stats = fetch_into_store(store, self.caches, meta)
+                self.bytes_fetched += stats.bytes_fetched
                 return True
         except StoreError as exc:
+            self.failure = exc
             where = getattr(exc, "cache", None) or " ".join(shown(u) for u in self.urls)
             say(f"cache {where}: {exc}; passing it over")
         return False
+
+    def refusal(self, key: str, name: str, inputs: dict[str, Any] | None = None) -> StoreError:
+        """Why `key` came from no cache, as the error a --substitute-only command ends with: a
+        failure of this node itself (its disk, its interpreter) as it is, else the caches' cause."""
+        from llmgw_store.cache import misses
+
+        if self.failure is not None and not isinstance(self.failure, (NetworkError, IntegrityError)):
+            return self.failure
+        return misses.refusal(self.caches, self.keys, key, name, inputs, self.failure)
+
+    def reached(self) -> float:
+        """When a cache last answered this command (seconds since the epoch; 0: none did)."""
+        return self.caches.reached

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from llmgw_store.core.errors import IntegrityError, UsageError
+from llmgw_store.core.errors import IntegrityError, UntrustedSignature, UsageError
 from llmgw_store.core.files import FileRefused, open_trusted, write_outside
 from llmgw_store.core.keys import canonical_json
 from llmgw_store.core.names import check_signing_key_name, inline_key, shown
@@ -275,6 +275,7 @@ def check_signature(meta: dict[str, Any], trusted: dict[str, bytes], label: str)
         raise UsageError("no trusted public keys: pass --trusted-key (name:base64 or a .public file)")
     sigs = _signatures(meta, label)
     body = signed_part(meta)
+    forged = False  # a signature naming a trusted key that does not verify: damaged, not untrusted
     for s in sigs:
         key = trusted.get(s["key"])
         if key is None:
@@ -285,6 +286,10 @@ def check_signature(meta: dict[str, Any], trusted: dict[str, bytes], label: str)
                 VerifyKey(key).verify(body, sig)
                 return s["key"]
         except (BadSignatureError, ValueError):
-            continue
+            pass
+        forged = True
     signers = ", ".join(s["key"] if _SHOWN_SIGNER_RE.fullmatch(s["key"]) else "?" for s in sigs) or "nobody"
-    raise IntegrityError(f"{label}: not signed by a trusted key (signed by: {signers}); refusing it")
+    if forged:
+        raise IntegrityError(f"{label}: not signed by a trusted key: a signature naming one does not verify, "
+                             f"the metadata was changed after signing (signed by: {signers}); refusing it")
+    raise UntrustedSignature(f"{label}: not signed by a trusted key (signed by: {signers}); refusing it")

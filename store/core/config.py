@@ -520,6 +520,12 @@ def load(flag: str | None = None, environ: os._Environ | dict = os.environ) -> C
     if data is None:
         return None
     values = parse(path, data)
+    if explicit and not values:
+        # A file named on purpose that sets nothing is a mistake (the wrong file, a provisioning
+        # step that wrote nothing): read as "no settings", a node would build from public PyPI
+        # into the default root. The default file may be empty.
+        raise ConfigError(f"{path}: the config file given (--config or LLMGW_STORE_CONFIG) sets nothing: name the "
+                          "file that holds the settings, or set LLMGW_STORE_CONFIG= (empty) for no file")
     remember(path, data, values)
     return ConfigFile(path, data, values)
 

@@ -13,8 +13,13 @@
     ├── LockTimeout                 exit 75 (EX_TEMPFAIL): a lock could not be had in time
     ├── NetworkError                an index or download could not be reached or answered badly
     │   └── OfflineError            something needed the network under --offline
-    ├── NotSubstituted              --substitute-only: no binary cache has the key (nothing built)
+    ├── NotSubstituted              --substitute-only: the key came from no cache (nothing built); by cause:
+    │   ├── CacheMiss               exit 66: no cache asked has the key
+    │   ├── CacheUnreachable        exit 69: a cache that might have it could not be reached (after retries)
+    │   ├── CacheUntrusted          exit 77: a cache has it, signed by no key this node trusts
+    │   └── CacheDamaged            exit 65: a cache has it, refused (bad signature, digest or size)
     ├── IntegrityError              bytes did not match their published digest
+    │   └── UntrustedSignature      signed metadata, but by no key this node trusts
     ├── CommandError                a subprocess (uv, a verify command) failed; carries its output's tail
     └── IndexError_                 the SQLite index could not be read or written
 
@@ -38,6 +43,11 @@ EX_OK = 0
 EX_FAILED = 1
 EX_USAGE = 2
 EX_TEMPFAIL = 75
+# sysexits.h codes for why a --substitute-only command got nothing from its caches.
+EX_DATAERR = 65  # damaged
+EX_NOINPUT = 66  # miss
+EX_UNAVAILABLE = 69  # unreachable
+EX_NOPERM = 77  # untrusted
 
 
 class StoreError(Exception):
@@ -119,11 +129,53 @@ class OfflineError(NetworkError):
 
 
 class NotSubstituted(StoreError):
-    """--substitute-only: no binary cache asked has the key, and building is not allowed."""
+    """--substitute-only: the key came from no binary cache, and building is not allowed. Raised
+    as one of its subclasses, which say why (`cause`: the metrics' label and the JSON's `cause`);
+    `details` is what the JSON error document carries besides (the key's inputs, what the caches
+    hold of the same engine, version and variant)."""
+
+    cause = "failed"
+
+    def __init__(self, message: str, *, details: dict | None = None):
+        self.details = details or {}
+        super().__init__(message)
+
+
+class CacheMiss(NotSubstituted):
+    """No cache asked has the key (each answered that it lacks it)."""
+
+    exit_code = EX_NOINPUT
+    cause = "miss"
+
+
+class CacheUnreachable(NotSubstituted):
+    """A cache that might have the key could not be reached or answered badly, after its retries."""
+
+    exit_code = EX_UNAVAILABLE
+    cause = "unreachable"
+
+
+class CacheUntrusted(NotSubstituted):
+    """A cache has the key, signed by no key this node trusts."""
+
+    exit_code = EX_NOPERM
+    cause = "untrusted"
+
+
+class CacheDamaged(NotSubstituted):
+    """A cache has the key, but what it served failed a check (signature, digest, size, shape)."""
+
+    exit_code = EX_DATAERR
+    cause = "damaged"
 
 
 class IntegrityError(StoreError):
     """Downloaded bytes did not match the digest published for them; nothing was installed."""
+
+
+class UntrustedSignature(IntegrityError):
+    """Cache metadata that no trusted key signed: no signature names a trusted key (one that names
+    a trusted key and does not verify is a plain IntegrityError: damaged, or forged)."""
 
 
 class CommandError(StoreError):

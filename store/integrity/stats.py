@@ -165,6 +165,20 @@ def prometheus_text(stats: Stats) -> str:
     ):
         lines += [f"# HELP llmgw_store_{metric} {help_}", f"# TYPE llmgw_store_{metric} {kind}"]
         lines += [f'llmgw_store_{metric}{{{lab},op="{op}"}} {_number(ops[op][field_])}' for op in sorted(ops)]
+    lines += ["# HELP llmgw_store_failures_by_cause_total Failed runs of the operation, by cause (pull: miss, "
+              "unreachable, untrusted, damaged).", "# TYPE llmgw_store_failures_by_cause_total counter"]
+    lines += [f'llmgw_store_failures_by_cause_total{{{lab},op="{op}",cause="{_label(cause)}"}} {_number(n)}'
+              for op in sorted(ops) for cause, n in sorted(ops[op].get("causes", {}).items())]
+    if "pull" in ops:
+        lines += ["# HELP llmgw_store_cache_last_contact_timestamp_seconds When a binary cache last answered this "
+                  "node, serving or lacking what it asked (seconds since the epoch; 0: never).",
+                  "# TYPE llmgw_store_cache_last_contact_timestamp_seconds gauge",
+                  f"llmgw_store_cache_last_contact_timestamp_seconds{{{lab}}} "
+                  f"{_number(ops['pull']['last_cache_contact'])}",
+                  "# HELP llmgw_store_cache_fetched_bytes_total Bytes fetched from binary caches (pulls and "
+                  "substitutions).",
+                  "# TYPE llmgw_store_cache_fetched_bytes_total counter",
+                  f"llmgw_store_cache_fetched_bytes_total{{{lab}}} {_number(ops['pull']['bytes_fetched'])}"]
     if "verify" in ops:
         lines += ["# HELP llmgw_store_verify_damaged_paths Damaged store paths the last verify found.",
                   "# TYPE llmgw_store_verify_damaged_paths gauge",
