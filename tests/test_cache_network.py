@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import sqlite3
@@ -97,6 +98,53 @@ def test_a_cache_that_keeps_failing_fails_the_pull_after_its_attempts(pushed, tm
     srv = servers(tmp_path / "cache", rules=[(r"/cache/blobs/", "503")])
     proc = pull(pushed, a, srv.url, env={"LLMGW_STORE_CACHE_ATTEMPTS": "3"}, check=False)
     assert proc.returncode == 1 and "HTTP 503 (gave up after 3 attempts)" in proc.stderr.splitlines()[-1]
+    assert not (pushed["node"] / "store" / a).exists()
+
+
+def waits_until(proc, seconds: float, url: str) -> list[str]:
+    """Read `proc`'s stderr until one request of `url` has announced retries whose waits add up to
+    `seconds` (the client's own clock: the test sleeps nowhere); the lines read."""
+    waited: dict[str, float] = {}
+    lines = []
+    for line in proc.stderr:
+        lines.append(line)
+        m = re.search(r"^(?:.*?\] )?(\S+ \S+): .*; trying again in ([0-9.]+)s", line)
+        if m and url in m.group(1):
+            waited[m.group(1)] = waited.get(m.group(1), 0.0) + float(m.group(2))
+            if max(waited.values()) >= seconds:
+                return lines
+    raise AssertionError(f"the pull ended (exit {proc.wait()}) before it had waited {seconds}s: {''.join(lines)}")
+
+
+def test_a_pull_waits_out_a_ten_second_cache_restart_with_the_defaults(pushed, tmp_path, servers):
+    """The cache goes down in the middle of a blob (the body cut by a reset, then every connection
+    refused) and comes back only once a request has waited 10 s for it: the pull, with no setting
+    of its own, resumes and completes. (Five attempts with waits of up to 0.5, 1, 2, 4 s gave up
+    within 7.5 s.)"""
+    a = pushed["names"][0]
+    srv = servers(tmp_path / "cache", rules=[(r"/cache/blobs/", "down", 1)])
+    proc = subprocess.Popen(cli_cmd(pushed["node"], "--json", "pull", a, "--from", srv.url, "--trusted-key",
+                                    str(pushed["keys"] / "builder-1.public")),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        seen = waits_until(proc, 10.0, srv.url)
+        assert srv.went_down.is_set()
+        srv.come_back()
+        out, err = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, "".join(seen) + err
+    assert json.loads(out)["pulled"] == [a] and srv.counts == {"down": 1}
+    assert any("refused" in ln.lower() for ln in seen), seen
+    assert_pulled_whole(pushed, a)
+
+
+def test_a_cache_down_longer_than_retry_for_fails_the_pull_saying_so(pushed, tmp_path, servers):
+    a = pushed["names"][0]
+    srv = servers(tmp_path / "cache", rules=[(r"/cache/blobs/", "down", 1)])
+    proc = pull(pushed, a, srv.url, env={"LLMGW_STORE_CACHE_RETRY_FOR": "2"}, check=False)
+    assert proc.returncode == 1 and srv.went_down.is_set()
+    assert "2s without progress, the cache retry-for)" in proc.stderr.splitlines()[-1], proc.stderr
     assert not (pushed["node"] / "store" / a).exists()
 
 

@@ -104,12 +104,14 @@ _REALISING = ("build", "activate", "rollback")
 # build, activate and rollback take them for their --substituter caches (cli/spec.py, api.py).
 _CACHE_TALKING = ("push", "pull", "push-roots", "cache gc", *_REALISING)
 _CACHE_NETWORK = (
-    ("attempts", "int", "N", "Attempts per cache request (connect errors, resets, stalls, HTTP 408/429/5xx); "
-                             "default 5."),
+    ("attempts", "int", "N", "At most N attempts per cache request (connect errors, resets, stalls, HTTP "
+                             "408/429/5xx); default 0: no count, --cache-retry-for decides."),
+    ("retry_for", "seconds", "SECONDS", "Seconds a failing request is retried after its last progress (a cache "
+                                        "restart shorter than this is waited out); default 30."),
     ("stall", "seconds", "SECONDS", "Seconds a transfer may go without 64 KiB before it is abandoned and retried; "
                                     "default 30."),
-    ("metadata_timeout", "seconds", "SECONDS", "Seconds an object's metadata may take, retries included, before "
-                                               "the cache is passed over; default 5."),
+    ("metadata_timeout", "seconds", "SECONDS", "Seconds one attempt at an object's metadata may take before the "
+                                               "cache is passed over; default 5."),
     ("deadline", "seconds", "SECONDS", "Seconds after which a request starts no new attempt; default 300."),
     ("redirects_to", "list", "ORIGIN", "An origin (https://host[:port], or *) an HTTP cache may redirect reads to "
                                        "besides its own; repeatable (the variable: space-separated)."),
