@@ -144,7 +144,7 @@ def test_a_cache_down_longer_than_retry_for_fails_the_pull_saying_so(pushed, tmp
     srv = servers(tmp_path / "cache", rules=[(r"/cache/blobs/", "down", 1)])
     proc = pull(pushed, a, srv.url, env={"LLMGW_STORE_CACHE_RETRY_FOR": "2"}, check=False)
     assert proc.returncode == 1 and srv.went_down.is_set()
-    assert "2s without progress, the cache retry-for)" in proc.stderr.splitlines()[-1], proc.stderr
+    assert "2s without progress, its retry_for)" in proc.stderr.splitlines()[-1], proc.stderr
     assert not (pushed["node"] / "store" / a).exists()
 
 

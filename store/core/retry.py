@@ -33,9 +33,12 @@ only the easy half and add an import to every pull.
 
 from __future__ import annotations
 
+import email.utils
 import os
 import random
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, fields
 
 from llmgw_store.core.errors import NetworkError, UsageError
@@ -135,7 +138,7 @@ class Request:
         now = time.monotonic()
         if now + wait >= self.progressed + p.retry_for:
             raise NetworkError(f"{exc} (gave up after {self.attempt} attempt(s) in {now - self.started:.0f}s: "
-                               f"{p.retry_for:g}s without progress, the cache retry-for)") from None
+                               f"{p.retry_for:g}s without progress, its retry_for)") from None
         if now + wait >= self.deadline:
             raise NetworkError(f"{exc} (gave up after {self.attempt} attempt(s): its deadline of {p.deadline:g}s "
                                "passed)") from None
@@ -191,3 +194,42 @@ def run(policy: RetryPolicy, what: str, op, *, document: bool = False):
             return op(watch)
         except Transient as exc:
             request.retry(exc)
+
+
+_current: RetryPolicy | None = None
+
+
+def current() -> RetryPolicy:
+    """The policy of the command running (`using`), else the one the environment gives: what the
+    package index's client runs under, as the command's binary caches do."""
+    return _current or RetryPolicy.from_env()
+
+
+@contextmanager
+def using(policy: RetryPolicy) -> Iterator[None]:
+    """Make `policy` the process's for the block (a build's threads see it too)."""
+    global _current
+    before = _current
+    _current = policy
+    try:
+        yield
+    finally:
+        _current = before
+
+
+def retry_after(value: str | None) -> float | None:
+    """Seconds a Retry-After header asks for (a number or an HTTP date), at most an hour; None when absent or unreadable."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return min(float(value), 3600.0)
+    try:
+        return min(max(email.utils.parsedate_to_datetime(value).timestamp() - time.time(), 0.0), 3600.0)
+    except (TypeError, ValueError):
+        return None
+
+
+def transient_status(code: int) -> bool:
+    """Whether an HTTP status is worth another attempt: 408, 429, 5xx."""
+    return code in (408, 429) or 500 <= code <= 599
