@@ -171,6 +171,15 @@ SETTINGS: tuple[Setting, ...] = (
             help="First delete generations older than this (30d, 12h), never the current one."),
     Setting("gc.keep", "int", "--keep", None, commands=("gc", "systemd-units"), hit="ignored", metavar="N",
             help="First delete all but the newest N generations of each profile (never the current one)."),
+    # What a node's timer runs after gc (roots/systemd.py): `push-roots` and `stats --prometheus`,
+    # each when its keys are set. `node.secret_key` keeps the variable push-roots always had.
+    Setting("node.roots_to", "url", "--to", None, commands=("push-roots",), hit="ignored", param="to", metavar="URL",
+            help="Cache URL the roots document goes to: file:///dir, http(s)://host/prefix or s3://bucket/prefix."),
+    Setting("node.secret_key", "path", "--secret-key", None, commands=("push-roots",), hit="ignored",
+            param="secret_key", metavar="FILE",
+            help="This node's signing key file (from keygen); the cache gc trusts its .public with --keep-from."),
+    Setting("stats.prometheus", "path", "--prometheus", None, commands=("stats",), hit="ignored", metavar="FILE",
+            help="Also write the figures as a Prometheus textfile (atomically)."),
 )
 
 BY_NAME = {s.name: s for s in SETTINGS}
