@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import signal
 import sqlite3
@@ -20,6 +19,7 @@ from tests.conftest import cli_cmd, run_cli, run_in_env
 from tests.support.barrier import Barrier
 from tests.support.delta import delta_wheels, push2, template, world  # noqa: F401  (fixtures)
 from tests.support.fault_server import FaultyCache
+from tests.support.retrylog import waits_until
 from tests.test_fleet_delta import _plan
 
 # Small clocks, so that a test waits seconds, not minutes: the defaults are 5 attempts, a 30 s stall
@@ -99,21 +99,6 @@ def test_a_cache_that_keeps_failing_fails_the_pull_after_its_attempts(pushed, tm
     proc = pull(pushed, a, srv.url, env={"LLMGW_STORE_CACHE_ATTEMPTS": "3"}, check=False)
     assert proc.returncode == 1 and "HTTP 503 (gave up after 3 attempts)" in proc.stderr.splitlines()[-1]
     assert not (pushed["node"] / "store" / a).exists()
-
-
-def waits_until(proc, seconds: float, url: str) -> list[str]:
-    """Read `proc`'s stderr until one request of `url` has announced retries whose waits add up to
-    `seconds` (the client's own clock: the test sleeps nowhere); the lines read."""
-    waited: dict[str, float] = {}
-    lines = []
-    for line in proc.stderr:
-        lines.append(line)
-        m = re.search(r"^(?:.*?\] )?(\S+ \S+): .*; trying again in ([0-9.]+)s", line)
-        if m and url in m.group(1):
-            waited[m.group(1)] = waited.get(m.group(1), 0.0) + float(m.group(2))
-            if max(waited.values()) >= seconds:
-                return lines
-    raise AssertionError(f"the pull ended (exit {proc.wait()}) before it had waited {seconds}s: {''.join(lines)}")
 
 
 def test_a_pull_waits_out_a_ten_second_cache_restart_with_the_defaults(pushed, tmp_path, servers):

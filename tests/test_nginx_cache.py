@@ -85,22 +85,32 @@ def start_nginx(tmp_path):
         conf = base / "nginx.conf"
         conf.write_text(WRAPPER.format(tmp=base, user="user root;" if os.geteuid() == 0 else "",
                                        server=edit(server)))
-        proc = subprocess.Popen([NGINX, "-p", str(base), "-c", str(conf), "-e", str(base / "error.log"),
-                                 "-g", "daemon off;"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                preexec_fn=_die_with_parent)
-        started.append(proc)
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    log = (base / "error.log").read_text() if (base / "error.log").exists() else ""
-                    raise AssertionError(f"nginx did not start: {proc.stderr.read().decode()} {log}") from None
-                time.sleep(0.05)
+
+        def launch() -> subprocess.Popen:
+            proc = subprocess.Popen([NGINX, "-p", str(base), "-c", str(conf), "-e", str(base / "error.log"),
+                                     "-g", "daemon off;"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                    preexec_fn=_die_with_parent)
+            started.append(proc)
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                    return proc
+                except OSError:
+                    if proc.poll() is not None or time.monotonic() > deadline:
+                        log = (base / "error.log").read_text() if (base / "error.log").exists() else ""
+                        raise AssertionError(f"nginx did not start: {proc.stderr.read().decode()} {log}") from None
+                    time.sleep(0.05)
+
+        def stop() -> None:
+            """nginx's fast shutdown (SIGTERM): open connections closed, the port refused until `launch`."""
+            proc = started[-1]
+            proc.terminate()
+            proc.wait(30)
+
+        launch()
         return SimpleNamespace(url=f"http://127.0.0.1:{port}/llmgw", host="127.0.0.1", files=srv / "llmgw",
-                               error_log=base / "error.log")
+                               error_log=base / "error.log", stop=stop, restart=launch)
 
     yield start
     for proc in started:
@@ -267,3 +277,34 @@ def test_a_node_writes_its_own_roots_and_nothing_else(world, start_nginx):
     assert _http(ngx, "GET", "absent.json") == 404 and _http(ngx, "HEAD", f"blobs/{'f' * 64}") == 404
     assert _http(ngx, "GET", f"{'a' * 32}.tar.zst") == 404
     assert ngx.error_log.read_text() == logged
+
+
+def test_a_pull_outlasts_a_restart_of_nginx_with_the_defaults(world, start_nginx, tmp_path):
+    """The real nginx stopped once the pull has its metadata and before its first blob, and started
+    again only after a request has waited 10 s for it: the pull, with no setting of its own,
+    completes (it used to give up after five attempts within at most 7.5 s)."""
+    from tests.conftest import cli_cmd
+    from tests.support.barrier import Barrier
+    from tests.support.retrylog import waits_until
+
+    w, a = world, world["names"][0]
+    ngx = start_nginx()
+    push(w, a, ngx.url, env=AUTH)
+    gate = Barrier(tmp_path)
+    proc = subprocess.Popen(cli_cmd(w["node"], "--json", "pull", a, "--from", ngx.url, "--trusted-key",
+                                    str(w["keys"] / "builder-1.public")),
+                            env={**os.environ, **gate.env("PULL_PAUSE")}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        gate.reached("PULL_PAUSE", proc)
+        ngx.stop()
+        gate.go("PULL_PAUSE")
+        seen = waits_until(proc, 10.0, ngx.url)
+        ngx.restart()
+        out, err = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, "".join(seen) + err
+    assert json.loads(out)["pulled"] == [a]
+    assert any("Connection refused" in ln for ln in seen), seen
+    assert run_in_env(w["node"] / "store" / a, "tinyengine") == "tinyengine 1.0 tinydep 1.0"
