@@ -22,8 +22,8 @@ from tests.support.fault_server import FaultyCache
 from tests.support.retrylog import waits_until
 from tests.test_fleet_delta import _plan
 
-# Small clocks, so that a test waits seconds, not minutes: the defaults are 5 attempts, a 30 s stall
-# and a 5 s metadata timeout.
+# Small clocks, so that a test waits seconds, not minutes: the defaults are a 30 s stall and a 5 s
+# metadata timeout (and retries for 30 s without progress, no count).
 FAST = {"LLMGW_STORE_CACHE_STALL": "2", "LLMGW_STORE_CACHE_METADATA_TIMEOUT": "2"}
 
 
@@ -84,8 +84,9 @@ def test_a_pull_gets_past_each_kind_of_failure(pushed, tmp_path, servers, fault)
 
 def test_a_pull_through_random_failures_completes(pushed, tmp_path, servers):
     """A third of all requests fail (503, 500, drops, resets, cut bodies), metadata included. Ten
-    attempts: with the default five, one of the ~100 requests fails five times in a row about once in
-    three runs ((1/3)^5 per request; which request draws which fault depends on the threads' order)."""
+    attempts at most (the default has no count): with five, one of the ~100 requests fails five times
+    in a row about once in three runs ((1/3)^5 per request; which request draws which fault depends on
+    the threads' order)."""
     a = pushed["names"][0]
     srv = servers(tmp_path / "cache", rate=0.33, faults=("503", "500", "drop", "reset", "truncate"), seed=7)
     got, _ = pull(pushed, a, srv.url, env={"LLMGW_STORE_CACHE_ATTEMPTS": "10"})

@@ -190,6 +190,9 @@ def test_the_units_run_gc_push_roots_and_stats_with_the_config_file(tmp_path):
     proc = run_cli(root, "--config", str(half), "systemd-units", "--out", str(tmp_path / "u2"))
     assert proc.returncode == 2 and "sets roots_to but not secret_key" in proc.stderr, proc.stderr
     assert not (tmp_path / "u2").exists()
+    # push-roots without --to, its variable or the file's [node] roots_to: exit 2, naming the flag and the key
+    bare = run_cli(root, "push-roots", "--secret-key", str(tmp_path / "keys" / "node-1.secret"))
+    assert bare.returncode == 2 and "'--to'" in bare.stderr and "roots_to" in bare.stderr, bare.stderr
 
 
 def _state(root: Path) -> tuple[list[str], list[str]]:
