@@ -235,11 +235,11 @@ def release(repo: str, tag: str) -> list[dict[str, Any]]:
     requirement line, may hold no space, newline or `#`."""
     import httpx
 
+    from llmgw_store.build import pypi
     from llmgw_store.core import network
 
     url = f"{api_base()}/repos/{repo}/releases/tags/{tag}"
     network.require(f"asking {url} for the assets of release {tag}")
-    from llmgw_store.build import pypi
 
     def get(watch):
         resp = http.get(url, headers={"Accept": "application/vnd.github+json"})

@@ -51,8 +51,8 @@ class IndexFile:
 
 def client(auth: IndexAuth | None = None, *, netrc: bool = True):
     """An httpx client sending `auth` (else, with `netrc`, what netrc holds for the host, if
-    anything), whose reads wait at most the command's stall time (core/retry.py). httpx reads no netrc by itself (trust_env covers
-    proxies only here)."""
+    anything), whose reads wait at most the command's stall time (core/retry.py). httpx reads no
+    netrc by itself (trust_env covers proxies only here)."""
     import httpx
 
     policy = retry.current()
