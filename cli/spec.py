@@ -95,7 +95,7 @@ GROUP: tuple[Param, ...] = (
 
 # How the --substituter caches are talked to (core/config.py `cache.*`; docs/fleet.md, "Networks
 # that fail"): handed to api.py as `cache_network`, a RetryPolicy's fields.
-CACHE_NETWORK = ("attempts", "stall", "metadata_timeout", "deadline", "redirects_to")
+CACHE_NETWORK = ("attempts", "retry_for", "stall", "metadata_timeout", "deadline", "redirects_to")
 _CACHE = tuple(setting(f"cache.{name}") for name in CACHE_NETWORK)
 
 _BUILD = (

@@ -32,10 +32,14 @@ def build(recipe: str | Path, options: BuildOptions | None = None, *, substitute
     `cache_network`: RetryPolicy's fields (attempts, stall, ...) for talking to them."""
     from llmgw_store.build.builder import BuildOptions
     from llmgw_store.build.builder import build as build_recipe
+    from llmgw_store.core import retry
 
     options = options or BuildOptions()
-    return build_recipe(recipe, options, root=root, substituter=_substituter(substituters, trusted_keys, options.offline,
-                                                                               cache_network, options.substitute_only))
+    # The index's client (build/pypi.py) runs under the same policy as the substituters.
+    with retry.using(retry.RetryPolicy.from_env(**(cache_network or {}))):
+        return build_recipe(recipe, options, root=root,
+                            substituter=_substituter(substituters, trusted_keys, options.offline, cache_network,
+                                                     options.substitute_only))
 
 
 def activate(profile: str, target: str | Path, options: BuildOptions | None = None, *,
@@ -113,10 +117,10 @@ def rollback(profile: str, *, to: int | None = None, substituters: tuple[str, ..
     index when it is the same one."""
     from dataclasses import replace
 
-    from llmgw_store.core import network
+    from llmgw_store.core import network, retry
     from llmgw_store.roots import profiles
 
-    with network.offline(offline):
+    with network.offline(offline), retry.using(retry.RetryPolicy.from_env(**(cache_network or {}))):
         if to is not None:
             rec = profiles.cold_record(profile, to, root=root, lock_timeout=lock_timeout)
             if rec is not None:

@@ -19,10 +19,11 @@ from tests.conftest import cli_cmd, run_cli, run_in_env
 from tests.support.barrier import Barrier
 from tests.support.delta import delta_wheels, push2, template, world  # noqa: F401  (fixtures)
 from tests.support.fault_server import FaultyCache
+from tests.support.retrylog import waits_until
 from tests.test_fleet_delta import _plan
 
-# Small clocks, so that a test waits seconds, not minutes: the defaults are 5 attempts, a 30 s stall
-# and a 5 s metadata timeout.
+# Small clocks, so that a test waits seconds, not minutes: the defaults are a 30 s stall and a 5 s
+# metadata timeout (and retries for 30 s without progress, no count).
 FAST = {"LLMGW_STORE_CACHE_STALL": "2", "LLMGW_STORE_CACHE_METADATA_TIMEOUT": "2"}
 
 
@@ -83,8 +84,9 @@ def test_a_pull_gets_past_each_kind_of_failure(pushed, tmp_path, servers, fault)
 
 def test_a_pull_through_random_failures_completes(pushed, tmp_path, servers):
     """A third of all requests fail (503, 500, drops, resets, cut bodies), metadata included. Ten
-    attempts: with the default five, one of the ~100 requests fails five times in a row about once in
-    three runs ((1/3)^5 per request; which request draws which fault depends on the threads' order)."""
+    attempts at most (the default has no count): with five, one of the ~100 requests fails five times
+    in a row about once in three runs ((1/3)^5 per request; which request draws which fault depends on
+    the threads' order)."""
     a = pushed["names"][0]
     srv = servers(tmp_path / "cache", rate=0.33, faults=("503", "500", "drop", "reset", "truncate"), seed=7)
     got, _ = pull(pushed, a, srv.url, env={"LLMGW_STORE_CACHE_ATTEMPTS": "10"})
@@ -97,6 +99,38 @@ def test_a_cache_that_keeps_failing_fails_the_pull_after_its_attempts(pushed, tm
     srv = servers(tmp_path / "cache", rules=[(r"/cache/blobs/", "503")])
     proc = pull(pushed, a, srv.url, env={"LLMGW_STORE_CACHE_ATTEMPTS": "3"}, check=False)
     assert proc.returncode == 1 and "HTTP 503 (gave up after 3 attempts)" in proc.stderr.splitlines()[-1]
+    assert not (pushed["node"] / "store" / a).exists()
+
+
+def test_a_pull_waits_out_a_ten_second_cache_restart_with_the_defaults(pushed, tmp_path, servers):
+    """The cache goes down in the middle of a blob (the body cut by a reset, then every connection
+    refused) and comes back only once a request has waited 10 s for it: the pull, with no setting
+    of its own, resumes and completes. (Five attempts with waits of up to 0.5, 1, 2, 4 s gave up
+    within 7.5 s.)"""
+    a = pushed["names"][0]
+    srv = servers(tmp_path / "cache", rules=[(r"/cache/blobs/", "down", 1)])
+    proc = subprocess.Popen(cli_cmd(pushed["node"], "--json", "pull", a, "--from", srv.url, "--trusted-key",
+                                    str(pushed["keys"] / "builder-1.public")),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        seen = waits_until(proc, 10.0, srv.url)
+        assert srv.went_down.is_set()
+        srv.come_back()
+        out, err = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, "".join(seen) + err
+    assert json.loads(out)["pulled"] == [a] and srv.counts == {"down": 1}
+    assert any("refused" in ln.lower() for ln in seen), seen
+    assert_pulled_whole(pushed, a)
+
+
+def test_a_cache_down_longer_than_retry_for_fails_the_pull_saying_so(pushed, tmp_path, servers):
+    a = pushed["names"][0]
+    srv = servers(tmp_path / "cache", rules=[(r"/cache/blobs/", "down", 1)])
+    proc = pull(pushed, a, srv.url, env={"LLMGW_STORE_CACHE_RETRY_FOR": "2"}, check=False)
+    assert proc.returncode == 1 and srv.went_down.is_set()
+    assert "2s without progress, its retry_for)" in proc.stderr.splitlines()[-1], proc.stderr
     assert not (pushed["node"] / "store" / a).exists()
 
 

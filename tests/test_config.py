@@ -257,13 +257,17 @@ def test_containment_and_the_units_gc_policy_come_from_the_file(tmp_path):
     proc = with_config(conf, "--json", "config", root=root)
     shown = json.loads(proc.stdout)["settings"]
     assert shown["containment"]["value"] == "subreaper" and shown["containment"]["source"] == "file"
+    # The units hand gc the file (its [gc] table is read when gc runs), not a copy of its values.
     proc = with_config(conf, "--json", "systemd-units", "--out", str(tmp_path / "units"), root=root)
     assert proc.returncode == 0, proc.stderr
-    assert '"--min-free" "500G"' in (tmp_path / "units" / "llmgw-store-gc.service").read_text()
+    service = (tmp_path / "units" / "llmgw-store-gc.service").read_text()
+    assert f'"--config" "{conf}" "gc"\n' in service and "500G" not in service
     proc = with_config(conf, "--json", "systemd-units", "--out", str(tmp_path / "units"), "--min-free", "none",
-                       root=root)  # the flag wins over the file
+                       root=root)  # the flag wins over the file: gc's "none" sets the file's value aside
     assert proc.returncode == 0, proc.stderr
-    assert "--min-free" not in (tmp_path / "units" / "llmgw-store-gc.service").read_text()
+    assert f'"--config" "{conf}" "gc" "--min-free" "none"\n' in (tmp_path / "units" / "llmgw-store-gc.service").read_text()
+    dry = with_config(conf, "--json", "gc", "--dry-run", "--min-free", "none", root=root)
+    assert dry.returncode == 0, dry.stderr
 
 
 def test_config_shows_no_credentials(tmp_path):

@@ -111,8 +111,7 @@ def test_systemd_units_name_this_installation(tmp_path):
     service = (out / "llmgw-store-gc.service").read_text()
     exe = cli_cmd(root)[0]
     exec_line = next(line for line in service.splitlines() if line.startswith("ExecStart="))
-    assert exec_line == (f'ExecStart="{exe}" "--root" "{root}" "gc" "--delete-older-than" "30d" "--min-free" "200G" '
-                         '"--max-cache" "20G" "--keep-dead-for" "1h"')
+    assert exec_line == f'ExecStart="{exe}" "--root" "{root}" "gc"'  # no config file: gc's own defaults
     assert doc["exec_start"] == exec_line.removeprefix("ExecStart=")
     assert "OnCalendar=*-*-* 04:17:00" in (out / "llmgw-store-gc.timer").read_text()
     # What the unit runs works: the same argv, unquoted, is a gc of that root.
@@ -141,5 +140,10 @@ def test_systemd_units_refuse_hostile_values(tmp_path):
 
 
 def test_shipped_units_pass_the_grace_period():
+    """The grace period is the config file's (the units have no policy of their own): the shipped
+    service hands gc the file, and the documented node's file sets it."""
     service = (REPO / "contrib" / "llmgw-store-gc.service").read_text()
-    assert "--keep-dead-for 1h" in service or '"--keep-dead-for" "1h"' in service
+    assert '"--config" "/etc/llmgw-store/config.toml" "gc"' in service
+    page = (REPO / "docs" / "operations.md").read_text()
+    node = page[page.index("A fleet node, which only fetches"):page.index("The builder, which resolves")]
+    assert 'keep_dead_for = "1h"' in node

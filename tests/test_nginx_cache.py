@@ -1,7 +1,7 @@
 """A real web server as the binary cache: docs/fleet.md's nginx configuration, started as written
 (only its paths and port replaced), and a fleet that pushes, pulls, delta-pulls and collects through
-it; writes only with the builder's credential, reads open. Skipped where nginx is not installed
-(`.ci/run` installs Debian's)."""
+it; writes with the builder's credential, a node's own roots document with that node's, reads
+open. Skipped where nginx is not installed (`.ci/run` installs Debian's)."""
 
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ pytestmark = pytest.mark.skipif(NGINX is None, reason="nginx is not installed (a
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "fleet.md"
 PASSWORD = "s3cret-builder"
 AUTH = {"LLMGW_STORE_CACHE_AUTH": f"builder-1:{PASSWORD}"}
+NODES = {"node-1": "s3cret-node-1", "node-2": "s3cret-node-2"}  # the password file's nodes
 
 WRAPPER = """
 worker_processes 1;
@@ -72,32 +73,44 @@ def start_nginx(tmp_path):
         srv = base / "srv"
         (srv / ".tmp").mkdir(parents=True)
         (srv / "llmgw").mkdir()
-        htpasswd = base / "builders.htpasswd"
-        htpasswd.write_text(f"builder-1:{{PLAIN}}{PASSWORD}\n")
+        htpasswd = base / "writers.htpasswd"
+        htpasswd.write_text(f"builder-1:{{PLAIN}}{PASSWORD}\n"
+                            + "".join(f"{n}:{{PLAIN}}{p}\n" for n, p in NODES.items()))
         port = _free_port()
         server = documented_server()
-        for fixed in ("listen 80;", "/srv/llmgw-cache", "/etc/nginx/llmgw-builders.htpasswd"):
+        for fixed in ("listen 80;", "/srv/llmgw-cache", "/etc/nginx/llmgw-writers.htpasswd"):
             assert fixed in server, f"the documented configuration no longer says {fixed!r}: update this test"
         server = (server.replace("listen 80;", f"listen 127.0.0.1:{port};").replace("/srv/llmgw-cache", str(srv))
-                  .replace("/etc/nginx/llmgw-builders.htpasswd", str(htpasswd)))
+                  .replace("/etc/nginx/llmgw-writers.htpasswd", str(htpasswd)))
         conf = base / "nginx.conf"
         conf.write_text(WRAPPER.format(tmp=base, user="user root;" if os.geteuid() == 0 else "",
                                        server=edit(server)))
-        proc = subprocess.Popen([NGINX, "-p", str(base), "-c", str(conf), "-e", str(base / "error.log"),
-                                 "-g", "daemon off;"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                preexec_fn=_die_with_parent)
-        started.append(proc)
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    log = (base / "error.log").read_text() if (base / "error.log").exists() else ""
-                    raise AssertionError(f"nginx did not start: {proc.stderr.read().decode()} {log}") from None
-                time.sleep(0.05)
-        return SimpleNamespace(url=f"http://127.0.0.1:{port}/llmgw", host="127.0.0.1", files=srv / "llmgw")
+
+        def launch() -> subprocess.Popen:
+            proc = subprocess.Popen([NGINX, "-p", str(base), "-c", str(conf), "-e", str(base / "error.log"),
+                                     "-g", "daemon off;"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                    preexec_fn=_die_with_parent)
+            started.append(proc)
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                    return proc
+                except OSError:
+                    if proc.poll() is not None or time.monotonic() > deadline:
+                        log = (base / "error.log").read_text() if (base / "error.log").exists() else ""
+                        raise AssertionError(f"nginx did not start: {proc.stderr.read().decode()} {log}") from None
+                    time.sleep(0.05)
+
+        def stop() -> None:
+            """nginx's fast shutdown (SIGTERM): open connections closed, the port refused until `launch`."""
+            proc = started[-1]
+            proc.terminate()
+            proc.wait(30)
+
+        launch()
+        return SimpleNamespace(url=f"http://127.0.0.1:{port}/llmgw", host="127.0.0.1", files=srv / "llmgw",
+                               error_log=base / "error.log", stop=stop, restart=launch)
 
     yield start
     for proc in started:
@@ -195,3 +208,103 @@ def test_the_documented_settings_are_the_ones_a_push_needs(world, start_nginx, l
     assert proc.returncode == 1 and answer in proc.stderr.splitlines()[-1], proc.stderr
     ok = start_nginx()
     assert push(w, a, ok.url, env=AUTH)["pushed"] == [a]
+
+
+def _http(ngx, method: str, name: str, user: str | None = None, password: str | None = None,
+          body: bytes = b"{}") -> int:
+    """The status the documented nginx answers `method` on the cache object `name` with, as `user`."""
+    import base64
+    import http.client
+
+    host, port = ngx.url.split("//")[1].split("/")[0].split(":")
+    headers = {"Content-Length": str(len(body))} if method == "PUT" else {}
+    if user is not None:
+        headers["Authorization"] = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    try:
+        conn.request(method, f"/llmgw/{name}", body=body if method == "PUT" else None, headers=headers)
+        resp = conn.getresponse()
+        resp.read()
+        return resp.status
+    finally:
+        conn.close()
+
+
+def test_a_node_writes_its_own_roots_and_nothing_else(world, start_nginx):
+    """docs/fleet.md's nginx as a fleet runs it: each node's push-roots works with its own
+    credential, which can write no other node's roots, no object or blob, and delete nothing; the
+    builder's can do all of it. A normal miss (404) writes no [error] line to nginx's log."""
+    w, a = world, world["names"][0]
+    ngx = start_nginx()
+    push(w, a, ngx.url, env=AUTH)
+    for node in NODES:
+        run_cli(w["root"], "keygen", node, "--out", str(w["keys"]), check=True)
+    run_cli(w["root"], "activate", "app", a, check=True)
+
+    def push_roots(node: str, user: str, password: str):
+        return run_cli(w["root"], "push-roots", "--to", ngx.url, "--secret-key", str(w["keys"] / f"{node}.secret"),
+                       env={"LLMGW_STORE_CACHE_AUTH": f"{user}:{password}", "LLMGW_STORE_CACHE_ATTEMPTS": "1"})
+
+    own = push_roots("node-1", "node-1", NODES["node-1"])
+    assert own.returncode == 0, own.stderr
+    assert json.loads((ngx.files / "roots" / "node-1.json").read_text())["node"] == "node-1"
+    other = push_roots("node-2", "node-1", NODES["node-1"])  # node-1's credential, node-2's document
+    assert other.returncode == 1 and "HTTP 403" in other.stderr, other.stderr
+    assert not (ngx.files / "roots" / "node-2.json").exists()
+    assert push_roots("node-2", "node-2", NODES["node-2"]).returncode == 0
+
+    node = ("node-1", NODES["node-1"])
+    meta = f"{a[:32]}.json"
+    blob = next((ngx.files / "blobs").iterdir()).name
+    before = {p: p.read_bytes() for p in ngx.files.rglob("*") if p.is_file()}
+    assert _http(ngx, "PUT", "roots/node-2.json", *node) == 403
+    assert _http(ngx, "PUT", f"blobs/{blob}", *node) == 403
+    assert _http(ngx, "PUT", meta, *node) == 403
+    assert _http(ngx, "PUT", f"gc/{'0' * 16}.json", *node) == 403
+    for name in ("roots/node-1.json", "roots/node-2.json", meta, f"blobs/{blob}"):
+        assert _http(ngx, "DELETE", name, *node) == 403
+    assert _http(ngx, "PUT", "roots/node-1.json", "node-1", "guess") == 401  # the claim is checked
+    assert _http(ngx, "PUT", "roots/node-1.json") == 401
+    assert _http(ngx, "PUT", "roots/builder-1.json", "builder-1", NODES["node-1"]) == 401
+    assert {p: p.read_bytes() for p in ngx.files.rglob("*") if p.is_file()} == before  # nothing written
+
+    builder = ("builder-1", PASSWORD)
+    assert _http(ngx, "PUT", "roots/node-2.json", *builder) in (201, 204)
+    assert _http(ngx, "DELETE", "roots/node-2.json", *builder) == 204
+    assert not (ngx.files / "roots" / "node-2.json").exists()
+    logged = ngx.error_log.read_text()
+    assert "password mismatch" in logged  # the log is written (the 401s above)
+    assert _http(ngx, "GET", "absent.json") == 404 and _http(ngx, "HEAD", f"blobs/{'f' * 64}") == 404
+    assert _http(ngx, "GET", f"{'a' * 32}.tar.zst") == 404
+    assert ngx.error_log.read_text() == logged
+
+
+def test_a_pull_outlasts_a_restart_of_nginx_with_the_defaults(world, start_nginx, tmp_path):
+    """The real nginx stopped once the pull has its metadata and before its first blob, and started
+    again only after a request has waited 10 s for it: the pull, with no setting of its own,
+    completes (it used to give up after five attempts within at most 7.5 s)."""
+    from tests.conftest import cli_cmd
+    from tests.support.barrier import Barrier
+    from tests.support.retrylog import waits_until
+
+    w, a = world, world["names"][0]
+    ngx = start_nginx()
+    push(w, a, ngx.url, env=AUTH)
+    gate = Barrier(tmp_path)
+    proc = subprocess.Popen(cli_cmd(w["node"], "--json", "pull", a, "--from", ngx.url, "--trusted-key",
+                                    str(w["keys"] / "builder-1.public")),
+                            env={**os.environ, **gate.env("PULL_PAUSE")}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        gate.reached("PULL_PAUSE", proc)
+        ngx.stop()
+        gate.go("PULL_PAUSE")
+        seen = waits_until(proc, 10.0, ngx.url)
+        ngx.restart()
+        out, err = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, "".join(seen) + err
+    assert json.loads(out)["pulled"] == [a]
+    assert any("Connection refused" in ln for ln in seen), seen
+    assert run_in_env(w["node"] / "store" / a, "tinyengine") == "tinyengine 1.0 tinydep 1.0"

@@ -1,6 +1,8 @@
-"""The gc units carry the node's policy (gc options into ExecStart), refuse a calendar systemd would
-not parse, name documentation that exists, and what they run works from the first night: gc on a
-root with no store yet has nothing to do (exit 0, nothing created)."""
+"""The gc units run the node's day as the config file says — gc with `--config` (the file's [gc]
+table is the policy, as for a gc run by hand; no policy of the units' own), then push-roots and
+stats where the file configures them —, carry gc options given as flags, refuse a calendar systemd
+would not parse, name documentation that exists, and what they run works from the first night: gc
+on a root with no store yet has nothing to do (exit 0, nothing created)."""
 
 from __future__ import annotations
 
@@ -8,20 +10,27 @@ import json
 import os
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
-from llmgw_store.roots.systemd import DEFAULT_ON_CALENDAR, GcPolicy, render, strict_calendar
+from llmgw_store.roots.systemd import DEFAULT_ON_CALENDAR, GcPolicy, NodeDay, render, strict_calendar
 from tests.conftest import REPO, build_store, cli_cmd, copy_store, run_cli
 
 ANALYZE = shutil.which("systemd-analyze")
 
 
+def exec_argvs(service: Path) -> list[list[str]]:
+    """Every ExecStart, in order, as systemd splits it (every value is double-quoted, none holds a
+    quote here)."""
+    return [json.loads("[" + ", ".join(ln.removeprefix("ExecStart=").split(" ")) + "]")
+            for ln in service.read_text().splitlines() if ln.startswith("ExecStart=")]
+
+
 def exec_argv(service: Path) -> list[str]:
-    """ExecStart as systemd splits it (every value is double-quoted, none holds a quote here)."""
-    line = next(ln for ln in service.read_text().splitlines() if ln.startswith("ExecStart="))
-    return json.loads("[" + ", ".join(line.removeprefix("ExecStart=").split(" ")) + "]")
+    """The first ExecStart (the gc)."""
+    return exec_argvs(service)[0]
 
 
 def test_the_policy_options_reach_the_gc_the_unit_runs(tmp_path):
@@ -41,26 +50,30 @@ def test_the_policy_options_reach_the_gc_the_unit_runs(tmp_path):
     assert not root.exists()
 
 
-def test_the_default_unit_prunes_caches_by_live_use(tmp_path):
-    out = tmp_path / "units"
-    run_cli(tmp_path / "root", "systemd-units", "--out", str(out), check=True)
-    argv = exec_argv(out / "llmgw-store-gc.service")
-    assert argv[argv.index("--max-cache") + 1] == "20G" and "--prune-live" not in argv
+def test_the_units_have_no_policy_of_their_own(tmp_path):
+    """Without a flag or a config file, the unit's gc is a bare `gc`, as by hand (the units used to
+    add --delete-older-than 30d, --min-free 200G, --max-cache 20G and --keep-dead-for 1h)."""
+    out, root = tmp_path / "units", tmp_path / "root"
+    run_cli(root, "systemd-units", "--out", str(out), check=True)
+    assert exec_argvs(out / "llmgw-store-gc.service") == [[cli_cmd(root)[0], "--root", str(root), "gc"]]
 
 
-def test_none_leaves_an_option_out(tmp_path):
-    out = tmp_path / "units"
-    run_cli(tmp_path / "root", "systemd-units", "--out", str(out), "--min-free", "none", "--max-cache", "none",
-            check=True)
+def test_none_is_passed_to_gc_as_no_limit(tmp_path):
+    """`none` is gc's own "no limit" (over a config file's value), and what the unit runs parses it."""
+    out, root = tmp_path / "units", tmp_path / "root"
+    run_cli(root, "systemd-units", "--out", str(out), "--min-free", "none", "--max-cache", "none",
+            "--delete-older-than", "30d", check=True)
     argv = exec_argv(out / "llmgw-store-gc.service")
-    assert "--min-free" not in argv and "--max-cache" not in argv and "--delete-older-than" in argv
+    assert argv[3:] == ["gc", "--delete-older-than", "30d", "--min-free", "none", "--max-cache", "none"]
+    done = subprocess.run(argv, capture_output=True, text=True, check=False)
+    assert done.returncode == 0 and "nothing to collect" in done.stderr, done.stderr
 
 
 def test_the_policy_comes_from_the_environment_too(tmp_path):
     out = tmp_path / "units"
     run_cli(tmp_path / "root", "systemd-units", "--out", str(out), check=True,
             env={"LLMGW_STORE_GC_MAX_CACHE": "5G", "LLMGW_STORE_GC_ON_CALENDAR": "daily"})
-    assert exec_argv(out / "llmgw-store-gc.service")[-4:-2] == ["--max-cache", "5G"]
+    assert exec_argv(out / "llmgw-store-gc.service")[-3:] == ["gc", "--max-cache", "5G"]
     assert "OnCalendar=daily\n" in (out / "llmgw-store-gc.timer").read_text()
 
 
@@ -122,8 +135,9 @@ def test_documentation_names_what_exists_and_systemd_accepts_the_units(tmp_path)
 
 
 def test_the_shipped_examples_are_what_it_writes():
-    service, timer, _ = render("/opt/llmgw-store/bin/llmgw-store", Path("/var/lib/llmgw-store"), GcPolicy(),
-                               DEFAULT_ON_CALENDAR, None)
+    service, timer, _, _ = render("/opt/llmgw-store/bin/llmgw-store", Path("/var/lib/llmgw-store"), GcPolicy(),
+                                  DEFAULT_ON_CALENDAR, None,
+                                  NodeDay("/etc/llmgw-store/config.toml", push_roots=True, stats=True))
     assert (REPO / "contrib" / "llmgw-store-gc.service").read_text() == service
     assert (REPO / "contrib" / "llmgw-store-gc.timer").read_text() == timer
 
@@ -146,3 +160,74 @@ def test_the_unit_collects_and_prunes_a_real_store(built, tmp_path):
     assert done.returncode == 0, done.stderr
     assert sorted(e.name for e in (root / "store").iterdir() if not e.name.startswith(".")) == [built["names"][0]]
     assert "cache entr" in done.stdout or "uv cache prune" in done.stderr, (done.stdout, done.stderr)
+
+
+def node_config(tmp_path: Path, gc_table: str) -> Path:
+    """A node's config file: its [gc] policy, its roots' cache and key, its metrics file."""
+    conf = tmp_path / "node.toml"
+    conf.write_text(f"{gc_table}\n[node]\nroots_to = \"file://{tmp_path / 'cache'}\"\n"
+                    f"secret_key = \"{tmp_path / 'keys' / 'node-1.secret'}\"\n\n"
+                    f"[stats]\nprometheus = \"{tmp_path / 'llmgw.prom'}\"\n")
+    conf.chmod(0o644)
+    return conf
+
+
+def test_the_units_run_gc_push_roots_and_stats_with_the_config_file(tmp_path):
+    root, out = tmp_path / "root", tmp_path / "units"
+    conf = node_config(tmp_path, '[gc]\nkeep_dead_for = "2h"\nmin_free = "100G"\n')
+    doc = json.loads(run_cli(root, "--config", str(conf), "--json", "systemd-units", "--out", str(out),
+                             check=True).stdout)
+    base = [cli_cmd(root)[0], "--root", str(root), "--config", str(conf)]
+    assert exec_argvs(out / "llmgw-store-gc.service") == [[*base, "gc"], [*base, "push-roots"], [*base, "stats"]]
+    assert len(doc["then"]) == 2 and doc["exec_start"].endswith('"gc"')
+    # A flag still goes into the gc line; the file's values are read by gc when it runs.
+    run_cli(root, "--config", str(conf), "systemd-units", "--out", str(out), "--max-cache", "5G", check=True)
+    assert exec_argv(out / "llmgw-store-gc.service") == [*base, "gc", "--max-cache", "5G"]
+    # Half a [node] table is refused, nothing written.
+    half = tmp_path / "half.toml"
+    half.write_text(f"[node]\nroots_to = \"file://{tmp_path / 'cache'}\"\n")
+    half.chmod(0o644)
+    proc = run_cli(root, "--config", str(half), "systemd-units", "--out", str(tmp_path / "u2"))
+    assert proc.returncode == 2 and "sets roots_to but not secret_key" in proc.stderr, proc.stderr
+    assert not (tmp_path / "u2").exists()
+    # push-roots without --to, its variable or the file's [node] roots_to: exit 2, naming the flag and the key
+    bare = run_cli(root, "push-roots", "--secret-key", str(tmp_path / "keys" / "node-1.secret"))
+    assert bare.returncode == 2 and "'--to'" in bare.stderr and "roots_to" in bare.stderr, bare.stderr
+
+
+def _state(root: Path) -> tuple[list[str], list[str]]:
+    """(store paths on disk, the profile's generation links)."""
+    return (sorted(e.name for e in (root / "store").iterdir() if not e.name.startswith(".")),
+            sorted(e.name for e in (root / "profiles").iterdir() if e.name.startswith("p-")))
+
+
+def test_the_units_gc_is_the_hand_run_gc_with_that_file(built, tmp_path):
+    """A generation 40 days old and a file that sets no delete_older_than: the unit's day keeps it,
+    as `gc --config FILE` by hand does, publishes the node's roots (both paths) and writes the
+    metrics file."""
+    a, b = built["names"][:2]
+    conf = node_config(tmp_path, '[gc]\nkeep_dead_for = "1h"\n')
+    run_cli(built["root"], "keygen", "node-1", "--out", str(tmp_path / "keys"), check=True)
+    roots = []
+    for i in (1, 2):
+        root = copy_store(built["root"], tmp_path / f"root-{i}")
+        run_cli(root, "activate", "p", a, check=True)
+        run_cli(root, "activate", "p", b, check=True)
+        old = time.time() - 40 * 86400
+        os.utime(root / "profiles" / "p-1-link", (old, old), follow_symlinks=False)
+        roots.append(root)
+    by_unit, by_hand = roots
+    out = tmp_path / "units"
+    run_cli(by_unit, "--config", str(conf), "systemd-units", "--out", str(out), check=True)
+    argvs = exec_argvs(out / "llmgw-store-gc.service")
+    assert [argv[5] for argv in argvs] == ["gc", "push-roots", "stats"]
+    for argv in argvs:
+        done = subprocess.run(argv, capture_output=True, text=True, check=False,
+                              env={k: v for k, v in os.environ.items() if k != "LLMGW_STORE_CONFIG"})
+        assert done.returncode == 0, (argv, done.stderr)
+    run_cli(by_hand, "--config", str(conf), "gc", check=True)
+    assert _state(by_unit)[0] == _state(by_hand)[0] and a in _state(by_unit)[0]
+    assert _state(by_unit)[1] == _state(by_hand)[1] == ["p-1-link", "p-2-link"]
+    published = json.loads((tmp_path / "cache" / "roots" / "node-1.json").read_text())
+    assert published["node"] == "node-1" and sorted(published["keys"]) == sorted(n[:32] for n in (a, b))
+    assert "llmgw_store_" in (tmp_path / "llmgw.prom").read_text()

@@ -79,13 +79,12 @@ def pull(obj: Context, target: str, from_: tuple[str, ...], trusted_keys: tuple[
 
 
 @cli.command("push-roots")
-@click.option("--to", "to", required=True, help="Cache URL: file:///dir, http(s)://host/prefix or s3://bucket/prefix.")
-@click.option("--secret-key", required=True, envvar="LLMGW_STORE_NODE_SECRET_KEY",
-              help="This node's signing key file (from keygen); the cache gc trusts its .public with --keep-from.")
+@setting_option("node.roots_to")
+@setting_option("node.secret_key")
 @click.option("--node", help="The node's name in the cache: the secret key's name (the default); another is refused.")
 @cache_network_options
 @click.pass_obj
-def push_roots(obj: Context, to: str, secret_key: str, node: str | None, policy) -> None:
+def push_roots(obj: Context, to: str | None, secret_key: str | None, node: str | None, policy) -> None:
     """Publish the keys this node's roots hold (profiles, pins, paths in use) as a signed roots
     document, which `cache gc` keeps.
 
@@ -95,6 +94,9 @@ def push_roots(obj: Context, to: str, secret_key: str, node: str | None, policy)
     """
     from llmgw_store.api import push_roots as do_push_roots
 
+    for value, flag, key in ((to, "--to", "roots_to"), (secret_key, "--secret-key", "secret_key")):
+        if value is None:
+            raise click.UsageError(f"Missing option '{flag}' (or `{key}` in the config file's [node] table).")
     r = do_push_roots(to, secret_key, node=node, root=obj.root, policy=policy)
     obj.emit(r.to_json(), f"{r.object}: {len(r.keys)} store path(s)")
 

@@ -41,14 +41,17 @@ def gc(obj: Context, dry_run: bool, delete_older_than: str | None, keep: int | N
         held = gcmod.print_roots(root=obj.root, lock_timeout=lock_timeout)
         obj.emit(held.to_json(), "\n".join(f"{r.description}: {', '.join(r.paths)}" for r in held.roots))
         return
+    def limit(value: str | None, parse):
+        # `is not None`: an empty value given is parsed (and refused, exit 2), never taken as "no limit";
+        # `none` is: it sets aside the config file's value (the systemd units pass it so).
+        return None if value is None or value.strip().lower() == "none" else parse(value)
+
     r = gcmod.collect(
         root=obj.root, dry_run=dry_run, keep=keep, lock_timeout=lock_timeout,
-        # `is not None`: an empty value given is parsed (and refused, exit 2), never taken as "no limit".
-        delete_older_than=parse_duration(delete_older_than) if delete_older_than is not None else None,
+        delete_older_than=limit(delete_older_than, parse_duration),
         max_freed=parse_size(max_freed) if max_freed is not None else None,
-        min_free=parse_size(min_free) if min_free is not None else None,
-        max_cache=parse_size(max_cache) if max_cache is not None else None,
-        keep_dead_for=parse_duration(keep_dead_for) if keep_dead_for is not None else None, prune_live=prune_live,
+        min_free=limit(min_free, parse_size), max_cache=limit(max_cache, parse_size),
+        keep_dead_for=limit(keep_dead_for, parse_duration), prune_live=prune_live,
         keep_records=keep_records,
     )
     verb = "would free" if dry_run else "freed"
@@ -71,30 +74,38 @@ def gc(obj: Context, dry_run: bool, delete_older_than: str | None, keep: int | N
 @click.option("--on-calendar", default="*-*-* 04:17:00", show_default=True, envvar="LLMGW_STORE_GC_ON_CALENDAR",
               help="When the timer runs gc: a systemd calendar expression ('daily', 'Mon..Fri *-*-* 02:00'), "
                    "checked with systemd-analyze where installed. Env: LLMGW_STORE_GC_ON_CALENDAR.")
-# The gc policy the unit's ExecStart carries: the [gc] table of the config file (core/config.py)
-# where it sets a key, else these defaults; 'none' leaves an option out.
-@setting_option("gc.delete_older_than", "30d", "gc first deletes generations older than this (never a current one); "
-                "'none' leaves it out.")
-@setting_option("gc.keep", None, "gc first deletes all but the newest N generations of each profile.")
-@setting_option("gc.min_free", "200G", "gc collects dead paths until the filesystem has this much free; 'none' "
-                "collects every dead path.")
-@setting_option("gc.max_cache", "20G", "gc prunes the uv and bytecode caches down to SIZE, entries no live path "
-                "uses first; 'none' leaves the caches alone.")
-@setting_option("gc.keep_dead_for", "1h", "gc's grace period for dead paths.")
-@click.pass_obj
-def systemd_units(obj: Context, out_dir: str, on_calendar: str, delete_older_than: str, keep: str | None,
-                  min_free: str, max_cache: str, keep_dead_for: str) -> None:
+# The gc options ExecStart carries besides --config: only those given here as a flag or a variable
+# (the config file's [gc] table is read by gc itself when the unit runs it); 'none' leaves one out.
+@setting_option("gc.delete_older_than")
+@setting_option("gc.keep")
+@setting_option("gc.min_free")
+@setting_option("gc.max_cache")
+@setting_option("gc.keep_dead_for")
+@click.pass_context
+def systemd_units(ctx: click.Context, out_dir: str, on_calendar: str, delete_older_than: str | None,
+                  keep: str | None, min_free: str | None, max_cache: str | None, keep_dead_for: str | None) -> None:
     """Write the gc service and timer for this installation: ExecStart is the llmgw-store running
-    now, with the current --root and the gc policy given here; the timer runs it --on-calendar.
+    now, with the current --root and config file (whose [gc] table is the policy, as for a gc run
+    by hand), then push-roots and stats where that file configures them; the timer runs it
+    --on-calendar.
 
     \b
     Examples:
-      llmgw-store systemd-units --out /etc/systemd/system && systemctl enable --now llmgw-store-gc.timer
+      llmgw-store --config /etc/llmgw-store/config.toml systemd-units --out /etc/systemd/system
       llmgw-store systemd-units --out ./units --min-free 500G --max-cache 50G --on-calendar 'hourly'
     """
-    from llmgw_store.roots.systemd import GcPolicy, write_units
+    from click.core import ParameterSource
 
-    policy = GcPolicy(delete_older_than=delete_older_than, keep=keep, min_free=min_free, max_cache=max_cache,
-                      keep_dead_for=keep_dead_for)
-    r = write_units(out_dir, root=obj.root, policy=policy, on_calendar=on_calendar)
-    obj.emit(r.to_json(), f"wrote {r.service}\nwrote {r.timer}\nExecStart={r.exec_start}\nOnCalendar={r.on_calendar}")
+    from llmgw_store.roots.systemd import GcPolicy, NodeDay, write_units
+
+    obj: Context = ctx.obj
+    given = {name: value for name, value in (("delete_older_than", delete_older_than), ("keep", keep),
+                                             ("min_free", min_free), ("max_cache", max_cache),
+                                             ("keep_dead_for", keep_dead_for))
+             if ctx.get_parameter_source(name) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)}
+    loaded = ctx.find_root().meta.get("llmgw_store.config")
+    day = NodeDay.from_file(loaded.path if loaded else None, loaded.values if loaded else {})
+    policy = GcPolicy(**given)
+    r = write_units(out_dir, root=obj.root, policy=policy, on_calendar=on_calendar, day=day)
+    obj.emit(r.to_json(), "\n".join([f"wrote {r.service}", f"wrote {r.timer}", f"ExecStart={r.exec_start}",
+                                      *(f"ExecStart={t}" for t in r.then), f"OnCalendar={r.on_calendar}"]))

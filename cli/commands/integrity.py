@@ -98,7 +98,7 @@ def optimise(obj: Context, dry_run: bool, lock_timeout: float) -> None:
 
 
 @cli.command()
-@click.option("--prometheus", type=click.Path(dir_okay=False), help="Also write the figures as a Prometheus textfile (atomically).")
+@setting_option("stats.prometheus")
 @click.pass_obj
 def stats(obj: Context, prometheus: str | None) -> None:
     """Paths, bytes (apparent and on disk after dedup), profiles, generations, cache sizes.

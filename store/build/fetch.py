@@ -235,14 +235,22 @@ def release(repo: str, tag: str) -> list[dict[str, Any]]:
     requirement line, may hold no space, newline or `#`."""
     import httpx
 
+    from llmgw_store.build import pypi
     from llmgw_store.core import network
 
     url = f"{api_base()}/repos/{repo}/releases/tags/{tag}"
     network.require(f"asking {url} for the assets of release {tag}")
+
+    def get(watch):
+        resp = http.get(url, headers={"Accept": "application/vnd.github+json"})
+        pypi.check_transient(f"the release API (GET {url})", resp)
+        return resp
+
     try:
-        resp = httpx.get(url, timeout=60, follow_redirects=True, headers={"Accept": "application/vnd.github+json"})
-    except httpx.HTTPError as exc:
-        raise NetworkError(f"cannot reach the release API at {url}: {exc}") from exc
+        with pypi.client(netrc=False) as http:
+            resp = pypi.attempted(f"the release API (GET {url})", get)
+    except (NetworkError, httpx.HTTPError) as exc:
+        raise NetworkError(f"cannot get an answer from the release API at {url}: {exc}") from None
     if resp.status_code == 404:
         raise UsageError(f"no release {tag!r} in {repo} ({url})")
     if resp.status_code != 200:

@@ -6,6 +6,12 @@ version) is memoised in the store's SQLite index by the caller, so a cache hit a
 `index_url` is always the public URL (core/credentials.py: no userinfo), which is what messages
 name; credentials come as `auth` (from the URL the user gave) or from netrc, and are sent to the
 index's origin only (httpx drops them on a redirect to another origin).
+
+Every request runs under the store's one retry policy (core/retry.py, the command's `cache.*`
+settings): a connect error, a reset, a read that stalls, HTTP 408, 429 or 5xx is tried again until
+the policy gives up, and the error then names the index. A download that fails is started again
+from its first byte (an index file is not resumed: wheels are fetched by uv, this is the uv wheel
+and source archives).
 """
 
 from __future__ import annotations
@@ -18,13 +24,14 @@ from datetime import datetime
 from pathlib import Path
 
 from llmgw_store.build.recipe import parse_time
-from llmgw_store.core import credentials, network
+from llmgw_store.core import credentials, network, retry
 from llmgw_store.core.credentials import IndexAuth
 from llmgw_store.core.errors import IntegrityError, NetworkError, UsageError
 from llmgw_store.core.report import progress
+from llmgw_store.core.retry import Transient
 
 JSON_ACCEPT = "application/vnd.pypi.simple.v1+json"
-TIMEOUT_S = 60.0
+CONNECT_TIMEOUT_S = 30.0
 
 
 def normalize(name: str) -> str:
@@ -42,17 +49,41 @@ class IndexFile:
     version: str | None
 
 
-def _client(auth: IndexAuth | None = None):
-    """An httpx client sending `auth` (else what netrc holds for the host, if anything). httpx
-    reads no netrc by itself (trust_env covers proxies only here)."""
+def client(auth: IndexAuth | None = None, *, netrc: bool = True):
+    """An httpx client sending `auth` (else, with `netrc`, what netrc holds for the host, if
+    anything), whose reads wait at most the command's stall time (core/retry.py). httpx reads no
+    netrc by itself (trust_env covers proxies only here)."""
     import httpx
 
+    policy = retry.current()
     how: httpx.Auth | None = None
     if auth is not None:
         how = httpx.BasicAuth(auth.username, auth.password)
-    elif (netrc := credentials.netrc_file()) is not None:
-        how = httpx.NetRCAuth(netrc)
-    return httpx.Client(timeout=TIMEOUT_S, follow_redirects=True, headers={"User-Agent": "llmgw-store"}, auth=how)
+    elif netrc and (path := credentials.netrc_file()) is not None:
+        how = httpx.NetRCAuth(path)
+    timeout = httpx.Timeout(policy.stall, connect=min(policy.stall, CONNECT_TIMEOUT_S))
+    return httpx.Client(timeout=timeout, follow_redirects=True, headers={"User-Agent": "llmgw-store"}, auth=how)
+
+
+def attempted(what: str, op):
+    """op(watch) under the command's retry policy: an httpx transport error (connect, reset, a
+    timeout, a body cut short) is another attempt's business, as `check_transient` says of
+    an answer; NetworkError once the policy gives up."""
+    import httpx
+
+    def attempt(watch):
+        try:
+            return op(watch)
+        except httpx.TransportError as exc:
+            raise Transient(f"{what}: {exc or type(exc).__name__}") from None
+
+    return retry.run(retry.current(), what, attempt)
+
+
+def check_transient(what: str, resp) -> None:
+    """Raise Transient for an answer another attempt may get past (408, 429, 5xx)."""
+    if retry.transient_status(resp.status_code):
+        raise Transient(f"{what}: HTTP {resp.status_code}", retry_after=retry.retry_after(resp.headers.get("retry-after")))
 
 
 def project_files(index_url: str, project: str, auth: IndexAuth | None = None) -> list[IndexFile]:
@@ -64,11 +95,18 @@ def project_files(index_url: str, project: str, auth: IndexAuth | None = None) -
     url = f"{base}/{normalize(project)}/"
     network.require(f"asking the index {base} about {project}",
                     "pin version and as_of in the recipe (or pass --version and --as-of), or drop --offline")
+
+    def get(watch):
+        resp = http.get(url, headers={"Accept": JSON_ACCEPT})
+        check_transient(f"the index {base} (GET {url})", resp)
+        return resp
+
     try:
-        with _client(auth) as client:
-            resp = client.get(url, headers={"Accept": JSON_ACCEPT})
-    except httpx.HTTPError as exc:
-        raise NetworkError(f"cannot reach the index at {url}: {exc}; check the network or pass --index-url") from exc
+        with client(auth) as http:
+            resp = attempted(f"the index {base} (GET {url})", get)
+    except (NetworkError, httpx.HTTPError) as exc:
+        raise NetworkError(f"cannot get an answer from the index: {exc}; check the network or pass --index-url") \
+            from None
     if resp.status_code in (401, 403):
         raise NetworkError(f"the index {base} refused the request (HTTP {resp.status_code}): give its credentials "
                            "in the index URL (LLMGW_STORE_INDEX_URL or the config's index_url) or in netrc")
@@ -171,19 +209,28 @@ def download(url: str, dest: Path, sha256: str, auth: IndexAuth | None = None, i
         auth = None
     tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
     digest = hashlib.sha256()
-    try:
-        with _client(auth) as client, client.stream("GET", url) as resp:
+
+    def fetch(watch) -> None:
+        nonlocal digest
+        digest = hashlib.sha256()
+        with http.stream("GET", url) as resp:
+            check_transient(f"download of {shown_url}", resp)
             if resp.status_code != 200:
                 raise NetworkError(f"download of {shown_url} failed: HTTP {resp.status_code}")
             total = int(resp.headers.get("content-length") or 0) or None
             done = 0
             with open(tmp, "wb") as out:
                 for chunk in resp.iter_bytes(1 << 20):
+                    watch.got(len(chunk))
                     digest.update(chunk)
                     out.write(chunk)
                     done += len(chunk)
                     progress(f"downloading {dest.name}", done, total, "B")
-    except httpx.HTTPError as exc:
+
+    try:
+        with client(auth) as http:
+            attempted(f"download of {shown_url}", fetch)
+    except httpx.HTTPError as exc:  # not a transport error: too many redirects, a body that does not decode
         tmp.unlink(missing_ok=True)
         raise NetworkError(f"download of {shown_url} failed: {exc}") from exc
     except BaseException:

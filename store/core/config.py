@@ -103,12 +103,14 @@ _REALISING = ("build", "activate", "rollback")
 # build, activate and rollback take them for their --substituter caches (cli/spec.py, api.py).
 _CACHE_TALKING = ("push", "pull", "push-roots", "cache gc", *_REALISING)
 _CACHE_NETWORK = (
-    ("attempts", "int", "N", "Attempts per cache request (connect errors, resets, stalls, HTTP 408/429/5xx); "
-                             "default 5."),
+    ("attempts", "int", "N", "At most N attempts per cache request (connect errors, resets, stalls, HTTP "
+                             "408/429/5xx); default 0: no count, --cache-retry-for decides."),
+    ("retry_for", "seconds", "SECONDS", "Seconds a failing request is retried after its last progress (a cache "
+                                        "restart shorter than this is waited out); default 30."),
     ("stall", "seconds", "SECONDS", "Seconds a transfer may go without 64 KiB before it is abandoned and retried; "
                                     "default 30."),
-    ("metadata_timeout", "seconds", "SECONDS", "Seconds an object's metadata may take, retries included, before "
-                                               "the cache is passed over; default 5."),
+    ("metadata_timeout", "seconds", "SECONDS", "Seconds one attempt at an object's metadata may take before the "
+                                               "cache is passed over; default 5."),
     ("deadline", "seconds", "SECONDS", "Seconds after which a request starts no new attempt; default 300."),
     ("redirects_to", "list", "ORIGIN", "An origin (https://host[:port], or *) an HTTP cache may redirect reads to "
                                        "besides its own; repeatable (the variable: space-separated)."),
@@ -169,6 +171,15 @@ SETTINGS: tuple[Setting, ...] = (
             help="First delete generations older than this (30d, 12h), never the current one."),
     Setting("gc.keep", "int", "--keep", None, commands=("gc", "systemd-units"), hit="ignored", metavar="N",
             help="First delete all but the newest N generations of each profile (never the current one)."),
+    # What a node's timer runs after gc (roots/systemd.py): `push-roots` and `stats --prometheus`,
+    # each when its keys are set. `node.secret_key` keeps the variable push-roots always had.
+    Setting("node.roots_to", "url", "--to", None, commands=("push-roots",), hit="ignored", param="to", metavar="URL",
+            help="Cache URL the roots document goes to: file:///dir, http(s)://host/prefix or s3://bucket/prefix."),
+    Setting("node.secret_key", "path", "--secret-key", None, commands=("push-roots",), hit="ignored",
+            param="secret_key", metavar="FILE",
+            help="This node's signing key file (from keygen); the cache gc trusts its .public with --keep-from."),
+    Setting("stats.prometheus", "path", "--prometheus", None, commands=("stats",), hit="ignored", metavar="FILE",
+            help="Also write the figures as a Prometheus textfile (atomically)."),
 )
 
 BY_NAME = {s.name: s for s in SETTINGS}

@@ -1,14 +1,16 @@
-"""`systemd-units`: the gc service and timer for THIS installation, carrying the node's gc policy.
+"""`systemd-units`: the gc service and timer for THIS installation, running the node's day.
 
 The units name the entry point that is running now (pip, pipx and `--prefix` installs all put it
-somewhere else than /usr/bin) and the store root it was given, so what the timer runs is what the
-operator just ran. The service runs `gc` with the policy given here (GcPolicy: how old a
-generation may get, how much free space to keep, how large the caches may grow, the grace period),
-written into ExecStart, where `systemctl cat` shows it. Every value that goes into a unit is checked
-before anything is written — sizes and durations parsed as `gc` parses them, the calendar
-expression by `systemd-analyze calendar` where it is installed (else by a strict parser of the
-same grammar) — and quoted for systemd (`%` and `$` are systemd's own specifiers and are doubled),
-so no value can add a line or a directive.
+somewhere else than /usr/bin), the store root it was given and the config file it read, so what
+the timer runs is what the operator runs by hand: `gc` with `--config FILE` reads the file's [gc]
+table as a hand-run `gc` does (the units have no policy of their own: a gc option is written into
+ExecStart only when given to `systemd-units` as a flag or variable). After gc, where the file
+configures them, the service runs `push-roots` ([node] roots_to and secret_key: the roots cache
+gc keeps) and `stats` ([stats] prometheus: the textfile node_exporter reads), each with the same
+`--config`. Every value that goes into a unit is checked before anything is written — sizes and
+durations parsed as `gc` parses them, the calendar expression by `systemd-analyze calendar` where
+it is installed (else by a strict parser of the same grammar) — and quoted for systemd (`%` and `$`
+are systemd's own specifiers and are doubled), so no value can add a line or a directive.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from llmgw_store.core.units import parse_duration, parse_size
 SERVICE = "llmgw-store-gc.service"
 TIMER = "llmgw-store-gc.timer"
 DEFAULT_ON_CALENDAR = "*-*-* 04:17:00"
-OFF = "none"  # a policy value that leaves its gc option out
+OFF = "none"  # gc's "no limit" for a size or duration option, over the config file's value
 _PATH_MAX = 4096
 _CALENDAR_MAX = 100
 CALENDAR_CHECK_TIMEOUT_S = 10.0
@@ -39,16 +41,16 @@ CALENDAR_CHECK_TIMEOUT_S = 10.0
 
 @dataclass(frozen=True)
 class GcPolicy:
-    """What the timer's gc does, as `gc` options; `OFF` (or None) leaves one out. The defaults: drop
-    generations older than 30 days (never a profile's current one), collect until 200 GiB are free,
-    prune the uv and bytecode caches to 20 GiB by live use (entries no live path was built from go
-    first), and keep a path unrooted less than an hour ago (a rollback right after a switch)."""
+    """The gc options written into ExecStart besides `--config` (None leaves one out; `OFF`, gc's
+    "no limit", overrides the file's value).
+    None by default, as gc's own: the config file's [gc] table is the node's policy, read by gc
+    when the timer runs it, as when it is run by hand."""
 
-    delete_older_than: str | None = "30d"
+    delete_older_than: str | None = None
     keep: int | None = None
-    min_free: str | None = "200G"
-    max_cache: str | None = "20G"
-    keep_dead_for: str | None = "1h"
+    min_free: str | None = None
+    max_cache: str | None = None
+    keep_dead_for: str | None = None
 
     def args(self) -> list[str]:
         """The gc arguments, each value checked as gc checks it (exit 2 before anything is written)."""
@@ -58,9 +60,12 @@ class GcPolicy:
                                      ("--min-free", self.min_free, parse_size),
                                      ("--max-cache", self.max_cache, parse_size),
                                      ("--keep-dead-for", self.keep_dead_for, parse_duration)):
-            if value is None or str(value).strip().lower() == OFF:
+            if value is None:
                 continue
             text = str(value).strip()
+            if text.lower() == OFF and option != "--keep":
+                out += [option, OFF]  # gc's "no limit", over the config file's value
+                continue
             try:
                 parse(text)
             except UsageError as exc:
@@ -79,9 +84,31 @@ def _count(text: str) -> int:
 class Units(Result):
     service: str
     timer: str
-    exec_start: str
+    exec_start: str  # the gc
     on_calendar: str
     documentation: str | None
+    then: tuple[str, ...] = ()  # what runs after gc: push-roots, stats (ExecStart lines, in order)
+
+
+@dataclass(frozen=True)
+class NodeDay:
+    """What the service runs besides gc, from the config file (`config`, absolute; None: none read):
+    push-roots when the file sets [node] roots_to and secret_key, stats when it sets [stats] prometheus."""
+
+    config: str | None = None
+    push_roots: bool = False
+    stats: bool = False
+
+    @classmethod
+    def from_file(cls, path: str | None, values: dict[str, object]) -> NodeDay:
+        if path is None:
+            return cls()
+        roots = [k for k in ("node.roots_to", "node.secret_key") if k in values]
+        if len(roots) == 1:
+            missing = ({"node.roots_to", "node.secret_key"} - set(roots)).pop().split(".")[1]
+            raise UsageError(f"{path}: [node] sets {roots[0].split('.')[1]} but not {missing}: push-roots needs both "
+                             "(set both to publish this node's roots after each gc, or neither)")
+        return cls(os.path.abspath(path), push_roots=len(roots) == 2, stats="stats.prometheus" in values)
 
 
 def entry_point(argv0: str | None = None) -> str:
@@ -178,18 +205,26 @@ def _quoted(value: str, what: str) -> str:
 
 
 def render(exe: str, root: Path, policy: GcPolicy, on_calendar: str,
-           docs: str | None = None) -> tuple[str, str, str]:
+           docs: str | None = None, day: NodeDay = NodeDay()) -> tuple[str, str, str, tuple[str, ...]]:
     if not os.path.isabs(exe) or not root.is_absolute():
         raise UsageError("the entry point and the store root must be absolute paths")
     gc_args = policy.args()  # a bad size or duration is a usage error, before anything is written
     on_calendar = check_calendar(on_calendar)
-    argv = [exe, "--root", str(root), *gc_args]
-    exec_start = " ".join(_quoted(a, "value") for a in argv)
+    base = [exe, "--root", str(root), *(["--config", day.config] if day.config else [])]
+
+    def line(args: list[str]) -> str:
+        return " ".join(_quoted(a, "value") for a in [*base, *args])
+
+    exec_start = line(gc_args)
+    then = tuple(line([cmd]) for cmd, wanted in (("push-roots", day.push_roots), ("stats", day.stats)) if wanted)
     doc_line = (f"Documentation={docs}\n" if docs and not any(ord(c) < 33 for c in docs)
                 else "# Documentation: `llmgw-store gc --help`, and docs/operations.md of llmgw-store's source\n")
+    steps = "".join(f"ExecStart={t}\n" for t in then)
+    after = ("# Then, in order, each once the one before succeeded (75 counts as success): what the config\n"
+             "# file configures of push-roots ([node]) and stats ([stats] prometheus).\n" if then else "")
     service = f"""# Written by `llmgw-store systemd-units`: ExecStart is the installation that wrote it, with its
-# store root and gc policy. After moving or reinstalling llmgw-store, or to change the policy, write
-# the units again (`llmgw-store systemd-units --help` lists the policy's options).
+# store root and config file, whose [gc] table is the policy. After moving or reinstalling
+# llmgw-store, or to change what runs after gc, write the units again.
 [Unit]
 Description=llmgw-store garbage collection ({root})
 {doc_line}After=local-fs.target
@@ -199,7 +234,7 @@ Type=oneshot
 # 75 (EX_TEMPFAIL): another gc held the lock; the timer simply tries again next time.
 SuccessExitStatus=75
 ExecStart={exec_start}
-Nice=10
+{after}{steps}Nice=10
 IOSchedulingClass=idle
 """
     timer = f"""# Written by `llmgw-store systemd-units`.
@@ -214,19 +249,19 @@ Persistent=true
 [Install]
 WantedBy=timers.target
 """
-    return service, timer, exec_start
+    return service, timer, exec_start, then
 
 
 def write_units(out_dir: str | Path, *, root: str | Path | None = None, policy: GcPolicy = GcPolicy(),
-                on_calendar: str = DEFAULT_ON_CALENDAR, exe: str | None = None) -> Units:
+                on_calendar: str = DEFAULT_ON_CALENDAR, exe: str | None = None, day: NodeDay = NodeDay()) -> Units:
     """Write SERVICE and TIMER into `out_dir` (each atomically: a temporary file renamed over it)."""
     store_root = Layout.at(root).root.absolute()
     docs = documentation()
-    service, timer, exec_start = render(exe or entry_point(), store_root, policy, on_calendar, docs)
+    service, timer, exec_start, then = render(exe or entry_point(), store_root, policy, on_calendar, docs, day)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     for name, text in ((SERVICE, service), (TIMER, timer)):
         # Outside the root (/etc/systemd/system): a checked directory, never through a link.
         write_outside(out / name, text.encode(), mode=0o644)
     return Units(service=str(out / SERVICE), timer=str(out / TIMER), exec_start=exec_start,
-                 on_calendar=on_calendar, documentation=docs)
+                 on_calendar=on_calendar, documentation=docs, then=then)

@@ -17,6 +17,10 @@ Faults:
     drip       the body one byte every `drip_s` seconds
     redirect   307 to the same object under /alias/ on this server (the same origin)
     offsite    307 to the same object on `offsite` (another origin: a redirect the store refuses)
+    down       headers and half the body, then a TCP reset, and the server goes down: it closes its
+               listening socket (new connections are refused) and resets every request on the
+               connections it had, until the test calls `come_back()` (the same port again): a
+               restart whose length the test decides (`went_down` is set when it happens)
 
 `rules` (regex over the request path, fault[, how many times]) apply to the matching requests (all of
 them, or the first n); `rate` picks one of
@@ -57,9 +61,9 @@ class FaultyCache:
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
         self._stopping = threading.Event()
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self._server.daemon_threads = True
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        self.down = False
+        self.went_down = threading.Event()
+        self._listen(("127.0.0.1", 0))
 
     @property
     def origin(self) -> str:
@@ -70,10 +74,33 @@ class FaultyCache:
     def url(self) -> str:
         return self.origin + PREFIX.rstrip("/")
 
-    def stop(self) -> None:
-        self._stopping.set()
+    def _listen(self, address) -> None:
+        self._server = ThreadingHTTPServer(address, self._handler())
+        self._server.daemon_threads = True
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+
+    def go_down(self) -> None:
+        """Stop listening (connections are refused) and reset requests on open connections."""
+        with self._lock:
+            if self.down:
+                return
+            self.down = True
         self._server.shutdown()
         self._server.server_close()
+        self.went_down.set()
+
+    def come_back(self) -> None:
+        """Listen again on the same port, and answer as before."""
+        address = self._server.server_address
+        with self._lock:
+            self.down = False
+        self._listen(address)
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if not self.down:
+            self._server.shutdown()
+            self._server.server_close()
 
     def _fault(self, method: str, path: str) -> str | None:
         with self._lock:
@@ -154,6 +181,8 @@ class FaultyCache:
             def _answer(self, head: bool) -> None:
                 name = self._name()
                 srv.requests.append((self.command, self.path))
+                if srv.down:
+                    return self._hang_up(reset=True)
                 if name is None:
                     return self._reply(404, head=head)
                 fault = srv._fault(self.command, self.path)
@@ -189,6 +218,9 @@ class FaultyCache:
                     return self._reply(status, body, headers, head=True)
                 if fault in ("reset", "truncate", "stall", "drip"):
                     return self._body_fault(fault, status, body, headers)
+                if fault == "down":
+                    srv.go_down()
+                    return self._body_fault("reset", status, body, headers)
                 self._reply(status, body, headers)
 
             def _listing(self, folder: str) -> bytes | None:
@@ -211,6 +243,8 @@ class FaultyCache:
             def do_PUT(self) -> None:
                 srv.requests.append(("PUT", self.path))
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                if srv.down:
+                    return self._hang_up(reset=True)
                 fault = srv._fault("PUT", self.path)
                 if fault:
                     srv._count(fault)
@@ -231,6 +265,8 @@ class FaultyCache:
 
             def do_DELETE(self) -> None:
                 srv.requests.append(("DELETE", self.path))
+                if srv.down:
+                    return self._hang_up(reset=True)
                 fault = srv._fault("DELETE", self.path)
                 if fault:
                     srv._count(fault)

@@ -5,7 +5,10 @@ bytes than the ones whose digest it publishes, as a compromised mirror would; `s
 makes it wait that long before answering a file download while `when()` holds, as a slow mirror
 would (a uv that is installing then stays alive long enough to be caught). `require_auth(user,
 password)` makes it a private mirror (HTTP 401 without that basic auth; `refused` counts them);
-`hold_downloads()` parks every file download until the test opens the returned barrier."""
+`hold_downloads()` parks every file download until the test opens the returned barrier;
+`unavailable(times, pattern)` answers HTTP 503 (`Retry-After: 0`) to the next `times` requests
+whose path matches `pattern` (None: to all of them), as a mirror restarting or overloaded does;
+`unavailable_served` counts those answers."""
 
 from __future__ import annotations
 
@@ -53,6 +56,8 @@ class PackageIndex:
         self.auth: str | None = None  # the Authorization header a private mirror accepts
         self.refused = 0
         self.held: tuple[threading.Event, threading.Event] | None = None
+        self.outage: list | None = None  # [compiled pattern, how many left (None: all)]
+        self.unavailable_served = 0
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self._server.daemon_threads = True
@@ -91,6 +96,18 @@ class PackageIndex:
         """(reached, go): a file download sets `reached` and waits (at most 120 s) for `go`."""
         self.held = (threading.Event(), threading.Event())
         return self.held
+
+    def unavailable(self, times: int | None, pattern: str = r"^/simple/") -> None:
+        self.outage = [re.compile(pattern), times]
+
+    def _down_for(self, path: str) -> bool:
+        with self._lock:
+            if self.outage is None or not self.outage[0].search(path) or self.outage[1] == 0:
+                return False
+            if self.outage[1] is not None:
+                self.outage[1] -= 1
+            self.unavailable_served += 1
+            return True
 
     def reset_counts(self) -> None:
         with self._lock:
@@ -136,6 +153,12 @@ class PackageIndex:
                     self.end_headers()
                     return
                 path = self.path.split("?")[0]
+                if index._down_for(path):
+                    self.send_response(503)
+                    self.send_header("Retry-After", "0")
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
                 wants_json = JSON_TYPE in self.headers.get("Accept", "")
                 m = re.fullmatch(r"/simple/([^/]+)/?", path)
                 if path.rstrip("/") == "/simple":

@@ -49,6 +49,7 @@ from llmgw_store.cache.backends.base import (
 from llmgw_store.cache.backends.retry import RetryPolicy, Transient, Watch, run
 from llmgw_store.core.credentials import netrc_file, public_url
 from llmgw_store.core.errors import IntegrityError, NetworkError, UsageError
+from llmgw_store.core.retry import retry_after as _retry_after
 
 MAX_REDIRECTS = 5
 LISTING_MAX_BYTES = 64 << 20
@@ -182,18 +183,6 @@ def _ssl():
 
             _ssl_context = ssl.create_default_context()
         return _ssl_context
-
-
-def _retry_after(value: str | None) -> float | None:
-    if not value:
-        return None
-    value = value.strip()
-    if value.isdigit():
-        return min(float(value), 3600.0)
-    try:
-        return min(max(email.utils.parsedate_to_datetime(value).timestamp() - time.time(), 0.0), 3600.0)
-    except (TypeError, ValueError):
-        return None
 
 
 def _failed(method: str, shown: str, exc: BaseException, watch: Watch) -> NetworkError:
