@@ -127,7 +127,8 @@ def cache_gc(obj: Context, url: str, keep_from: tuple[str, ...], grace: str, dry
     from llmgw_store.api import cache_gc as do_cache_gc
     from llmgw_store.core.units import human_size
 
-    r = do_cache_gc(url, list(keep_from), grace=grace, dry_run=dry_run, allow_no_roots=allow_no_roots, policy=policy)
+    r = do_cache_gc(url, list(keep_from), grace=grace, dry_run=dry_run, allow_no_roots=allow_no_roots, policy=policy,
+                    root=obj.root)
     verb = "would delete" if r.dry_run else "deleted"
     summary = (f"{verb} {len(r.deleted_objects)} object file(s), {r.deleted_blobs} blob(s), "
                f"{human_size(r.freed_bytes)}; kept {r.kept_objects} object(s), {r.kept_blobs} blob(s) for "
