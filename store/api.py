@@ -73,18 +73,23 @@ def push(targets: list[str], to: str, secret_key: str, *, root: str | Path | Non
 def push_roots(to: str, secret_key: str, *, node: str | None = None, root: str | Path | None = None, policy=None):
     """Publish this node's roots to the binary cache `to` (cache/cache_gc.py): the keys of every
     store path its roots hold — profiles' generations, pins, paths in use or in flight, as the local
-    gc sees them (roots/gc.py) — and what those reference, signed with `secret_key`."""
+    gc sees them (roots/gc.py) — and what those reference, and the key of every generation a
+    record is kept for (a cold generation's path is gone here: the cache is its way back), signed
+    with `secret_key`."""
     from llmgw_store.cache.cache_gc import push_roots as publish
     from llmgw_store.core.keys import key_of_name
     from llmgw_store.core.local_store import Store
     from llmgw_store.roots.gc import held_names, roots
+    from llmgw_store.roots.records import recorded_keys
 
     with Store.open(root) as store:
         held = held_names(roots(store))
         names = store.index.closure(held)
+        recorded = recorded_keys(store.layout)
         counter = store.layout.var / "roots-seq"  # the last sequence number published (cache_gc.next_sequence)
-    return publish([k for k in (key_of_name(n) for n in names) if k], to, secret_key, node, counter=counter,
-                   policy=policy)
+    keys = {k for k in (key_of_name(n) for n in names) if k}
+    return publish(sorted(keys | recorded.keys()), to, secret_key, node, counter=counter, policy=policy,
+                   cold=tuple(sorted(recorded.keys() - keys)))
 
 
 def cache_gc(url: str, keep_from: list[str], *, grace: str = "1d", dry_run: bool = False,

@@ -76,6 +76,7 @@ class PushRootsResult(Result):
     to: str
     object: str
     seq: int = 0
+    cold: tuple[str, ...] = ()  # keys held only by the records of cold generations (their way back)
 
 
 def next_sequence(counter: Path | None) -> int:
@@ -97,7 +98,7 @@ def next_sequence(counter: Path | None) -> int:
 
 
 def push_roots(keys: list[str], to: str, secret_key: str, node: str | None = None, *, counter: Path | None = None,
-               policy: RetryPolicy | None = None) -> PushRootsResult:
+               policy: RetryPolicy | None = None, cold: tuple[str, ...] = ()) -> PushRootsResult:
     """Publish the signed roots document of `node` holding `keys`. One key per node, named after
     it: the node is the secret key's name (gc refuses a document whose signer is named otherwise,
     so one node's key cannot publish another node's roots). `counter`: where this store keeps its
@@ -116,8 +117,9 @@ def push_roots(keys: list[str], to: str, secret_key: str, node: str | None = Non
     sign(doc, secret)
     name = f"roots/{node}.json"
     backend_for(to, policy).put(name, canonical_json(doc))
-    say(f"published the roots of {node}: {len(keys)} store path(s)")
-    return PushRootsResult(node, tuple(keys), to, name, doc["seq"])
+    say(f"published the roots of {node}: {len(keys)} store path(s)"
+        + (f", {len(cold)} of them cold generations (kept for rollback)" if cold else ""))
+    return PushRootsResult(node, tuple(keys), to, name, doc["seq"], tuple(cold))
 
 
 @dataclass(frozen=True)
