@@ -56,9 +56,11 @@ def activate(profile: str, target: str | Path, options: BuildOptions | None = No
 
 
 def push(targets: list[str], to: str, secret_key: str, *, root: str | Path | None = None,
-         format: int = 2, lock_timeout: float | None = None, policy=None, rewrite_blobs: bool = False) -> PushResult:
+         format: int = 2, lock_timeout: float | None = None, policy=None, rewrite_blobs: bool = False,
+         drop_signatures: tuple[str, ...] = ()) -> PushResult:
     """Push store paths given as PROFILE, PROFILE@N, a store name, a key or a path (object `format`
-    2: shared blobs; 1: one archive; `rewrite_blobs`: upload every blob again)."""
+    2: shared blobs; 1: one archive; `rewrite_blobs`: upload every blob again; `drop_signatures`:
+    the keys whose signatures go, the end of a key rotation)."""
     from llmgw_store.cache.push import push as push_names
     from llmgw_store.core.local_store import Store
     from llmgw_store.roots.resolve import reference
@@ -67,7 +69,7 @@ def push(targets: list[str], to: str, secret_key: str, *, root: str | Path | Non
         names = [reference(store, t).name for t in targets]
     extra = {} if lock_timeout is None else {"lock_timeout": lock_timeout}
     return push_names(names, to, secret_key, root=root, format=format, policy=policy, rewrite_blobs=rewrite_blobs,
-                      **extra)
+                      drop_signatures=tuple(drop_signatures), **extra)
 
 
 def push_roots(to: str, secret_key: str, *, node: str | None = None, root: str | Path | None = None, policy=None):
