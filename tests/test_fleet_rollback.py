@@ -91,8 +91,8 @@ def test_generations_says_where_a_cold_generation_comes_from(three):
     assert listing("--substituter", w["url"], "--substitute-only") == ["caches", None, None]
     assert listing("--substitute-only") == ["nowhere", None, None]
     text = run_cli(node, "generations", "p", "--substituter", w["url"], check=True).stdout.splitlines()
-    assert text[0].endswith("(comes back from the configured caches, else rebuilt from its record)"), text
-    assert "comes back" not in text[1] and "comes back" not in text[2]
+    assert text[0].endswith("(way back: the configured caches, else rebuilt from its record)"), text
+    assert "way back" not in text[1] and "way back" not in text[2]
 
 
 def test_a_dry_run_names_every_node_that_holds_an_object(three):

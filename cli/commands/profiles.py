@@ -113,7 +113,7 @@ def generations(obj: Context, profile: str, delete: tuple[int, ...], older_than:
     lines = [
         f"{g.number:5d}  {g.created[:20]}  {g.state:4s}  {g.engine or '?'} {g.version or '?'} ({g.variant or '?'})  "
         f"{g.path}{'  (current)' if g.current else ''}{check_note(g)}"
-        + (f"  (comes back from {profiles.COMES_FROM[g.comes_from]})" if g.comes_from else "")
+        + (f"  (way back: {profiles.COMES_FROM[g.comes_from]})" if g.comes_from else "")
         for g in r.generations
     ]
     if history:

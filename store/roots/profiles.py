@@ -395,7 +395,7 @@ COMES_FROM = {
     "caches": "the configured caches only",
     "caches, else record": "the configured caches, else rebuilt from its record",
     "record": "rebuilt from its record (no cache configured)",
-    "nowhere": "nowhere: no cache configured, and no rebuild (substitute-only, or no lock recorded)",
+    "nowhere": "none: no cache configured, and no rebuild (substitute-only, or no lock recorded)",
 }
 
 
