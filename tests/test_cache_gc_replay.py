@@ -133,3 +133,30 @@ def test_a_cache_rolled_back_as_a_whole_is_named_as_such(fleet, tmp_path):
     line = [ln for ln in proc.stderr.splitlines() if "error" in ln][0]
     assert f"cache {url}: the roots documents of every node this host has seen there (node-1, node-2)" in line
     assert "rolled back as a whole" in line and "nothing deleted" in line
+
+
+def test_a_deleted_document_of_a_node_still_kept_stops_gc(fleet, tmp_path):
+    """Deleting node-1's document (another node's still there) would make the gc delete what
+    node-1 runs: this host saw it, and node-1's key is still given, so the gc stops. Retired
+    (its key no longer given), the gc goes on."""
+    w, (a, b) = fleet, fleet["names"]
+    run_cli(w["root"], "keygen", "node-2", "--out", str(w["keys"]), check=True)
+    cache_dir = tmp_path / "cache"
+    url = f"file://{cache_dir}"
+    push2(w, a, url)
+    push2(w, b, url)
+    publish_roots(w, url, a)  # node-1 and node-2 (the same store here) hold a
+    keep = ["--keep-from", str(w["keys"] / "node-1.public"), "--keep-from", str(w["keys"] / "node-2.public")]
+    run_cli(w["root"], "push-roots", "--to", url, "--secret-key", str(w["keys"] / "node-2.secret"), check=True)
+    assert run_cli(w["root"], "cache", "gc", url, *keep, "--grace", "1d").returncode == 0  # both seen
+    (cache_dir / "roots" / "node-1.json").unlink()
+    before = names_in(url)
+    proc = run_cli(w["root"], "cache", "gc", url, *keep, "--grace", "0s")
+    assert proc.returncode == 1 and names_in(url) == before, proc.stderr
+    assert "roots/node-1.json: missing, but this host has seen sequence" in proc.stderr
+    assert "gc stopped, nothing deleted" in proc.stderr
+    retired = run_cli(w["root"], "--json", "cache", "gc", url, "--keep-from", str(w["keys"] / "node-2.public"),
+                      "--grace", "0s")
+    assert retired.returncode == 0, retired.stderr
+    assert json.loads(retired.stdout)["roots"] == {"node-2": 1}
+    assert json.loads(retired.stdout)["deleted_objects"] == [f"{b[:32]}.json"]

@@ -21,7 +21,8 @@ lower than the newest this gc host has seen of that node in that cache (`seen`: 
 host's own var/, never of the cache, which whoever restores or replays documents can write too),
 and one signed longer ago than the grace while an object it does not hold was pushed after it
 (the replay a host that never saw the newer document cannot tell by number; an honest node
-publishes more often than the grace). A live object whose plan cannot be read stops it too.
+publishes more often than the grace). So does the absence of the document of a node this host has
+seen, while its key is still given. A live object whose plan cannot be read stops it too.
 
 Racing a push loses nothing (the protocol is in cache/push.py): gc writes `gc/<nonce>.json` (with
 an expiry) before it lists anything and removes it after its last delete; a push's
@@ -242,6 +243,20 @@ def _check_newest(url: str, docs: list[tuple[str, RootsDoc]], seen: dict[str, di
         "publish the node's roots again (push-roots)")
 
 
+def _check_present(docs: list[tuple[str, RootsDoc]], seen: dict[str, dict[str, Any]], trusted: dict[str, bytes]) -> None:
+    """Stop (IntegrityError) when a node this host has accepted a document of, and whose key it is
+    still told to keep the roots of, has none now: deleting a document would otherwise make the gc
+    delete what that node runs. A retired node is one whose key is no longer given."""
+    have = {doc.node for _, doc in docs}
+    gone = sorted(n for n in seen if n in trusted and n not in have)
+    if gone:
+        node = gone[0][:64]
+        raise IntegrityError(
+            f"roots/{node}.json: missing, but this host has seen sequence {seen[gone[0]]['seq']} of {node} in this "
+            "cache (deleted?); refusing to go on (gc stopped, nothing deleted): publish the node's roots again "
+            "(push-roots), or, for a retired node, no longer pass its key to --keep-from")
+
+
 def _check_recent(label: str, doc: RootsDoc, cutoff: float, grace: float, pushed: dict[str, float]) -> None:
     """Stop (IntegrityError) on a document signed longer ago than the grace while an object it does
     not hold was pushed after it: an older document replayed (which no sequence number this host
@@ -363,6 +378,7 @@ def gc(url: str, keep_from: list[str], *, grace: float, seen: Path, dry_run: boo
         newest: dict[str, dict[str, Any]] = dict(last_seen)
         docs = [(item.name, _read_roots(backend, item, trusted)) for item in root_docs]
         _check_newest(url, docs, last_seen)
+        _check_present(docs, last_seen, trusted)
         pushed = {m.group(1): i.mtime for i in top if (m := _OBJECT.fullmatch(i.name)) and i.name.endswith(".json")}
         for label, doc in docs:
             _check_recent(label, doc, cutoff, grace, pushed)
