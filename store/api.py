@@ -60,9 +60,11 @@ def activate(profile: str, target: str | Path, options: BuildOptions | None = No
 
 
 def push(targets: list[str], to: str, secret_key: str, *, root: str | Path | None = None,
-         format: int = 2, lock_timeout: float | None = None, policy=None, rewrite_blobs: bool = False) -> PushResult:
+         format: int = 2, lock_timeout: float | None = None, policy=None, rewrite_blobs: bool = False,
+         drop_signatures: tuple[str, ...] = ()) -> PushResult:
     """Push store paths given as PROFILE, PROFILE@N, a store name, a key or a path (object `format`
-    2: shared blobs; 1: one archive; `rewrite_blobs`: upload every blob again)."""
+    2: shared blobs; 1: one archive; `rewrite_blobs`: upload every blob again; `drop_signatures`:
+    the keys whose signatures go, the end of a key rotation)."""
     from llmgw_store.cache.push import push as push_names
     from llmgw_store.core.local_store import Store
     from llmgw_store.roots.resolve import reference
@@ -71,34 +73,41 @@ def push(targets: list[str], to: str, secret_key: str, *, root: str | Path | Non
         names = [reference(store, t).name for t in targets]
     extra = {} if lock_timeout is None else {"lock_timeout": lock_timeout}
     return push_names(names, to, secret_key, root=root, format=format, policy=policy, rewrite_blobs=rewrite_blobs,
-                      **extra)
+                      drop_signatures=tuple(drop_signatures), **extra)
 
 
 def push_roots(to: str, secret_key: str, *, node: str | None = None, root: str | Path | None = None, policy=None):
     """Publish this node's roots to the binary cache `to` (cache/cache_gc.py): the keys of every
     store path its roots hold — profiles' generations, pins, paths in use or in flight, as the local
-    gc sees them (roots/gc.py) — and what those reference, signed with `secret_key`."""
+    gc sees them (roots/gc.py) — and what those reference, and the key of every generation a
+    record is kept for (a cold generation's path is gone here: the cache is its way back), signed
+    with `secret_key`."""
     from llmgw_store.cache.cache_gc import push_roots as publish
     from llmgw_store.core.keys import key_of_name
     from llmgw_store.core.local_store import Store
     from llmgw_store.roots.gc import held_names, roots
+    from llmgw_store.roots.records import recorded_keys
 
     with Store.open(root) as store:
         held = held_names(roots(store))
         names = store.index.closure(held)
+        recorded = recorded_keys(store.layout)
         counter = store.layout.var / "roots-seq"  # the last sequence number published (cache_gc.next_sequence)
-    return publish([k for k in (key_of_name(n) for n in names) if k], to, secret_key, node, counter=counter,
-                   policy=policy)
+    keys = {k for k in (key_of_name(n) for n in names) if k}
+    return publish(sorted(keys | recorded.keys()), to, secret_key, node, counter=counter, policy=policy,
+                   cold=tuple(sorted(recorded.keys() - keys)))
 
 
 def cache_gc(url: str, keep_from: list[str], *, grace: str = "1d", dry_run: bool = False,
-             allow_no_roots: bool = False, policy=None):
-    """Delete what no published root holds from the binary cache `url` (cache/cache_gc.py)."""
-    from llmgw_store.cache.cache_gc import gc
+             allow_no_roots: bool = False, policy=None, root: str | Path | None = None):
+    """Delete what no published root holds from the binary cache `url` (cache/cache_gc.py). The
+    newest roots document of each node this host has seen in `url` is kept in ROOT/var/cache-gc/."""
+    from llmgw_store.cache.cache_gc import gc, seen_file
+    from llmgw_store.core.layout import Layout
     from llmgw_store.core.units import parse_duration
 
-    return gc(url, keep_from, grace=parse_duration(grace), dry_run=dry_run, allow_no_roots=allow_no_roots,
-              policy=policy)
+    return gc(url, keep_from, grace=parse_duration(grace), seen=seen_file(Layout.at(root).var, url), dry_run=dry_run,
+              allow_no_roots=allow_no_roots, policy=policy)
 
 
 def rollback(profile: str, *, to: int | None = None, substituters: tuple[str, ...] = (),

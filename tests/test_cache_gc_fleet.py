@@ -58,7 +58,7 @@ def test_a_replayed_older_roots_document_stops_gc(fleet, tmp_path):
     old_doc = (cache_dir / "roots" / "node-1.json").read_bytes()
     assert cache_gc(w, url, "--grace", "1d")["roots"] == {"node-1": 1}  # seen: the first document
     run_cli(w["root"], "activate", "app", b, check=True)
-    run_cli(w["root"], "generations", "app", "--delete", "1", check=True)
+    run_cli(w["root"], "generations", "app", "--forget", "1", check=True)  # no way back to a: not published
     second = publish_roots(w, url)
     assert second["seq"] > first["seq"] and second["keys"] == [b[:32]]
     assert cache_gc(w, url, "--grace", "1d")["roots"] == {"node-1": 1}  # seen: the second

@@ -60,7 +60,8 @@ def test_push_again_rewrites_garbage_metadata(world, tmp_path):
 
 
 def test_push_again_with_a_new_key_signs_with_it(world, tmp_path):
-    """docs/fleet.md "Key rotation": push again signed by builder-2, then nodes trust builder-2 only."""
+    """docs/fleet.md "Key rotation": push again signed by builder-2 (builder-1's signature stays until
+    --drop-signature: tests/test_key_rotation.py), then nodes trust builder-2 only."""
     w, (a, _) = world, world["names"]
     run_cli(w["root"], "keygen", "builder-2", "--out", str(w["keys"]), check=True)
     cache, url = _setup(w, tmp_path)
@@ -68,7 +69,8 @@ def test_push_again_with_a_new_key_signs_with_it(world, tmp_path):
     again = _push_with(w, a, url, "builder-2")
     assert again["repaired"] == [a] and again["blobs_uploaded"] == 0
     doc = json.loads((cache / f"{a[:32]}.json").read_text())
-    assert [s["key"] for s in doc["signatures"]] == ["builder-2"]
+    assert [s["key"] for s in doc["signatures"]] == ["builder-1", "builder-2"]
+    _push_with(w, a, url, "builder-2", "--drop-signature", "builder-1")
     assert _pull_fails(w, a, url, "builder-1")  # builder-1 alone no longer signs it
     proc = run_cli(w["node"], "--json", "pull", a, "--from", url, "--trusted-key", str(w["keys"] / "builder-2.public"),
                    check=True)

@@ -39,11 +39,13 @@ def cache_network_options(f):
               help="Object format: 2 = files as shared blobs (delta pulls), 1 = one archive (older nodes).")
 @click.option("--rewrite-blobs", is_flag=True, envvar="LLMGW_STORE_REWRITE_BLOBS",
               help="Upload every blob (or archive) again, even one the cache holds at the right size.")
+@click.option("--drop-signature", "drop_signatures", multiple=True, metavar="NAME",
+              help="Remove the signature of key NAME from the objects pushed (the end of a key rotation); repeatable.")
 @lock_timeout_option(locks.LOCK_TIMEOUT_S, "the store's locks and a running cache gc's marker")
 @cache_network_options
 @click.pass_obj
 def push(obj: Context, paths: tuple[str, ...], to: str, secret_key: str, format_: int, rewrite_blobs: bool,
-         lock_timeout: float, policy) -> None:
+         drop_signatures: tuple[str, ...], lock_timeout: float, policy) -> None:
     """Upload store PATHS and what they reference to a binary cache, signed.
 
     \b
@@ -53,7 +55,7 @@ def push(obj: Context, paths: tuple[str, ...], to: str, secret_key: str, format_
     from llmgw_store.api import push as do_push
 
     r = do_push(list(paths), to, secret_key, root=obj.root, format=format_, lock_timeout=lock_timeout, policy=policy,
-                rewrite_blobs=rewrite_blobs)
+                rewrite_blobs=rewrite_blobs, drop_signatures=drop_signatures)
     obj.emit(r.to_json(), f"pushed {len(r.pushed)}, repaired {len(r.repaired)}, already there {len(r.already_there)}")
 
 
@@ -129,7 +131,8 @@ def cache_gc(obj: Context, url: str, keep_from: tuple[str, ...], grace: str, dry
     from llmgw_store.api import cache_gc as do_cache_gc
     from llmgw_store.core.units import human_size
 
-    r = do_cache_gc(url, list(keep_from), grace=grace, dry_run=dry_run, allow_no_roots=allow_no_roots, policy=policy)
+    r = do_cache_gc(url, list(keep_from), grace=grace, dry_run=dry_run, allow_no_roots=allow_no_roots, policy=policy,
+                    root=obj.root)
     verb = "would delete" if r.dry_run else "deleted"
     summary = (f"{verb} {len(r.deleted_objects)} object file(s), {r.deleted_blobs} blob(s), "
                f"{human_size(r.freed_bytes)}; kept {r.kept_objects} object(s), {r.kept_blobs} blob(s) for "

@@ -6,7 +6,7 @@ from __future__ import annotations
 import click
 
 from llmgw_store.cli import handlers
-from llmgw_store.cli.app import Context, cli, lock_timeout_option, spec_params
+from llmgw_store.cli.app import Context, cli, lock_timeout_option, setting_option, spec_params
 from llmgw_store.core import locks
 from llmgw_store.core.names import printable
 
@@ -61,11 +61,14 @@ def rollback(obj: Context, **kw) -> None:
 @click.option("--keep-records", type=click.IntRange(min=1), help="Drop the oldest records of cold generations beyond N.")
 @click.option("--history", is_flag=True, help="Also print the profile's recent events (switches, checks, rollbacks).")
 @click.option("--dry-run", is_flag=True, help="Say what would be deleted, delete nothing.")
+@setting_option("substituters", help="Binary cache a rollback would pull a cold generation from (the listing says "
+                "where each comes from); repeatable.")
+@setting_option("substitute_only")
 @lock_timeout_option(locks.LOCK_TIMEOUT_S, "the profile's lock")
 @click.pass_obj
 def generations(obj: Context, profile: str, delete: tuple[int, ...], older_than: str | None, keep: int | None,
                 forget: tuple[int, ...], keep_records: int | None, history: bool, dry_run: bool,
-                lock_timeout: float) -> None:
+                substituters: tuple[str, ...], substitute_only: bool, lock_timeout: float) -> None:
     """List PROFILE's generations (number, date, hot or cold, engine version, store path, current),
     or delete some.
 
@@ -95,7 +98,8 @@ def generations(obj: Context, profile: str, delete: tuple[int, ...], older_than:
             text += f"; dropped the records of {', '.join(map(str, r.records_dropped))}"
         obj.emit(r.to_json(), text)
         return
-    r = profiles.generations(profile, root=obj.root, lock_timeout=lock_timeout)
+    r = profiles.generations(profile, root=obj.root, lock_timeout=lock_timeout, substituters=tuple(substituters),
+                             substitute_only=substitute_only)
     for line in r.index_differs:
         obj.progress(f"index differs: {line} (the next change of the profile records it)")
     for line in r.records_refused:
@@ -109,6 +113,7 @@ def generations(obj: Context, profile: str, delete: tuple[int, ...], older_than:
     lines = [
         f"{g.number:5d}  {g.created[:20]}  {g.state:4s}  {g.engine or '?'} {g.version or '?'} ({g.variant or '?'})  "
         f"{g.path}{'  (current)' if g.current else ''}{check_note(g)}"
+        + (f"  (way back: {profiles.COMES_FROM[g.comes_from]})" if g.comes_from else "")
         for g in r.generations
     ]
     if history:

@@ -15,10 +15,14 @@ than the grace would be deleted, which is far more often a wrong URL than the in
 A roots document that is not signed by the `--keep-from` key named after its node, is malformed,
 or is bound to another node name than its object name, stops the gc before anything is deleted: a
 gc that ignored a node's roots would delete what that node runs. So does one that is a link or not
-a regular file, one that cannot be read, and one whose sequence number is lower than the newest
-this cache has seen of that node (`roots-seen.json`, which each gc updates before it deletes): a
-genuinely signed but older document — replayed, or restored from a backup — names what the node
-ran then, not now. A live object whose plan cannot be read stops it too.
+a regular file, one that cannot be read, and a genuinely signed but older one — replayed, or
+restored from a backup — which names what the node ran then, not now: one whose sequence number is
+lower than the newest this gc host has seen of that node in that cache (`seen`: a file of the
+host's own var/, never of the cache, which whoever restores or replays documents can write too),
+and one signed longer ago than the grace while an object it does not hold was pushed after it
+(the replay a host that never saw the newer document cannot tell by number; an honest node
+publishes more often than the grace). So does the absence of the document of a node this host has
+seen, while its key is still given. A live object whose plan cannot be read stops it too.
 
 Racing a push loses nothing (the protocol is in cache/push.py): gc writes `gc/<nonce>.json` (with
 an expiry) before it lists anything and removes it after its last delete; a push's
@@ -50,8 +54,8 @@ from llmgw_store.core.units import human_size
 
 NODE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 ROOTS_FORMAT = "llmgw-roots-2"  # 1 had no sequence number: refused, the node publishes again
-SEEN = "roots-seen.json"  # node -> the newest sequence number (and its signed time) a gc has accepted
-SEEN_FORMAT = "llmgw-roots-seen-1"
+SEEN_FORMAT = "llmgw-roots-seen-2"  # the gc host's record: node -> the newest sequence number (and time) accepted
+SEEN_MAX_BYTES = 4 << 20
 MAX_ROOT_KEYS = 100_000
 GC_MAX_SECONDS = 3600  # a gc marker expires after this: a killed gc does not block pushes forever
 GC_RENEW_MARGIN = 300  # gc stops deleting when its marker expires sooner than this: a push may then go ahead
@@ -74,6 +78,7 @@ class PushRootsResult(Result):
     to: str
     object: str
     seq: int = 0
+    cold: tuple[str, ...] = ()  # keys held only by the records of cold generations (their way back)
 
 
 def next_sequence(counter: Path | None) -> int:
@@ -95,7 +100,7 @@ def next_sequence(counter: Path | None) -> int:
 
 
 def push_roots(keys: list[str], to: str, secret_key: str, node: str | None = None, *, counter: Path | None = None,
-               policy: RetryPolicy | None = None) -> PushRootsResult:
+               policy: RetryPolicy | None = None, cold: tuple[str, ...] = ()) -> PushRootsResult:
     """Publish the signed roots document of `node` holding `keys`. One key per node, named after
     it: the node is the secret key's name (gc refuses a document whose signer is named otherwise,
     so one node's key cannot publish another node's roots). `counter`: where this store keeps its
@@ -114,8 +119,9 @@ def push_roots(keys: list[str], to: str, secret_key: str, node: str | None = Non
     sign(doc, secret)
     name = f"roots/{node}.json"
     backend_for(to, policy).put(name, canonical_json(doc))
-    say(f"published the roots of {node}: {len(keys)} store path(s)")
-    return PushRootsResult(node, tuple(keys), to, name, doc["seq"])
+    say(f"published the roots of {node}: {len(keys)} store path(s)"
+        + (f", {len(cold)} of them cold generations (kept for rollback)" if cold else ""))
+    return PushRootsResult(node, tuple(keys), to, name, doc["seq"], tuple(cold))
 
 
 @dataclass(frozen=True)
@@ -170,31 +176,104 @@ def _read_roots(backend, item, trusted: dict[str, bytes]) -> RootsDoc:
     return RootsDoc(node, keys, doc["seq"], float(doc["time"]))
 
 
-def _read_seen(backend) -> dict[str, dict[str, Any]]:
-    """node -> {seq, time}: the newest roots document of each node a gc of this cache accepted."""
-    data = backend.get(SEEN, max_bytes=METADATA_MAX_BYTES)
-    if data is None:
+def seen_file(var: Path, url: str) -> Path:
+    """Where this gc host keeps the newest roots sequence number of each node of the cache `url`:
+    ROOT/var/cache-gc/<sha256 of the URL without credentials>.json."""
+    import hashlib
+
+    from llmgw_store.core.credentials import public_url
+
+    return var / "cache-gc" / f"{hashlib.sha256(public_url(url).rstrip('/').encode()).hexdigest()[:32]}.json"
+
+
+def _read_seen(path: Path) -> dict[str, dict[str, Any]]:
+    """node -> {seq, time}: the newest roots document of each node a gc on this host accepted."""
+    from llmgw_store.core.files import read_bounded
+
+    try:
+        data = read_bounded(path, SEEN_MAX_BYTES)
+    except FileNotFoundError:
         return {}
+    except (OSError, ValueError) as exc:
+        raise IntegrityError(f"{path}: {exc}; gc stopped, nothing deleted") from None
     try:
         doc = json.loads(data)
         nodes = doc["nodes"] if isinstance(doc, dict) and doc.get("format") == SEEN_FORMAT else None
         if not isinstance(nodes, dict) or not all(
-                isinstance(n, str) and isinstance(v, dict) and isinstance(v.get("seq"), int) for n, v in nodes.items()):
+                isinstance(n, str) and isinstance(v, dict) and isinstance(v.get("seq"), int)
+                and isinstance(v.get("time"), (int, float)) for n, v in nodes.items()):
             raise ValueError
     except (ValueError, KeyError):
-        raise IntegrityError(f"{SEEN}: not a record of the roots documents seen; refusing it (gc stopped, nothing "
-                             "deleted): delete it, and the next gc starts the record again") from None
+        raise IntegrityError(f"{path}: not this host's record of the roots documents seen; gc stopped, nothing "
+                             "deleted (delete it to start the record again)") from None
     return nodes
 
 
-def _check_newest(label: str, doc: RootsDoc, seen: dict[str, dict[str, Any]]) -> None:
-    last = seen.get(doc.node)
-    if last is not None and doc.seq < last["seq"]:
-        when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(doc.time))
+def _write_seen(path: Path, url: str, nodes: dict[str, dict[str, Any]]) -> None:
+    from llmgw_store.core.credentials import public_url
+    from llmgw_store.core.files import write_atomic
+
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    write_atomic(path, canonical_json({"format": SEEN_FORMAT, "url": public_url(url), "nodes": nodes}), mode=0o600)
+
+
+def _when(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t))
+
+
+def _check_newest(url: str, docs: list[tuple[str, RootsDoc]], seen: dict[str, dict[str, Any]]) -> None:
+    """Stop (IntegrityError) on a document older than the newest this host has seen of its node;
+    when every document this host has seen before is older (two nodes or more), the cache's roots
+    were rolled back as a whole (a backup restored), and the one line says so."""
+    older = [(label, doc) for label, doc in docs if doc.node in seen and doc.seq < seen[doc.node]["seq"]]
+    if not older:
+        return
+    known = [doc for _, doc in docs if doc.node in seen]
+    if len(older) >= 2 and len(older) == len(known):
+        names = sorted(doc.node[:64] for _, doc in older)
+        nodes = ", ".join(names[:8]) + (", ..." if len(names) > 8 else "")
         raise IntegrityError(
-            f"{label}: sequence {doc.seq} (signed at {when}) is older than {last['seq']}, the newest this cache has "
-            f"seen of {doc.node} (a replayed or restored document); refusing it (gc stopped, nothing deleted): "
-            f"publish the node's roots again (push-roots)")
+            f"cache {url[:200]}: the roots documents of every node this host has seen there ({nodes}) are older than "
+            "the ones it saw before: the cache was rolled back as a whole (a backup restored?); refusing them (gc "
+            "stopped, nothing deleted): have each node publish its roots again (push-roots)")
+    label, doc = older[0]
+    last = seen[doc.node]
+    raise IntegrityError(
+        f"{label}: sequence {doc.seq} (signed at {_when(doc.time)}) is older than {last['seq']}, the newest this "
+        f"host has seen of {doc.node} (a replayed or restored document); refusing it (gc stopped, nothing deleted): "
+        "publish the node's roots again (push-roots)")
+
+
+def _check_present(docs: list[tuple[str, RootsDoc]], seen: dict[str, dict[str, Any]], trusted: dict[str, bytes]) -> None:
+    """Stop (IntegrityError) when a node this host has accepted a document of, and whose key it is
+    still told to keep the roots of, has none now: deleting a document would otherwise make the gc
+    delete what that node runs. A retired node is one whose key is no longer given."""
+    have = {doc.node for _, doc in docs}
+    gone = sorted(n for n in seen if n in trusted and n not in have)
+    if gone:
+        node = gone[0][:64]
+        raise IntegrityError(
+            f"roots/{node}.json: missing, but this host has seen sequence {seen[gone[0]]['seq']} of {node} in this "
+            "cache (deleted?); refusing to go on (gc stopped, nothing deleted): publish the node's roots again "
+            "(push-roots), or, for a retired node, no longer pass its key to --keep-from")
+
+
+def _check_recent(label: str, doc: RootsDoc, cutoff: float, grace: float, pushed: dict[str, float]) -> None:
+    """Stop (IntegrityError) on a document signed longer ago than the grace while an object it does
+    not hold was pushed after it: an older document replayed (which no sequence number this host
+    holds can show), or a node that has not published since — either way trusting it would delete
+    what the node may run now."""
+    if doc.time >= cutoff:
+        return
+    held = set(doc.keys)
+    after = [(t, k) for k, t in pushed.items() if t > doc.time and k not in held]
+    if not after:
+        return
+    t, key = max(after)
+    raise IntegrityError(
+        f"{label}: signed at {_when(doc.time)}, longer ago than the grace ({_ago(grace)}), and {key}.json was pushed "
+        f"after it ({_when(t)}): a replayed document, or a node that has not published since; refusing it (gc "
+        "stopped, nothing deleted): publish the node's roots again (push-roots), more often than the grace")
 
 
 def _blobs_of(backend, key: str, doc: dict[str, Any]) -> set[str]:
@@ -264,8 +343,11 @@ class CacheGcResult(Result):
     why_kept: dict[str, str] = field(default_factory=dict)  # <key>.json -> why the gc keeps that object
 
 
-def gc(url: str, keep_from: list[str], *, grace: float, dry_run: bool = False,
+def gc(url: str, keep_from: list[str], *, grace: float, seen: Path, dry_run: bool = False,
        allow_no_roots: bool = False, policy: RetryPolicy | None = None) -> CacheGcResult:
+    """Collect the cache `url` (see the module docstring). `seen`: this host's record of the newest
+    roots document of each node of this cache (seen_file), read before and written before the first
+    delete."""
     started = time.monotonic()
     now = time.time()
     cutoff = now - grace
@@ -293,16 +375,22 @@ def gc(url: str, keep_from: list[str], *, grace: float, dry_run: bool = False,
         roots: dict[str, int] = {}
         live: set[str] = set()
         why: dict[str, str] = {}
-        seen = _read_seen(backend)
-        newest: dict[str, dict[str, Any]] = dict(seen)
-        for item in root_docs:
-            doc = _read_roots(backend, item, trusted)
-            _check_newest(item.name, doc, seen)
+        holders: dict[str, list[str]] = {}
+        last_seen = _read_seen(seen)
+        newest: dict[str, dict[str, Any]] = dict(last_seen)
+        docs = [(item.name, _read_roots(backend, item, trusted)) for item in root_docs]
+        _check_newest(url, docs, last_seen)
+        _check_present(docs, last_seen, trusted)
+        pushed = {m.group(1): i.mtime for i in top if (m := _OBJECT.fullmatch(i.name)) and i.name.endswith(".json")}
+        for label, doc in docs:
+            _check_recent(label, doc, cutoff, grace, pushed)
             roots[doc.node] = len(doc.keys)
             newest[doc.node] = {"seq": doc.seq, "time": doc.time}
             live.update(doc.keys)
             for k in doc.keys:
-                why.setdefault(k, f"held by the roots of {doc.node}")
+                holders.setdefault(k, []).append(doc.node)
+        for k, nodes in holders.items():
+            why[k] = f"held by the roots of {', '.join(sorted(nodes))}"
         if not roots and not allow_no_roots:
             # No node's roots: every object past the grace would go. That is a wrong URL, a wrong
             # --keep-from, or roots never published far more often than an intended wipe.
@@ -339,12 +427,12 @@ def gc(url: str, keep_from: list[str], *, grace: float, dry_run: bool = False,
                 stale_markers.append(item)
 
         # The closure of what is live, over the references the metadata declare.
-        todo, seen = list(live), set()
+        todo, reached = list(live), set()
         while todo:
             key = todo.pop()
-            if key in seen:
+            if key in reached:
                 continue
-            seen.add(key)
+            reached.add(key)
             data = backend.get(f"{key}.json", max_bytes=METADATA_MAX_BYTES)
             if data is None:
                 continue  # a root naming a key never pushed here holds nothing
@@ -361,7 +449,7 @@ def gc(url: str, keep_from: list[str], *, grace: float, dry_run: bool = False,
                     why.setdefault(k, f"referenced by {key}")
             if isinstance(doc, dict) and doc.get("format") == 2:
                 held |= _blobs_of(backend, key, doc)
-        live = seen
+        live = reached
 
         doomed_objects = [i for key, items in objects.items() if key not in live for i in items if i.mtime <= cutoff]
         doomed_blobs = [b for b in blobs if b.name[len("blobs/"):] not in held and b.mtime <= cutoff]
@@ -375,9 +463,9 @@ def gc(url: str, keep_from: list[str], *, grace: float, dry_run: bool = False,
             for name, reason in why_kept.items():
                 say(f"keeping {name}: {reason}")
         if not dry_run:
-            if newest != seen:
-                # Before any delete: a replay of an older document is refused from now on.
-                backend.put(SEEN, canonical_json({"format": SEEN_FORMAT, "nodes": newest}))
+            if newest != last_seen:
+                # Before any delete, on this host: a replay of an older document is refused from now on.
+                _write_seen(seen, url, newest)
             # Metadata before archives and blobs: an object is gone before any of its bytes are.
             doomed = [i.name for i in sorted(doomed_objects, key=lambda i: not i.name.endswith(".json"))]
             doomed += [b.name for b in doomed_blobs] + [i.name for i in stale_markers]

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from llmgw_store.cache import signing
 from llmgw_store.cache.backends import RetryPolicy, backend_for
 from llmgw_store.cache.signing import METADATA_MAX_BYTES, load_secret, sign
 from llmgw_store.core import debug, locks
@@ -134,12 +135,13 @@ def _wait_for_gc(backend, lock_timeout: float) -> None:
         time.sleep(GC_WAIT_POLL)
 
 
-def _own_plan(backend, current: bytes | None, blobs, entries, document, label: str) -> dict[str, int]:
+def _own_plan(backend, current: bytes | None, blobs, entries, document, label: str, key_name: str) -> dict[str, int]:
     """The compressed size of each blob as this store's own earlier push recorded it: the plan of
-    the cache's metadata `current`, trusted only when the document this push would write with that
-    plan's sizes is byte for byte `current` (ed25519 signatures are deterministic, so only a push
-    with this key, of this path, wrote it). Empty when it is not (absent, garbage, another key's,
-    another plan): the caller then learns each present blob's size by compressing it."""
+    the cache's metadata `current`, trusted only when `current` signs byte for byte what this push
+    would sign with that plan's sizes, with this key's very signature among its signatures
+    (ed25519 signatures are deterministic, so only a push with this key, of this path, wrote it).
+    Empty when it is not (absent, garbage, another key's alone, another plan): the caller then
+    learns each present blob's size by compressing it."""
     from llmgw_store.cache.objects import Blob, parse_plan, plan_bytes
     from llmgw_store.cache.tree_fetch import BlobRef, fetch_small
 
@@ -156,13 +158,13 @@ def _own_plan(backend, current: bytes | None, blobs, entries, document, label: s
         return {}
     if {(b.digest, b.members) for b in theirs} != {(b.digest, b.members) for b in blobs}:
         return {}
-    if document(sorted(theirs, key=lambda b: b.digest))[0] != current:
+    if not signing.signs_same(document(sorted(theirs, key=lambda b: b.digest))[0], current, key_name):
         return {}
     return {b.digest: b.csize for b in theirs}
 
 
 def _push_v2(store: Store, backend, row: RegisteredPath, secret_key, lock_timeout: float, current: bytes | None,
-             rewrite_blobs: bool = False) -> dict[str, Any]:
+             rewrite_blobs: bool = False, drop: tuple[str, ...] = ()) -> dict[str, Any]:
     """Upload one registered store path as a format-2 object, or repair or renew the one the cache
     holds (`current`: its metadata as read, b"" when unreadable); what it cost and found.
 
@@ -214,9 +216,11 @@ def _push_v2(store: Store, backend, row: RegisteredPath, secret_key, lock_timeou
             "blobs_csize": sum(b.csize for b in done) + sum(r["csize"] for r in refs),
         }
         sign(meta, secret_key)
+        signing.carry_signatures(meta, current, f"{key}.json", drop)  # a rotation: the other keys' signatures stay
         return canonical_json(meta), smalls
 
-    own = {} if rewrite_blobs else _own_plan(backend, current, blobs, entries, document, f"{key}.json")
+    own = {} if rewrite_blobs else _own_plan(backend, current, blobs, entries, document, f"{key}.json",
+                                             secret_key.name)
     marker = f"pending/{key}-{os.getpid()}-{secrets.token_hex(4)}.json"
     backend.put(marker, canonical_json({"key": key, "name": name, "time": time.time(),
                                         "blobs": [b.digest for b in blobs]}))
@@ -269,6 +273,7 @@ def _push_v2(store: Store, backend, row: RegisteredPath, secret_key, lock_timeou
             cost["uploaded"] += len(packed)
         backend.put(f"{key}.json", meta_bytes)  # last: the object now exists (renewed, if it did)
         cost["metadata_rewritten"] = current is not None and meta_bytes != current
+        cost["signatures"] = signing.signature_change(current, meta_bytes)
     finally:
         backend.delete(marker)
     return cost
@@ -305,7 +310,9 @@ def _sound_blob(backend, blob, there: int, by_digest, label: str) -> bool:
 def _repairs(cost: dict[str, Any]) -> str:
     """What a push of an object the cache held mended, in words ("" when nothing)."""
     words = []
-    if cost.get("metadata_rewritten"):
+    if cost.get("signatures"):
+        words.append(cost["signatures"])  # the same signed bytes: only the signatures changed
+    elif cost.get("metadata_rewritten"):
         words.append("metadata rewritten (it was not what this push signs)")
     for k, what in (("missing", "missing"), ("wrong_size", "of the wrong size")):
         if cost.get(k):
@@ -323,7 +330,7 @@ def _read_current(backend, key: str) -> bytes | None:
 
 
 def _push_v1(store: Store, backend, row: RegisteredPath, secret_key, lock_timeout: float, current: bytes | None,
-             rewrite_blobs: bool = False) -> dict[str, Any]:
+             rewrite_blobs: bool = False, drop: tuple[str, ...] = ()) -> dict[str, Any]:
     """Format 1: the archive and its metadata, under the same pending/gc protocol as format 2. An
     object the cache holds is renewed when its metadata is what this push signs and its archive has
     the signed size; else both are written again."""
@@ -343,6 +350,7 @@ def _push_v1(store: Store, backend, row: RegisteredPath, secret_key, lock_timeou
             "references": store.index.references(name),
         }
         sign(meta, secret_key)
+        signing.carry_signatures(meta, current, f"{key}.json", drop)  # a rotation: the other keys' signatures stay
         meta_bytes = canonical_json(meta)
         backend.put(marker, canonical_json({"key": key, "name": name, "time": time.time(), "blobs": []}))
         _wait_for_gc(backend, lock_timeout)
@@ -356,6 +364,7 @@ def _push_v1(store: Store, backend, row: RegisteredPath, secret_key, lock_timeou
                 cost["missing" if there is None else "wrong_size"] += 1
         backend.put(f"{key}.json", meta_bytes)  # last: the object now exists (renewed, if it did)
         cost["metadata_rewritten"] = current is not None and meta_bytes != current
+        cost["signatures"] = signing.signature_change(current, meta_bytes)
     finally:
         tmp.unlink(missing_ok=True)
         backend.delete(marker)
@@ -364,18 +373,23 @@ def _push_v1(store: Store, backend, row: RegisteredPath, secret_key, lock_timeou
 
 def push(names: list[str], to: str, secret_key: str, *, root: str | Path | None = None,
          lock_timeout: float = locks.LOCK_TIMEOUT_S, format: int = 2, policy: RetryPolicy | None = None,
-         rewrite_blobs: bool = False) -> PushResult:
+         rewrite_blobs: bool = False, drop_signatures: tuple[str, ...] = ()) -> PushResult:
     """Push the registered store paths `names` and their references (recorded at registration),
     references first. An object the cache holds already is renewed when it is exactly what this push
     would write and has every blob at its size, and repaired otherwise (missing or resized blobs
     uploaded, the metadata written anew with this key: `repaired`). (`llmgw_store.api.push` turns
     PROFILE, PROFILE@N, keys and paths into names.) `rewrite_blobs`: upload every blob again, for a
-    blob of the right size and the wrong bytes. `policy`: retries, stalls and deadlines."""
+    blob of the right size and the wrong bytes. `policy`: retries, stalls and deadlines. Signatures
+    of other keys over the same bytes stay (a key rotation, signing.carry_signatures), except those
+    of the keys in `drop_signatures` (its end)."""
     if format not in (1, 2):
         raise UsageError(f"object format {format}: this llmgw-store writes 1 (one archive) or 2 (shared blobs)")
     # Read and checked first: a public key, a missing file or a key of the wrong shape is exit 2
     # even when every object is in the cache already (and nothing would be signed).
     secret = load_secret(secret_key)
+    if secret.name in drop_signatures:
+        raise UsageError(f"--drop-signature {secret.name}: that is the key this push signs with; sign with the new "
+                         "key and drop the old one")
     backend = backend_for(to, policy)
     pushed, skipped, repaired = [], [], []
     total = {"uploaded": 0, "shared": 0, "blobs": 0}
@@ -392,7 +406,7 @@ def push(names: list[str], to: str, secret_key: str, *, root: str | Path | None 
             current = _read_current(backend, row.key)
             started = time.monotonic()
             cost = (_push_v2 if format == 2 else _push_v1)(store, backend, row, secret, lock_timeout, current,
-                                                           rewrite_blobs)
+                                                           rewrite_blobs, tuple(drop_signatures))
             for k in total:
                 total[k] += cost[k]
             took = f"in {time.monotonic() - started:.1f}s"

@@ -264,6 +264,72 @@ def _signatures(meta: object, label: str) -> list[dict[str, str]]:
     return sigs
 
 
+def _parsed(data: bytes | None) -> dict[str, Any] | None:
+    import json
+
+    try:
+        doc = json.loads(data) if data else None
+    except ValueError:
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def carry_signatures(meta: dict[str, Any], current: bytes | None, label: str, drop: tuple[str, ...] = ()) -> None:
+    """Key rotation with overlap: `meta`, just signed by one key, also keeps the signatures of the
+    cache's metadata `current` by other keys — when `current` signs exactly the bytes `meta` does
+    (else they are over other bytes, and go) — in their order, this key's own in its place or last;
+    but none by a key named in `drop` (`push --drop-signature`, the end of a rotation). More than
+    MAX_SIGNATURES (a node reads no more) is a UsageError naming the way out."""
+    mine = meta["signatures"][-1]
+    if mine["key"] in drop:
+        raise UsageError(f"--drop-signature {mine['key']}: that is the key this push signs with; sign with the new "
+                         "key and drop the old one")
+    doc = _parsed(current)
+    try:
+        theirs = _signatures(doc, label) if doc is not None and signed_part(doc) == signed_part(meta) else []
+    except IntegrityError:
+        theirs = []  # not the shape a signer writes: replaced
+    out, placed = [], False
+    for s in theirs:
+        if s["key"] == mine["key"]:
+            if not placed:
+                out.append(mine)
+                placed = True
+        elif s["key"] not in drop:
+            out.append({"key": s["key"], "sig": s["sig"]})
+    if not placed:
+        out.append(mine)
+    if len(out) > MAX_SIGNATURES:
+        raise UsageError(f"{label}: already signed by {len(out) - 1} keys, the most a node reads is {MAX_SIGNATURES}; "
+                         "end a rotation first (push --drop-signature NAME with the old key's name)")
+    meta["signatures"] = out
+
+
+def signature_change(current: bytes | None, written: bytes) -> str:
+    """What a push changed of the signatures alone (`current` and `written` signing the same bytes),
+    in words; "" when the signed bytes differ or the signatures are the same."""
+    old, new = _parsed(current), _parsed(written)
+    if old is None or new is None or signed_part(old) != signed_part(new):
+        return ""
+    keys = [[s.get("key") for s in d.get("signatures") or [] if isinstance(s, dict)] for d in (old, new)]
+    added = [k for k in keys[1] if k not in keys[0]]
+    dropped = [k for k in keys[0] if k not in keys[1]]
+    words = [f"signature of {k} {how}" for how, ks in (("added", added), ("dropped", dropped)) for k in
+             (k if isinstance(k, str) and _SHOWN_SIGNER_RE.fullmatch(k) else "?" for k in ks)]
+    return ", ".join(words) or ("signatures rewritten" if old != new else "")
+
+
+def signs_same(written: bytes, current: bytes | None, key_name: str) -> bool:
+    """Whether `current` signs the very bytes `written` does and holds `written`'s signature by
+    `key_name`: ed25519 is deterministic, so only that key wrote those bytes there."""
+    new, old = _parsed(written), _parsed(current)
+    if new is None or old is None or signed_part(new) != signed_part(old):
+        return False
+    mine = [s for s in new.get("signatures") or [] if isinstance(s, dict) and s.get("key") == key_name]
+    sigs = old.get("signatures")
+    return len(mine) == 1 and isinstance(sigs, list) and mine[0] in sigs
+
+
 def check_signature(meta: dict[str, Any], trusted: dict[str, bytes], label: str) -> str:
     """The name of the trusted key that signed `meta`; IntegrityError when none did. `label` (the
     object asked for) names it in messages: nothing unsigned is printed but signer names that look

@@ -139,13 +139,14 @@ SETTINGS: tuple[Setting, ...] = (
             help="Where the interpreter may come from: managed uses a store-managed one, else the host's, and "
                  "downloads one only if neither exists; only-managed always wants a managed one (the host's if the "
                  "download fails); only-system never downloads."),
-    Setting("substituters", "list", "--substituter", (), commands=_REALISING, hit="ignored", metavar="URL",
+    Setting("substituters", "list", "--substituter", (), commands=(*_REALISING, "generations"), hit="ignored", metavar="URL",
             help="Binary cache to ask before building (file:///dir, http(s)://...); repeatable "
                  "(the variable: space-separated)."),
     Setting("trusted_keys", "list", "--trusted-key", (), commands=(*_REALISING, "pull"), hit="ignored", metavar="KEY",
             help="Public key (name:base64, or a .public file by its absolute path) whose signatures are accepted; "
                  "repeatable."),
-    Setting("substitute_only", "bool", "--substitute-only", False, commands=_REALISING, hit="ignored",
+    Setting("substitute_only", "bool", "--substitute-only", False, commands=(*_REALISING, "generations"),
+            hit="ignored",
             help="Pull from the --substituter caches and never build: a miss is exit 1 naming the key and the caches "
                  "asked, with nothing built. For a node; the recipe's version and as_of pinned (or a recorded "
                  "generation), its key needs no index."),

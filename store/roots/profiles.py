@@ -91,6 +91,7 @@ class Generation(Result):
     linked: bool = True  # its generation link exists (deleted generations keep only their record)
     check: dict[str, Any] | None = None  # the check its activation ran, as recorded
     rolled_back_to: int | None = None  # --then-check failed: the generation the profile went back to
+    comes_from: str | None = None  # a cold generation's way back (COMES_FROM); None while hot
 
 
 @dataclass(frozen=True)
@@ -389,12 +390,32 @@ def _relink_cold(store: Store, profile: str, number: int, gens: dict[int, str], 
     return rec.name
 
 
-def generations(profile: str, *, root: str | Path | None = None,
-                lock_timeout: float = locks.LOCK_TIMEOUT_S) -> GenerationList:
+# Where `rollback --to N` would bring a cold generation back from, as api.rollback tries them.
+COMES_FROM = {
+    "caches": "the configured caches only",
+    "caches, else record": "the configured caches, else rebuilt from its record",
+    "record": "rebuilt from its record (no cache configured)",
+    "nowhere": "none: no cache configured, and no rebuild (substitute-only, or no lock recorded)",
+}
+
+
+def comes_from(rec: records.Record | None, substituters: tuple[str, ...], substitute_only: bool) -> str:
+    """One of COMES_FROM for a cold generation with record `rec`, given the caches configured."""
+    rebuildable = rec is not None and rec.lock is not None and isinstance(rec.inputs.get("build"), dict)
+    if rec is None:
+        return "nowhere"
+    if substituters:
+        return "caches" if substitute_only or not rebuildable else "caches, else record"
+    return "record" if rebuildable and not substitute_only else "nowhere"
+
+
+def generations(profile: str, *, root: str | Path | None = None, lock_timeout: float = locks.LOCK_TIMEOUT_S,
+                substituters: tuple[str, ...] = (), substitute_only: bool = False) -> GenerationList:
     """The profile's generations from disk (the truth): its links (hot while their store path
     exists) and its records (a record without a link is a deleted, cold generation), and where the
     index differs from them (the next change of the profile, or `doctor --rebuild-index`, records
-    it). Read-only."""
+    it); for each cold one, where a rollback to it would bring it back from (`comes_from`, given the
+    configured `substituters` and `substitute_only`). Read-only."""
     check_profile(profile)
     with Store.open(root, lock_timeout, readonly=True) as store:
         layout = store.layout
@@ -413,6 +434,7 @@ def generations(profile: str, *, root: str | Path | None = None,
             name = gens[number] if linked else rec.name  # type: ignore[union-attr]
             row = rows.get(name)
             act = rec.activation if rec is not None else {}
+            hot = records.present(layout, name)
             out.append(Generation(
                 number=number, path=str(layout.path_of(name)), name=name,
                 created=_time_of(links[number][1]) if linked else rec.created,  # type: ignore[union-attr]
@@ -420,8 +442,9 @@ def generations(profile: str, *, root: str | Path | None = None,
                 engine=row.engine if row else (rec.engine if rec else None),
                 version=row.version if row else (rec.version if rec else None),
                 variant=row.variant if row else (rec.variant if rec else None),
-                state="hot" if records.present(layout, name) else "cold", record=rec is not None, linked=linked,
+                state="hot" if hot else "cold", record=rec is not None, linked=linked,
                 check=act.get("check"), rolled_back_to=act.get("rolled_back_to"),
+                comes_from=None if hot else comes_from(rec, substituters, substitute_only),
             ))
         return GenerationList(profile, current, tuple(out), tuple(differs), tuple(refused.values()),
                               tuple(records.history(layout, profile, last=50)))

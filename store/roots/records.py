@@ -511,6 +511,24 @@ def load_all(layout: Layout, profile: str, which: list[int] | None = None) -> tu
     return good, bad
 
 
+def recorded_keys(layout: Layout) -> dict[str, str]:
+    """store key -> `PROFILE@N`, for the record of every generation of every profile (hot or cold,
+    as many as `keep_records` leaves): what a rollback may bring back, so what `push-roots`
+    publishes for the cache gc to keep. A record that fails its checks is left out (no rollback
+    would use it)."""
+    out: dict[str, str] = {}
+    if not layout.profiles.is_dir():
+        return out
+    for entry in sorted(os.scandir(layout.profiles), key=lambda e: e.name):
+        name = entry.name
+        if name.startswith(".") or name.endswith("-link") or not entry.is_symlink():
+            continue
+        good, _ = load_all(layout, name)
+        for n, rec in good.items():
+            out.setdefault(rec.key, f"{name}@{n}")
+    return out
+
+
 # --- history ---------------------------------------------------------------------------------
 # One JSON object a line, appended (O_APPEND, under the profile's lock) and fdatasync-ed: a switch
 # writes one short line, not the whole history. When the file passes HISTORY_ROTATE_BYTES it is
