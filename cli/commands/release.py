@@ -1,0 +1,95 @@
+"""Releases: `release set`, `release promote`, `release show` (signed pointers in a binary cache,
+cache/releases.py) and `fleet` (every node's roots and every release, in one view). A node follows
+a release with `activate PROFILE --release NAME` (cli/handlers.py)."""
+
+from __future__ import annotations
+
+import time
+
+import click
+
+from llmgw_store.cli.app import Context, cli, setting_option
+from llmgw_store.cli.commands.fleet import cache_network_options
+
+
+def _when(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t))
+
+
+def _line(r) -> str:
+    what = " ".join(x for x in (r.engine, r.version, f"({r.variant})" if r.variant else None) if x)
+    return (f"{r.release} -> {r.name}{'  ' + what if what else ''}  (sequence {r.seq}, signed by {r.signer} at "
+            f"{_when(r.time)})")
+
+
+@cli.group()
+def release() -> None:
+    """Signed release pointers: what the fleet runs, set by the builder, followed by nodes."""
+
+
+@release.command("set")
+@click.argument("name")
+@click.argument("target")
+@click.option("--to", "to", required=True, help="Cache URL: file:///dir, http(s)://host/prefix or s3://bucket/prefix.")
+@click.option("--secret-key", required=True, envvar="LLMGW_STORE_SECRET_KEY", help="Signing key file (from keygen).")
+@setting_option("trusted_keys", help="Another key whose signatures on the object (or the current pointer) this "
+                                     "signer accepts (its own is always accepted); repeatable.")
+@cache_network_options
+@click.pass_obj
+def release_set(obj: Context, name: str, target: str, to: str, secret_key: str, trusted_keys: tuple[str, ...],
+                policy) -> None:
+    """Point the release NAME at TARGET (PROFILE, PROFILE@N, a store path, its name or key), which
+    the cache must hold (push it first). Setting an older TARGET again is a fleet-wide rollback.
+
+    \b
+    Example:
+      llmgw-store release set vllm-prod vllm --to s3://llmgw-cache/prod --secret-key /etc/llmgw-store/builder-1.secret
+    """
+    from llmgw_store.api import release_set as do_set
+
+    r = do_set(name, target, to, secret_key, trusted_keys=tuple(trusted_keys), root=obj.root, policy=policy)
+    obj.emit(r.to_json(), _line(r.release))
+
+
+@release.command("promote")
+@click.argument("source")
+@click.argument("dest")
+@click.option("--to", "to", required=True, help="Cache URL holding both releases.")
+@click.option("--secret-key", required=True, envvar="LLMGW_STORE_SECRET_KEY", help="Signing key file (from keygen).")
+@setting_option("trusted_keys", help="A key whose signature on SOURCE is accepted (the signer's own always is); "
+                                     "repeatable.")
+@cache_network_options
+@click.pass_obj
+def release_promote(obj: Context, source: str, dest: str, to: str, secret_key: str, trusted_keys: tuple[str, ...],
+                    policy) -> None:
+    """Point the release DEST at what the release SOURCE points at (vllm-canary -> vllm-prod).
+
+    \b
+    Example:
+      llmgw-store release promote vllm-canary vllm-prod --to s3://llmgw-cache/prod --secret-key builder-1.secret
+    """
+    from llmgw_store.api import release_promote as do_promote
+
+    r = do_promote(source, dest, to, secret_key, trusted_keys=tuple(trusted_keys), root=obj.root, policy=policy)
+    obj.emit(r.to_json(), _line(r.release))
+
+
+@release.command("show")
+@click.argument("name")
+@click.option("--from", "from_", multiple=True, required=True, help="Cache URL; repeatable (asked in order).")
+@setting_option("trusted_keys", help="Public key accepted (name:base64 or a .public file); repeatable.")
+@cache_network_options
+@click.pass_obj
+def release_show(obj: Context, name: str, from_: tuple[str, ...], trusted_keys: tuple[str, ...], policy) -> None:
+    """Print what the release NAME points at, and the pointers it replaced (checked as a node checks them).
+
+    \b
+    Example:
+      llmgw-store release show vllm-prod --from https://cache.internal/llmgw --trusted-key builder-1.public
+    """
+    from llmgw_store.cache.releases import read
+
+    r = read(list(from_), name, list(trusted_keys), policy=policy)
+    lines = [_line(r)] + [f"  was {e['name']}  (sequence {e['seq']}, {_when(e['time'])}, {e['signer']})"
+                          for e in r.history]
+    obj.emit(r.to_json(), "\n".join(lines))
