@@ -78,13 +78,15 @@ def push_roots(to: str, secret_key: str, *, node: str | None = None, root: str |
     from llmgw_store.core.keys import key_of_name
     from llmgw_store.core.local_store import Store
     from llmgw_store.roots.gc import held_names, roots
+    from llmgw_store.roots.profiles import list_profiles
 
     with Store.open(root) as store:
         held = held_names(roots(store))
         names = store.index.closure(held)
         counter = store.layout.var / "roots-seq"  # the last sequence number published (cache_gc.next_sequence)
+    running = {p.profile: key_of_name(Path(p.path).name) for p in list_profiles(root=root).profiles}
     return publish([k for k in (key_of_name(n) for n in names) if k], to, secret_key, node, counter=counter,
-                   policy=policy)
+                   policy=policy, profiles={p: k for p, k in running.items() if k})
 
 
 def cache_gc(url: str, keep_from: list[str], *, grace: str = "1d", dry_run: bool = False,

@@ -204,3 +204,42 @@ def test_a_node_follows_a_release_through_the_documented_nginx(world, start_ngin
     assert _followed(w, env)["changed"] is False
     requests = log.read_text().splitlines()[before:]
     assert len(requests) == 1 and re.search(r'"GET /llmgw/releases/prod\.json HTTP', requests[0]), requests
+
+
+def test_promote_show_and_one_view_of_the_fleet(world, tmp_path):
+    w, (a, b) = world, world["names"]
+    cache = f"file://{tmp_path / 'cache'}"
+    _push(w, a, cache)
+    _push(w, b, cache)
+    _set(w, "prod", a, cache)
+    _set(w, "canary", b, cache)
+    promoted = json.loads(run_cli(w["root"], "--json", "release", "promote", "canary", "prod", "--to", cache,
+                                  "--secret-key", str(w["keys"] / "builder-1.secret"), check=True).stdout)
+    assert (promoted["release"], promoted["name"], promoted["previous"]["name"]) == ("prod", b, a)
+    public = str(w["keys"] / "builder-1.public")
+    shown = run_cli(w["node"], "release", "show", "prod", "--from", cache, "--trusted-key", public, check=True)
+    assert shown.stdout.startswith(f"prod -> {b}  tinyengine 1.0 (cpu)") and f"  was {a}" in shown.stdout
+    untrusted = run_cli(w["node"], "release", "show", "prod", "--from", cache, "--trusted-key",
+                        str(w["keys"] / "intruder.public"))
+    assert untrusted.returncode == 1 and "not signed by a trusted key" in _one_error(untrusted)
+
+    # A node follows prod and publishes its roots; the fleet view shows what it runs, and which release that is.
+    env = _node_env(w, cache)
+    _followed(w, env)
+    run_cli(w["node"], "keygen", "node-1", "--out", str(w["keys"]), check=True)
+    run_cli(w["node"], "push-roots", "--to", cache, "--secret-key", str(w["keys"] / "node-1.secret"), check=True)
+    args = ("fleet", "--from", cache, "--keep-from", str(w["keys"] / "node-1.public"), "--trusted-key", public)
+    doc = json.loads(run_cli(w["root"], "--json", *args, check=True).stdout)
+    (node,) = doc["nodes"]
+    assert (node["node"], node["profiles"], node["refused"]) == ("node-1", {"svc": b[:32]}, None)
+    assert {r["release"]: r["key"] for r in doc["releases"]} == {"prod": b[:32], "canary": b[:32]}
+    text = run_cli(w["root"], *args, check=True).stdout
+    assert f"  svc -> {b[:32]}  (release canary, prod)" in text, text
+
+    # A roots document that fails its checks is shown as refused; the rest is still shown.
+    roots = tmp_path / "cache" / "roots" / "node-1.json"
+    tampered = json.loads(roots.read_text())
+    tampered["profiles"] = {"svc": a[:32]}
+    roots.write_text(json.dumps(tampered))
+    doc = json.loads(run_cli(w["root"], "--json", *args, check=True).stdout)
+    assert "not signed by a trusted key" in doc["nodes"][0]["refused"] and len(doc["releases"]) == 2

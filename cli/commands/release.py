@@ -93,3 +93,50 @@ def release_show(obj: Context, name: str, from_: tuple[str, ...], trusted_keys: 
     lines = [_line(r)] + [f"  was {e['name']}  (sequence {e['seq']}, {_when(e['time'])}, {e['signer']})"
                           for e in r.history]
     obj.emit(r.to_json(), "\n".join(lines))
+
+
+def _ago(t: float) -> str:
+    s = max(0.0, time.time() - t)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if s >= size:
+            return f"{s / size:.0f}{unit} ago"
+    return f"{s:.0f}s ago"
+
+
+@cli.command("fleet")
+@click.option("--from", "from_", required=True, help="Cache URL the nodes publish their roots to.")
+@click.option("--keep-from", "keep_from", multiple=True, required=True,
+              help="Public key (name:base64, a .public file, or a directory of them) of a node; repeatable.")
+@setting_option("trusted_keys", help="Public key of a builder, to check the release pointers; repeatable.")
+@cache_network_options
+@click.pass_obj
+def fleet(obj: Context, from_: str, keep_from: tuple[str, ...], trusted_keys: tuple[str, ...], policy) -> None:
+    """Show every node of the cache (its profiles, the key each runs, when it last published) and every
+    release pointer, each checked as gc and nodes check them; a document that fails is shown as refused.
+
+    \b
+    Example:
+      llmgw-store fleet --from s3://llmgw-cache/prod --keep-from /etc/llmgw-store/nodes/ --trusted-key builder-1.public
+    """
+    from llmgw_store.cache.fleet import view
+
+    r = view(from_, list(keep_from), list(trusted_keys), policy=policy)
+    by_key: dict[str, list[str]] = {}
+    for rel in r.releases:
+        if rel.key:
+            by_key.setdefault(rel.key, []).append(rel.release)
+    lines = []
+    for rel in r.releases:
+        lines.append(f"release {rel.release}: refused: {rel.refused}" if rel.refused else
+                     f"release {rel.release} -> {rel.name}  (sequence {rel.seq}, {rel.signer}, {_ago(rel.time)})")
+    for n in r.nodes:
+        if n.refused:
+            lines.append(f"node {n.node}: refused: {n.refused}")
+            continue
+        lines.append(f"node {n.node}: published {_when(n.time)} ({_ago(n.time)}), {n.keys} store path(s)")
+        for profile, key in sorted(n.profiles.items()):
+            rel = by_key.get(key)
+            lines.append(f"  {profile} -> {key}" + (f"  (release {', '.join(rel)})" if rel else ""))
+    if r.truncated:
+        lines.append(f"(more than {len(r.nodes)} nodes or releases: the rest not shown)")
+    obj.emit(r.to_json(), "\n".join(lines))
