@@ -171,6 +171,7 @@ def activate(ctx, kw: dict) -> None:
 def _activate_release(ctx, kw: dict, check) -> None:
     """`activate PROFILE --release NAME`: what the signed pointer names (api.activate_release)."""
     from llmgw_store.api import activate_release
+    from llmgw_store.cache.releases import iso
     from llmgw_store.core.errors import UsageError
 
     profile, release = kw["profile"], kw.get("release")
@@ -185,7 +186,7 @@ def _activate_release(ctx, kw: dict, check) -> None:
                                   check_timeout=kw["check_timeout"], then_check=kw["then_check"],
                                   keep_records=kw["keep_records"])
     doc = r.to_json()
-    doc["release"] = {"release": pointer.release, "cache": pointer.cache, **pointer.entry()}
+    doc["release"] = {"release": pointer.release, "cache": pointer.cache, **pointer.entry(), "time": iso(pointer.time)}
     checked = f" (check {r.check['result']})" if r.check else ""
     via = f" (release {release}, sequence {pointer.seq})"
     text = (f"{profile}: generation {r.generation} -> {r.path}{checked}{via}" if r.changed

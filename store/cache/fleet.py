@@ -17,7 +17,7 @@ from llmgw_store.cache.cache_gc import read_roots
 from llmgw_store.cache.signing import trusted_keys
 from llmgw_store.core.credentials import public_url
 from llmgw_store.core.errors import IntegrityError, StoreError, UsageError
-from llmgw_store.core.results import Result
+from llmgw_store.core.results import Result, fields_of
 
 MAX_SHOWN = 10_000  # nodes or releases: a listing past it is cut short (and says so)
 
@@ -31,6 +31,9 @@ class NodeState(Result):
     keys: int = 0  # store paths its roots hold
     refused: str | None = None  # why its document was refused (then nothing else is shown of it)
 
+    def body(self) -> dict[str, Any]:
+        return {**fields_of(self), "time": releases.iso(self.time)}
+
 
 @dataclass(frozen=True)
 class ReleaseState(Result):
@@ -41,6 +44,9 @@ class ReleaseState(Result):
     time: float | None = None
     signer: str | None = None
     refused: str | None = None
+
+    def body(self) -> dict[str, Any]:
+        return {**fields_of(self), "time": releases.iso(self.time)}
 
 
 @dataclass(frozen=True)

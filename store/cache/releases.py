@@ -28,6 +28,7 @@ import math
 import re
 import time
 from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +40,7 @@ from llmgw_store.core.errors import IntegrityError, UsageError
 from llmgw_store.core.keys import KEY_RE, canonical_json, is_store_name, key_of_name
 from llmgw_store.core.names import shown
 from llmgw_store.core.report import say
-from llmgw_store.core.results import Result
+from llmgw_store.core.results import Result, fields_of
 
 RELEASE_FORMAT = "llmgw-release-1"
 RELEASE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -87,6 +88,17 @@ class Release(Result):
 
     def entry(self) -> dict[str, Any]:
         return {"seq": self.seq, "time": self.time, "key": self.key, "name": self.name, "signer": self.signer}
+
+    def body(self) -> dict[str, Any]:
+        out = fields_of(self)
+        out["time"] = iso(self.time)
+        out["history"] = [{**e, "time": iso(e["time"])} for e in self.history]
+        return out
+
+
+def iso(t: float | None) -> str | None:
+    """A signed time (seconds since the epoch) as `--json` documents give times (docs/json.md)."""
+    return None if t is None else datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def _bad(label: str, problem: str) -> IntegrityError:
@@ -207,7 +219,8 @@ class ReleaseSet(Result):
 
     def body(self) -> dict[str, Any]:
         r = self.release.body()
-        return {**r, "previous": self.previous.entry() if self.previous else None, "moved": self.moved}
+        previous = {**self.previous.entry(), "time": iso(self.previous.time)} if self.previous else None
+        return {**r, "previous": previous, "moved": self.moved}
 
 
 def write(url: str, release: str, target: dict[str, Any], secret_key: str, *, trusted: list[str] | tuple[str, ...] = (),
