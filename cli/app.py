@@ -76,6 +76,8 @@ def click_param(p: spec.Param):
     """The click option or argument of a declared parameter."""
     if p.argument:
         kw: dict[str, Any] = {"metavar": p.metavar} if p.metavar else {}
+        if p.default is not None:
+            kw.update(required=False, default=p.default)
         return click.argument(p.name, type=_type(p), **kw)
     kw = {"help": _help(p)}
     if p.kind in ("flag", "bool"):

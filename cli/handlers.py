@@ -160,6 +160,8 @@ def activate(ctx, kw: dict) -> None:
 
         check = parse_check(kw["check"])
     target, profile = kw["target"], kw["profile"]
+    if kw.get("release") is not None or not target:
+        return _activate_release(ctx, kw, check)
     # Build options are made (and the builder loaded) only for a recipe.
     options = options_from(kw) if target.endswith(".toml") else None
     r = do_activate(profile, target, options, **caches_from(kw), root=ctx.root, lock_timeout=kw["lock_timeout"],
@@ -173,6 +175,48 @@ def activate(ctx, kw: dict) -> None:
     checked = f" (check {r.check['result']})" if r.check else ""
     text = (f"{profile}: generation {r.generation} -> {r.path}{checked}" if r.changed
             else f"{profile}: already at generation {r.generation} -> {r.path}")
+    ctx.emit(doc, text)
+
+
+def followed(words) -> dict[str, str]:
+    """profile -> release, from the `releases` setting's PROFILE=RELEASE words (core/config.py)."""
+    from llmgw_store.core.errors import UsageError
+
+    out = {}
+    for w in words:
+        profile, eq, release = w.partition("=")
+        if not eq or not profile or not release:
+            raise UsageError(f"releases: {w[:80]!r} is not PROFILE=RELEASE")
+        out[profile] = release
+    return out
+
+
+def _activate_release(ctx, kw: dict, check) -> None:
+    """`activate PROFILE --release NAME`: what the signed pointer names (api.activate_release)."""
+    from llmgw_store.api import activate_release
+    from llmgw_store.cache.releases import iso
+    from llmgw_store.core.errors import UsageError
+
+    profile, release = kw["profile"], kw.get("release")
+    if release is None and not kw["target"]:
+        release = followed(kw.get("releases") or ()).get(profile)
+    if release is None:
+        raise UsageError("activate needs TARGET (a store path, PROFILE@N, a RECIPE.toml) or --release NAME (or the "
+                         f"release {profile} follows: releases = {{{profile} = \"NAME\"}} in the config file)")
+    if kw["target"]:
+        raise UsageError("TARGET and --release exclude each other: the release names what to activate")
+    r, pointer = activate_release(profile, release, substituters=tuple(kw["substituters"]),
+                                  trusted_keys=tuple(kw["trusted_keys"]), root=ctx.root,
+                                  lock_timeout=kw["lock_timeout"], cache_network=cache_network(kw),
+                                  offline=kw["offline"], check=check, no_check=kw["no_check"],
+                                  check_timeout=kw["check_timeout"], then_check=kw["then_check"],
+                                  keep_records=kw["keep_records"])
+    doc = r.to_json()
+    doc["release"] = {"release": pointer.release, "cache": pointer.cache, **pointer.entry(), "time": iso(pointer.time)}
+    checked = f" (check {r.check['result']})" if r.check else ""
+    via = f" (release {release}, sequence {pointer.seq})"
+    text = (f"{profile}: generation {r.generation} -> {r.path}{checked}{via}" if r.changed
+            else f"{profile}: already at generation {r.generation} -> {r.path}{via}")
     ctx.emit(doc, text)
 
 

@@ -73,8 +73,9 @@ def setting(name: str, default: object = None, help: str | None = None) -> Param
                  no_default=default is config.NO_DEFAULT)
 
 
-def argument(name: str, metavar: str | None = None, kind: str = "text") -> Param:
-    return Param(name, (), kind, argument=True, metavar=metavar)
+def argument(name: str, metavar: str | None = None, kind: str = "text", default: object = None) -> Param:
+    """A positional argument; one with a `default` may be left out."""
+    return Param(name, (), kind, default, argument=True, metavar=metavar)
 
 
 GROUP: tuple[Param, ...] = (
@@ -129,8 +130,12 @@ COMMANDS: dict[str, tuple[Param, ...]] = {
     ),
     "activate": (
         argument("profile"),
-        argument("target"),
+        argument("target", default=""),  # "": none, --release names what to activate
         *_BUILD,
+        Param("release", ("--release",), "text", None, "Activate what the release NAME in the binary caches "
+              "(--substituter) points at, signed by a trusted key: pulled as it is, nothing computed or built "
+              "(instead of TARGET).", metavar="NAME"),
+        setting("releases"),
         Param("check", ("--check",), "text", None, "Run this command in TARGET's environment first; switch only if it "
               "exits 0 (default: the recipe's `health` command, if it has one).", metavar="'CMD ...'"),
         Param("check_timeout", ("--check-timeout",), "timeout", 120.0, "Seconds the check may run (more than 0, at "

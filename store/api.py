@@ -86,6 +86,7 @@ def push_roots(to: str, secret_key: str, *, node: str | None = None, root: str |
     from llmgw_store.core.keys import key_of_name
     from llmgw_store.core.local_store import Store
     from llmgw_store.roots.gc import held_names, roots
+    from llmgw_store.roots.profiles import list_profiles
     from llmgw_store.roots.records import recorded_keys
 
     with Store.open(root) as store:
@@ -94,8 +95,9 @@ def push_roots(to: str, secret_key: str, *, node: str | None = None, root: str |
         recorded = recorded_keys(store.layout)
         counter = store.layout.var / "roots-seq"  # the last sequence number published (cache_gc.next_sequence)
     keys = {k for k in (key_of_name(n) for n in names) if k}
+    running = {p.profile: key_of_name(Path(p.path).name) for p in list_profiles(root=root).profiles}
     return publish(sorted(keys | recorded.keys()), to, secret_key, node, counter=counter, policy=policy,
-                   cold=tuple(sorted(recorded.keys() - keys)))
+                   cold=tuple(sorted(recorded.keys() - keys)), profiles={p: k for p, k in running.items() if k})
 
 
 def cache_gc(url: str, keep_from: list[str], *, grace: str = "1d", dry_run: bool = False,
@@ -235,3 +237,85 @@ def _realise_record(rec: Record, substituters: tuple[str, ...], trusted_keys: tu
             raise err
         say(f"{rec.name}: back in the store ({how}), content hash {rec.content_hash[:16]}… as recorded")
         return how
+
+
+def release_set(release: str, target: str, to: str, secret_key: str, *, trusted_keys: tuple[str, ...] = (),
+                root: str | Path | None = None, policy=None):
+    """Point the release `release` in the cache `to` at TARGET (PROFILE, PROFILE@N, a store path, its
+    name or key in this store; a key or name this store lacks is taken as the cache's metadata
+    names it), signed with `secret_key` (cache/releases.py)."""
+    from llmgw_store.cache import releases
+    from llmgw_store.core.errors import NotFoundError
+    from llmgw_store.core.keys import KEY_RE, is_store_name, key_of_name
+    from llmgw_store.core.local_store import Store
+    from llmgw_store.roots.resolve import reference
+
+    with Store.open(root, create=True) as store:
+        try:
+            row = reference(store, target)
+            point = {"key": row.key, "name": row.name, "engine": row.engine, "version": row.version,
+                     "variant": row.variant}
+        except NotFoundError:
+            if KEY_RE.match(target):
+                point = {"key": target, "name": None}
+            elif is_store_name(target):
+                point = {"key": key_of_name(target), "name": target}
+            else:
+                raise
+        var = store.layout.var
+    return releases.write(to, release, point, secret_key, trusted=trusted_keys, var=var, policy=policy)
+
+
+def release_promote(source: str, dest: str, to: str, secret_key: str, *, trusted_keys: tuple[str, ...] = (),
+                    root: str | Path | None = None, policy=None):
+    """Point the release `dest` at what the release `source` points at in the cache `to` (the
+    source pointer checked against `trusted_keys` and the signer's own key)."""
+    from llmgw_store.cache import releases
+    from llmgw_store.cache.signing import load_secret
+    from llmgw_store.core.local_store import Store
+
+    secret = load_secret(secret_key)
+    with Store.open(root, create=True) as store:
+        var = store.layout.var
+    src = releases.read([to], source, (*trusted_keys, secret.public_key), var=var, policy=policy)
+    point = {"key": src.key, "name": src.name, "engine": src.engine, "version": src.version, "variant": src.variant}
+    return releases.write(to, dest, point, secret, trusted=trusted_keys, var=var, policy=policy)
+
+
+def activate_release(profile: str, release: str, *, substituters: tuple[str, ...] = (),
+                     trusted_keys: tuple[str, ...] = (), root: str | Path | None = None,
+                     lock_timeout: float = locks.BUILD_LOCK_TIMEOUT_S, cache_network: dict | None = None,
+                     offline: bool = False, **guard):
+    """Make what the release pointer `release` names the profile's current generation: the pointer
+    read from the substituters (checked, and no older than the newest this node has seen:
+    cache/releases.py), its key pulled as any pull is checked — unless this store holds it already —
+    then switched to. No recipe, no key computed, no index. Returns (Switch, Release)."""
+    from llmgw_store.cache import releases
+    from llmgw_store.cache.backends import RetryPolicy
+    from llmgw_store.cache.pull import pull
+    from llmgw_store.core import network
+    from llmgw_store.core.errors import UsageError
+    from llmgw_store.core.local_store import Store
+    from llmgw_store.core.names import check_profile
+    from llmgw_store.roots import profiles
+
+    check_profile(profile)
+    releases.check_release_name(release)
+    if offline:
+        substituters = tuple(u for u in substituters if u.startswith("file://"))
+    if not substituters:
+        raise UsageError("activate --release reads the release from a binary cache: pass --substituter URL (or set "
+                         "LLMGW_STORE_SUBSTITUTERS; with --offline, a file:// one)")
+    policy = RetryPolicy.from_env(**(cache_network or {}))
+    with network.offline(offline):
+        with Store.open(root, lock_timeout, create=True) as store:
+            var = store.layout.var
+        pointer = releases.read(substituters, release, trusted_keys, var=var, record=True, policy=policy)
+        with Store.open(root, lock_timeout) as store:
+            row = store.index.path_by_key(pointer.key)
+            here = row is not None and row.name == pointer.name and store.layout.path_of(row.name).is_dir()
+        if not here:
+            pull(pointer.name, list(substituters), list(trusted_keys), root=root, lock_timeout=lock_timeout,
+                 policy=policy)
+        switched = profiles.activate(profile, pointer.name, root=root, lock_timeout=lock_timeout, **guard)
+    return switched, pointer

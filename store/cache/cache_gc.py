@@ -53,6 +53,7 @@ from llmgw_store.core.results import Result
 from llmgw_store.core.units import human_size
 
 NODE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
+PROFILE_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,99}")  # core/names.check_profile's rule, as a roots document names them
 ROOTS_FORMAT = "llmgw-roots-2"  # 1 had no sequence number: refused, the node publishes again
 SEEN_FORMAT = "llmgw-roots-seen-2"  # the gc host's record: node -> the newest sequence number (and time) accepted
 SEEN_MAX_BYTES = 4 << 20
@@ -100,7 +101,8 @@ def next_sequence(counter: Path | None) -> int:
 
 
 def push_roots(keys: list[str], to: str, secret_key: str, node: str | None = None, *, counter: Path | None = None,
-               policy: RetryPolicy | None = None, cold: tuple[str, ...] = ()) -> PushRootsResult:
+               policy: RetryPolicy | None = None, cold: tuple[str, ...] = (),
+               profiles: dict[str, str] | None = None) -> PushRootsResult:
     """Publish the signed roots document of `node` holding `keys`. One key per node, named after
     it: the node is the secret key's name (gc refuses a document whose signer is named otherwise,
     so one node's key cannot publish another node's roots). `counter`: where this store keeps its
@@ -116,6 +118,8 @@ def push_roots(keys: list[str], to: str, secret_key: str, node: str | None = Non
         raise UsageError("a roots document holds store keys only")
     doc: dict[str, Any] = {"format": ROOTS_FORMAT, "node": node, "time": time.time(), "seq": next_sequence(counter),
                            "keys": keys}
+    if profiles:  # profile -> the key its current generation runs (for `llmgw-store fleet`; gc reads `keys`)
+        doc["profiles"] = {p: k for p, k in sorted(profiles.items()) if k in keys}
     sign(doc, secret)
     name = f"roots/{node}.json"
     backend_for(to, policy).put(name, canonical_json(doc))
@@ -130,6 +134,12 @@ class RootsDoc:
     keys: list[str]
     seq: int
     time: float
+    profiles: dict[str, str] = field(default_factory=dict)  # profile -> key it runs (optional in the document)
+
+
+def read_roots(backend, item, trusted: dict[str, bytes]) -> RootsDoc:
+    """The checked roots document `item` (a Listed of roots/): the one reader, for gc and `fleet`."""
+    return _read_roots(backend, item, trusted)
 
 
 def _stopped(label: str, problem: str) -> IntegrityError:
@@ -173,7 +183,12 @@ def _read_roots(backend, item, trusted: dict[str, bytes]) -> RootsDoc:
     keys = doc["keys"]
     if len(keys) > MAX_ROOT_KEYS or not all(isinstance(k, str) and KEY_RE.match(k) for k in keys):
         raise _stopped(label, "its keys are not store keys")
-    return RootsDoc(node, keys, doc["seq"], float(doc["time"]))
+    profiles = doc.get("profiles", {})
+    if not isinstance(profiles, dict) or len(profiles) > MAX_ROOT_KEYS or not all(
+            isinstance(p, str) and PROFILE_RE.fullmatch(p) and isinstance(k, str) and KEY_RE.match(k)
+            for p, k in profiles.items()):
+        raise _stopped(label, "its profiles are not profile names and store keys")
+    return RootsDoc(node, keys, doc["seq"], float(doc["time"]), profiles)
 
 
 def seen_file(var: Path, url: str) -> Path:

@@ -16,8 +16,8 @@ from llmgw_store.cache.backends.retry import RetryPolicy, Transient, Watch, is_d
 from llmgw_store.core.errors import IntegrityError, NetworkError, UsageError
 
 CHUNK = 1 << 20
-FOLDERS = ("blobs", "roots", "pending", "gc")
-OBJECT_NAME_RE = re.compile(r"(?:(?:blobs|roots|pending|gc)/)?[A-Za-z0-9][A-Za-z0-9._+-]{0,254}")
+FOLDERS = ("blobs", "roots", "pending", "gc", "releases")
+OBJECT_NAME_RE = re.compile(r"(?:(?:blobs|roots|pending|gc|releases)/)?[A-Za-z0-9][A-Za-z0-9._+-]{0,254}")
 MAX_LISTED = 10_000_000  # entries one listing may return: past it the cache is refused
 # The only names a listing returns, per folder: the names this code writes. Whatever else a cache
 # holds (a planted file, another tool's) is never listed, so never deleted by a cache gc.
@@ -28,6 +28,7 @@ LISTED_NAME_RE = {
     "pending": re.compile(rf"{_KEY}-[0-9]{{1,10}}-[0-9a-f]{{8}}\.json"),
     "gc": re.compile(r"[0-9a-f]{16}\.json"),
     "roots": re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}\.json"),
+    "releases": re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}\.json"),  # cache/releases.py
 }
 
 

@@ -1,0 +1,283 @@
+"""Releases: signed pointers in a binary cache, naming the store path a fleet runs.
+
+`releases/<name>.json` holds the release's name, the store key and store path name it points at,
+that path's engine, version and variant, the signer, a signed time, a sequence number that only
+grows, and the pointers it replaced (newest first, at most HISTORY_MAX), signed by the builder's
+key. A node that follows a release pulls exactly that key: it computes nothing (no recipe, no
+interpreter, no index).
+
+A reader takes the document as hostile until checked, in this order, before any field is used:
+its size (at most RELEASE_MAX_BYTES, the read stops there), JSON, a trusted signature (over the
+canonical JSON without `signatures`), then its shape — every field's type and bound, the release
+name the one asked for, the key a store key, the store name one of that key. Then the replay rule
+(cache/seen.py): a pointer whose sequence number is older than the newest this reader has seen for
+that cache and release is refused; a newer sequence number pointing at an older key is a rollback
+the builder signed, and is taken.
+
+A writer reads the current pointer first (verified against the keys it trusts, its own included)
+to carry its history and to sign a sequence number above it: microseconds since the epoch, and
+more than the current one and than any this root has seen, so a clock set back still moves on.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import math
+import re
+import time
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from llmgw_store.cache.backends import Backend, RetryPolicy, backend_for
+from llmgw_store.cache.caches import Caches
+from llmgw_store.cache.signing import check_signature, load_secret, sign, signed_part, trusted_keys
+from llmgw_store.core.credentials import public_url
+from llmgw_store.core.errors import IntegrityError, UsageError
+from llmgw_store.core.keys import KEY_RE, canonical_json, is_store_name, key_of_name
+from llmgw_store.core.names import shown
+from llmgw_store.core.report import say
+from llmgw_store.core.results import Result, fields_of
+
+RELEASE_FORMAT = "llmgw-release-1"
+RELEASE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+RELEASE_NAME_MAX = 64
+RELEASE_MAX_BYTES = 64 << 10  # a pointer and 16 earlier ones are about 5 KiB
+HISTORY_MAX = 16
+SEQ_MAX = (1 << 63) - 1
+FIELD_MAX = 200  # engine, version, variant, signer: short words
+KIND = "release"  # the kind of document in cache/seen.py
+_SIGNER_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+_WORD_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+!-]{0,199}")
+
+
+def check_release_name(name: object) -> str:
+    """A release name: [A-Za-z0-9._-], starting with a letter or digit, at most 64, no '..' (it
+    names a cache object, `releases/<name>.json`, and a mark in ROOT/var/seen.json)."""
+    if not isinstance(name, str) or not RELEASE_RE.fullmatch(name) or ".." in name:
+        raise UsageError(f"{shown(name)} is not a release name: use [A-Za-z0-9._-], starting with a letter or digit, "
+                         "no '/' or '..'")
+    if len(name) > RELEASE_NAME_MAX:
+        raise UsageError(f"{shown(name)} is not a release name: at most {RELEASE_NAME_MAX} characters")
+    return name
+
+
+def object_of(release: str) -> str:
+    return f"releases/{check_release_name(release)}.json"
+
+
+@dataclass(frozen=True)
+class Release(Result):
+    """A checked release pointer."""
+
+    release: str
+    key: str
+    name: str  # the store path name it points at
+    engine: str | None
+    version: str | None
+    variant: str | None
+    signer: str
+    time: float
+    seq: int
+    history: tuple[dict[str, Any], ...] = ()  # earlier pointers, newest first: seq, time, key, name, signer
+    cache: str = ""  # the cache it was read from or written to (no credentials)
+    digest: str = ""  # sha256 of its signed part: the same document, the same digest
+
+    def entry(self) -> dict[str, Any]:
+        return {"seq": self.seq, "time": self.time, "key": self.key, "name": self.name, "signer": self.signer}
+
+    def body(self) -> dict[str, Any]:
+        out = fields_of(self)
+        out["time"] = iso(self.time)
+        out["history"] = [{**e, "time": iso(e["time"])} for e in self.history]
+        return out
+
+
+def iso(t: float | None) -> str | None:
+    """A signed time (seconds since the epoch) as `--json` documents give times (docs/json.md)."""
+    return None if t is None else datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _bad(label: str, problem: str) -> IntegrityError:
+    return IntegrityError(f"{label}: {problem}; refusing it")
+
+
+def _int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= SEQ_MAX
+
+
+def _when(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+
+
+def _word(value: object) -> bool:
+    return value is None or (isinstance(value, str) and bool(_WORD_RE.fullmatch(value)))
+
+
+def _store_pointer(key: object, name: object) -> bool:
+    return isinstance(key, str) and bool(KEY_RE.match(key)) and is_store_name(name) and key_of_name(name) == key
+
+
+def _entry_ok(e: object) -> bool:
+    return (isinstance(e, dict) and set(e) == {"seq", "time", "key", "name", "signer"} and _int(e["seq"])
+            and _when(e["time"]) and _store_pointer(e["key"], e["name"]) and isinstance(e["signer"], str)
+            and bool(_SIGNER_RE.fullmatch(e["signer"])))
+
+
+_FIELDS = {"format", "release", "key", "name", "engine", "version", "variant", "signer", "time", "seq", "history",
+           "signatures"}
+
+
+def parse(data: bytes, release: str, trusted: dict[str, bytes], label: str) -> Release:
+    """The checked pointer of `release` in `data` (at most RELEASE_MAX_BYTES, read by the caller
+    with that cap). IntegrityError for anything but a pointer of that release a trusted key signed."""
+    if len(data) > RELEASE_MAX_BYTES:
+        raise _bad(label, f"larger than a release pointer ({RELEASE_MAX_BYTES} bytes)")
+    try:
+        doc = json.loads(data)
+        json.dumps(doc)  # what parses must re-encode (for the signature) without recursing out
+    except (ValueError, RecursionError):
+        raise _bad(label, "not valid JSON") from None
+    if not isinstance(doc, dict):
+        raise _bad(label, "not a release pointer")
+    signer = check_signature(doc, trusted, label)
+    # Signed by a trusted key: now its fields, each before it is used.
+    if set(doc) != _FIELDS or doc["format"] != RELEASE_FORMAT:
+        raise _bad(label, f"not a release pointer of format {RELEASE_FORMAT}")
+    if doc["release"] != release:
+        raise _bad(label, f"it is signed for another release ({shown(doc['release'])})")
+    if not _store_pointer(doc["key"], doc["name"]):
+        raise _bad(label, "its key and name are not a store key and a store path name of it")
+    if not all(_word(doc[f]) for f in ("engine", "version", "variant")):
+        raise _bad(label, "its engine, version or variant is not a short word")
+    if doc["signer"] != signer:
+        raise _bad(label, f"its signer field is not {signer}, the key that signed it")
+    if not _int(doc["seq"]) or not _when(doc["time"]):
+        raise _bad(label, f"its sequence number or time is not a number from 1 to {SEQ_MAX}")
+    history = doc["history"]
+    if not isinstance(history, list) or len(history) > HISTORY_MAX or not all(_entry_ok(e) for e in history):
+        raise _bad(label, f"its history is not a list of at most {HISTORY_MAX} earlier pointers")
+    return Release(release, doc["key"], doc["name"], doc["engine"], doc["version"], doc["variant"], signer,
+                   float(doc["time"]), doc["seq"], tuple(history),
+                   digest=hashlib.sha256(signed_part(doc)).hexdigest())
+
+
+def fetch(backend: Backend, release: str, trusted: dict[str, bytes]) -> Release | None:
+    """The checked pointer of `release` in one cache; None when it holds none."""
+    label = object_of(release)
+    data = backend.get(label, max_bytes=RELEASE_MAX_BYTES)
+    return None if data is None else parse(data, release, trusted, label)
+
+
+def _with_cache(r: Release, url: str) -> Release:
+    return replace(r, cache=public_url(url))
+
+
+def read(urls: list[str] | tuple[str, ...], release: str, trusted: list[str] | tuple[str, ...], *,
+         var: Path | None = None, record: bool = False, policy: RetryPolicy | None = None) -> Release:
+    """The pointer of `release` from the first of the caches `urls` that serves one that passes
+    every check (parse), and is no older than the newest this root has seen of it from that cache
+    (`var`: ROOT/var, cache/seen.py; `record`: raise that mark to it). A cache that fails is
+    passed over as a pull does (cache/caches.py); NotFoundError when none has the release."""
+    from llmgw_store.cache import seen
+    from llmgw_store.core.errors import NotFoundError
+
+    check_release_name(release)
+    keys = trusted_keys(list(trusted))
+    caches = Caches(list(urls), policy)
+    caches.check()
+    label = object_of(release)
+
+    def one(backend) -> tuple[str, Release] | None:
+        url = next(u for u in caches.urls if caches.backend(u) is backend)
+        r = fetch(backend, release, keys)
+        if r is None:
+            return None
+        if var is not None:
+            where = f"{public_url(url).rstrip('/')}/{label}"
+            if record:
+                seen.accept(var, url, KIND, release, r.seq, r.digest, r.time, where)
+            else:
+                seen.check(var, url, KIND, release, r.seq, r.digest, where)
+        return url, r
+
+    found = caches.first(one)
+    if found is None:
+        raise NotFoundError(f"no binary cache given has the release {release} ({label}; asked: "
+                            f"{' '.join(public_url(u) for u in urls)})")
+    return _with_cache(found[1], found[0])
+
+
+@dataclass(frozen=True)
+class ReleaseSet(Result):
+    release: Release
+    previous: Release | None = None
+    moved: bool = True  # False: the release pointed at this key already (a new sequence number all the same)
+
+    def body(self) -> dict[str, Any]:
+        r = self.release.body()
+        previous = {**self.previous.entry(), "time": iso(self.previous.time)} if self.previous else None
+        return {**r, "previous": previous, "moved": self.moved}
+
+
+def write(url: str, release: str, target: dict[str, Any], secret_key: str, *, trusted: list[str] | tuple[str, ...] = (),
+          var: Path | None = None, policy: RetryPolicy | None = None) -> ReleaseSet:
+    """Point `release` in the cache `url` at `target` (key, name, engine, version, variant), signed
+    with `secret_key`. The cache must hold the object (its metadata checked as a pull checks it,
+    against `trusted` and the signer's own key), so a node never follows a pointer to nothing. The
+    current pointer, when there is one, is checked the same way: its history is carried on, and
+    the new sequence number is above it; one that fails its checks is not carried on (one line
+    says so) and its sequence number, if it has one, is still passed."""
+    from llmgw_store.cache import seen
+    from llmgw_store.cache.pull import fetch_meta
+
+    secret = load_secret(secret_key)  # a public key, a missing file, a wrong shape: exit 2 before anything
+    check_release_name(release)
+    keys = trusted_keys(list(trusted))
+    name, key = target["name"], target["key"]
+    own = base64.b64decode(secret.public_key.partition(":")[2])
+    keys[secret.name] = own  # the signer trusts its own key (to check the object and the pointer it replaces)
+    backend = backend_for(url, policy)
+    label = object_of(release)
+    meta = fetch_meta(backend, key, keys, name)
+    if meta is None:
+        what = name or key
+        raise UsageError(f"the cache {public_url(url)} has no {what}: push it first (`llmgw-store push {what} --to "
+                         "URL`), then set the release")
+    name = meta.name  # checked: a store path name of `key` (and the name asked, when one was)
+    previous: Release | None = None
+    floor = 0
+    data = backend.get(label, max_bytes=RELEASE_MAX_BYTES)
+    if data is not None:
+        try:
+            previous = parse(data, release, keys, label)
+            floor = previous.seq
+        except IntegrityError as exc:
+            say(f"{label}: the current pointer fails its checks ({exc}); writing a new one without its history")
+            try:
+                raw = json.loads(data).get("seq")
+                floor = raw if _int(raw) else 0
+            except (ValueError, AttributeError, RecursionError):
+                floor = 0
+    if var is not None:
+        mark = seen.newest(var, url, KIND, release)
+        floor = max(floor, mark.seq if mark else 0)
+    seq = max(time.time_ns() // 1000, floor + 1)
+    if seq > SEQ_MAX:
+        raise IntegrityError(f"{label}: its sequence number cannot grow past {SEQ_MAX}; delete it and set it again")
+    history = ([previous.entry(), *previous.history] if previous else [])[:HISTORY_MAX]
+    doc: dict[str, Any] = {"format": RELEASE_FORMAT, "release": release, "key": key, "name": name,
+                           "engine": target.get("engine"), "version": target.get("version"),
+                           "variant": target.get("variant"), "signer": secret.name, "time": time.time(), "seq": seq,
+                           "history": history}
+    sign(doc, secret)
+    body = canonical_json(doc)
+    made = parse(body, release, {secret.name: own}, label)  # what nodes will check, checked before it is written
+    backend.put(label, body)
+    if var is not None:
+        seen.accept(var, url, KIND, release, made.seq, made.digest, made.time, f"{public_url(url)}/{label}")
+    say(f"release {release} -> {name} (sequence {seq}, signed by {secret.name})")
+    return ReleaseSet(_with_cache(made, url), previous, previous is None or previous.key != key)
