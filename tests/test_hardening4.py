@@ -341,7 +341,7 @@ def test_the_shipped_uv_is_checked_against_its_record_before_it_ever_runs(tmp_pa
     existing = tmp_path / "existing"
     assert cli(existing, "build", str(recipe), "--index-url", index.url).returncode == 0
     honest = cli(tmp_path / "honest", "build", str(recipe), *only)
-    assert honest.returncode == 1 and "no binary cache has" in honest.stderr, honest.stderr
+    assert honest.returncode == 66 and "no binary cache has" in honest.stderr, honest.stderr
     # A root built with --uv whose uv cache has its own archive directory (an older store's):
     # gc --max-cache prunes it with `uv cache prune`, run by the shipped binary.
     pruned = tmp_path / "pruned"
@@ -364,7 +364,7 @@ def test_the_shipped_uv_is_checked_against_its_record_before_it_ever_runs(tmp_pa
     proc = cli(existing, "build", str(recipe), "--as-of", "2024-03-03", "--index-url", index.url)
     assert proc.returncode == 0, proc.stderr
     proc = cli(existing, "build", str(recipe), "--as-of", "2024-04-04", *only)
-    assert proc.returncode == 1 and "no binary cache has" in proc.stderr, proc.stderr
+    assert proc.returncode == 66 and "no binary cache has" in proc.stderr, proc.stderr
     assert cli(existing, "gc", "--max-cache", "1G").returncode == 0
     assert not counter.exists(), counter.read_text()
 

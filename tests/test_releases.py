@@ -154,7 +154,8 @@ def test_a_pointer_a_trusted_key_did_not_sign_is_refused(world, tmp_path):
     doc["key"], doc["name"] = b[:32], b
     pointer.write_text(json.dumps(doc))
     line = _one_error(_follow(w, env))
-    assert "releases/prod.json: not signed by a trusted key (signed by: builder-1); refusing it" in line, line
+    assert ("releases/prod.json: not signed by a trusted key: a signature naming one does not verify, the "
+            "metadata was changed after signing (signed by: builder-1); refusing it") in line, line
     assert _current(w) == (1, a)
 
     # An untrusted signer (the intruder's key, though the object is the builder's).
