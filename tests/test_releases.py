@@ -124,6 +124,20 @@ def test_a_node_follows_the_release_forward_back_and_refuses_a_replay(world, tmp
     assert fourth["seq"] > third["seq"]
     assert _followed(w, env)["changed"] is False
 
+    # rollback still works on the node, locally; following the release again brings it back to prod.
+    run_cli(w["node"], "rollback", "svc", env=env, check=True)
+    assert _current(w) == (2, b)
+    again = _followed(w, env)
+    assert (again["generation"], again["changed"], _current(w)[1]) == (4, True, a)
+
+    # The node's record of what it has seen is its own: damaged, it stops the node (a lost record would let
+    # a replay through) with one line saying how to start over.
+    seen = w["node"] / "var" / "seen.json"
+    assert json.loads(seen.read_text())["marks"][cache]["release"]["prod"]["seq"] == fourth["seq"]
+    seen.write_text("{not json")
+    line = _one_error(_follow(w, env))
+    assert "not a record of the signed documents seen; move it away" in line, line
+
 
 def test_a_pointer_a_trusted_key_did_not_sign_is_refused(world, tmp_path):
     w, (a, b) = world, world["names"]
@@ -150,6 +164,16 @@ def test_a_pointer_a_trusted_key_did_not_sign_is_refused(world, tmp_path):
     assert "not signed by a trusted key (signed by: intruder)" in line, line
     assert _current(w) == (1, a)
     assert "substituted" in _outcomes(w["node"]) and len(_outcomes(w["node"])) == 1  # b was never pulled
+
+    # Another release's genuine pointer served under this one's name; a pointer too large to be one.
+    _set(w, "canary", b, cache)
+    pointer.write_bytes((pointer.parent / "canary.json").read_bytes())
+    line = _one_error(_follow(w, env))
+    assert "releases/prod.json: it is signed for another release ('canary'); refusing it" in line, line
+    pointer.write_bytes(b" " * (65 << 10))
+    line = _one_error(_follow(w, env))
+    assert "serves more than 65536 bytes" in line, line
+    assert _current(w) == (1, a)
 
     # No pointer at all: one line naming the release.
     line = _one_error(_follow(w, env, release="staging"))
