@@ -267,3 +267,40 @@ def test_promote_show_and_one_view_of_the_fleet(world, tmp_path):
     roots.write_text(json.dumps(tampered))
     doc = json.loads(run_cli(w["root"], "--json", *args, check=True).stdout)
     assert "not signed by a trusted key" in doc["nodes"][0]["refused"] and len(doc["releases"]) == 2
+
+
+def test_two_activations_at_once_never_lower_the_mark(world, tmp_path):
+    """One activation holds between its check of the pointer and its record of it (the older pointer);
+    another reads the newer pointer meanwhile and must wait for it, so the record ends at the newer."""
+    import subprocess
+
+    from tests.conftest import cli_cmd
+    from tests.support.barrier import Barrier
+
+    w, (a, b) = world, world["names"]
+    cache = f"file://{tmp_path / 'cache'}"
+    _push(w, a, cache)
+    _push(w, b, cache)
+    env = _node_env(w, cache)
+    gate = Barrier(tmp_path)
+    old = _set(w, "prod", a, cache)
+    args = ("--json", "activate", "svc", "--release", "prod")
+
+    def start(point):
+        import os
+
+        return subprocess.Popen(cli_cmd(w["node"], *args), env={**os.environ, **env, **gate.env(point)},
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    first = start("SEEN_PAUSE")
+    gate.reached("SEEN_PAUSE", first)
+    new = _set(w, "prod", b, cache)
+    second = start("LOCK_WAIT")
+    gate.reached("LOCK_WAIT", second)  # queued behind the first, which holds the record's lock
+    gate.go("LOCK_WAIT")
+    gate.go("SEEN_PAUSE")
+    for proc in (first, second):
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err
+    marks = json.loads((w["node"] / "var" / "seen.json").read_text())["marks"]
+    assert marks[cache]["release"]["prod"]["seq"] == new["seq"] > old["seq"]

@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from llmgw_store.core import locks
+from llmgw_store.core import debug, locks
 from llmgw_store.core.credentials import public_url
 from llmgw_store.core.errors import IntegrityError, StoreError
 from llmgw_store.core.files import FileRefused, read_bounded, write_atomic
@@ -113,6 +113,7 @@ def accept(var: Path, url: str, kind: str, name: str, seq: int, digest: str, sig
         _check(mark, seq, digest, label)
         if mark is not None and mark.seq == seq:
             return
+        debug.pause("SEEN_PAUSE")  # tests: a reader between its check and its write, holding the lock
         marks.setdefault(url_id, {}).setdefault(kind, {})[name] = {"seq": seq, "digest": digest,
                                                                    "time": signed_time, "at": time.time()}
         write_atomic(_path(var), canonical_json({"format": SEEN_FORMAT, "marks": marks}), mode=0o644)
