@@ -229,6 +229,16 @@ def test_a_node_follows_a_release_through_the_documented_nginx(world, start_ngin
     requests = log.read_text().splitlines()[before:]
     assert len(requests) == 1 and re.search(r'"GET /llmgw/releases/prod\.json HTTP', requests[0]), requests
 
+    # The fleet view through nginx: the folder listings of roots/ and releases/.
+    run_cli(w["node"], "keygen", "node-1", "--out", str(w["keys"]), check=True)
+    run_cli(w["node"], "push-roots", "--to", ngx.url, "--secret-key", str(w["keys"] / "node-1.secret"), env=AUTH,
+            check=True)
+    doc = json.loads(run_cli(w["root"], "--json", "fleet", "--from", ngx.url, "--keep-from",
+                             str(w["keys"] / "node-1.public"), "--trusted-key", str(w["keys"] / "builder-1.public"),
+                             check=True).stdout)
+    assert [(n["node"], n["profiles"]) for n in doc["nodes"]] == [("node-1", {"svc": b[:32]})]
+    assert [(r["release"], r["key"]) for r in doc["releases"]] == [("prod", b[:32])]
+
 
 def test_promote_show_and_one_view_of_the_fleet(world, tmp_path):
     w, (a, b) = world, world["names"]
@@ -236,7 +246,9 @@ def test_promote_show_and_one_view_of_the_fleet(world, tmp_path):
     _push(w, a, cache)
     _push(w, b, cache)
     _set(w, "prod", a, cache)
-    _set(w, "canary", b, cache)
+    pushed = json.loads(run_cli(w["root"], "--json", "push", b, "--to", cache, "--secret-key",
+                                str(w["keys"] / "builder-1.secret"), "--release", "canary", check=True).stdout)
+    assert pushed["already_there"] == [b] and pushed["release"]["name"] == b
     promoted = json.loads(run_cli(w["root"], "--json", "release", "promote", "canary", "prod", "--to", cache,
                                   "--secret-key", str(w["keys"] / "builder-1.secret"), check=True).stdout)
     assert (promoted["release"], promoted["name"], promoted["previous"]["name"]) == ("prod", b, a)

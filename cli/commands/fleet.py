@@ -39,11 +39,13 @@ def cache_network_options(f):
               help="Object format: 2 = files as shared blobs (delta pulls), 1 = one archive (older nodes).")
 @click.option("--rewrite-blobs", is_flag=True, envvar="LLMGW_STORE_REWRITE_BLOBS",
               help="Upload every blob (or archive) again, even one the cache holds at the right size.")
+@click.option("--release", "release", metavar="NAME",
+              help="Then point the release NAME at the (one) path pushed, signed with the same key (release set).")
 @lock_timeout_option(locks.LOCK_TIMEOUT_S, "the store's locks and a running cache gc's marker")
 @cache_network_options
 @click.pass_obj
 def push(obj: Context, paths: tuple[str, ...], to: str, secret_key: str, format_: int, rewrite_blobs: bool,
-         lock_timeout: float, policy) -> None:
+         release: str | None, lock_timeout: float, policy) -> None:
     """Upload store PATHS and what they reference to a binary cache, signed.
 
     \b
@@ -52,9 +54,24 @@ def push(obj: Context, paths: tuple[str, ...], to: str, secret_key: str, format_
     """
     from llmgw_store.api import push as do_push
 
+    if release is not None:
+        from llmgw_store.cache.releases import check_release_name
+        from llmgw_store.core.errors import UsageError
+
+        check_release_name(release)
+        if len(paths) != 1:
+            raise UsageError("push --release takes one PATH: the one the release points at")
     r = do_push(list(paths), to, secret_key, root=obj.root, format=format_, lock_timeout=lock_timeout, policy=policy,
                 rewrite_blobs=rewrite_blobs)
-    obj.emit(r.to_json(), f"pushed {len(r.pushed)}, repaired {len(r.repaired)}, already there {len(r.already_there)}")
+    text = f"pushed {len(r.pushed)}, repaired {len(r.repaired)}, already there {len(r.already_there)}"
+    doc = r.to_json()
+    if release is not None:
+        from llmgw_store.api import release_set
+
+        pointer = release_set(release, paths[0], to, secret_key, root=obj.root, policy=policy).release
+        doc["release"] = pointer.body()
+        text += f"; release {release} -> {pointer.name} (sequence {pointer.seq})"
+    obj.emit(doc, text)
 
 
 @cli.command()
