@@ -198,6 +198,15 @@ def test_release_set_refuses_what_the_cache_does_not_hold(world, tmp_path):
     assert proc.returncode == 2 and f"has no {a}: push it first" in _one_error(proc), proc.stderr
     assert not (tmp_path / "cache" / "releases").exists()
 
+    # From a root that lacks the path: the key is taken as the cache's signed metadata names it.
+    _push(w, a, cache)
+    other = tmp_path / "other"
+    proc = run_cli(other, "--json", "release", "set", "prod", a[:32], "--to", cache, "--secret-key",
+                   str(w["keys"] / "builder-1.secret"), check=True)
+    doc = json.loads(proc.stdout)
+    assert (doc["key"], doc["name"], doc["engine"]) == (a[:32], a, None)
+    assert _followed(w, _node_env(w, cache))["release"]["name"] == a
+
 
 def test_activate_takes_a_target_or_a_release(world, tmp_path):
     w, a = world, world["names"][0]

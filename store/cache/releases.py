@@ -244,8 +244,10 @@ def write(url: str, release: str, target: dict[str, Any], secret_key: str, *, tr
     label = object_of(release)
     meta = fetch_meta(backend, key, keys, name)
     if meta is None:
-        raise UsageError(f"the cache {public_url(url)} has no {name}: push it first (`llmgw-store push {name} --to "
+        what = name or key
+        raise UsageError(f"the cache {public_url(url)} has no {what}: push it first (`llmgw-store push {what} --to "
                          "URL`), then set the release")
+    name = meta.name  # checked: a store path name of `key` (and the name asked, when one was)
     previous: Release | None = None
     floor = 0
     data = backend.get(label, max_bytes=RELEASE_MAX_BYTES)
