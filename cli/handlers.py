@@ -168,6 +168,19 @@ def activate(ctx, kw: dict) -> None:
     ctx.emit(r.to_json(), text)
 
 
+def followed(words) -> dict[str, str]:
+    """profile -> release, from the `releases` setting's PROFILE=RELEASE words (core/config.py)."""
+    from llmgw_store.core.errors import UsageError
+
+    out = {}
+    for w in words:
+        profile, eq, release = w.partition("=")
+        if not eq or not profile or not release:
+            raise UsageError(f"releases: {w[:80]!r} is not PROFILE=RELEASE")
+        out[profile] = release
+    return out
+
+
 def _activate_release(ctx, kw: dict, check) -> None:
     """`activate PROFILE --release NAME`: what the signed pointer names (api.activate_release)."""
     from llmgw_store.api import activate_release
@@ -175,8 +188,11 @@ def _activate_release(ctx, kw: dict, check) -> None:
     from llmgw_store.core.errors import UsageError
 
     profile, release = kw["profile"], kw.get("release")
+    if release is None and not kw["target"]:
+        release = followed(kw.get("releases") or ()).get(profile)
     if release is None:
-        raise UsageError("activate needs TARGET (a store path, PROFILE@N, a RECIPE.toml) or --release NAME")
+        raise UsageError("activate needs TARGET (a store path, PROFILE@N, a RECIPE.toml) or --release NAME (or the "
+                         f"release {profile} follows: releases = {{{profile} = \"NAME\"}} in the config file)")
     if kw["target"]:
         raise UsageError("TARGET and --release exclude each other: the release names what to activate")
     r, pointer = activate_release(profile, release, substituters=tuple(kw["substituters"]),

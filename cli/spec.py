@@ -135,6 +135,7 @@ COMMANDS: dict[str, tuple[Param, ...]] = {
         Param("release", ("--release",), "text", None, "Activate what the release NAME in the binary caches "
               "(--substituter) points at, signed by a trusted key: pulled as it is, nothing computed or built "
               "(instead of TARGET).", metavar="NAME"),
+        setting("releases"),
         Param("check", ("--check",), "text", None, "Run this command in TARGET's environment first; switch only if it "
               "exits 0 (default: the recipe's `health` command, if it has one).", metavar="'CMD ...'"),
         Param("check_timeout", ("--check-timeout",), "timeout", 120.0, "Seconds the check may run (more than 0, at "

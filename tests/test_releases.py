@@ -325,3 +325,30 @@ def test_two_activations_at_once_never_lower_the_mark(world, tmp_path):
         assert proc.returncode == 0, err
     marks = json.loads((w["node"] / "var" / "seen.json").read_text())["marks"]
     assert marks[cache]["release"]["prod"]["seq"] == new["seq"] > old["seq"]
+
+
+def test_a_node_config_file_names_the_release_each_profile_follows(world, tmp_path):
+    w, a = world, world["names"][0]
+    cache = f"file://{tmp_path / 'cache'}"
+    _push(w, a, cache)
+    _set(w, "prod", a, cache)
+    conf = tmp_path / "node.toml"
+    conf.write_text(f'substituters = ["{cache}"]\ntrusted_keys = ["{w["keys"] / "builder-1.public"}"]\n'
+                    'substitute_only = true\nreleases = {svc = "prod", api = "canary"}\n')
+    conf.chmod(0o600)
+    env = {"LLMGW_STORE_CONFIG": str(conf), "LLMGW_STORE_INDEX_URL": DEAD_INDEX}
+    proc = run_cli(w["node"], "--json", "activate", "svc", env=env)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert (doc["generation"], doc["release"]["release"], doc["release"]["name"]) == (1, "prod", a)
+    shown = json.loads(run_cli(w["node"], "--json", "config", env=env, check=True).stdout)
+    assert "svc=prod" in json.dumps(shown), shown
+    # A profile the file names no release for: one line saying what activate needs.
+    line = _one_error(run_cli(w["node"], "activate", "other", env=env))
+    assert "activate needs TARGET" in line and 'releases = {other = "NAME"}' in line, line
+    # The flag names one too (PROFILE=RELEASE), over the file's table.
+    proc = run_cli(w["node"], "activate", "api", "--follow", "api=prod", env=env)
+    assert proc.returncode == 0 and "(release prod," in proc.stdout, proc.stderr
+    conf.write_text('releases = ["svc"]\n')
+    line = _one_error(run_cli(w["node"], "activate", "svc", env=env))
+    assert "releases" in line and "must be" in line, line

@@ -150,6 +150,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("offline", "bool", "--offline", False, commands=_REALISING, hit="ignored",
             help="No network but file:// caches: uv reads only its cache, http(s)/s3 caches are passed over, and "
                  "what would need the index says so (exit 1)."),
+    # A table in the config file (releases = {vllm = "vllm-prod"}), PROFILE=RELEASE words elsewhere.
+    Setting("releases", "list", "--follow", (), commands=("activate",), hit="ignored", metavar="PROFILE=RELEASE",
+            help="The release a profile follows: `activate PROFILE` without TARGET activates what the release points "
+                 "at, as --release does; repeatable (the variable: space-separated; the config file: a table, "
+                 "releases = {vllm = \"vllm-prod\"})."),
     Setting("lock_timeout", "seconds", "--lock-timeout", None, commands=("*",), hit="ignored", metavar="SECONDS",
             help="Seconds to wait for a lock; then exit 75 naming the holder."),
     *(Setting(f"cache.{name}", kind, f"--cache-{name.replace('_', '-')}", () if kind == "list" else None,
@@ -253,6 +258,12 @@ def check_value(s: Setting, value: object, where: str) -> object:
             except UsageError as exc:
                 raise ConfigError(f"{where}: {exc}") from None
         return value
+    if s.name == "releases":  # a table in the file; PROFILE=RELEASE words on the command line and in the variable
+        if not isinstance(value, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) and k and v and "=" not in k
+                and not any(c.isspace() or c == "\0" for c in k + v) for k, v in value.items()):
+            raise bad("a table of profile = \"release\"")
+        return tuple(f"{k}={v}" for k, v in value.items())
     if kind == "list":
         if not isinstance(value, list) or not all(isinstance(v, str) and v and "\0" not in v for v in value):
             raise bad("a list of non-empty strings")
