@@ -260,7 +260,7 @@ def write(url: str, release: str, target: dict[str, Any], secret_key: str, *, tr
             try:
                 raw = json.loads(data).get("seq")
                 floor = raw if _int(raw) else 0
-            except (ValueError, AttributeError):
+            except (ValueError, AttributeError, RecursionError):
                 floor = 0
     if var is not None:
         mark = seen.newest(var, url, KIND, release)
