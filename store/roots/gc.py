@@ -38,7 +38,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from llmgw_store.core import debug, reserve
+from llmgw_store.core import debug, footprint, reserve
 from llmgw_store.core.errors import DiskFullError, IndexError_, NoStoreError, UsageError
 from llmgw_store.core.fsutil import free_bytes
 from llmgw_store.core.index import Index, ReferencedError, now_iso
@@ -365,6 +365,7 @@ def _record_deferred(store: Store, report: dict[str, Any]) -> None:
 def _forget(store: Store, name: str) -> None:
     store.index.forget(name)
     store.index.forget_rooted(name)
+    store.index.forget_tool(footprint.KIND, name)
     if name not in store.index.generation_path_names():
         store.index.forget_cache_uses(name)  # no cold rollback can want its entries
 
@@ -660,11 +661,28 @@ def _choose(store: Store, live: set[str], budget: int | None, *, checked: bool =
         if budget is not None and tally.freed >= budget:
             break
         apparent = tally.apparent
-        item["freed"] = tally.add(store.layout.store / _component(item["name"])) if predict else 0
+        if predict:
+            # What the path costs, as recorded when it was registered (core/footprint.py): a
+            # prediction walks only a tree without a record that still describes it.
+            tree = store.layout.store / _component(item["name"])
+            item["freed"] = tally.add(tree, _record(store.index.tool_info(footprint.KIND, item["name"]), tree))
+        else:
+            item["freed"] = 0
         if item["size"] is None:
             item["size"] = tally.apparent - apparent if predict else _apparent(store.layout.store / item["name"])
         chosen.append(item)
     return chosen
+
+
+def _record(record: Any, tree: Path) -> dict | None:
+    """`record` when it is a footprint of `tree` as it is now (the same directory)."""
+    if record is None:
+        return None
+    try:
+        st = os.lstat(tree)
+    except OSError:
+        return None
+    return record if footprint.valid(record, st) else None
 
 
 def _apparent(tree: Path) -> int:
