@@ -158,11 +158,12 @@ def test_max_cache_keeps_what_live_paths_use(fat_index, tmp_path):
     assert {d["name"] for d in r["deleted"]} == {c}
     left = {p.name for p in archives.iterdir()}
     assert by_path[a] <= left and not (by_path[c] - by_path[a]) & left  # c's tinydep 2.0 is gone
-    assert r["cache_pruned"]["kept_live"] >= 2 and r["cache_pruned"]["entries"] >= 1
+    assert r["cache_pruned"]["kept_live"] >= 2
     # c's tinydep 2.0 (10 MiB unpacked) was in the wheel home, linked by c alone: it went with c
-    # (every gc prunes what no path links); --max-cache took what was left, c's own bytecode.
+    # (every gc prunes what no path links), and so did c's own bytecode (the cache's entries were
+    # links to c's pycs: bytecode.link_cache), so --max-cache found nothing of c's left.
     assert r["freed"]["store_paths"] > 10 * MiB
-    assert r["freed"]["cache_entries"] == r["cache_pruned"]["bytes"] > 0
+    assert r["freed"]["cache_entries"] == r["cache_pruned"]["bytes"]
     # the bytecode cache: entries with a live path's bytes stay, c's own went
     cached = {p.read_bytes() for p in (root / "cache" / "pyc").rglob("*.pyc")}
     assert pycs[a] <= cached and not (pycs[c] - pycs[a]) & cached

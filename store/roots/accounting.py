@@ -155,8 +155,12 @@ class Tally:
     inodes with one more link in optimise's pool or the wheel home, which gc prunes once no store
     path links them, each with its link count as it is now (the walk of the pool gave it)."""
 
-    def __init__(self, pooled: dict[tuple[int, int], int] | None = None):
+    def __init__(self, pooled: dict[tuple[int, int], int] | None = None,
+                 extra: dict[tuple[int, int], int] | None = None):
         self.pooled = pooled or {}
+        # links gc removes itself once no store path links the inode: one (the pool's or the wheel
+        # home's) unless `extra` says more (the bytecode cache's too)
+        self.extra = extra or {}
         self.links: dict[tuple[int, int], int] = {}
         self.freed = 0
         self.apparent = 0
@@ -180,7 +184,7 @@ class Tally:
             ident = (st.st_dev, st.st_ino)
             seen = self.links.get(ident, 0) + 1
             self.links[ident] = seen
-            outside = st.st_nlink - seen - (1 if ident in self.pooled else 0)
+            outside = st.st_nlink - seen - (self.extra.get(ident, 1) if ident in self.pooled else 0)
             if outside == 0:
                 self.freed += on_disk(st)
         return self.freed - before
@@ -199,7 +203,8 @@ class Tally:
             seen = self.links.get(ident, 0)
             self.links[ident] = seen + met
             # the tree's links and the pool's are all there are: counted once, when the last comes
-            if self.pooled[ident] - seen - 1 > 0 >= self.pooled[ident] - seen - met - 1:
+            left = self.pooled[ident] - self.extra.get(ident, 1) - seen
+            if left > 0 >= left - met:
                 self.freed += blocks
         return True
 
