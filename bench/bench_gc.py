@@ -133,7 +133,7 @@ def sweep(bench: Bench, root: Path, src: Path, k: int) -> None:
 
     entries = json.loads((src / ".llmgw" / "manifest.json").read_text()).get("files")
     bench.compare(f"gc of {k} dead environments", Side("llmgw-store gc", gc_argv, after=gc_after),
-                  [Side("chmod -R u+w + rm -rf", rm_argv, after=rm_after)], goal=("<=", 1.1),
+                  [Side("chmod -R u+w + rm -rf", rm_argv, after=rm_after)], goal=("<=", 1.1), built=src.name,
                   note=f"{k} copies of {src.name} ({entries} entries each); disk_bytes: du of the trees deleted")
 
 
@@ -158,6 +158,7 @@ def scale(bench: Bench, base: Path, src_name: str, counts: list[int], profiles: 
                       Side(f"gc --dry-run, {n} paths", dry_run(roots[n]), after=plans(n)),
                       [Side("gc --dry-run, 2 paths", dry_run(roots[2]), after=plans(2))],
                       goal=("<=", 1.3) if n <= 200 else None, names=[f"gc --dry-run, {n} paths vs 2 paths"],
+                      built=src_name,
                       note=f"real copies (cp -a, installed through the library) of a built environment, black's "
                            f"stand-in {src_name} ({entries} entries, {size / 2**20:.1f} MiB on disk each); a third "
                            f"held by profiles of 3 generations, the rest dead")
