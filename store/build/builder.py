@@ -20,7 +20,7 @@ from llmgw_store.build import recipe as recipes
 from llmgw_store.build import uv as uvmod
 from llmgw_store.build.realise import DEFAULT_LOCK_TIMEOUT_S, HANDOFF, realise
 from llmgw_store.build.recipe import ONE_DAY, Build, Recipe, format_time, parse_time, past_time
-from llmgw_store.core import credentials, debug, defaults, network
+from llmgw_store.core import credentials, debug, defaults, footprint, network
 from llmgw_store.core.buildmemo import MAX_RECIPE_BYTES
 from llmgw_store.core.credentials import IndexAuth
 from llmgw_store.core.errors import CommandError, NotSubstituted, RecipeError, StoreError, UsageError
@@ -218,8 +218,8 @@ def _build(recipe_file: str | Path, options: BuildOptions, root: str | Path | No
                         raise
                     # The damaged entry is out of the wheel home: a second try unpacks that wheel again.
                     say(f"{exc}; building again")
-            if how == "built":
-                bytecode.link_cache(store.layout.pyc_cache, path, links)
+            if how == "built" and bytecode.link_cache(store.layout.pyc_cache, path, links):
+                footprint.remember(store.index, path.name, path)  # its pycs have the cache's links now
         finally:
             links.unlink(missing_ok=True)
         inputs = plan.inputs

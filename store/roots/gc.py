@@ -456,8 +456,11 @@ def _sweep(store: Store, excluded, budget, keep_dead_for, dry_run, lock_timeout,
 
 def _gc_links(store: Store) -> tuple[dict[tuple[int, int], int], dict[tuple[int, int], int]]:
     """(inode -> link count now, inode -> how many of its links gc removes itself) for the inodes
-    of optimise's pool, the wheel home and the bytecode cache's entries that are store inodes."""
-    maps = [inodes_of(store.layout.links_pool), wheel_home_inodes(store), _linked_pyc(store.layout.pyc_cache)]
+    of optimise's pool, the wheel home and the bytecode cache's entries that are store inodes in
+    the pool too (the ones gc unlinks with the last path: _prune_stale_pyc's `linked_only`)."""
+    pool = inodes_of(store.layout.links_pool)
+    pyc = {ident: n for ident, n in _linked_pyc(store.layout.pyc_cache).items() if ident in pool}
+    maps = [pool, wheel_home_inodes(store), pyc]
     nlinks: dict[tuple[int, int], int] = {}
     extra: dict[tuple[int, int], int] = {}
     for m in maps:
