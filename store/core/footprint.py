@@ -28,11 +28,13 @@ from pathlib import Path
 from typing import Any
 
 KIND = "footprint"  # the index's tools-table kind of the records; the ident is the path's name
+SHARED_MAX = 1 << 18  # inodes a record lists at most (a few MB in the index): a larger tree is walked
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def measure(tree: str | os.PathLike) -> dict[str, Any] | None:
-    """The record of `tree` (see above); None when it is not a directory."""
+    """The record of `tree` (see above); None when it is not a directory, or shares more than
+    SHARED_MAX inodes."""
     tree = Path(tree)
     try:
         top = os.lstat(tree)
@@ -82,6 +84,8 @@ def measure(tree: str | os.PathLike) -> dict[str, Any] | None:
             own += blocks  # every link is in the tree (a hard link the build made inside it)
         else:
             shared.append([ino, blocks, met])
+    if len(shared) > SHARED_MAX:
+        return None
     return {"dev": top.st_dev, "ino": top.st_ino, "own": own, "apparent": apparent, "shared": shared}
 
 
