@@ -298,21 +298,41 @@ def run_all(bench: Bench, args, recipe: Path, index_args: list[str]) -> None:
     disk_and_neighbour(bench, args, last_store_root["warm"], fixed, recipe, uv, index_args, pick, as_of, first_steps)
 
 
+def store_uv(root: Path) -> Path:
+    """The store's own uv store path in `root`, made as a build without --uv makes it (the library's
+    uv.resolve: the shipped binary copied in, else uv's wheel from PyPI)."""
+    from llmgw_store.build.uv import resolve
+    from llmgw_store.core.local_store import Store
+
+    with Store.open(root) as store:
+        tool = resolve(store, None, "https://pypi.org/simple")
+    return Path(tool.path).parent.parent
+
+
 def disk_and_neighbour(bench: Bench, args, root: Path, fixed: Path, recipe: Path, uv: str, index_args: list[str],
                        pick: list[str], as_of: str, first_steps: dict) -> None:
     doc = json.loads(subprocess.run(cli(root, "--json", "build", fixed, "--uv", uv, *index_args, *pick),
                                     check=True, capture_output=True, text=True).stdout)
     env = Path(doc["path"])
     subprocess.run(cli(root, "activate", "bench", env), check=True, capture_output=True)  # rooted: gc keeps it
+    uv_path = store_uv(root)  # what a user's first build without --uv makes: the store's own uv
     gc = bench.meter.run(cli(root, "--json", "gc"))
     kept, alone = du_bytes(root), du_bytes(env)
-    bench.figure("disk: one environment + all the store keeps for it after the default gc", kept, "bytes",
-                 "the environment alone", alone, goal=("<=", 1.15),
-                 note="du of the whole root (store, caches, index; each inode once) after `gc`",
+    # Costs of the root whatever it holds, reported on their own row: the store's uv (a store path
+    # gc keeps) and the gc reserve (core/reserve.py).
+    fixed = {"uv store path": du_bytes(uv_path), "gc reserve": du_bytes(root / "var" / "gc-reserve")}
+    bench.figure("disk: one environment + all the store keeps for it after the default gc", kept - sum(fixed.values()),
+                 "bytes", "the environment alone", alone, goal=("<=", 1.15), built=env.name,
+                 note="du of the whole root (store, caches, index; each inode once) after `gc`, less the per-root "
+                      "fixed costs (their own row)",
                  detail={"gc_s": round(gc.wall_s, 3), "gc_freed": (json.loads(gc.stdout).get("freed") or {}),
-                         "by_parts": {p.name: du_bytes(p) for p in sorted(root.iterdir())},
+                         "root_bytes": kept, "by_parts": {p.name: du_bytes(p) for p in sorted(root.iterdir())},
+                         "pyc_cache": du_bytes(root / "cache" / "pyc"),  # its entries are the env's pycs: counted once
                          # its files are the environment's too (hard links): counted once in the figure
                          "wheel_home": du_bytes(root / "store" / ".wheels")})
+    bench.figure("disk: per-root fixed costs (the store's uv, the gc reserve)", sum(fixed.values()), "bytes",
+                 "the environment alone", alone, built=env.name, detail=fixed,
+                 note="paid once per store root, whatever it holds: du of the store's uv path and var/gc-reserve")
     if not (args.neighbour_as_of or args.neighbour_version):
         return
     when = args.neighbour_as_of

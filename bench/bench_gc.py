@@ -9,8 +9,10 @@ load, peak RSS of the command alone, CPU seconds with every child).
     from the loopback index), registered as a store path nothing holds; each round prepares fresh
     copies for both sides outside the timing, and the bytes on disk they held (du, each inode once).
 (b) scale, `gc --dry-run` and `generations` as the store grows (issue 25: <= 1.3x):
-    - `gc --dry-run` with N registered paths (empty directories: the cost is reading roots,
-      marking, choosing), a third of them held by profiles of 3 generations, against 2 paths;
+    - `gc --dry-run` with N registered paths, each a real copy of a built environment (black's
+      stand-in from the loopback index: ~400 entries, a few MB; cp -a, installed through the
+      library under fresh keys, as a build installs), a third of them held by profiles of 3
+      generations, against 2 such paths (issue 33: the dead ones must not be walked);
     - `generations p` with 1,000 generations (made by the library's activate, between two real
       paths) against 10;
     - `gc --dry-run` at those 1,000 generations against 10, and at 1,000 generations with 1,000
@@ -23,7 +25,6 @@ load, peak RSS of the command alone, CPU seconds with every child).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import subprocess
@@ -35,27 +36,19 @@ from common import REPO, cli, clone_registered, packages, store_json, uv_bin
 from harness import Bench, BenchError, Side, add_common_args, du_bytes
 
 
-def register_empty(root: Path, template, n: int, profiles: int) -> int:
-    """A new store with `n` registered paths (empty directories; rows copied from `template`, a
-    real path's row, so no column is named here), and `profiles` profiles of 3 generations each
-    over the first 3 * profiles of them. Returns how many paths no profile holds."""
-    from llmgw_store.core.keys import store_key
-    from llmgw_store.core.local_store import Store
-
-    with Store.open(root, create=True) as store:
-        names, rows = [], []
-        for i in range(n):
-            key = store_key({"bench-scale": i})
-            name = f"{key}-{template.name.split('-', 1)[1]}"
-            (store.layout.store / name).mkdir()
-            rows.append(dataclasses.replace(template, name=name, key=key, last_used=f"2025-01-01T{i % 24:02d}:00:00Z"))
-            names.append(name)
-        store.index.insert_paths(rows)
-        for p in range(profiles):
-            for g in range(1, 4):
-                os.symlink(f"../store/{names[(p * 3 + g - 1) % n]}", store.layout.profiles / f"bp{p}-{g}-link")
-            os.symlink(f"bp{p}-3-link", store.layout.profiles / f"bp{p}")
-    return n - len({(p * 3 + g - 1) % n for p in range(profiles) for g in range(1, 4)})
+def clone_store(base: Path, root: Path, src_name: str, n: int, profiles: int) -> int:
+    """`root`: a copy of the store `base` (which holds the built stand-in `src_name`, held by a
+    profile) with `n` more real copies of it (bench/common.clone_registered: cp -a, installed
+    and registered through the library under fresh keys), and `profiles` profiles of 3 generations
+    each over the first 3 * profiles of them. Returns how many copies no profile holds."""
+    subprocess.run(["cp", "-a", str(base), str(root)], check=True)
+    names = clone_registered(root, src_name, n, tag=f"scale{n}")
+    held = {(p * 3 + g - 1) % n for p in range(profiles) for g in range(1, 4)}
+    for p in range(profiles):
+        for g in range(1, 4):
+            os.symlink(f"../store/{names[(p * 3 + g - 1) % n]}", root / "profiles" / f"bp{p}-{g}-link")
+        os.symlink(f"bp{p}-3-link", root / "profiles" / f"bp{p}")
+    return n - len(held)
 
 
 def make_generations(root: Path, paths: list[str], n: int) -> None:
@@ -73,20 +66,25 @@ def main() -> None:
     ap.add_argument("--k", type=int, help="Dead environments per sweep (default 5; --quick 2).")
     ap.add_argument("--recipe", type=Path, help="Recipe of the swept environments (default "
                     "bench/recipes/transformers.toml from PyPI; --quick: a tiny one from a loopback index).")
-    ap.add_argument("--paths", type=int, nargs="+", help="Path counts for the gc --dry-run rows (default 200 "
-                    "10000; --quick 20).")
+    ap.add_argument("--paths", type=int, nargs="+", help="Path counts for the gc --dry-run rows: real copies of "
+                    "a built environment (default 200; --quick 20).")
     ap.add_argument("--generations", type=int, help="Generations of the large profile (default 1000; --quick 30).")
     ap.add_argument("--profiles", type=int, help="Profiles (of 3 generations) in each gc --dry-run store "
                     "(default: one per 9 paths).")
     args = ap.parse_args()
     with Bench("gc", args) as bench:
         k = args.k or (2 if bench.quick else 5)
-        counts = args.paths or ([20] if bench.quick else [200, 10_000])
+        counts = args.paths or ([20] if bench.quick else [200])
         many = args.generations or (30 if bench.quick else 1000)
         root = bench.work / "root"
         transformers = REPO / "bench" / "recipes" / "transformers.toml"
         # the index runs in every mode: the generations rows build two tiny paths, offline
-        with packages(bench.work, bench.quick, args.recipe, transformers, index=True) as pk:
+        with packages(bench.work, bench.quick, args.recipe, transformers, index=True, standin=True) as pk:
+            # the scale rows' store: black's stand-in built once (a real build), held by a profile
+            base = bench.work / "scale-base"
+            black = Path(store_json(bench.meter, base, "build", pk.standin, "--index-url", pk.index.url, "--uv",
+                                    uv_bin())[0]["path"])
+            subprocess.run(cli(base, "activate", "keep", black), check=True, capture_output=True)
             src = Path(store_json(bench.meter, root, "build", pk.recipe, "--uv", uv_bin(), *pk.index_args)[0]["path"])
             # the original is held by a profile, so gc deletes exactly the K copies
             subprocess.run(cli(root, "activate", "keep", src), check=True, capture_output=True)
@@ -94,7 +92,7 @@ def main() -> None:
             groot = bench.work / "gens-small"
             two = [store_json(bench.meter, groot, "build", pk.tiny, "--index-url", pk.index.url, "--uv", uv_bin(),
                               "--as-of", d)[0]["path"] for d in ("2024-02-02", "2024-06-02")]
-        scale(bench, src.name, root, counts, args.profiles)
+        scale(bench, base, black.name, counts, args.profiles)
         generations(bench, groot, [Path(p).name for p in two], many)
         bench.finish()
 
@@ -135,20 +133,18 @@ def sweep(bench: Bench, root: Path, src: Path, k: int) -> None:
 
     entries = json.loads((src / ".llmgw" / "manifest.json").read_text()).get("files")
     bench.compare(f"gc of {k} dead environments", Side("llmgw-store gc", gc_argv, after=gc_after),
-                  [Side("chmod -R u+w + rm -rf", rm_argv, after=rm_after)], goal=("<=", 1.1),
+                  [Side("chmod -R u+w + rm -rf", rm_argv, after=rm_after)], goal=("<=", 1.1), built=src.name,
                   note=f"{k} copies of {src.name} ({entries} entries each); disk_bytes: du of the trees deleted")
 
 
-def scale(bench: Bench, src_name: str, built: Path, counts: list[int], profiles: int | None) -> None:
-    """gc --dry-run at each count of paths against 2 paths."""
-    from llmgw_store.core.local_store import Store
-
-    with Store.open(built, readonly=True) as store:
-        template = store.index.path_by_name(src_name)
+def scale(bench: Bench, base: Path, src_name: str, counts: list[int], profiles: int | None) -> None:
+    """gc --dry-run at each count of real copies of the built stand-in against 2 copies."""
     roots, dead = {}, {}
     for n in [2, *counts]:
         roots[n] = bench.work / f"scale-{n}"
-        dead[n] = register_empty(roots[n], template, n, min(profiles or max(1, n // 9), max(1, n // 3)))
+        dead[n] = clone_store(base, roots[n], src_name, n, min(profiles or max(1, n // 9), max(1, n // 3)))
+    entries = json.loads((base / "store" / src_name / ".llmgw" / "manifest.json").read_text()).get("files")
+    size = du_bytes(base / "store" / src_name)
 
     def plans(n):
         def after(_i, run):
@@ -161,7 +157,11 @@ def scale(bench: Bench, src_name: str, built: Path, counts: list[int], profiles:
         bench.compare(f"gc --dry-run at {n} paths",
                       Side(f"gc --dry-run, {n} paths", dry_run(roots[n]), after=plans(n)),
                       [Side("gc --dry-run, 2 paths", dry_run(roots[2]), after=plans(2))],
-                      goal=("<=", 1.3) if n <= 200 else None, names=[f"gc --dry-run, {n} paths vs 2 paths"])
+                      goal=("<=", 1.3) if n <= 200 else None, names=[f"gc --dry-run, {n} paths vs 2 paths"],
+                      built=src_name,
+                      note=f"real copies (cp -a, installed through the library) of a built environment, black's "
+                           f"stand-in {src_name} ({entries} entries, {size / 2**20:.1f} MiB on disk each); a third "
+                           f"held by profiles of 3 generations, the rest dead")
 
 
 def dry_run(root: Path) -> list[str]:

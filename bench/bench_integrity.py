@@ -9,16 +9,18 @@ RSS of the command alone, CPU seconds with every child).
     for both (one untimed run each). Ratio = verify's time / b3sum's (issue 25: verify at >= 0.95x
     b3sum's speed, i.e. a ratio <= 1.05). Peak RSS counts the page-cache pages of the files each
     maps (both mmap large files): resident pages, not memory allocated.
-    The tree is generated (--tree-mb, default 440 MB in ~12,600 files: many small .py/.pyc files
-    and a few large .so-like ones, as a data-science environment has; --quick 5 MB) and registered
-    as a store path; or pass --root ROOT --name NAME to measure a real environment.
+    The environment is a real build (issue 33: what a user verifies): bench/recipes/transformers.toml
+    from PyPI (~190 MiB in ~6,800 files; --recipe another), --quick black's stand-in from the
+    loopback index (bench/common.black_standin). --tree-mb N generates a tree instead (N MB in
+    many small .py/.pyc files and a few large .so-like ones) registered as a store path; --root ROOT
+    --name NAME measures a path of an existing store.
 (b) sharing at registration: two neighbouring versions of a package set (two recipes that differ in
     one dependency) built from a loopback index of generated wheels (a large shared "engine" wheel
     with .so-like files and many modules, and a small dependency that differs): the second path's
     added disk (du of store/, each inode once, after minus before) against its own size (issue 25:
     <= 15 %).
 
-    python bench/bench_integrity.py [--rounds 5] [--tree-mb 440] [--out DIR]   # full run (offline)
+    python bench/bench_integrity.py [--rounds 5] [--out DIR]     # full run (needs PyPI for transformers)
     python bench/bench_integrity.py --quick --out DIR                            # what the test suite runs
 """
 
@@ -34,7 +36,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import PY, cli, store_json, uv_bin
+from common import PY, REPO, cli, packages, store_json, uv_bin
 from harness import Bench, BenchError, Side, add_common_args, du_bytes
 
 # The baseline: what a bare blake3 pass over a tree costs in a fresh process. argv: tree, threads
@@ -153,7 +155,19 @@ def register_tree(root: Path, tree_mb: int) -> str:
     return name
 
 
-def bench_verify(bench: Bench, root: Path, name: str) -> None:
+def build_env(bench: Bench, root: Path, recipe: Path | None) -> str:
+    """A real environment built into `root` (see the module's docstring); its store path name."""
+    transformers = REPO / "bench" / "recipes" / "transformers.toml"
+    with packages(bench.work, bench.quick, recipe, transformers, standin=True) as pk:
+        if recipe is None and bench.quick:
+            pk_recipe, index_args = pk.standin, ["--index-url", pk.index.url]
+        else:
+            pk_recipe, index_args = pk.recipe, pk.index_args
+        doc = store_json(bench.meter, root, "build", pk_recipe, "--uv", uv_bin(), *index_args)[0]
+    return Path(doc["path"]).name
+
+
+def bench_verify(bench: Bench, root: Path, name: str, built: bool) -> None:
     from llmgw_store.core import manifest
 
     env = root / "store" / name
@@ -173,8 +187,10 @@ def bench_verify(bench: Bench, root: Path, name: str) -> None:
                    "in a fresh python -c instead")
         base = Side(f"blake3 pass in python, {threads} threads", [str(PY), "-c", BASELINE, str(env), str(threads)])
     bench.compare("verify", Side("llmgw-store verify", cli(root, "verify", env)), [base], goal=("<=", 1.05),
-                  note=f"{size / 1e6:.0f} MB in {files} files, {threads} threads each side; peak RSS counts "
-                       "the page-cache pages of the files each maps (resident, not allocated)")
+                  built=name if built else None,
+                  note=f"{'built environment' if built else 'generated tree'} {name}: {size / 1e6:.0f} MB in "
+                       f"{files} files, {threads} threads each side; peak RSS counts the page-cache pages of the "
+                       "files each maps (resident, not allocated)")
 
 
 # (b) two neighbouring versions: an engine wheel shared by both, a dependency that differs.
@@ -262,7 +278,10 @@ def _share_seconds(stderr: str) -> float | None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common_args(ap, rounds=5)
-    ap.add_argument("--tree-mb", type=int, help="Size of the generated tree (default 440; --quick 5).")
+    ap.add_argument("--tree-mb", type=int, help="Verify a generated tree of this many MB instead of a built "
+                    "environment.")
+    ap.add_argument("--recipe", type=Path, help="Recipe of the verified environment (default "
+                    "bench/recipes/transformers.toml from PyPI; --quick black's stand-in from a loopback index).")
     ap.add_argument("--root", type=Path, help="Measure verify on this store's path --name instead of a generated tree.")
     ap.add_argument("--name")
     ap.add_argument("--skip-share", action="store_true")
@@ -275,11 +294,14 @@ def main() -> None:
             if args.root:
                 if not args.name:
                     raise BenchError("--root needs --name (a store path's name)")
-                root, name = args.root, args.name
+                root, name, built = args.root, args.name, True
+            elif args.tree_mb:
+                root = bench.work / "root"
+                name, built = register_tree(root, args.tree_mb), False
             else:
                 root = bench.work / "root"
-                name = register_tree(root, args.tree_mb or (5 if bench.quick else 440))
-            bench_verify(bench, root, name)
+                name, built = build_env(bench, root, args.recipe), True
+            bench_verify(bench, root, name, built)
         if not args.skip_share:
             if bench.quick:
                 bench_share(bench, engine_mb=6, modules=150, dep_mb=1)

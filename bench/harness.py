@@ -535,10 +535,11 @@ class Bench:
     def compare(self, row: str, subject: Side, baselines: list[Side], *,
                 goal: tuple[str, float] | list[tuple[str, float] | None] | None = None,
                 rounds: int | None = None, warmup: bool = True, hot: bool = False, note: str | None = None,
-                names: list[str] | None = None) -> list[dict]:
+                names: list[str] | None = None, built: str | None = None) -> list[dict]:
         """Alternate `subject` and `baselines` in fresh processes; one row per baseline (named
         `names[i]`, else `row` + ' vs ' + its name). `goal`: one for every row, or a list with one
-        (or None) per baseline."""
+        (or None) per baseline. `built`: the store path name of the built environment the row
+        measures (a row on a real environment says which; tests/test_bench.py checks it)."""
         sides = [subject, *baselines]
         if warmup and not self.quick:  # the page cache and bytecode warm for every side alike
             for s in sides:
@@ -578,14 +579,17 @@ class Bench:
                     r["flag"] = self._hot_flag
             if note:
                 r["note"] = note
+            if built:
+                r["built"] = built
             self.rows.append(r)
             out.append(r)
         return out
 
     def figure(self, row: str, value: float, unit: str, baseline: str, baseline_value: float, *,
-               goal: tuple[str, float] | None = None, note: str | None = None, detail: dict | None = None) -> dict:
+               goal: tuple[str, float] | None = None, note: str | None = None, detail: dict | None = None,
+               built: str | None = None) -> dict:
         """A row that is not a timing of alternating runs (bytes on disk, bytes fetched): its
-        figure against a baseline figure, ratio = value / baseline_value."""
+        figure against a baseline figure, ratio = value / baseline_value. `built`: as compare's."""
         ratio = round(value / baseline_value, 4) if baseline_value else None
         r = {"row": row, "figure": value, "unit": unit, "baseline": baseline, "baseline_figure": baseline_value,
              "ratio": ratio, "goal": _goal_text(goal), "goal_met": _goal_met(goal, ratio), "load": [load1(), load1()]}
@@ -593,6 +597,8 @@ class Bench:
             r["note"] = note
         if detail:
             r["detail"] = detail
+        if built:
+            r["built"] = built
         self.rows.append(r)
         return r
 

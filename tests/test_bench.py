@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -51,12 +52,23 @@ BENCHES = {
     "build": ([PY, BENCH / "bench_build.py"], [
         "cache-hit build vs python -c pass", "cache-hit build vs python -I -S -c pass",
         "cold build, warm uv cache vs the seed's commands", "cold build, empty caches vs the seed's commands",
-        "disk: one environment + all the store keeps for it after the default gc"]),
+        "disk: one environment + all the store keeps for it after the default gc",
+        "disk: per-root fixed costs"]),
     "vllm": (["bash", BENCH / "bench_vllm.sh"], [
         "cold build, warm uv cache vs the seed's commands",
-        "disk: one environment + all the store keeps for it after the default gc",
+        "disk: one environment + all the store keeps for it after the default gc", "disk: per-root fixed costs",
         "neighbour (--as-of 2024-06-02): disk it adds vs its size",
         "neighbour (--as-of 2024-06-02): its bytecode step vs the first build's"]),
+}
+
+
+# bench -> the rows that measure an environment: each must name the built one it measured (issue 33:
+# a bench's record on a generated tree or empty directories is not what a user runs)
+ON_BUILT = {
+    "gc": ["gc of 2 dead environments", "gc --dry-run, 20 paths vs 2 paths"],
+    "integrity": ["verify vs"],
+    "build": ["disk: one environment", "disk: per-root fixed costs"],
+    "vllm": ["disk: one environment", "disk: per-root fixed costs"],
 }
 
 
@@ -129,6 +141,17 @@ def test_quick_mode_gives_every_row(quick, name):
     assert doc["host"]["python"] == PY and doc["host"]["install"] in ("editable", "regular")
     for r in rows:  # the table a note quotes has each row
         assert r["row"].replace("|", "\\|") in stdout
+
+
+@pytest.mark.parametrize("name", list(ON_BUILT))
+def test_rows_on_environments_name_the_built_one(quick, name):
+    doc, _ = quick.result(name)
+    for prefix in ON_BUILT[name]:
+        rows = [r for r in doc["rows"] if r["row"].startswith(prefix)]
+        assert rows, f"{name}: no {prefix!r}"
+        for r in rows:
+            assert re.fullmatch(r"[0-9a-z]{32}-[A-Za-z0-9._+-]+", r.get("built") or ""), r
+            assert "-benchtree-" not in r["built"], r  # the generated tree's name
 
 
 def test_hot_path_rows_name_their_interpreter_and_flag_an_editable_install(quick):

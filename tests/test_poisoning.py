@@ -1,5 +1,6 @@
 """Store paths are immutable and independent: an edit to one environment's file (as root would:
-chmod u+w, write in place) reaches no cache and no other environment, a damaged cache entry is
+chmod u+w, write in place) reaches no other environment (the bytecode cache's entries are links to
+store pycs, so such an edit reaches the entry, which then fails its check), a damaged cache entry is
 never used, and `verify --repair` restores the recorded bytes or refuses — it never records a hash
 it did not get from a verified source."""
 
@@ -44,11 +45,13 @@ def regular_files(tree: Path) -> list[Path]:
 
 def test_an_edit_to_one_environment_reaches_no_later_build(root, recipe, index, uv_bin):
     a = Path(build_json(root, recipe, index, uv_bin)["path"])
-    # Nothing of A is shared with a cache: no inode of A is one of the caches' (A's files are
-    # linked from the store's pool only, store/.links, which holds store files).
+    # A shares no inode with uv's cache; with the bytecode cache only its pycs, which the cache's
+    # entries link (bytecode.link_cache: store inodes linked into the cache, never the other way).
     caches = {(st.st_dev, st.st_ino) for st in map(os.lstat, regular_files(root / "cache"))}
     shared = [str(p.relative_to(a)) for p in regular_files(a) if (os.lstat(p).st_dev, os.lstat(p).st_ino) in caches]
-    assert caches and shared == []
+    pyc_cache = {(st.st_dev, st.st_ino) for st in map(os.lstat, regular_files(root / "cache" / "pyc"))}
+    assert caches and PYC in shared and all(p.endswith(".pyc") for p in shared)
+    assert {(os.lstat(a / p).st_dev, os.lstat(a / p).st_ino) for p in shared} <= pyc_cache
     genuine_src, genuine_pyc = (a / MODULE).read_bytes(), (a / PYC).read_bytes()
     edit_in_place(a / MODULE, genuine_src.replace(b"def main", b"def evil_main_"))
     edit_in_place(a / PYC, flip_last_byte(genuine_pyc))
@@ -90,8 +93,10 @@ def test_a_corrupt_bytecode_cache_entry_is_not_used(root, recipe, index, uv_bin)
                    "--as-of", "2024-06-02", check=True)
     b = Path(json.loads(proc.stdout)["path"])
     assert (b / PYC).read_bytes() == genuine  # checked against its name, refused, compiled again
-    assert (a / PYC).read_bytes() == genuine  # and A never shared the entry's inode
-    assert run_cli(root, "verify").returncode == 0
+    assert os.stat(b / PYC).st_ino != os.stat(a / PYC).st_ino
+    # the entry was A's pyc (a store inode the cache links): that edit was an edit to A, named by verify
+    assert run_cli(root, "verify", str(b)).returncode == 0
+    assert run_cli(root, "verify", str(a)).returncode == 1
 
 
 def test_repair_refuses_a_rebuild_that_differs_from_the_recorded_hash(root, recipe, index, uv_bin):
@@ -153,14 +158,21 @@ def test_gc_keeps_bytecode_cache_entries_in_use(root, recipe, index, uv_bin):
     run_cli(root, "pin", "keep", str(a), check=True)
     entries = sorted(p for p in regular_files(root / "cache" / "pyc") if p.name.endswith(".pyc"))
     assert len(entries) == 2  # tinyengine and tinydep
-    fresh, stale = entries
+    linked, stale = entries
     old = time.time() - 90 * 86400
-    os.utime(stale, (old, old))
-    foreign = fresh.with_name("0" * 64 + ".pyc")  # the old format (a hardlink into environments)
+    # an entry that is its own copy (as one made by a build whose path is gone), unused for 90 days
+    copy = stale.with_name(".copy")
+    copy.write_bytes(stale.read_bytes())
+    os.utime(copy, (old, old))
+    os.rename(copy, stale)
+    foreign = linked.with_name("0" * 64 + ".pyc")  # the old format (a hardlink into environments)
     foreign.write_bytes(b"x")
+    linked_time = os.stat(linked).st_mtime  # the store's time (the build's as-of), long ago
 
     json.loads(run_cli(root, "--json", "gc", check=True).stdout)
-    assert fresh.exists() and not stale.exists() and not foreign.exists()
+    # a pinned path links `linked`: kept whatever its time, and its time not changed
+    assert linked.exists() and not stale.exists() and not foreign.exists()
+    assert os.stat(linked).st_mtime == linked_time < old
 
 
 def test_a_forged_bytecode_cache_entry_is_not_used(root, recipe, index, uv_bin, tmp_path):

@@ -131,10 +131,13 @@ def test_environments_link_their_wheels_from_the_sealed_wheel_home_and_nothing_e
     seal = {e.path: e for e in manifest.parse_contents((root / "var" / "wheels" / entry.name).read_bytes())}
     assert seal["tinyengine/__init__.py"].digest == manifest.file_digest(module(a))
     assert stat.S_IMODE(os.lstat(root / "var" / "wheels" / entry.name).st_mode) == 0o600
-    # no file of the environment shares an inode with uv's cache (its bucket is only a link now)
-    in_cache = {ino(Path(d, n)) for d, _, ns in os.walk(root / "cache") for n in ns}
+    # no file of the environment shares an inode with uv's cache (its bucket is only a link now);
+    # the bytecode cache's entries are links to its pycs (bytecode.link_cache), and nothing else of it
+    in_cache = {ino(Path(d, n)) for d, _, ns in os.walk(root / "cache" / "uv") for n in ns}
     mine = {ino(p) for p in a.rglob("*") if p.is_file() and not p.is_symlink()}
     assert not mine & in_cache
+    in_pyc_cache = {ino(Path(d, n)) for d, _, ns in os.walk(root / "cache" / "pyc") for n in ns}
+    assert mine & in_pyc_cache and mine & in_pyc_cache <= {ino(p) for p in a.rglob("*.pyc")}
     # every file of a with another link is a wheel home file
     shared_inodes = {ino(p) for p in a.rglob("*") if p.is_file() and not p.is_symlink() and os.lstat(p).st_nlink > 1}
     assert shared_inodes <= home_inodes(root) | {ino(p) for p in (root / "store" / ".links").iterdir()}

@@ -20,7 +20,7 @@ from llmgw_store.build import recipe as recipes
 from llmgw_store.build import uv as uvmod
 from llmgw_store.build.realise import DEFAULT_LOCK_TIMEOUT_S, HANDOFF, realise
 from llmgw_store.build.recipe import ONE_DAY, Build, Recipe, format_time, parse_time, past_time
-from llmgw_store.core import credentials, debug, defaults, network
+from llmgw_store.core import credentials, debug, defaults, footprint, network
 from llmgw_store.core.buildmemo import MAX_RECIPE_BYTES
 from llmgw_store.core.credentials import IndexAuth
 from llmgw_store.core.errors import CacheMiss, CommandError, RecipeError, StoreError, UsageError
@@ -212,23 +212,29 @@ def _build(recipe_file: str | Path, options: BuildOptions, root: str | Path | No
         plan = _plan(store, recipe, chosen, options)
         steps["plan"] = round(time.monotonic() - started, 3)
         deadline = Deadline(plan)
-        for attempt in (1, 2):
-            try:
-                path, how = realise(
-                    store, plan.key, plan.name, plan.inputs, plan.meta,
-                    lambda partial: make_env(store, plan, partial, deadline, steps),
-                    verify=lambda tree: verify_env(store, plan, tree, deadline),
-                    lock_timeout=options.lock_timeout,
-                    check=lambda: check_requirements(plan),
-                    substitute=substitution(substituter, store, plan.key, plan.name, only=options.substitute_only,
-                                            inputs=plan.inputs),
-                )
-                break
-            except wheelhome.DamagedWheel as exc:
-                if attempt == 2:
-                    raise
-                # The damaged entry is out of the wheel home: a second try unpacks that wheel again.
-                say(f"{exc}; building again")
+        links = bytecode.links_file(store.layout.tmp, plan.key)
+        try:
+            for attempt in (1, 2):
+                try:
+                    path, how = realise(
+                        store, plan.key, plan.name, plan.inputs, plan.meta,
+                        lambda partial: make_env(store, plan, partial, deadline, steps),
+                        verify=lambda tree: verify_env(store, plan, tree, deadline),
+                        lock_timeout=options.lock_timeout,
+                        check=lambda: check_requirements(plan),
+                        substitute=substitution(substituter, store, plan.key, plan.name,
+                                                only=options.substitute_only, inputs=plan.inputs),
+                    )
+                    break
+                except wheelhome.DamagedWheel as exc:
+                    if attempt == 2:
+                        raise
+                    # The damaged entry is out of the wheel home: a second try unpacks that wheel again.
+                    say(f"{exc}; building again")
+            if how == "built" and bytecode.link_cache(store.layout.pyc_cache, path, links):
+                footprint.remember(store.index, path.name, path)  # its pycs have the cache's links now
+        finally:
+            links.unlink(missing_ok=True)
         inputs = plan.inputs
         seconds = round(time.monotonic() - started, 3)
         if how == "built":
@@ -577,8 +583,11 @@ def make_env(store: Store, plan: BuildPlan, partial: Path, deadline: Deadline,
     # A repair's private cache gets a secret of its own, kept nowhere: nothing outside it is used.
     secret = os.urandom(bytecode.SECRET_BYTES) if plan.pyc_cache else bytecode.cache_secret(layout.pyc_secret)
     compile_env = {**env, **debug.passed_on("COMPILE_PAUSE"), bytecode.SECRET_ENV: secret.hex()}
+    # the store's cache only: its entries become links to this path's pycs once it is registered
+    links = None if plan.pyc_cache else bytecode.links_file(layout.tmp, plan.key)
     modules, failed, reused = bytecode.compile_tree(python, partial, pyc_cache, lambda argv, what: uvmod.run(
-        argv, what=what, env=compile_env, log_dir=layout.logs, cwd=layout.tmp, timeout=remaining(), show=say))
+        argv, what=what, env=compile_env, log_dir=layout.logs, cwd=layout.tmp, timeout=remaining(), show=say),
+        links=links)
     step("bytecode")
     say(f"{modules} module(s): {modules - reused - failed} compiled, {reused} from the bytecode cache"
              + (f", {failed} left as source (they do not compile)" if failed else ""))

@@ -19,9 +19,18 @@ the tag is HMAC-SHA256 of k and the pyc's bytes under the store's secret (`ROOT/
 32 random bytes, 0600 in the 0700 var/). (Compiling is most of a vLLM build: 80 of 120 s for its 98,000 files here.)
 
 Invariants that keep one environment from poisoning another through this cache:
-- an environment never shares an inode with the cache: an entry is written as a new file from the
-  bytes just compiled, and reused by reading it and writing a new file into the environment. An
-  edit in place to an environment's pyc (chmod u+w and write, as root can) reaches nothing else;
+- a build never links a cache entry into its environment: an entry is reused by reading it and
+  writing a new file into the environment (which registration may then share with the store's
+  identical, verified copy: core/dedupe.py). The other way is taken once the environment is
+  registered (link_cache): each entry the build used or made becomes a link to the environment's
+  own pyc, a store inode (frozen, the store user's, no write bit), in place of the entry's copy, so
+  the bytecode is on disk once. Only a store inode is ever linked into the cache, never a cache
+  file into the store. An edit in place to that inode (chmod u+w and write, as root can) is an
+  edit to a store path, which `verify` names; the cache entry then fails its check below and is
+  deleted, so it reaches no later build;
+- nothing of the cache's changes a store inode: a reuse marks only an entry with one link (its own
+  copy) as used (its mtime), and gc's pruning only unlinks (roots/gc.py: an entry a store path
+  links is kept while one does);
 - an entry is used only if its tag is right for its key and bytes; one that is not is deleted and
   the module compiled again. So a damaged entry is never used, and neither is one planted by
   someone who can write the cache but not read the secret: the tag binds the bytes to the source
@@ -30,7 +39,8 @@ Invariants that keep one environment from poisoning another through this cache:
   its final name (atomic in one directory), so a reader sees a complete entry or none;
 - nothing under the cache is followed if it is a symlink (every open is O_NOFOLLOW, relative to a
   directory descriptor), and only names matching ENTRY are read, at most MAX_ENTRIES_PER_KEY per key.
-A reuse sets the entry's mtime: gc drops entries no build has used for a while (gc.py).
+A reuse sets the mtime of an entry that is its own copy: gc drops those no build has used for a
+while (gc.py).
 
 The script runs as a child of procs.run, so it and its pool workers are in one process group that
 the store's keeper kills when the build ends or dies. The workers also set PR_SET_PDEATHSIG
@@ -41,6 +51,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from pathlib import Path
 
 # The names gc and the compiler agree on: `<key>.<sha256 of the bytes>.pyc`.
@@ -132,20 +143,21 @@ class Cache:
         return self.shards[s]
 
     def get(self, key):
-        # The bytes of a verified entry for `key`, or None. A damaged entry is deleted.
+        # (bytes, name) of a verified entry for `key`, or None. A damaged entry is deleted.
         if self.fd is None:
             return None
         fd, names = self.shard(key)
         for name in names.get(key, [])[:MAX_ENTRIES_PER_KEY]:
-            data = read_regular(name, fd)
+            data, links = read_regular(name, fd)
             if data is None:
                 continue
             if hmac.compare_digest(tag(key, data), name[65:129]):
-                try:
-                    os.utime(name, dir_fd=fd, follow_symlinks=False)
-                except OSError:
-                    pass
-                return data
+                if links == 1:  # never the times of a store inode (link_cache made it the entry)
+                    try:
+                        os.utime(name, dir_fd=fd, follow_symlinks=False)
+                    except OSError:
+                        pass
+                return data, name
             try:
                 os.unlink(name, dir_fd=fd)
             except OSError:
@@ -153,14 +165,15 @@ class Cache:
         return None
 
     def put(self, key, data):
+        # The entry's name once it is in the cache, else None.
         if self.fd is None:
-            return
+            return None
         fd, names = self.shard(key)
         if fd is None:
-            return
+            return None
         name = key + "." + tag(key, data) + ".pyc"
         if name in names.get(key, ()):
-            return
+            return name
         self.n += 1
         tmp = TEMP + str(os.getpid()) + "-" + str(self.n)
         try:
@@ -171,16 +184,19 @@ class Cache:
                 os.unlink(tmp, dir_fd=fd)
             except OSError:
                 pass
+            return None
+        return name
 
 def read_regular(name, dir_fd):
+    # (bytes, link count) of a regular file, or (None, 0).
     try:
         fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dir_fd)
     except OSError:
-        return None
+        return None, 0
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_PYC:
-            return None
+            return None, 0
         chunks, left = [], st.st_size + 1
         while left > 0:
             b = os.read(fd, left)
@@ -188,9 +204,9 @@ def read_regular(name, dir_fd):
                 break
             chunks.append(b)
             left -= len(b)
-        return b"".join(chunks)
+        return b"".join(chunks), st.st_nlink
     except OSError:
-        return None
+        return None, 0
     finally:
         os.close(fd)
 
@@ -242,6 +258,8 @@ def work(args):
         CACHE = Cache(cache_dir)  # one per process: its shard listings serve every chunk
     cache = CACHE
     failed = reused = 0
+    used = []  # (entry, target) of each entry this chunk reused or made: link_cache's list
+    magic = importlib.util.MAGIC_NUMBER.hex()
     for n, src in enumerate(chunk, 1):
         if n %% PROGRESS_EVERY == 0:  # progress, read by the store (procs.Heartbeat)
             os.write(1, b"llmgw-progress: +%%d\n" %% PROGRESS_EVERY)
@@ -256,7 +274,8 @@ def work(args):
         target = importlib.util.cache_from_source(src)
         cached = cache.get(key)
         if cached is not None:
-            place(target, cached)
+            place(target, cached[0])
+            used.append(magic + "/" + key[:2] + "/" + cached[1] + "\t" + os.path.relpath(target, root))
             reused += 1
             continue
         try:
@@ -266,9 +285,11 @@ def work(args):
             failed += 1  # like compileall and uv: a module that does not compile is left as source
             continue
         with open(target, "rb") as f:
-            cache.put(key, f.read())
+            made = cache.put(key, f.read())
+        if made is not None:
+            used.append(magic + "/" + key[:2] + "/" + made + "\t" + os.path.relpath(target, root))
     os.write(1, b"llmgw-progress: +%%d\n" %% (len(chunk) %% PROGRESS_EVERY))
-    return failed, reused
+    return failed, reused, used
 
 if __name__ == "__main__":
     root, lib, cache = sys.argv[1], sys.argv[2], sys.argv[3]
@@ -291,6 +312,9 @@ if __name__ == "__main__":
             # Several chunks per worker, so one that drew the slow modules does not finish alone.
             size = max(25, len(files) // (n * 8))
             results = list(pool.map(work, [(root, cache, files[i:i + size]) for i in range(0, len(files), size)]))
+    if len(sys.argv) > 4:  # the entries used, for link_cache once the environment is in the store
+        with open(sys.argv[4], "w") as f:
+            f.writelines(line + "\n" for r in results for line in r[2])
     print(len(files), sum(r[0] for r in results), sum(r[1] for r in results))
 """ % {"entry": ENTRY_RE.pattern, "temp": TEMP_PREFIX, "secret_env": SECRET_ENV, "per_worker": MODULES_PER_WORKER}  # noqa: UP031 (the script has braces of its own)
 
@@ -309,9 +333,87 @@ def cache_secret(path: Path) -> bytes:
         return os.urandom(SECRET_BYTES)
 
 
-def compile_tree(python: Path, env: Path, cache: Path, run) -> tuple[int, int, int]:
+def compile_tree(python: Path, env: Path, cache: Path, run, links: Path | None = None) -> tuple[int, int, int]:
     """(modules, modules that failed to compile, modules reused from the cache) for `env/lib`,
-    using `run(argv, what)`."""
-    out = run([python, "-c", SCRIPT, env, env / "lib", cache], "compiling bytecode")
+    using `run(argv, what)`. With `links`, the entries used or made are listed there, one
+    `<magic>/<shard>/<entry>\t<pyc relative to env>` a line, for link_cache."""
+    out = run([python, "-c", SCRIPT, env, env / "lib", cache, *([links] if links is not None else [])],
+              "compiling bytecode")
     total, failed, reused = out.split()[-3:]
     return int(total), int(failed), int(reused)
+
+
+_LINK_LINE = re.compile(r"([0-9a-f]{8})/([0-9a-f]{2})/(([0-9a-f]{64})\.[0-9a-f]{64}\.pyc)\t((?:[^/\0\t\n]+/){1,64}[^/\0\t\n]+\.pyc)")
+LINKS_MAX = 64 << 20  # the list's bytes read at most: a line per module, far from this
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+def links_file(tmp: Path, key: str) -> Path:
+    """Where a build of `key` lists the cache entries it used (compile_tree's `links`)."""
+    return tmp / f"pyc-links-{key}-{os.getpid()}"
+
+
+def link_cache(cache: Path, env: Path, links: Path) -> int:
+    """Make each cache entry `links` names a link to the registered environment `env`'s own pyc (a
+    store inode) in place of its copy, so the bytecode is on disk once; returns how many. `links`
+    comes from the compile script, which ran the environment's interpreter: every line is matched
+    with re.fullmatch, every directory opened O_NOFOLLOW, and a file is linked only if it is a
+    store inode (the store user's, no write bit) of the size of the entry it replaces. A wrong line
+    can at worst put bytes under a name their tag does not match: the next build's check deletes
+    that entry and compiles the module. Entries that are gone are not made again."""
+    from llmgw_store.core.files import read_bounded
+
+    try:
+        data = read_bounded(links, LINKS_MAX)
+    except OSError:
+        return 0
+    linked = 0
+    dirs: dict[tuple[str, str], int] = {}  # ("env"|"cache", relative directory) -> descriptor
+    euid = os.geteuid()
+
+    def opendir(side: str, rel: str) -> int:
+        if (side, rel) not in dirs:
+            parent, _, name = rel.rpartition("/")
+            top = os.fspath(env if side == "env" else cache)
+            dirs[(side, rel)] = os.open(name, _DIR, dir_fd=opendir(side, parent)) if rel else os.open(top, _DIR)
+        return dirs[(side, rel)]
+
+    try:
+        for line in data.decode(errors="replace").split("\n")[:1 << 22]:
+            m = _LINK_LINE.fullmatch(line)
+            if m is None or m.group(2) != m.group(4)[:2] or ".." in m.group(5).split("/"):
+                continue
+            magic, shard, name, _, rel = m.groups()
+            try:
+                linked += _link_one(opendir("cache", f"{magic}/{shard}"), name,
+                                    opendir("env", rel.rpartition("/")[0]), rel.rpartition("/")[2], euid)
+            except OSError:
+                continue
+    finally:
+        for fd in dirs.values():
+            os.close(fd)
+    return linked
+
+
+def _link_one(shard_fd: int, name: str, env_dir: int, pyc: str, euid: int) -> int:
+    fd = os.open(pyc, _FILE, dir_fd=env_dir)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != euid or st.st_mode & 0o7222:
+            return 0  # not a frozen store file of the store's user: never linked into the cache
+        old = os.lstat(name, dir_fd=shard_fd)
+        if not stat.S_ISREG(old.st_mode) or old.st_size != st.st_size or (old.st_dev, old.st_ino) == (st.st_dev, st.st_ino):
+            return 0
+        tmp = f"{TEMP_PREFIX}link-{os.getpid()}-{name[:16]}"
+        # the very inode open as `fd`, through /proc/self/fd (linkat AT_SYMLINK_FOLLOW): not
+        # whatever a name holds by the time of the link
+        os.link(f"/proc/self/fd/{fd}", tmp, dst_dir_fd=shard_fd, follow_symlinks=True)
+        try:
+            os.rename(tmp, name, src_dir_fd=shard_fd, dst_dir_fd=shard_fd)
+        except BaseException:
+            os.unlink(tmp, dir_fd=shard_fd)
+            raise
+        return 1
+    finally:
+        os.close(fd)

@@ -657,6 +657,9 @@ class Index:
             "INSERT OR REPLACE INTO tools VALUES (?, ?, ?, ?)", (kind, ident, info.get("stamp", ""), json.dumps(info))
         )
 
+    def forget_tool(self, kind: str, ident: str) -> None:
+        self._sql("DELETE FROM tools WHERE kind = ? AND ident = ?", (kind, ident))
+
 
     # --- profiles (the links on disk are the truth; these rows follow them) -----------------
     def generation_rows(self, profile: str) -> dict[int, GenerationRow]:

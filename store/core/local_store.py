@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from llmgw_store.core import debug, manifest, reserve, uses
+from llmgw_store.core import debug, footprint, manifest, reserve, uses
 from llmgw_store.core.errors import IntegrityError, NoStoreError, NotFoundError, StoreError
 from llmgw_store.core.fsutil import force_rmtree
 from llmgw_store.core.index import BUSY_TIMEOUT_S, Index, row_from_manifest
@@ -106,6 +106,7 @@ class Store:
                 trash = self.layout.trash / f"{name}.{os.getpid()}.{time.monotonic_ns()}"
                 os.rename(tree, trash)
                 self.index.replace_content(name, doc["content_hash"], doc["size"], doc["files"], build_id, seconds)
+                footprint.remember(self.index, name, final)
                 force_rmtree(trash)
                 return "replaced"
             how = "installed"
@@ -135,6 +136,7 @@ class Store:
                     pass  # the index itself failing: the first error is the one to report
             raise
         debug.pause("INSTALL_AFTER_REGISTER")
+        footprint.remember(self.index, name, final)  # what gc predicts its deletion frees
         return how
 
     def _complete(self, name: str, *, rehash: bool = True) -> tuple[dict[str, Any], list[str]]:

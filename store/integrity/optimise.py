@@ -23,7 +23,8 @@ cost: paths linked to one pool entry are one inode, so an edit in place to one o
 of them (`verify` names each; `verify --repair` rebuilds each as a separate tree). gc removes pool
 entries that no store path links any more.
 
-Builds share nothing with the uv or bytecode caches (installed and compiled files are copies). A
+Builds share nothing with uv's own cache (installed files are copies, or links from the wheel home);
+the bytecode cache's entries become links to a registered path's pycs (build/bytecode.link_cache). A
 build shares its files with the pool when it registers its path (core/dedupe.py, the same rules),
 so what optimise recovers is what paths registered before that, or pulled from a binary cache, hold
 twice: the files of common wheels, compiled bytecode (path-independent, see bytecode.py), the

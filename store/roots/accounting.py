@@ -133,9 +133,9 @@ def walk(path: str | os.PathLike):
             os.close(fd)
 
 
-def inodes_of(directory: str | os.PathLike) -> set[tuple[int, int]]:
-    """(st_dev, st_ino) of the plain files directly in `directory` (optimise's pool)."""
-    out = set()
+def inodes_of(directory: str | os.PathLike) -> dict[tuple[int, int], int]:
+    """(st_dev, st_ino) -> st_nlink of the plain files directly in `directory` (optimise's pool)."""
+    out = {}
     try:
         with os.scandir(directory) as it:
             for e in it:
@@ -144,7 +144,7 @@ def inodes_of(directory: str | os.PathLike) -> set[tuple[int, int]]:
                 except FileNotFoundError:
                     continue
                 if stat.S_ISREG(st.st_mode):
-                    out.add((st.st_dev, st.st_ino))
+                    out[(st.st_dev, st.st_ino)] = st.st_nlink
     except FileNotFoundError:
         pass
     return out
@@ -152,17 +152,30 @@ def inodes_of(directory: str | os.PathLike) -> set[tuple[int, int]]:
 
 class Tally:
     """What deleting every tree added so far would free, without deleting anything. `pooled`:
-    inodes with one more link in optimise's pool, which gc prunes once no store path links them."""
+    inodes with one more link in optimise's pool or the wheel home, which gc prunes once no store
+    path links them, each with its link count as it is now (the walk of the pool gave it)."""
 
-    def __init__(self, pooled: set[tuple[int, int]] | frozenset = frozenset()):
-        self.pooled = pooled
+    def __init__(self, pooled: dict[tuple[int, int], int] | None = None,
+                 extra: dict[tuple[int, int], int] | None = None):
+        self.pooled = pooled or {}
+        # links gc removes itself once no store path links the inode: one (the pool's or the wheel
+        # home's) unless `extra` says more (the bytecode cache's too)
+        self.extra = extra or {}
         self.links: dict[tuple[int, int], int] = {}
         self.freed = 0
         self.apparent = 0
+        self.walked = 0  # trees walked (no usable footprint record)
 
-    def add(self, tree: str | os.PathLike) -> int:
-        """Add a tree; returns what it adds to `freed`."""
+    def add(self, tree: str | os.PathLike, record: dict | None = None) -> int:
+        """Add a tree; returns what it adds to `freed`. With `record` (core/footprint.py: checked
+        with footprint.valid against the tree's lstat by the caller), the tree is not walked: its
+        own blocks count as they were measured, and each inode it shares with the pool or the
+        wheel home against that inode's link count now. One it shares with anything else (another
+        store path) needs the links as they are now, so the tree is walked after all."""
         before = self.freed
+        if record is not None and self._add_recorded(record):
+            return self.freed - before
+        self.walked += 1
         for _, st in walk(tree):
             if stat.S_ISDIR(st.st_mode):
                 self.freed += on_disk(st)
@@ -171,10 +184,29 @@ class Tally:
             ident = (st.st_dev, st.st_ino)
             seen = self.links.get(ident, 0) + 1
             self.links[ident] = seen
-            outside = st.st_nlink - seen - (1 if ident in self.pooled else 0)
+            outside = st.st_nlink - seen - (self.extra.get(ident, 1) if ident in self.pooled else 0)
             if outside == 0:
                 self.freed += on_disk(st)
         return self.freed - before
+
+    def _add_recorded(self, record: dict) -> bool:
+        """Add a tree by its footprint; False (nothing added) when an inode it shares is neither
+        the pool's nor the wheel home's."""
+        dev = record["dev"]
+        shared = record["shared"]
+        if any((dev, ino) not in self.pooled for ino, _, _ in shared):
+            return False
+        self.freed += record["own"]
+        self.apparent += record["apparent"]
+        for ino, blocks, met in shared:
+            ident = (dev, ino)
+            seen = self.links.get(ident, 0)
+            self.links[ident] = seen + met
+            # the tree's links and the pool's are all there are: counted once, when the last comes
+            left = self.pooled[ident] - self.extra.get(ident, 1) - seen
+            if left > 0 >= left - met:
+                self.freed += blocks
+        return True
 
 
 LISTING_MAX = 512 << 20  # the same bound manifest.CONTENTS_MAX puts on a listing

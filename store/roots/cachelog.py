@@ -198,14 +198,14 @@ def _wheel_entries(store: Store) -> list[os.DirEntry]:
     return out
 
 
-def wheel_home_inodes(store: Store) -> set[tuple[int, int]]:
-    """(st_dev, st_ino) of every file of the wheel home: like a pool entry, a link there is one gc
-    removes once no store path links the file (accounting.Tally's `pooled`)."""
-    out = set()
+def wheel_home_inodes(store: Store) -> dict[tuple[int, int], int]:
+    """(st_dev, st_ino) -> st_nlink of every file of the wheel home: like a pool entry, a link there
+    is one gc removes once no store path links the file (accounting.Tally's `pooled`)."""
+    out = {}
     for e in _wheel_entries(store):
         for _, st in walk(e.path):
             if stat.S_ISREG(st.st_mode):
-                out.add((st.st_dev, st.st_ino))
+                out[(st.st_dev, st.st_ino)] = st.st_nlink
     return out
 
 

@@ -38,7 +38,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from llmgw_store.core import debug, reserve
+from llmgw_store.core import debug, footprint, reserve
 from llmgw_store.core.errors import DiskFullError, IndexError_, NoStoreError, UsageError
 from llmgw_store.core.fsutil import free_bytes
 from llmgw_store.core.index import Index, ReferencedError, now_iso
@@ -275,6 +275,11 @@ def collect(
             # the pool with the lock shared.
             with gc_lock(layout, shared=False, timeout=lock_timeout):
                 whole = max_cache is not None or pooled is None
+                if dead:
+                    # the deleted paths' pycs that the bytecode cache links (bytecode.link_cache) go
+                    # with them: the cache's link first, then the pool's
+                    report["freed"]["store_paths"] += _prune_stale_pyc(layout.pyc_cache, layout.links_pool,
+                                                                       linked_only=True)
                 report["freed"]["store_paths"] += _prune_pool(layout.links_pool, names=None if whole else pooled)
             # The wheels only the deleted paths linked: freed with them, before what a full disk kept
             # gc from recording is recorded (the paths' files are the wheel home's inodes: deleting
@@ -293,7 +298,7 @@ def collect(
             report["freed"]["downloads"] = _prune_downloads(layout)
             if max_cache is not None or _due(store.index.tool_info("gc", "pyc-prune"), PYC_PRUNE_EVERY_S):
                 with gc_lock(layout, shared=False, timeout=lock_timeout):
-                    report["freed"]["linked_caches"] += _prune_stale_pyc(layout.pyc_cache)
+                    report["freed"]["linked_caches"] += _prune_stale_pyc(layout.pyc_cache, layout.links_pool)
                 try:
                     store.index.remember_tool("gc", "pyc-prune", {"at": time.time()})
                 except DiskFullError:
@@ -365,6 +370,7 @@ def _record_deferred(store: Store, report: dict[str, Any]) -> None:
 def _forget(store: Store, name: str) -> None:
     store.index.forget(name)
     store.index.forget_rooted(name)
+    store.index.forget_tool(footprint.KIND, name)
     if name not in store.index.generation_path_names():
         store.index.forget_cache_uses(name)  # no cold rollback can want its entries
 
@@ -408,11 +414,11 @@ def _sweep(store: Store, excluded, budget, keep_dead_for, dry_run, lock_timeout,
                 store.index.mark_rooted(rooted, at)
             except DiskFullError:
                 report["deferred"]["rooted"] = (rooted, at)  # recorded once the trash is emptied
-        # A link in optimise's pool or the wheel home is one gc removes once no path links the file.
-        pooled = (inodes_of(layout.links_pool) | wheel_home_inodes(store)) if (budget is not None or dry_run) \
-            else frozenset()
+        # A link in optimise's pool, the wheel home or the bytecode cache (an entry that is a store
+        # path's pyc) is one gc removes once no path links the file.
+        pooled, extra = _gc_links(store) if (budget is not None or dry_run) else ({}, {})
         dead = _choose(store, live, budget, checked=not dry_run, keep_dead_for=keep_dead_for, now=now,
-                       pooled=pooled, report=report, predict=dry_run or budget is not None)
+                       pooled=pooled, extra=extra, report=report, predict=dry_run or budget is not None)
         dead = _referrers_first(store, dead)  # deleted, and reported, in this order
         for item in dead:
             say(f"{'would delete' if dry_run else 'deleting'} {item['name']} ({human_size(item['size'])}, {item['reason']})")
@@ -446,6 +452,30 @@ def _sweep(store: Store, excluded, budget, keep_dead_for, dry_run, lock_timeout,
         dead = [item for item in dead if not item.get("kept")]
         report["deleted"] += dead
     return dead, live
+
+
+def _gc_links(store: Store) -> tuple[dict[tuple[int, int], int], dict[tuple[int, int], int]]:
+    """(inode -> link count now, inode -> how many of its links gc removes itself) for the inodes
+    of optimise's pool, the wheel home and the bytecode cache's entries that are store inodes in
+    the pool too (the ones gc unlinks with the last path: _prune_stale_pyc's `linked_only`)."""
+    pool = inodes_of(store.layout.links_pool)
+    pyc = {ident: n for ident, n in _linked_pyc(store.layout.pyc_cache).items() if ident in pool}
+    maps = [pool, wheel_home_inodes(store), pyc]
+    nlinks: dict[tuple[int, int], int] = {}
+    extra: dict[tuple[int, int], int] = {}
+    for m in maps:
+        for ident, n in m.items():
+            nlinks[ident] = n
+            extra[ident] = extra.get(ident, 0) + 1
+    return nlinks, {k: v for k, v in extra.items() if v != 1}
+
+
+def _linked_pyc(pyc_cache: Path) -> dict[tuple[int, int], int]:
+    """inode -> link count of the bytecode cache's entries with other links (bytecode.link_cache's)."""
+    from llmgw_store.build.bytecode import ENTRY_RE
+
+    return {(st.st_dev, st.st_ino): st.st_nlink for rel, st in walk(pyc_cache)
+            if rel and stat.S_ISREG(st.st_mode) and st.st_nlink > 1 and ENTRY_RE.fullmatch(os.path.basename(rel))}
 
 
 def _referrers_first(store: Store, dead: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -617,7 +647,7 @@ def _ts(iso: str | None) -> float:
 
 
 def _choose(store: Store, live: set[str], budget: int | None, *, checked: bool = True,
-            keep_dead_for: float | None = None, now: float = 0.0, pooled=frozenset(),
+            keep_dead_for: float | None = None, now: float = 0.0, pooled=None, extra=None,
             report: dict[str, Any] | None = None, predict: bool = False) -> list[dict[str, Any]]:
     """Dead paths, crash leftovers first, then least recently used; cut at the byte budget (on
     disk, predicted by accounting.Tally). With `checked`, every unregistered directory left is one
@@ -654,17 +684,34 @@ def _choose(store: Store, live: set[str], budget: int | None, *, checked: bool =
     for name in rows:
         if name not in on_disk and name not in live:
             registered.append({"name": name, "size": 0, "reason": "registered but missing on disk", "last_used": ""})
-    tally = Tally(pooled)
+    tally = Tally(pooled, extra)
     chosen = []
     for item in leftovers + sorted(registered, key=lambda r: _ts(r["last_used"])):
         if budget is not None and tally.freed >= budget:
             break
         apparent = tally.apparent
-        item["freed"] = tally.add(store.layout.store / _component(item["name"])) if predict else 0
+        if predict:
+            # What the path costs, as recorded when it was registered (core/footprint.py): a
+            # prediction walks only a tree without a record that still describes it.
+            tree = store.layout.store / _component(item["name"])
+            item["freed"] = tally.add(tree, _record(store.index.tool_info(footprint.KIND, item["name"]), tree))
+        else:
+            item["freed"] = 0
         if item["size"] is None:
             item["size"] = tally.apparent - apparent if predict else _apparent(store.layout.store / item["name"])
         chosen.append(item)
     return chosen
+
+
+def _record(record: Any, tree: Path) -> dict | None:
+    """`record` when it is a footprint of `tree` as it is now (the same directory)."""
+    if record is None:
+        return None
+    try:
+        st = os.lstat(tree)
+    except OSError:
+        return None
+    return record if footprint.valid(record, st) else None
 
 
 def _apparent(tree: Path) -> int:
@@ -747,23 +794,34 @@ def _prune_pool(pool: Path, dry_run: bool = False, names: set[str] | None = None
     return freed
 
 
-def _prune_stale_pyc(pyc_cache: Path) -> int:
-    """The bytecode cache's entries that no build has used for PYC_UNUSED_S (entries are copied into
-    environments, never linked, so links say nothing about them; a reuse sets the mtime), with
-    whatever there is not an entry (an older format's hardlinks into environments, a crashed build's
-    temporary files). Returns bytes freed on disk."""
+def _prune_stale_pyc(pyc_cache: Path, pool: Path, linked_only: bool = False) -> int:
+    """The bytecode cache's entries that are their own copy (one link) and that no build has used
+    for PYC_UNUSED_S (a reuse sets such an entry's mtime); entries that are a store path's pyc
+    (build/bytecode.link_cache made them links to it) while a path links them (they cost nothing,
+    and their times are the store's), and once only optimise's pool does, with them (the pool's copy
+    goes in the next gc); with whatever there is not an entry (a crashed build's temporary files).
+    Only unlinks: nothing here changes an inode a store path may share. `linked_only`: only the
+    entries that are store inodes (after paths were deleted). Returns bytes freed on disk."""
     from llmgw_store.build.bytecode import ENTRY_RE, TEMP_PREFIX
 
     freed = 0
     now = time.time()
+    pooled = inodes_of(pool)
     for rel, st in walk(pyc_cache):
         if not rel or stat.S_ISDIR(st.st_mode):
             continue
         name = os.path.basename(rel)
-        if name.startswith(TEMP_PREFIX):
+        if linked_only:
+            stale = st.st_nlink > 1 and ENTRY_RE.fullmatch(name) is not None \
+                and st.st_nlink - 1 - ((st.st_dev, st.st_ino) in pooled) <= 0
+        elif name.startswith(TEMP_PREFIX):
             stale = now - st.st_mtime > PYC_TEMP_S
+        elif not ENTRY_RE.fullmatch(name):
+            stale = True
+        elif st.st_nlink > 1:
+            stale = st.st_nlink - 1 - ((st.st_dev, st.st_ino) in pooled) <= 0
         else:
-            stale = not ENTRY_RE.fullmatch(name) or now - st.st_mtime > PYC_UNUSED_S
+            stale = now - st.st_mtime > PYC_UNUSED_S
         if stale:
             freed += _unlink(os.path.join(pyc_cache, rel), st)
     return freed
