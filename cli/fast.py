@@ -76,6 +76,15 @@ def run(argv: list[str], started: float) -> int | None:
 
         code = output.run(ctx, hit)
         return code if answered[0] or code != 0 else None
+    if command in ("activate", "rollback"):
+        switched = [False]
+
+        def switch() -> None:
+            switched[0] = handlers.switch_answer(ctx, command, params)
+
+        code = output.run(ctx, switch)
+        if switched[0] or code != 0:
+            return code
     defer("inspect")
     return output.run(ctx, lambda: handlers.HANDLERS[command](ctx, params))
 
