@@ -205,3 +205,30 @@ def test_a_killed_switch_leaves_the_old_or_the_new_generation(root, store, tmp_p
     assert _current(root) == store["a"]
     run_cli(root, "activate", "p", store["b"], env=store["env"], check=True)
     assert _current(root) == store["b"]
+
+
+def test_a_switch_reads_the_kept_proof_not_the_listing(root, store):
+    """The lock a record keeps is proved when the path is built and the proof kept, keyed with the
+    records key: a switch hashes the manifest's lock only. A proof that does not check (forged,
+    for other content, a link) is no proof: the full command proves the lock again from the
+    listing, and writes the proof again."""
+    name = os.path.basename(store["b"])
+    proof = root / "var" / "lockproofs" / name
+    doc = json.loads(proof.read_text())
+    assert set(doc) == {"name", "content_hash", "lock_format", "lock_blake3", "mac"}
+    assert oct(proof.stat().st_mode & 0o777) == "0o600"
+    for forged in ({**doc, "content_hash": "0" * 64}, {**doc, "lock_blake3": "0" * 64}, {**doc, "mac": "0" * 64}):
+        proof.write_text(json.dumps(forged))
+        proc, names = loaded(root, "activate", "p", store["b"], env=store["env"])
+        assert proc.returncode == 0 and _current(root) == store["b"], proc.stderr
+        assert "llmgw_store.roots.profiles" in names and "llmgw_store.build.lockproof" in names
+        assert json.loads(proof.read_text()) == doc  # proved again, kept again
+        run_cli(root, "rollback", "p", "--to", "1", env=store["env"], check=True)
+    proc, names = loaded(root, "activate", "p", store["b"], env=store["env"])
+    assert proc.returncode == 0 and "llmgw_store.roots.profiles" not in names
+    # A proof reached through a link is no proof (read without following one).
+    proof.unlink()
+    os.symlink("/etc/passwd", proof)
+    run_cli(root, "rollback", "p", "--to", "1", env=store["env"], check=True)
+    proc, names = loaded(root, "activate", "p", store["b"], env=store["env"])
+    assert proc.returncode == 0 and "llmgw_store.roots.profiles" in names

@@ -19,9 +19,12 @@ would have made, byte for byte.
 Invariants kept here, as in profiles.py:
 - A SIGKILL at any point leaves the profile at the old generation or the new one (rename(2) of a
   link over `profiles/<p>`), and the new generation's link and record exist before it points there.
-- Durability: the record's data is fsynced, the generation link and the record are renamed into
-  profiles/ and that directory fsynced once, then the profile's link is renamed over and the
-  directory fsynced again: once `activate` returns, a power cut keeps the switch.
+- Durability: the generation's link, the record and the profile's link are renamed in that order
+  in profiles/, the record's data fsynced before the last, and the directory fsynced once: once
+  `activate` returns, a power cut keeps the switch. Before that, a journaling filesystem (ext4,
+  xfs) replays the renames of one directory in their order, so a power cut never keeps the
+  switch without the generation's link and record (it may keep neither, or them without the
+  switch). The history's line is fdatasync-ed (records.add_event).
 - Nothing grows with the target's size: the lock a record keeps was proved when the path was built
   (or at its first record) and the proof kept (core/proofs.py); here only the manifest's lock text
   is hashed and compared with the kept proof, which names the content hash the index records.
@@ -591,10 +594,9 @@ def _activate_locked(dirs: _Dirs, index: _Index, key: bytes, profile: str, name:
         # The record is on disk before the profile points at the generation (records.write).
         files.write_atomic(f".{profile}-{number}.record", data, dir_fd=dirs.profiles, mode=FILE_MODE, fsync=False)
         _fsync_record(dirs, f".{profile}-{number}.record")
-        os.fsync(dirs.profiles)  # the generation's link and record, both
         debug.pause("BEFORE_SWITCH")
         _symlink(dirs, link, profile)
-        os.fsync(dirs.profiles)
+        os.fsync(dirs.profiles)  # the three names at once: the generation's link, its record, the switch
         debug.pause("AFTER_SWITCH")
         created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(os.lstat(link, dir_fd=dirs.profiles).st_mtime))
         index.record_generation(profile, number, name, created)
