@@ -7,8 +7,8 @@ with nothing on their path but what a switch is (the fast path, cli/fast.py, run
 Each is the common case of roots/profiles.py's `activate` and `rollback`, doing exactly what those
 do — the same locks in the same order (a temp root under the gc lock held shared, then the
 profile's lock with its owner note), the same links, record, history event and index row, the same
-result — with only os, json, sqlite3 (activate alone) and blake3 loaded: no pathlib, re, dataclass,
-datetime or click. Anything else returns None *before anything is changed*, and the caller runs
+result — with only os, _json, _sqlite3 (activate alone) and blake3 loaded: no pathlib, re, json,
+dataclasses, typing, datetime or click. Anything else returns None *before anything is changed*, and the caller runs
 the full function, which does it all and says what is wrong: a lock another process holds (the
 full function waits, naming it), a check to run, a cold generation, temporaries a killed change
 left, an index that differs from the links, a pending `--then-check`, records beyond the keep
@@ -29,7 +29,9 @@ Invariants kept here, as in profiles.py:
   (or at its first record) and the proof kept (core/proofs.py); here only the manifest's lock text
   is hashed and compared with the kept proof, which names the content hash the index records.
 - profiles/ is read once (one scandir) per switch.
-- The index is told (activate's generation row) on a connection that is not the last to close:
+- The index is told of the new generation first (its row, before its link: a write the index
+  refuses leaves the command to the full function with nothing changed), on a connection that is
+  not the last to close:
   a read-only connection of this process holds the database open while the writer closes, so no
   WAL checkpoint runs on the command's path (the commit is in the WAL, synchronous=NORMAL as every
   writer of the index; the next full command or SQLite's autocheckpoint moves it into the file).
@@ -257,24 +259,40 @@ def _no_pending_check(dirs: _Dirs, profile: str, current: int | None) -> None:
         raise _Leave
 
 
-def _history(dirs: _Dirs, profile: str) -> int:
-    """The profile's history opened to append (records.add_event's checks), or _Leave when it is
-    not a plain file of ours closed to others, or is due for rotation."""
-    fd = os.open(f".{profile}.history", os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
-                 | os.O_CLOEXEC, FILE_MODE, dir_fd=dirs.profiles)
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077 \
+def _history_checked(dirs: _Dirs, profile: str) -> None:
+    """Before anything changes: the profile's history, if it exists, is a plain file of ours closed
+    to others and not due for rotation (else _Leave: the full function's add_event fixes its mode,
+    or rotates it). Nothing is created here."""
+    try:
+        st = os.lstat(f".{profile}.history", dir_fd=dirs.profiles)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077 or st.st_nlink != 1 \
             or st.st_size + HISTORY_ROOM > HISTORY_ROTATE_BYTES:
-        os.close(fd)
         raise _Leave
-    return fd
 
 
-def _event(fd: int, event: str, **fields: object) -> None:
-    """records.add_event: one JSON line, appended and fdatasync-ed."""
+def _event(dirs: _Dirs, profile: str, event: str, **fields: object) -> None:
+    """records.add_event: one JSON line appended (O_APPEND, never through a link) and fdatasync-ed."""
+    from llmgw_store.core.report import said
+
     entry = {"event": event, "at": now_iso(), "by": who(), **fields}
-    os.write(fd, jsontext.line(entry).encode() + b"\n")
-    os.fdatasync(fd)
+    shown = f"{dirs.root}/profiles/.{profile}.history"
+    try:
+        fd = os.open(f".{profile}.history", os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+                     | os.O_CLOEXEC, FILE_MODE, dir_fd=dirs.profiles)
+    except OSError as exc:
+        said(f"cannot record the event in {shown}: {exc.strerror}")
+        return
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid not in (os.geteuid(), 0):
+            said(f"not recording the event: {shown} is not a plain file of ours")
+            return
+        os.write(fd, jsontext.line(entry).encode() + b"\n")
+        os.fdatasync(fd)
+    finally:
+        os.close(fd)
 
 
 def now_iso() -> str:
@@ -440,15 +458,10 @@ class _Index:
                 self.conn.execute("SELECT number, name, deleted FROM generations WHERE profile = ?", (profile,))}
 
     def record_generation(self, profile: str, number: int, name: str, created: str) -> None:
-        """Index.record_generation, its errors the store's (index.store_error)."""
+        """Index.record_generation (one statement, its own transaction)."""
         whoami = f"{_user()}@{os.uname().nodename} pid {os.getpid()}"  # index._whoami
-        try:
-            self.conn.execute("INSERT OR REPLACE INTO generations (profile, number, name, created, created_by, deleted) "
-                              "VALUES (?, ?, ?, ?, ?, NULL)", (profile, number, name, created, whoami))
-        except self.sqlite3.Error as exc:
-            from llmgw_store.core.index import store_error
-
-            raise store_error(_P(self.path), f"index {self.path}", exc, self.timeout) from exc
+        self.conn.execute("INSERT OR REPLACE INTO generations (profile, number, name, created, created_by, deleted) "
+                          "VALUES (?, ?, ?, ?, ?, NULL)", (profile, number, name, created, whoami))
 
     def close(self) -> None:
         """Close without a WAL checkpoint: a read-only connection holds the database open while the
@@ -466,14 +479,6 @@ class _Index:
             pass
         self.conn.close()
         reader.close()
-
-
-class _P(str):
-    """A path for index.store_error (which asks `.parent`), without pathlib."""
-
-    @property
-    def parent(self) -> str:
-        return os.path.dirname(self)
 
 
 # --- the two switches -----------------------------------------------------------------------------
@@ -551,9 +556,10 @@ def activate(root: str, profile: str, target: str, *, lock_timeout: float, no_ch
             lock.release()
     except _Leave:
         return None
-    except Exception:
+    except Exception as exc:
         if started.changing:
             raise
+        _raise_if_full(exc, root, lock_timeout)
         return None
     finally:
         if index is not None:
@@ -580,29 +586,30 @@ def _activate_locked(dirs: _Dirs, index: _Index, key: bytes, profile: str, name:
     if len(scan.records) + 1 > keep_records:
         return None  # records to prune: the full function's
     number = max([*scan.gens, *scan.records, *rows, 0]) + 1
-    history = _history(dirs, profile)
-    try:
-        link = f"{profile}-{number}-link"
-        activation = {"kind": "activate", "from": current, "check": None}
-        body = {"format": RECORD_FORMAT, "profile": profile, "generation": number, **described,
-                "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "by": who(), "activation": activation}
-        body["lock_blake3"] = blake3(body["lock"].encode()).hexdigest()  # type: ignore[union-attr]
-        digest = blake3(jsontext.canonical(body), key=key).hexdigest()
-        data = jsontext.indented({**body, "digest": digest}).encode() + b"\n"
-        started.changing = True
-        _symlink(dirs, f"../store/{name}", link)
-        # The record is on disk before the profile points at the generation (records.write).
-        files.write_atomic(f".{profile}-{number}.record", data, dir_fd=dirs.profiles, mode=FILE_MODE, fsync=False)
-        _fsync_record(dirs, f".{profile}-{number}.record")
-        debug.pause("BEFORE_SWITCH")
-        _symlink(dirs, link, profile)
-        os.fsync(dirs.profiles)  # the three names at once: the generation's link, its record, the switch
-        debug.pause("AFTER_SWITCH")
-        created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(os.lstat(link, dir_fd=dirs.profiles).st_mtime))
-        index.record_generation(profile, number, name, created)
-        _event(history, "activate", **{"from": current}, to=number, name=name, check=None)
-    finally:
-        os.close(history)
+    _history_checked(dirs, profile)
+    link = f"{profile}-{number}-link"
+    activation = {"kind": "activate", "from": current, "check": None}
+    created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    body = {"format": RECORD_FORMAT, "profile": profile, "generation": number, **described, "created": created,
+            "by": who(), "activation": activation}
+    body["lock_blake3"] = blake3(body["lock"].encode()).hexdigest()  # type: ignore[union-attr]
+    digest = blake3(jsontext.canonical(body), key=key).hexdigest()
+    data = jsontext.indented({**body, "digest": digest}).encode() + b"\n"
+    # The index first: a write it refuses (a full disk, a lock held past the timeout) leaves the
+    # command to the full function with nothing changed. Its row names generation N before the link
+    # does; a change killed in between leaves a row without a link, which the next change marks
+    # deleted (profiles._sync_index), the number never reused.
+    index.record_generation(profile, number, name, created)
+    started.changing = True
+    _symlink(dirs, f"../store/{name}", link)
+    # The record is on disk before the profile points at the generation (records.write).
+    files.write_atomic(f".{profile}-{number}.record", data, dir_fd=dirs.profiles, mode=FILE_MODE, fsync=False)
+    _fsync_record(dirs, f".{profile}-{number}.record")
+    debug.pause("BEFORE_SWITCH")
+    _symlink(dirs, link, profile)
+    os.fsync(dirs.profiles)  # the three names at once: the generation's link, its record, the switch
+    debug.pause("AFTER_SWITCH")
+    _event(dirs, profile, "activate", **{"from": current}, to=number, name=name, check=None)
     said(f"profile {profile}: generation {number} -> {name}")
     return _result(profile, number, current, path, True), name
 
@@ -633,12 +640,30 @@ def rollback(root: str, profile: str, to: int | None) -> dict[str, object] | Non
             lock.release()
     except _Leave:
         return None
-    except Exception:
+    except Exception as exc:
         if started.changing:
             raise
+        _raise_if_full(exc, root, 30.0)
         return None
     finally:
         dirs.close()
+
+
+def _raise_if_full(exc: Exception, root: str, timeout: float) -> None:
+    """A full disk (or quota) is the command's answer, not a reason to go on to the full function:
+    what that one would then write is where the disk would refuse it, maybe after its first change.
+    Raised as the store says it (an OSError: output.translated; SQLite's: index.store_error)."""
+    import errno
+
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        raise exc
+    if type(exc).__module__ in ("sqlite3", "_sqlite3") and getattr(exc, "sqlite_errorcode", 0) & 0xFF == 13:
+        from pathlib import Path
+
+        from llmgw_store.core.index import store_error
+
+        db = Path(root) / "var" / "db.sqlite"
+        raise store_error(db, f"index {db}", exc, min(timeout, 30.0)) from exc  # 13: SQLITE_FULL
 
 
 def _hot(dirs: _Dirs, name: str) -> bool:
@@ -669,14 +694,11 @@ def _rollback_locked(dirs: _Dirs, profile: str, to: int | None, started: _Starte
     path = f"{dirs.root}/store/{name}"
     if to == current:
         return _result(profile, to, current, path, False)
-    history = _history(dirs, profile)
-    try:
-        started.changing = True
-        _symlink(dirs, f"{profile}-{to}-link", profile)
-        os.fsync(dirs.profiles)
-        debug.pause("AFTER_SWITCH")
-        _event(history, "rollback", **{"from": current}, to=to, name=name, cold=False)
-    finally:
-        os.close(history)
+    _history_checked(dirs, profile)
+    started.changing = True
+    _symlink(dirs, f"{profile}-{to}-link", profile)
+    os.fsync(dirs.profiles)
+    debug.pause("AFTER_SWITCH")
+    _event(dirs, profile, "rollback", **{"from": current}, to=to, name=name, cold=False)
     said(f"profile {profile}: generation {current} -> {to} ({name})")
     return _result(profile, to, current, path, True)
