@@ -232,3 +232,45 @@ def test_a_switch_reads_the_kept_proof_not_the_listing(root, store):
     run_cli(root, "rollback", "p", "--to", "1", env=store["env"], check=True)
     proc, names = loaded(root, "activate", "p", store["b"], env=store["env"])
     assert proc.returncode == 0 and "llmgw_store.roots.profiles" in names
+
+
+def test_the_switch_agrees_with_the_modules_it_stands_in_for():
+    """The constants roots/switch.py repeats (it does not import those modules) are theirs."""
+    from llmgw_store.core import index, manifest, proofs
+    from llmgw_store.roots import records, switch
+
+    assert switch.SCHEMA_VERSION == index.SCHEMA_VERSION
+    assert switch.RECORD_FORMAT == records.FORMAT and switch.RECORD_MAX == records.RECORD_MAX
+    assert switch.HISTORY_ROTATE_BYTES == records.HISTORY_ROTATE_BYTES and switch.FILE_MODE == records.FILE_MODE
+    assert switch.MANIFEST_MAX == manifest.MANIFEST_MAX and switch.LIST_MAX == records._LIST_MAX
+    assert proofs.SECRET_FILE == records.SECRET_FILE and proofs.SECRET_BYTES == records.SECRET_BYTES
+    assert proofs.LOCK_FORMATS == records.LOCK_FORMATS
+    from llmgw_store.core.names import check_profile
+
+    for name in ("p", "vllm", "a.b_c-d", "x-1-link", "x-01-link", "x-0-link", "x--link", "link", "a-link", "-a", ".a",
+                 "A", "a" * 100, "a" * 101, "é", "a/b", "", "x-1-linkx", "1-link", "a-1-2-link"):
+        try:
+            check_profile(name)
+            valid = True
+        except Exception:
+            valid = False
+        assert switch._profile_ok(name) == valid, name
+
+
+def test_json_through_the_c_codec_is_json():
+    """core/jsontext gives json's bytes for what a switch writes and reads."""
+    from llmgw_store.core import jsontext
+
+    docs = [{"a": 1, "b": [1, 2, {"c": "é\n\"x", "d": []}], "e": {}, "f": None, "g": True, "h": 1.5, "i": -0.0,
+             "k": "\u2028 \x00", "t": (1, "x")}, [], {}, "x", 3, [{"z": [[]]}]]
+    for d in docs:
+        for n in (1, 2):
+            assert jsontext.indented(d, n) == json.dumps(d, indent=n, sort_keys=True)
+        assert jsontext.line(d) == json.dumps(d, sort_keys=True)
+        assert jsontext.canonical(d) == json.dumps(d, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+        assert jsontext.loads(json.dumps(d, indent=2)) == json.loads(json.dumps(d)) == jsontext.loads(json.dumps(d).encode())
+    for bad in ("", "{", "1 2", "[1,]", "nul", "{'a': 1}", b"\xff"):
+        with pytest.raises(ValueError):
+            jsontext.loads(bad)
+    with pytest.raises(TypeError):
+        jsontext.indented({1: "a"})

@@ -48,12 +48,11 @@ from llmgw_store.core.buildmemo import NIX_BASE32, is_store_name
 from llmgw_store.core.dirs import PRIVATE_DIR, PUBLIC_DIR, own_dir
 from llmgw_store.core.errors import StoreError
 
-COMMANDS = ("activate", "rollback")
 SCHEMA_VERSION = 5  # core/index.py's (tests/test_switch.py checks they agree)
 RECORD_FORMAT = 1  # roots/records.py's FORMAT
-RECORD_MAX = 32 << 20
-MANIFEST_MAX = 16 << 20
-HISTORY_ROTATE_BYTES = 1 << 20
+RECORD_MAX = 32 << 20  # records.RECORD_MAX
+MANIFEST_MAX = 16 << 20  # manifest.MANIFEST_MAX
+HISTORY_ROTATE_BYTES = 1 << 20  # records.HISTORY_ROTATE_BYTES
 HISTORY_ROOM = 64 << 10  # a history this close to rotation is left to the full function
 LIST_MAX = 10_000
 PROFILE_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789._-")
@@ -68,8 +67,9 @@ class _Leave(Exception):
 
 
 class _Started:
-    """Whether the switch has begun changing profiles/: before, any error leaves the command to the
-    full function (which meets it again and says it as the store says it); after, it is raised."""
+    """Whether the switch has begun changing the store: before, an error leaves the command to the
+    full function (which meets it again and says it as the store says it), but for a full disk,
+    raised at once (`_raise_if_full`); after, every error is raised."""
 
     changing = False
 
