@@ -274,3 +274,13 @@ def test_json_through_the_c_codec_is_json():
             jsontext.loads(bad)
     with pytest.raises(TypeError):
         jsontext.indented({1: "a"})
+
+
+def test_gc_takes_a_dead_paths_proof_with_it(root, store, recipe, index, uv_bin):
+    """A proof is kept per store path; gc removes it with the path (var/ does not grow)."""
+    c = build_json(root, recipe, index, uv_bin, "--as-of", "2024-08-02")["path"]
+    proofs_dir = root / "var" / "lockproofs"
+    assert (proofs_dir / os.path.basename(c)).is_file()
+    run_cli(root, "gc", check=True)
+    assert not os.path.exists(c) and not (proofs_dir / os.path.basename(c)).exists()
+    assert {p.name for p in proofs_dir.iterdir()} == {os.path.basename(store["a"]), os.path.basename(store["b"])}

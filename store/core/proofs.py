@@ -117,3 +117,27 @@ def recall(var_fd: int, key: bytes, name: str, content_hash: str) -> dict[str, s
         return None
     return body
 
+
+def drop(var: str | os.PathLike, name: str) -> None:
+    """Remove the kept proof of store path `name` (gc took the path). Never through a link."""
+    from llmgw_store.core.buildmemo import is_store_name
+    from llmgw_store.core.dirs import private_dir
+
+    if not is_store_name(name):
+        return
+    try:
+        var_fd = os.open(var, _DIR)
+    except OSError:
+        return
+    try:
+        fd = private_dir(PROOFS_DIR, var_fd, False)
+    finally:
+        os.close(var_fd)
+    if fd is None:
+        return
+    try:
+        os.unlink(name, dir_fd=fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
