@@ -13,6 +13,10 @@ A `build` runs here only when the build memo answers it (core/buildmemo.py: a ca
 milliseconds); anything else — a miss, `--check`, another command, `--help`, an option this parser
 is not sure of, a config file whose parsed values are not cached yet (core/config.py) — goes to the
 click app with argv untouched, which then does it all and says what is wrong.
+
+An `activate` or a `rollback` is answered first by the switch's own path (roots/switch.py, through
+handlers.switch_answer: a registered store path, a hot generation, no check), which loads none of
+the library's other layers; what it leaves (nothing changed) runs the click command's body here.
 """
 
 from __future__ import annotations
@@ -76,6 +80,15 @@ def run(argv: list[str], started: float) -> int | None:
 
         code = output.run(ctx, hit)
         return code if answered[0] or code != 0 else None
+    if command in ("activate", "rollback"):
+        switched = [False]
+
+        def switch() -> None:
+            switched[0] = handlers.switch_answer(ctx, command, params)
+
+        code = output.run(ctx, switch)
+        if switched[0] or code != 0:
+            return code
     defer("inspect")
     return output.run(ctx, lambda: handlers.HANDLERS[command](ctx, params))
 

@@ -172,10 +172,7 @@ def activate(ctx, kw: dict) -> None:
         from llmgw_store.integrity.queries import path_info
 
         doc["inputs"] = path_info(r.path, root=ctx.root).row.inputs  # the key's, as for build -v --json
-    checked = f" (check {r.check['result']})" if r.check else ""
-    text = (f"{profile}: generation {r.generation} -> {r.path}{checked}" if r.changed
-            else f"{profile}: already at generation {r.generation} -> {r.path}")
-    ctx.emit(doc, text)
+    ctx.emit(doc, _activated(profile, doc))
 
 
 def followed(words) -> dict[str, str]:
@@ -220,6 +217,46 @@ def _activate_release(ctx, kw: dict, check) -> None:
     ctx.emit(doc, text)
 
 
+def _activated(profile: str, doc: dict) -> str:
+    """The line `activate` prints for its result document."""
+    checked = f" (check {doc['check']['result']})" if doc["check"] else ""
+    return (f"{profile}: generation {doc['generation']} -> {doc['path']}{checked}" if doc["changed"]
+            else f"{profile}: already at generation {doc['generation']} -> {doc['path']}")
+
+
+def _rolled_back(profile: str, doc: dict) -> str:
+    """The line `rollback` prints for its result document."""
+    back = f" (cold: {doc['rebuilt']})" if doc["rebuilt"] else ""
+    return f"{profile}: generation {doc['previous']} -> {doc['generation']} ({doc['path']}){back}"
+
+
+def switch_answer(ctx, command: str, kw: dict) -> bool:
+    """Answer `activate` or `rollback` from roots/switch.py when it is the common case (a
+    registered store path or a hot generation, no check): print what the full command would print
+    and return True; False (nothing printed, nothing changed) otherwise, and the full command runs."""
+    from llmgw_store.roots import switch
+
+    root = absolute(ctx.root or default_root())
+    if root is None:
+        return False
+    profile = kw["profile"]
+    if command == "activate":
+        target = kw["target"]
+        if kw["check"] is not None or kw["then_check"] or kw.get("release") or not target or target.endswith(".toml"):
+            return False
+        done = switch.activate(root, profile, target, lock_timeout=kw["lock_timeout"], no_check=kw["no_check"],
+                               keep_records=kw["keep_records"])
+        if done is None:
+            return False
+        ctx.emit(done[0], _activated(profile, done[0]))
+        return True
+    doc = switch.rollback(root, profile, kw["to"])
+    if doc is None:
+        return False
+    ctx.emit(doc, _rolled_back(profile, doc))
+    return True
+
+
 def rollback(ctx, kw: dict) -> None:
     from llmgw_store.api import rollback as do_rollback
 
@@ -228,8 +265,7 @@ def rollback(ctx, kw: dict) -> None:
                     trusted_keys=tuple(kw["trusted_keys"]), uv=kw["uv"], python_preference=kw["python_preference"],
                     root=ctx.root, lock_timeout=kw["lock_timeout"], substitute_only=kw["substitute_only"],
                     offline=kw["offline"], index_url=kw["index_url"], cache_network=cache_network(kw))
-    back = f" (cold: {r.rebuilt})" if r.rebuilt else ""
-    ctx.emit(r.to_json(), f"{profile}: generation {r.previous} -> {r.generation} ({r.path}){back}")
+    ctx.emit(r.to_json(), _rolled_back(profile, r.to_json()))
 
 
 HANDLERS = {"build": build, "activate": activate, "rollback": rollback}

@@ -70,11 +70,22 @@ class Context:
     def emit(self, document: object, text: str) -> None:
         """The result: `document` as JSON under --json, else `text` (nothing when empty)."""
         if self.as_json:
-            import json
-
-            write(sys.stdout, json.dumps(document, indent=2, sort_keys=True, default=str) + "\n")
+            write(sys.stdout, dumps(document) + "\n")
         elif text:
             write(sys.stdout, text + "\n")
+
+
+def dumps(document: object) -> str:
+    """json.dumps(document, indent=2, sort_keys=True, default=str), through core/jsontext when it
+    can (the same text, without loading `json` and `re` on a switch's path)."""
+    from llmgw_store.core import jsontext
+
+    try:
+        return jsontext.indented(document, 2)
+    except (TypeError, ValueError):
+        import json
+
+        return json.dumps(document, indent=2, sort_keys=True, default=str)
 
 
 def write(stream, text: str) -> None:

@@ -179,8 +179,11 @@ def test_other_commands_on_a_full_disk_say_so_and_change_nothing(template, tmpfs
     finally:
         if holder is not None:
             holder.close()
-    if held == "index-closed":  # the index cannot even be read without room for its shared memory
-        one_line(run_cli(root, "list"), 1, "no space left")
+    if held == "index-closed":
+        # A switch (roots/switch.py) opened the index and closed it without the checkpoint of a last
+        # connection: the WAL and its shared memory are still there, and reading needs no room.
+        proc = run_cli(root, "list")
+        assert proc.returncode == 0 and proc.stdout.count("tinyengine") == 2, proc.stderr
     # ...but the engine still starts: run and env read the store's links and manifests.
     assert run_cli(root, "env", "p").returncode == 0
     proc = run_cli(root, "run", "p", "--", "tinyengine")

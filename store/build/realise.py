@@ -111,7 +111,25 @@ def realise(
             how = store.install(partial, doc, doc["references"], build_id=build_id, seconds=doc["build_seconds"])
         finally:
             force_rmtree(partial)  # left only when the rename did not happen (or another tree was adopted)
+        keep_proof(store, name)
         return final, "built" if how == "installed" else "recovered"
+
+
+def keep_proof(store: Store, name: str) -> None:
+    """Prove once, at registration, that the path was installed from its lock, and keep the proof
+    (core/proofs.py): a switch to it then need not read its listing. A path whose lock cannot be
+    proved keeps none (its records then hold no lock, as records.describe says)."""
+    from llmgw_store.build.lockproof import proved_lock
+    from llmgw_store.core import proofs
+
+    row = store.index.path_by_name(name)
+    if row is None:
+        return
+    try:
+        lock, lock_format = proved_lock(store.layout.path_of(name), name, row.content_hash)
+    except IntegrityError:
+        return
+    proofs.keep(store.layout.var, name, row.content_hash, lock_format, lock)
 
 
 def replace(

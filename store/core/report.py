@@ -109,6 +109,13 @@ def say(message: str) -> None:
             _start_watchdog()
 
 
+def said(message: str) -> None:
+    """`say` for the last line of a command's work: no step follows it for the watchdog to watch
+    (a switch's line; the watchdog's thread would cost the switch a third of its time)."""
+    with _lock:
+        _reporter.message(message)
+
+
 def progress(step: str, done: int, total: int | None, unit: str = "", *, since: float | None = None) -> None:
     """Report that `step` has done `done` of `total` (None: unknown) `unit`s ("files", "modules";
     "B" for bytes, shown in IEC units). Cheap enough to call per item: updates closer together than

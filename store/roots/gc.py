@@ -38,7 +38,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from llmgw_store.core import debug, footprint, reserve
+from llmgw_store.core import debug, footprint, proofs, reserve
 from llmgw_store.core.errors import DiskFullError, IndexError_, NoStoreError, UsageError
 from llmgw_store.core.fsutil import free_bytes
 from llmgw_store.core.index import Index, ReferencedError, now_iso
@@ -373,6 +373,7 @@ def _forget(store: Store, name: str) -> None:
     store.index.forget_tool(footprint.KIND, name)
     if name not in store.index.generation_path_names():
         store.index.forget_cache_uses(name)  # no cold rollback can want its entries
+    proofs.drop(store.layout.var, name)  # its lock's kept proof (core/proofs.py) goes with it
 
 
 def _budget(layout: Layout, min_free: int | None, max_freed: int | None, freed: int, held: int = 0) -> int | None:

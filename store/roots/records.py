@@ -52,7 +52,7 @@ from typing import Any
 
 from blake3 import blake3
 
-from llmgw_store.core import files, manifest
+from llmgw_store.core import files, manifest, proofs
 from llmgw_store.core.errors import IntegrityError
 from llmgw_store.core.index import RegisteredPath, now_iso
 from llmgw_store.core.keys import KEY_RE, canonical_json, is_store_name, path_name, store_key
@@ -180,6 +180,7 @@ def describe(layout: Layout, row: RegisteredPath) -> dict[str, Any]:
         doc = manifest.read(env)
         requirements = [r for r in doc.get("requirements", []) if isinstance(r, str)][:_LIST_MAX]
         lock, lock_format = proved_lock(env, name, row.content_hash)  # the one proof (build/lockproof.py)
+        proofs.keep(layout.var, name, row.content_hash, lock_format, lock)  # proved once: kept for switches
     except (OSError, ValueError, KeyError, TypeError, AttributeError, IntegrityError):
         pass
     if lock is None:
