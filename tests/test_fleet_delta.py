@@ -17,7 +17,15 @@ from llmgw_store.core.keys import canonical_json
 from tests.conftest import run_cli, run_in_env
 from tests.support.barrier import Barrier
 from tests.support.caches import cache, s3_server  # noqa: F401  (fixtures: the three real backends)
-from tests.support.delta import delta_wheels, pull2, push2, template, world  # noqa: F401  (fixtures)
+from tests.support.delta import (  # noqa: F401  (fixtures)
+    delta_wheels,
+    pull2,
+    push2,
+    template,
+    upgrade_template,
+    upgrade_world,
+    world,
+)
 
 
 def test_push_and_pull_format_2(world, cache):
@@ -75,6 +83,39 @@ def test_delta_pull_fetches_only_what_changed(world, tmp_path):
     assert weights_a.stat().st_ino == weights_b.stat().st_ino
     init_b = next(p for p in (w["node"] / "store" / b).rglob("__init__.py") if p.parent.name == "tinydep")
     assert init_b.stat().st_nlink == 1 and "2.0" in init_b.read_text()
+
+
+def _files(tree: Path) -> dict[str, str]:
+    """digest -> path of the non-empty files of a store path's listing."""
+    from llmgw_store.cache.objects import read_listing
+
+    return {e.digest: e.path for e in read_listing((tree / ".llmgw" / "contents").read_bytes())
+            if e.kind in "fx" and e.size}
+
+
+def test_a_minor_upgrade_fetches_about_what_changed(upgrade_world, tmp_path):
+    """A node holding the environment with tinydep 1.0 pulls the one with 2.0, where one model
+    directory of ten (and the version) changed: the blobs fetched hold at most 1.5x the changed
+    files' compressed size (each file compressed alone, as push does) — with packs of a whole
+    package it was the whole package."""
+    w, (a, b) = upgrade_world, upgrade_world["names"]
+    url = f"file://{tmp_path / 'cache'}"
+    push2(w, a, url)
+    push2(w, b, url)
+    pull2(w, a, url)
+    got = pull2(w, b, url)
+    meta_b = _meta(w, b)
+    held, new = _files(w["node"] / "store" / a), _files(w["node"] / "store" / b)
+    changed = {d: p for d, p in new.items() if d not in held}
+    zc = zstandard.ZstdCompressor(level=3)
+    changed_csize = sum(len(zc.compress((w["node"] / "store" / b / p).read_bytes())) for p in changed.values())
+    package = sum((w["node"] / "store" / b / p).stat().st_size for p in new.values() if "/tinydep/models/" in p)
+    assert package > 900 << 10 and 0 < len(changed) < 0.2 * len(new)  # a small part changed
+    blobs = got["bytes_fetched"] - sum(meta_b[p]["csize"] for p in ("listing", "plan", "manifest"))
+    assert 0 < blobs <= 1.5 * changed_csize, (blobs, changed_csize, meta_b["blobs_csize"])
+    assert got["bytes_reused"] >= package * 0.8
+    assert run_in_env(w["node"] / "store" / b, "tinyengine") == "tinyengine 1.0 tinydep 2.0"
+    assert run_cli(w["node"], "verify").returncode == 0
 
 
 def test_a_local_file_that_was_tampered_with_is_fetched_not_copied(world, tmp_path):
