@@ -23,12 +23,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import zstandard  # noqa: E402
-from blake3 import blake3  # noqa: E402
+import zstandard
+from blake3 import blake3
 
-from llmgw_store.cache import objects  # noqa: E402
-from llmgw_store.cache.objects import Blob, make_plan, pack_digest  # noqa: E402
-from llmgw_store.core.manifest import Entry  # noqa: E402
+from llmgw_store.cache import objects
+from llmgw_store.cache.objects import Blob, make_plan, pack_digest
+from llmgw_store.core.manifest import Entry
 
 SITE = "lib/python3.11/site-packages"
 LEVEL = 3

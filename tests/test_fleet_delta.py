@@ -151,8 +151,9 @@ def _plan(w, meta):
 
 
 def _single_file_blob(w, meta):
+    """The largest blob of one file (the 1 MiB file; small files may be packs of one too)."""
     plan = _plan(w, meta)
-    return next(b for b in plan["blobs"] if b["m"] is None), plan
+    return max((b for b in plan["blobs"] if b["m"] is None), key=lambda b: b["c"]), plan
 
 
 def _resign(w, meta):
@@ -347,3 +348,45 @@ def test_a_killed_pull_leaves_no_scratch_tree_behind(world, tmp_path, sig):
         assert [p for p in tmp.iterdir() if p.name.startswith(f"pull-{proc.pid}-")]
     got = pull2(world, a, url)
     assert got["pulled"] == [a] and not [p for p in tmp.iterdir() if p.name.startswith("pull-")]
+    if sig == "SIGKILL":  # moved to the trash by the next pull's sweep (a rename), deleted by gc
+        assert [p for p in (world["node"] / "var" / "trash").iterdir() if p.name.startswith(f"pull-{proc.pid}-")]
+
+
+def test_a_pull_stopped_by_sigterm_keeps_what_it_fetched_for_the_next(world, tmp_path):
+    """A pull stopped by SIGTERM once its first blob (the 1 MiB file: largest first, one worker)
+    is written and checked exits 143 and keeps its partial tree as `resume-<key>`; the next pull
+    takes that file (hashed again) instead of fetching it, and its scratch goes to the trash."""
+    import os
+    import signal
+    import subprocess
+
+    from tests.conftest import cli_cmd
+
+    a, _ = world["names"]
+    url = f"file://{tmp_path / 'cache'}"
+    push2(world, a, url)
+    run_cli(world["node"], "verify")  # creates the node's store
+    tmp = world["node"] / "var" / "tmp"
+    gate = Barrier(tmp_path)
+    proc = subprocess.Popen(cli_cmd(world["node"], "pull", a, "--from", url, "--trusted-key",
+                                    str(world["keys"] / "builder-1.public")),
+                            env={**os.environ, **gate.env("PULL_BLOB_WRITTEN"), "LLMGW_STORE_PULL_THREADS": "1"},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        gate.reached("PULL_BLOB_WRITTEN", proc)
+        proc.send_signal(signal.SIGTERM)
+        gate.go("PULL_BLOB_WRITTEN")
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 143 and "the next pull of it resumes" in err, err
+    assert [p.name for p in tmp.iterdir()] == [f"resume-{a[:32]}"]
+    got = pull2(world, a, url)
+    assert got["pulled"] == [a] and got["bytes_resumed"] >= 1 << 20
+    assert got["bytes_fetched"] < _meta(world, a)["blobs_csize"] - (1 << 19)  # the 1 MiB file was not fetched again
+    assert list(tmp.iterdir()) == []
+    # what it did not take went to the trash with its scratch, for gc to delete
+    assert [p for p in (world["node"] / "var" / "trash").iterdir() if p.name.startswith("pull-")]
+    assert run_cli(world["node"], "verify").returncode == 0
+    assert run_cli(world["node"], "gc").returncode == 0 and list((world["node"] / "var" / "trash").iterdir()) == []

@@ -44,7 +44,7 @@ from llmgw_store.core.local_store import Store
 from llmgw_store.core.oplog import recorded
 from llmgw_store.core.report import say
 from llmgw_store.core.results import Result
-from llmgw_store.core.scratch import sweep_dead
+from llmgw_store.core.scratch import sweep_dead, to_trash
 from llmgw_store.core.signals import raising
 from llmgw_store.core.temproots import TempRoots
 from llmgw_store.core.units import human_size
@@ -399,7 +399,7 @@ def _fetch_v2(store: Store, caches: Caches, meta: MetaV2, build_id: int, started
     scratch = layout.tmp / f"pull-{os.getpid()}-{meta.key}"
     keep = resume_dir(layout.tmp, meta.key)
     try:
-        force_rmtree(scratch)  # a dead process of the same pid left it; we hold the key's lock
+        to_trash(scratch, layout.trash)  # a dead process of the same pid left it; we hold the key's lock
         scratch.mkdir(mode=0o700, parents=True)
         resumed = None
         if os.path.isdir(keep) and not os.path.islink(keep):
@@ -411,10 +411,12 @@ def _fetch_v2(store: Store, caches: Caches, meta: MetaV2, build_id: int, started
         debug.pause("PULL_PAUSE")
         try:
             doc, stats = build_tree(caches, meta, store, tree, resumed)
-        except NetworkError:
-            # Every cache failed on the network: keep what was fetched and checked (each file is
-            # hashed again before the next pull of the key takes it).
-            force_rmtree(keep)
+        except (NetworkError, KeyboardInterrupt):
+            # Every cache failed on the network, or the pull was stopped (^C, SIGTERM: build_tree
+            # has let its workers finish the blob each was writing): keep what was fetched (each
+            # file is hashed again before the next pull of the key takes it; one cut short does
+            # not hash right and is fetched).
+            to_trash(keep, layout.trash)
             os.rename(tree, keep)
             say(f"kept what was fetched of {meta.name} in {keep}: the next pull of it resumes from there")
             raise
@@ -422,7 +424,9 @@ def _fetch_v2(store: Store, caches: Caches, meta: MetaV2, build_id: int, started
         _install(store, tree, doc, meta, build_id, started, stats)
         return stats
     finally:
-        force_rmtree(scratch)
+        # What a resumed pull did not take, or a failed pull's files: out of the way at once; the
+        # next gc deletes them (a large tree takes seconds, which no pull should wait for).
+        to_trash(scratch, layout.trash)
 
 
 @dataclass(frozen=True)
@@ -454,11 +458,16 @@ RESUME_KEEP_S = 24 * 3600
 
 
 def sweep_stale_pulls(tmp: Path) -> None:
-    """Remove what pulls left in ROOT/var/tmp: `pull-<pid>-<key>[.tar.zst]` of a pid that no longer
-    runs (killed by SIGKILL), and `resume-<key>` trees no pull of their key took within
-    RESUME_KEEP_S. (A pull takes a resume tree under its key's lock by renaming it away first; a
-    sweep that loses that race removes nothing of it, or a few files the pull then fetches.)"""
-    sweep_dead(tmp, SCRATCH_RE, MAX_STALE_SCAN, "a pull")
+    """Clear what pulls left in ROOT/var/tmp into ROOT/var/trash (core/scratch.to_trash: a rename;
+    the next gc deletes it): `pull-<pid>-<key>[.tar.zst]` of a pid that no longer runs (killed by
+    SIGKILL) — whose partial tree first becomes `resume-<key>`, when there is none, so the next
+    pull of the key takes the files it checked — and `resume-<key>` trees no pull of their key
+    took within RESUME_KEEP_S. (A pull takes a resume tree under its key's lock by renaming it
+    away first; a sweep that loses that race removes nothing of it, or a few files the pull then
+    fetches.)"""
+    trash = tmp.parent / "trash"  # Layout.trash
+    _salvage_dead(tmp)
+    sweep_dead(tmp, SCRATCH_RE, MAX_STALE_SCAN, "a pull", trash)
     try:
         with os.scandir(tmp) as it:
             cutoff = time.time() - RESUME_KEEP_S
@@ -468,9 +477,36 @@ def sweep_stale_pulls(tmp: Path) -> None:
         return
     for name in old:
         try:
-            force_rmtree(tmp / name)
+            to_trash(tmp / name, trash)
         except OSError:
             pass
+
+
+def _salvage_dead(tmp: Path) -> None:
+    """`pull-<pid>-<key>/<name>` of a dead pid (a format-2 pull's partial tree, the files it wrote
+    checked or cut short) becomes `resume-<key>` when there is none. Its files are hashed again
+    before any is taken (tree_fetch._take_resumed), so what the kill cut short is fetched."""
+    from llmgw_store.core.locks import pid_alive
+
+    try:
+        with os.scandir(tmp) as it:
+            dead = [(m, e.name) for _, e in zip(range(MAX_STALE_SCAN), it, strict=False)
+                    if (m := SCRATCH_RE.fullmatch(e.name)) and not e.name.endswith(".tar.zst")
+                    and int(m.group(1)) != os.getpid() and e.is_dir(follow_symlinks=False)]
+        for m, name in dead:
+            if pid_alive(int(m.group(1))):
+                continue
+            key = name.rsplit("-", 1)[1]
+            keep = resume_dir(tmp, key)
+            if os.path.lexists(keep):
+                continue
+            with os.scandir(tmp / name) as it:
+                trees = [e.name for e in it if is_store_name(e.name) and key_of_name(e.name) == key
+                         and e.is_dir(follow_symlinks=False)]
+            if len(trees) == 1:
+                os.rename(tmp / name / trees[0], keep)
+    except OSError:
+        return  # what is left is trashed whole by the sweep
 
 
 @recorded("pull")
