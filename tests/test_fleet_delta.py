@@ -118,6 +118,58 @@ def test_a_minor_upgrade_fetches_about_what_changed(upgrade_world, tmp_path):
     assert run_cli(w["node"], "verify").returncode == 0
 
 
+def test_a_delta_pull_links_stamped_files_without_reading_them(world, tmp_path):
+    """The first pull stamps every inode it wrote (core/stamps.py); the delta pull links the
+    unchanged files to them without reading them again (bytes_reused_stamped), and stamps the
+    new path's files in turn, so a third pull of a neighbour reads none of them either."""
+    w, (a, b) = world, world["names"]
+    url = f"file://{tmp_path / 'cache'}"
+    push2(w, a, url)
+    push2(w, b, url)
+    first = pull2(w, a, url)
+    con = sqlite3.connect(w["node"] / "var" / "db.sqlite")
+    assert first["bytes_reused_stamped"] == 0 and con.execute("SELECT count(*) FROM inode_stamps").fetchone()[0] > 10
+    second = pull2(w, b, url)
+    assert second["bytes_reused_stamped"] >= 1 << 20  # the weights, at least
+    assert second["bytes_reused_stamped"] <= second["bytes_reused"]
+    assert run_in_env(w["node"] / "store" / b, "tinyengine") == "tinyengine 1.0 tinydep 2.0"
+    assert run_cli(w["node"], "verify").returncode == 0
+    weights_b = next((w["node"] / "store" / b).rglob("weights.bin"))
+    st = weights_b.stat()
+    assert con.execute("SELECT ctime_ns FROM inode_stamps WHERE dev = ? AND ino = ?",
+                       (st.st_dev, st.st_ino)).fetchone() == (st.st_ctime_ns,)  # renewed after its links
+
+
+def test_a_stamped_file_tampered_in_place_is_read_and_fetched(world, tmp_path):
+    """A file of a pulled path changed in place after its stamp, its mode, size and mtime put back
+    (so every cheap check of the sharing rule passes): its ctime moved, so the delta pull reads
+    it, finds it does not hash right and fetches the blob; the new path has the signed bytes in an
+    inode of its own."""
+    import os
+
+    w, (a, b) = world, world["names"]
+    url = f"file://{tmp_path / 'cache'}"
+    push2(w, a, url)
+    push2(w, b, url)
+    pull2(w, a, url)
+    victim = next((w["node"] / "store" / a).rglob("weights.bin"))
+    before = victim.stat()
+    good = victim.read_bytes()
+    victim.chmod(0o644)
+    with open(victim, "r+b") as f:
+        f.write(b"\xff" * 64)  # same size
+    victim.chmod(0o444)
+    os.utime(victim, ns=(before.st_atime_ns, before.st_mtime_ns))
+    after = victim.stat()
+    assert (after.st_size, after.st_mtime_ns, after.st_mode, after.st_ino) == \
+        (before.st_size, before.st_mtime_ns, before.st_mode, before.st_ino)
+    got = pull2(w, b, url)
+    assert 0 < got["bytes_reused"] < 1 << 20 and got["bytes_fetched"] > 1 << 19  # the weights fetched, not reused
+    weights_b = next((w["node"] / "store" / b).rglob("weights.bin"))
+    assert weights_b.read_bytes() == good and weights_b.stat().st_ino != victim.stat().st_ino
+    assert run_in_env(w["node"] / "store" / b, "tinyengine") == "tinyengine 1.0 tinydep 2.0"
+
+
 def test_a_local_file_that_was_tampered_with_is_fetched_not_copied(world, tmp_path):
     w, (a, b) = world, world["names"]
     url = f"file://{tmp_path / 'cache'}"

@@ -35,7 +35,7 @@ from llmgw_store.cache.backends import RetryPolicy
 from llmgw_store.cache.caches import Caches, shown
 from llmgw_store.cache.objects import FORMAT, shape_v2
 from llmgw_store.cache.signing import METADATA_MAX_BYTES, check_signature, trusted_keys
-from llmgw_store.cache.tree_fetch import BlobRef, MetaV2, Stats, build_tree
+from llmgw_store.cache.tree_fetch import BlobRef, MetaV2, Stats, build_tree, stamp_tree
 from llmgw_store.core import debug, locks, manifest
 from llmgw_store.core.errors import IntegrityError, NetworkError, NotFoundError, StoreError, UsageError
 from llmgw_store.core.fsutil import force_rmtree
@@ -333,18 +333,20 @@ def fetch_into_store(store: Store, caches: Caches, meta: Meta | MetaV2) -> tuple
     seconds = time.monotonic() - started
     say(f"substituted {meta.name} from the cache (signed by {meta.signer}) in {seconds:.1f}s: fetched "
         f"{human_size(stats.bytes_fetched)} in {stats.blobs_fetched} blobs, reused {human_size(stats.bytes_reused)} "
-        "from store paths here" + (f", resumed {human_size(stats.bytes_resumed)}" if stats.bytes_resumed else ""))
+        "from store paths here" + (f" ({human_size(stats.bytes_reused_stamped)} of it stamped as checked, not read)"
+                                   if stats.bytes_reused_stamped else "") + (f", resumed {human_size(stats.bytes_resumed)}" if stats.bytes_resumed else ""))
     if stats.phases:
         say("time: " + ", ".join(f"{k} {v:.2f}s" for k, v in stats.phases.items()))
     return store.layout.path_of(meta.name), stats
 
 
 def _install(store: Store, tree: Path, doc: dict[str, Any], meta: Meta | MetaV2, build_id: int, started: float,
-             stats: Stats) -> None:
+             stats: Stats) -> str:
     t0 = time.monotonic()
-    store.install(tree, doc, list(meta.references), build_id=build_id, seconds=round(time.monotonic() - started, 3),
-                  outcome="substituted")
+    how = store.install(tree, doc, list(meta.references), build_id=build_id,
+                        seconds=round(time.monotonic() - started, 3), outcome="substituted")
     stats.phases["register"] = time.monotonic() - t0
+    return how
 
 
 def _fetch_v1(store: Store, caches: Caches, meta: Meta, build_id: int, started: float) -> Stats:
@@ -421,7 +423,8 @@ def _fetch_v2(store: Store, caches: Caches, meta: MetaV2, build_id: int, started
             say(f"kept what was fetched of {meta.name} in {keep}: the next pull of it resumes from there")
             raise
         _check_relocatable(tree, meta.name)
-        _install(store, tree, doc, meta, build_id, started, stats)
+        if _install(store, tree, doc, meta, build_id, started, stats) == "installed":
+            stamp_tree(store, layout.path_of(meta.name), stats)  # every file of it was checked by this pull
         return stats
     finally:
         # What a resumed pull did not take, or a failed pull's files: out of the way at once; the
@@ -440,6 +443,7 @@ class PullResult(Result):
     seconds: float = 0.0
     phases: dict[str, float] | None = None
     bytes_resumed: int = 0  # file bytes a pull of the same key that failed had fetched and checked
+    bytes_reused_stamped: int = 0  # of bytes_reused, linked without reading them again (core/stamps.py)
 
 
 def _local_path(store: Store, key: str) -> Path | None:
@@ -538,6 +542,7 @@ def pull(target: str, from_: list[str], trusted: list[str], *, root: str | Path 
                         total.bytes_fetched += stats.bytes_fetched
                         total.bytes_reused += stats.bytes_reused
                         total.bytes_resumed += stats.bytes_resumed
+                        total.bytes_reused_stamped += stats.bytes_reused_stamped
                         total.files += stats.files
                         for k, v in stats.phases.items():
                             total.phases[k] = total.phases.get(k, 0.0) + round(v, 3)
@@ -547,7 +552,7 @@ def pull(target: str, from_: list[str], trusted: list[str], *, root: str | Path 
             present.append(local.name)
         return PullResult(tuple(pulled), tuple(present), str(_local_path(store, key)), total.bytes_fetched,
                           total.bytes_reused, total.files, round(time.monotonic() - started, 3), total.phases,
-                          total.bytes_resumed)
+                          total.bytes_resumed, total.bytes_reused_stamped)
 
 
 class CacheSubstituter:

@@ -46,6 +46,7 @@ from llmgw_store.core import debug, dedupe, files, manifest
 from llmgw_store.core.errors import IntegrityError, StoreError
 from llmgw_store.core.manifest import MANIFEST_DIR, Entry
 from llmgw_store.core.report import say
+from llmgw_store.core.stamps import Stamps, record
 from llmgw_store.core.units import human_size
 
 _local = threading.local()
@@ -84,11 +85,15 @@ class MetaV2:
 class Stats:
     bytes_fetched: int = 0  # compressed bytes downloaded
     bytes_reused: int = 0  # file bytes copied from store paths already here
+    bytes_reused_stamped: int = 0  # of those, linked without reading them again (core/stamps.py)
     bytes_written: int = 0  # file bytes written from downloaded blobs
     bytes_resumed: int = 0  # file bytes a pull of the same key fetched and checked before it failed
     blobs_fetched: int = 0
     files: int = 0
     phases: dict[str, float] = field(default_factory=dict)
+    # For `stamp_tree`: the tree's entries, and the mtime each reused inode had when it was checked.
+    entries: list[Entry] = field(default_factory=list, repr=False)
+    checked: dict[tuple[int, int], int] = field(default_factory=dict, repr=False)
 
 
 class Progress:
@@ -327,17 +332,21 @@ def _open_local(src: LocalSource) -> tuple[int, os.stat_result] | None:
         os.close(dfd)
 
 
-def _link_local(src: LocalSource, tree: str, targets: list[Entry], digest: str, size: int) -> bool:
+def _link_local(src: LocalSource, tree: str, targets: list[Entry], digest: str, size: int,
+                stamps: Stamps | None = None) -> tuple[os.stat_result, bool] | None:
     """Hard-link the paths `targets` of the partial tree to the inode of `src`, a file of another
     registered (immutable) store path, only under the store's one sharing rule (core/dedupe.py):
     a plain file of the store's owner with exactly the canonical mode of the targets' kind and no
     extended attribute (no file capability), one of the store's own inodes (no other link, or the
     pool's entry for its digest), on the same filesystem, whose bytes — read from the descriptor
-    that is then linked — are `digest`'s. Anything else is copied instead (False, nothing made):
-    a link would hand another user, a mode such as 0400 or a capability to the pulled path."""
+    that is then linked — are `digest`'s, or which `stamps` says were hashed to `digest` and have
+    not changed since (core/stamps.py: same size, mtime and ctime; not read again). Anything else is
+    copied instead (None, nothing made): a link would hand another user, a mode such as 0400 or a
+    capability to the pulled path. Once linked: the inode's fstat when checked, and whether its
+    stamp spared reading it."""
     opened = _open_local(src)
     if opened is None:
-        return False
+        return None
     fd, st = opened
     made: list[str] = []
     proc_fd = None
@@ -345,12 +354,14 @@ def _link_local(src: LocalSource, tree: str, targets: list[Entry], digest: str, 
         kind = targets[0].kind
         if (st.st_size != size or any(e.kind != kind for e in targets) or st.st_dev != os.stat(tree).st_dev
                 or dedupe.shareable(fd, st, kind) is not None or not dedupe.store_inode(src.pool, st, src.entry)):
-            return False
-        h = blake3(max_threads=blake3.AUTO) if size >= 8 << 20 else blake3()
-        while chunk := os.read(fd, CHUNK):
-            h.update(chunk)
-        if h.hexdigest() != digest:
-            return False
+            return None
+        stamped = stamps is not None and stamps.verified(st, digest)
+        if not stamped:
+            h = blake3(max_threads=blake3.AUTO) if size >= 8 << 20 else blake3()
+            while chunk := os.read(fd, CHUNK):
+                h.update(chunk)
+            if h.hexdigest() != digest:
+                return None
         proc_fd = dedupe.open_proc_fd()
         if st.st_nlink == 1:
             # Shared from now on: it enters the pool first, so it stays one of the store's own
@@ -362,13 +373,13 @@ def _link_local(src: LocalSource, tree: str, targets: list[Entry], digest: str, 
                 pass  # no pool, or it holds another copy: linked anyway, this once (later pulls copy it)
         for e in targets:
             dest = f"{tree}/{e.path}"
-            dedupe.link_checked(fd, st, os.fspath(src.path), dest, proc_fd)  # the inode just hashed
+            dedupe.link_checked(fd, st, os.fspath(src.path), dest, proc_fd)  # the inode just checked
             made.append(dest)
-        return True
+        return st, stamped
     except OSError:
         for dest in made:
             os.unlink(dest)
-        return False
+        return None
     finally:
         os.close(fd)
         if proc_fd is not None:
@@ -542,12 +553,17 @@ def build_tree(caches, meta: MetaV2, store, tree: Path, resumed: Path | None = N
     sources = {d: p for d, p in local_sources(store, set(targets) - have).items() if d not in have}
     stats.phases["local-scan"] = time.monotonic() - t0
     t0 = time.monotonic()
+    known = Stamps(store.index, sources) if sources else None
 
     def copy(digest: str) -> None:
-        if _link_local(sources[digest], tree_s, targets[digest], digest, sizes[digest]):
+        linked = _link_local(sources[digest], tree_s, targets[digest], digest, sizes[digest], known)
+        if linked is not None:
+            st, stamped = linked
             with lock:
                 have.add(digest)
                 stats.bytes_reused += sizes[digest] * len(targets[digest])
+                stats.bytes_reused_stamped += sizes[digest] * len(targets[digest]) if stamped else 0
+                stats.checked[(st.st_dev, st.st_ino)] = st.st_mtime_ns
             progress.add(sizes[digest], len(targets[digest]))
             return
         w = _Writer(tree_s, targets[digest], digest, sizes[digest], label)
@@ -665,6 +681,7 @@ def build_tree(caches, meta: MetaV2, store, tree: Path, resumed: Path | None = N
     os.chmod(tree, 0o555)
     stats.phases["links+check"] = time.monotonic() - t0
     stats.files = len(entries)
+    stats.entries = entries
 
     import json
 
@@ -676,3 +693,28 @@ def build_tree(caches, meta: MetaV2, store, tree: Path, resumed: Path | None = N
             or doc.get("name") != meta.name:
         raise IntegrityError(f"{meta.name}: its manifest does not match the signed metadata; refusing it")
     return doc, stats
+
+
+def stamp_tree(store, path: Path, stats: Stats) -> None:
+    """Stamp (core/stamps.py) the files of `path`, the store path `build_tree` just filled and the
+    pull installed: each was hashed to its digest by this pull (written from a checked blob, copied,
+    resumed) or reused as checked — whose inode is stamped only if its mtime is still the one it had
+    when checked. Never through a link; a file not as listed is not stamped."""
+    t0 = time.monotonic()
+    root = os.fspath(path)
+    items = []
+    for e in stats.entries:
+        if e.kind not in "fx" or not e.size:
+            continue
+        try:
+            st = os.lstat(f"{root}/{e.path}")
+        except OSError:
+            continue
+        if not stat.S_ISREG(st.st_mode) or st.st_size != e.size:
+            continue
+        was = stats.checked.get((st.st_dev, st.st_ino))
+        if was is not None and was != st.st_mtime_ns:
+            continue
+        items.append((st, e.digest))
+    record(store.index, items)
+    stats.phases["stamp"] = time.monotonic() - t0

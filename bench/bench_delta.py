@@ -1,0 +1,98 @@
+"""A minor upgrade on a fleet node: the node holds RECIPE at VERSION and pulls NEIGHBOUR (format 2).
+Prints, per round, the delta pull's wall and CPU seconds, the bytes it fetched, reused and reused
+without reading them (stamped), and the bytes fetched against the object's compressed size.
+
+A builder store under WORK builds both versions once (kept for later runs); each CLI given with
+--cli (default: this checkout's) pushes both to its own file:// cache (its packing) and, each
+round, pulls VERSION into a new node store (not timed: it stamps what it writes) and then
+NEIGHBOUR (timed). Compare two checkouts by giving both CLIs:
+
+    python bench/bench_delta.py --work /var/tmp/delta-bench --cli /work/main/.venv/bin/llmgw-store \\
+        --cli .venv/bin/llmgw-store --rounds 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def run(cli: str, root: Path, *args: str) -> subprocess.CompletedProcess:
+    proc = subprocess.run([cli, "--root", str(root), *args], capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.exit(f"{cli} {' '.join(args)[:200]}: exit {proc.returncode}: {proc.stderr[-2000:]}")
+    return proc
+
+
+def timed(cli: str, root: Path, *args: str) -> tuple[dict, float, float]:
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.monotonic()
+    proc = run(cli, root, "--json", *args)
+    wall = time.monotonic() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return json.loads(proc.stdout), wall, cpu
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--work", type=Path, required=True)
+    ap.add_argument("--cli", action="append", help="llmgw-store executables to compare (default: this checkout's)")
+    ap.add_argument("--recipe", type=Path, default=REPO / "bench" / "recipes" / "transformers.toml")
+    ap.add_argument("--version", default="4.46.3")
+    ap.add_argument("--neighbour", default="4.47.0")
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    clis = args.cli or [str(Path(sys.executable).parent / "llmgw-store")]
+    work = args.work.resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    builder = work / "builder"
+    from uv import find_uv_bin
+
+    built = {}
+    for v in (args.version, args.neighbour):
+        out = work / f"build-{v}.json"
+        if not out.is_file():
+            out.write_text(run(clis[-1], builder, "--json", "build", str(args.recipe), "--uv", find_uv_bin(),
+                               "--version", v).stdout)
+        built[v] = json.loads(out.read_text())
+    a, b = built[args.version], built[args.neighbour]
+    keys = work / "keys"
+    if not (keys / "bench.secret").is_file():
+        run(clis[-1], builder, "keygen", "bench", "--out", str(keys))
+    print(f"{a['name']} -> {b['name']}; {args.rounds} rounds, load {os.getloadavg()[0]:.1f}")
+    for i, cli in enumerate(clis):
+        cache = work / f"cache-{i}"
+        shutil.rmtree(cache, ignore_errors=True)
+        for p in (a["path"], b["path"]):
+            run(cli, builder, "push", p, "--to", f"file://{cache}", "--secret-key", str(keys / "bench.secret"))
+        whole = json.loads((cache / f"{b['key']}.json").read_text())["blobs_csize"]
+        rows = []
+        for r in range(args.rounds):
+            node = work / "nodes" / f"{i}-{r}"
+            shutil.rmtree(node, ignore_errors=True)
+            pull = ("pull", "--from", f"file://{cache}", "--trusted-key", str(keys / "bench.public"))
+            run(cli, node, pull[0], a["key"], *pull[1:])
+            doc, wall, cpu = timed(cli, node, pull[0], b["key"], *pull[1:])
+            rows.append((wall, cpu))
+            print(f"  {cli} round {r + 1}: {wall:.2f} s wall, {cpu:.2f} s CPU; fetched {doc['bytes_fetched'] / 2**20:.2f}"
+                  f" MiB = {100 * doc['bytes_fetched'] / whole:.1f} % of the object ({whole / 2**20:.2f} MiB); reused "
+                  f"{doc['bytes_reused'] / 2**20:.1f} MiB, {doc.get('bytes_reused_stamped', 0) / 2**20:.1f} MiB of it "
+                  f"not read; phases {doc.get('phases')}")
+            shutil.rmtree(node, ignore_errors=True)
+        print(f"{cli}: median {statistics.median(w for w, _ in rows):.2f} s wall, "
+              f"{statistics.median(c for _, c in rows):.2f} s CPU")
+
+
+if __name__ == "__main__":
+    main()
