@@ -2,7 +2,8 @@
 Prints, per round, the delta pull's wall and CPU seconds, the bytes it fetched, reused and reused
 without reading them (stamped), and the bytes fetched against the object's compressed size.
 
-A builder store under WORK builds both versions once (kept for later runs); each CLI given with
+Not a baseline comparison (no bench/harness.py row): the figures of issue 31, one pull at a time,
+measured by the harness's Meter. A builder store under WORK builds both versions once (kept for later runs); each CLI given with
 --cli (default: this checkout's) pushes both to its own file:// cache (its packing) and, each
 round, pulls VERSION into a new node store (not timed: it stamps what it writes) and then
 NEIGHBOUR (timed). Compare two checkouts by giving both CLIs:
@@ -16,15 +17,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import REPO, Meter
 
 
 def run(cli: str, root: Path, *args: str) -> subprocess.CompletedProcess:
@@ -34,14 +34,12 @@ def run(cli: str, root: Path, *args: str) -> subprocess.CompletedProcess:
     return proc
 
 
-def timed(cli: str, root: Path, *args: str) -> tuple[dict, float, float]:
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    t0 = time.monotonic()
-    proc = run(cli, root, "--json", *args)
-    wall = time.monotonic() - t0
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return json.loads(proc.stdout), wall, cpu
+def timed(meter: Meter, cli: str, root: Path, *args: str) -> tuple[dict, float, float]:
+    """The command's --json document, wall and CPU seconds (bench/harness.py measures)."""
+    got = meter.run([cli, "--root", str(root), "--json", *args])
+    if got.code != 0:
+        sys.exit(f"{cli} {' '.join(args)[:200]}: exit {got.code}: {got.stderr[-2000:]}")
+    return json.loads(got.stdout), got.wall_s, got.cpu_s if got.cpu_s is not None else got.cpu_waited_s
 
 
 def main() -> None:
@@ -70,7 +68,8 @@ def main() -> None:
     keys = work / "keys"
     if not (keys / "bench.secret").is_file():
         run(clis[-1], builder, "keygen", "bench", "--out", str(keys))
-    print(f"{a['name']} -> {b['name']}; {args.rounds} rounds, load {os.getloadavg()[0]:.1f}")
+    meter = Meter()
+    print(f"{a['name']} -> {b['name']}; {args.rounds} rounds, load {os.getloadavg()[0]:.1f}; {meter.launcher}")
     for i, cli in enumerate(clis):
         cache = work / f"cache-{i}"
         shutil.rmtree(cache, ignore_errors=True)
@@ -83,7 +82,7 @@ def main() -> None:
             shutil.rmtree(node, ignore_errors=True)
             pull = ("pull", "--from", f"file://{cache}", "--trusted-key", str(keys / "bench.public"))
             run(cli, node, pull[0], a["key"], *pull[1:])
-            doc, wall, cpu = timed(cli, node, pull[0], b["key"], *pull[1:])
+            doc, wall, cpu = timed(meter, cli, node, pull[0], b["key"], *pull[1:])
             rows.append((wall, cpu))
             print(f"  {cli} round {r + 1}: {wall:.2f} s wall, {cpu:.2f} s CPU; fetched {doc['bytes_fetched'] / 2**20:.2f}"
                   f" MiB = {100 * doc['bytes_fetched'] / whole:.1f} % of the object ({whole / 2**20:.2f} MiB); reused "

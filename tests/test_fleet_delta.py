@@ -170,6 +170,28 @@ def test_a_stamped_file_tampered_in_place_is_read_and_fetched(world, tmp_path):
     assert run_in_env(w["node"] / "store" / b, "tinyengine") == "tinyengine 1.0 tinydep 2.0"
 
 
+def test_an_object_pushed_with_the_packs_of_before_still_pulls(upgrade_world, tmp_path, monkeypatch):
+    """Format compatibility: objects pushed by the code before content-defined packs (4 MiB packs
+    closed in listing order) pull with this code, and a node holding one reuses its files."""
+    from llmgw_store.cache import objects
+    from llmgw_store.cache.push import push
+
+    w, (a, b) = upgrade_world, upgrade_world["names"]
+    url = f"file://{tmp_path / 'cache'}"
+    with monkeypatch.context() as m:
+        m.setattr(objects, "PACK_TARGET", 4 << 20)
+        m.setattr(objects, "PACK_AVG", 1 << 62)  # no file ends a pack: the plan of before
+        push([a], url, str(w["keys"] / "builder-1.secret"), root=w["root"])
+    plan_a = _plan(w, _meta(w, a))
+    assert max(len(blob["m"] or ()) for blob in plan_a["blobs"]) > 100  # the library in one pack
+    push2(w, b, url)
+    assert pull2(w, a, url)["pulled"] == [a]
+    got = pull2(w, b, url)
+    assert got["pulled"] == [b] and got["bytes_reused"] > 900 << 10
+    assert run_in_env(w["node"] / "store" / b, "tinyengine") == "tinyengine 1.0 tinydep 2.0"
+    assert run_cli(w["node"], "verify").returncode == 0
+
+
 def test_a_local_file_that_was_tampered_with_is_fetched_not_copied(world, tmp_path):
     w, (a, b) = world, world["names"]
     url = f"file://{tmp_path / 'cache'}"
