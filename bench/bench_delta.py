@@ -4,9 +4,10 @@ without reading them (stamped), and the bytes fetched against the object's compr
 
 Not a baseline comparison (no bench/harness.py row): the figures of issue 31, one pull at a time,
 measured by the harness's Meter. A builder store under WORK builds both versions once (kept for later runs); each CLI given with
---cli (default: this checkout's) pushes both to its own file:// cache (its packing) and, each
+--cli (default: this checkout's) pushes both to its own file:// cache WORK/cache-<i> (its packing;
+kept for later runs: delete it after changing the packing) and, each
 round, pulls VERSION into a new node store (not timed: it stamps what it writes) and then
-NEIGHBOUR (timed). Compare two checkouts by giving both CLIs:
+NEIGHBOUR (timed; --cold: with the first one's files out of the page cache). Compare two checkouts by giving both CLIs:
 
     python bench/bench_delta.py --work /var/tmp/delta-bench --cli /work/main/.venv/bin/llmgw-store \\
         --cli .venv/bin/llmgw-store --rounds 3
@@ -42,6 +43,22 @@ def timed(meter: Meter, cli: str, root: Path, *args: str) -> tuple[dict, float, 
     return json.loads(got.stdout), got.wall_s, got.cpu_s if got.cpu_s is not None else got.cpu_waited_s
 
 
+def evict(tree: Path) -> None:
+    """Drop the page-cache pages of every regular file below `tree` (only those: no global drop);
+    written back first (dirty pages cannot be dropped)."""
+    os.sync()
+    for dirpath, _, names in os.walk(tree):
+        for n in names:
+            try:
+                fd = os.open(os.path.join(dirpath, n), os.O_RDONLY | os.O_NOFOLLOW)
+            except OSError:
+                continue
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--work", type=Path, required=True)
@@ -50,6 +67,9 @@ def main() -> None:
     ap.add_argument("--version", default="4.46.3")
     ap.add_argument("--neighbour", default="4.47.0")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--cold", action="store_true",
+                    help="evict the node's store files from the page cache before the timed pull (posix_fadvise "
+                         "DONTNEED: a node whose older environment was pulled days ago)")
     args = ap.parse_args()
     clis = args.cli or [str(Path(sys.executable).parent / "llmgw-store")]
     work = args.work.resolve()
@@ -72,9 +92,10 @@ def main() -> None:
     print(f"{a['name']} -> {b['name']}; {args.rounds} rounds, load {os.getloadavg()[0]:.1f}; {meter.launcher}")
     for i, cli in enumerate(clis):
         cache = work / f"cache-{i}"
-        shutil.rmtree(cache, ignore_errors=True)
-        for p in (a["path"], b["path"]):
-            run(cli, builder, "push", p, "--to", f"file://{cache}", "--secret-key", str(keys / "bench.secret"))
+        if not all((cache / f"{x['key']}.json").is_file() for x in (a, b)):  # kept: an older CLI may not open
+            shutil.rmtree(cache, ignore_errors=True)                           # the builder once a newer one has
+            for p in (a["path"], b["path"]):
+                run(cli, builder, "push", p, "--to", f"file://{cache}", "--secret-key", str(keys / "bench.secret"))
         whole = json.loads((cache / f"{b['key']}.json").read_text())["blobs_csize"]
         rows = []
         for r in range(args.rounds):
@@ -82,6 +103,8 @@ def main() -> None:
             shutil.rmtree(node, ignore_errors=True)
             pull = ("pull", "--from", f"file://{cache}", "--trusted-key", str(keys / "bench.public"))
             run(cli, node, pull[0], a["key"], *pull[1:])
+            if args.cold:
+                evict(node / "store")
             doc, wall, cpu = timed(meter, cli, node, pull[0], b["key"], *pull[1:])
             rows.append((wall, cpu))
             print(f"  {cli} round {r + 1}: {wall:.2f} s wall, {cpu:.2f} s CPU; fetched {doc['bytes_fetched'] / 2**20:.2f}"

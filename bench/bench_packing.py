@@ -2,7 +2,7 @@
 (cache/objects.make_plan) of two versions of an environment's files, with the blobs compressed as
 push compresses them (zstd level 3).
 
-Each side is a directory of wheels (e.g. `pip download 'transformers==4.46.3' tokenizers
+Each side is a store path (its files as listed: bytecode and all), or a directory of wheels (e.g. `pip download 'transformers==4.46.3' tokenizers
 safetensors 'numpy<2' -d OLD`, the same with 4.47.0 into NEW), unpacked into
 `lib/python3.11/site-packages/` as an installer lays them out (no bytecode, no scripts: what the
 wheels hold). For the new side it prints the object's compressed size, the compressed bytes of the
@@ -35,7 +35,15 @@ LEVEL = 3
 
 
 def files_of(wheels: Path) -> dict[str, bytes]:
+    """path -> bytes of the files of a store path (its listing's), or of a directory of wheels."""
     out: dict[str, bytes] = {}
+    if (wheels / ".llmgw" / "contents").is_file():
+        from llmgw_store.cache.objects import read_listing
+
+        for e in read_listing((wheels / ".llmgw" / "contents").read_bytes()):
+            if e.kind in "fx":
+                out[e.path] = (wheels / e.path).read_bytes()
+        return out
     for whl in sorted(wheels.glob("*.whl")):
         with zipfile.ZipFile(whl) as z:
             for info in z.infolist():

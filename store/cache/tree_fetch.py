@@ -316,10 +316,65 @@ def local_sources(store, wanted: set[str]) -> dict[str, LocalSource]:
     return found
 
 
-def _open_local(src: LocalSource) -> tuple[int, os.stat_result] | None:
+class _LocalDirs:
+    """The directories of local store paths that reused files lie in, each opened once per pull
+    the way `_open_local` opens them (one component at a time, never through a link) and kept open
+    for the files after it (at most MAX_OPEN: opening ten components per file cost more than
+    hashing them, issue 31); with /proc/self/fd opened once. `close` when the files are done."""
+
+    MAX_OPEN = 256
+
+    def __init__(self) -> None:
+        self.fds: dict[tuple[Path, str], int] = {}
+        self.lock = threading.Lock()
+        self.proc_fd = dedupe.open_proc_fd()
+
+    def open(self, src: LocalSource) -> tuple[int, os.stat_result] | None:
+        head, _, name = src.entry.path.rpartition("/")
+        with self.lock:
+            dfd = self.fds.get((src.env, head))
+        if dfd is None:
+            try:
+                env = files.open_dir(src.env)
+            except OSError:
+                return None
+            try:
+                dfd = files.open_dir(head, dir_fd=env) if head else os.dup(env)
+            except OSError:
+                return None
+            finally:
+                os.close(env)
+            with self.lock:
+                if (src.env, head) not in self.fds and len(self.fds) < self.MAX_OPEN:
+                    self.fds[(src.env, head)] = dfd
+                    dfd_owned = False
+                else:
+                    dfd_owned = True
+        else:
+            dfd_owned = False
+        try:
+            return files.open_regular(name, dir_fd=dfd)
+        except OSError:
+            return None
+        finally:
+            if dfd_owned:
+                os.close(dfd)
+
+    def close(self) -> None:
+        for fd in self.fds.values():
+            os.close(fd)
+        self.fds = {}
+        if self.proc_fd is not None:
+            os.close(self.proc_fd)
+            self.proc_fd = None
+
+
+def _open_local(src: LocalSource, dirs: _LocalDirs | None = None) -> tuple[int, os.stat_result] | None:
     """The source file, opened below its store path one component at a time without following a
     link (a directory of the path swapped for a link cannot lead out of the store); None if it is
-    not a regular file there."""
+    not a regular file there. `dirs`: its directory as opened so for an earlier file."""
+    if dirs is not None:
+        return dirs.open(src)
     try:
         dfd = files.open_dir(src.env)
     except OSError:
@@ -333,7 +388,7 @@ def _open_local(src: LocalSource) -> tuple[int, os.stat_result] | None:
 
 
 def _link_local(src: LocalSource, tree: str, targets: list[Entry], digest: str, size: int,
-                stamps: Stamps | None = None) -> tuple[os.stat_result, bool] | None:
+                stamps: Stamps | None = None, dirs: _LocalDirs | None = None) -> tuple[os.stat_result, bool] | None:
     """Hard-link the paths `targets` of the partial tree to the inode of `src`, a file of another
     registered (immutable) store path, only under the store's one sharing rule (core/dedupe.py):
     a plain file of the store's owner with exactly the canonical mode of the targets' kind and no
@@ -344,12 +399,13 @@ def _link_local(src: LocalSource, tree: str, targets: list[Entry], digest: str, 
     copied instead (None, nothing made): a link would hand another user, a mode such as 0400 or a
     capability to the pulled path. Once linked: the inode's fstat when checked, and whether its
     stamp spared reading it."""
-    opened = _open_local(src)
+    opened = _open_local(src, dirs)
     if opened is None:
         return None
     fd, st = opened
     made: list[str] = []
     proc_fd = None
+    own_proc_fd = dirs is None
     try:
         kind = targets[0].kind
         if (st.st_size != size or any(e.kind != kind for e in targets) or st.st_dev != os.stat(tree).st_dev
@@ -362,7 +418,7 @@ def _link_local(src: LocalSource, tree: str, targets: list[Entry], digest: str, 
                 h.update(chunk)
             if h.hexdigest() != digest:
                 return None
-        proc_fd = dedupe.open_proc_fd()
+        proc_fd = dedupe.open_proc_fd() if own_proc_fd else dirs.proc_fd
         if st.st_nlink == 1:
             # Shared from now on: it enters the pool first, so it stays one of the store's own
             # inodes by `store_inode`'s test (EEXIST: the pool holds another copy; still fine).
@@ -382,14 +438,14 @@ def _link_local(src: LocalSource, tree: str, targets: list[Entry], digest: str, 
         return None
     finally:
         os.close(fd)
-        if proc_fd is not None:
+        if proc_fd is not None and own_proc_fd:
             os.close(proc_fd)
 
 
-def _copy_local(src: LocalSource, w: _Writer) -> bool:
+def _copy_local(src: LocalSource, w: _Writer, dirs: _LocalDirs | None = None) -> bool:
     """Copy `src` into the writer (a new inode with the canonical mode); False (nothing kept) when
     it is not a regular file or its bytes are not the digest's."""
-    opened = _open_local(src)
+    opened = _open_local(src, dirs)
     if opened is None:
         return False
     fd, _ = opened
@@ -556,7 +612,7 @@ def build_tree(caches, meta: MetaV2, store, tree: Path, resumed: Path | None = N
     known = Stamps(store.index, sources) if sources else None
 
     def copy(digest: str) -> None:
-        linked = _link_local(sources[digest], tree_s, targets[digest], digest, sizes[digest], known)
+        linked = _link_local(sources[digest], tree_s, targets[digest], digest, sizes[digest], known, dirs)
         if linked is not None:
             st, stamped = linked
             with lock:
@@ -567,7 +623,7 @@ def build_tree(caches, meta: MetaV2, store, tree: Path, resumed: Path | None = N
             progress.add(sizes[digest], len(targets[digest]))
             return
         w = _Writer(tree_s, targets[digest], digest, sizes[digest], label)
-        if _copy_local(sources[digest], w):
+        if _copy_local(sources[digest], w, dirs):
             w.close()
             with lock:
                 have.add(digest)
@@ -576,8 +632,12 @@ def build_tree(caches, meta: MetaV2, store, tree: Path, resumed: Path | None = N
         else:
             w.discard(tree_s)
 
-    with ThreadPoolExecutor(THREADS) as pool:
-        list(pool.map(copy, sources))
+    dirs = _LocalDirs()
+    try:
+        with ThreadPoolExecutor(THREADS) as pool:
+            list(pool.map(copy, sources))
+    finally:
+        dirs.close()
     stats.phases["local-copy"] = time.monotonic() - t0
 
     # 4. the blobs still needed, each from the first cache that serves it checked
