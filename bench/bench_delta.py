@@ -90,15 +90,20 @@ def main() -> None:
         run(clis[-1], builder, "keygen", "bench", "--out", str(keys))
     meter = Meter()
     print(f"{a['name']} -> {b['name']}; {args.rounds} rounds, load {os.getloadavg()[0]:.1f}; {meter.launcher}")
+    caches = []
     for i, cli in enumerate(clis):
         cache = work / f"cache-{i}"
         if not all((cache / f"{x['key']}.json").is_file() for x in (a, b)):  # kept: an older CLI may not open
             shutil.rmtree(cache, ignore_errors=True)                           # the builder once a newer one has
             for p in (a["path"], b["path"]):
                 run(cli, builder, "push", p, "--to", f"file://{cache}", "--secret-key", str(keys / "bench.secret"))
-        whole = json.loads((cache / f"{b['key']}.json").read_text())["blobs_csize"]
-        rows = []
-        for r in range(args.rounds):
+        caches.append((cache, json.loads((cache / f"{b['key']}.json").read_text())["blobs_csize"]))
+    rows: dict[int, list[tuple[float, float]]] = {i: [] for i in range(len(clis))}
+    for r in range(args.rounds):
+        order = list(range(len(clis)))
+        order = order[r % len(order):] + order[:r % len(order)]  # alternating, as bench/harness.py does
+        for i in order:
+            cli, (cache, whole) = clis[i], caches[i]
             node = work / "nodes" / f"{i}-{r}"
             shutil.rmtree(node, ignore_errors=True)
             pull = ("pull", "--from", f"file://{cache}", "--trusted-key", str(keys / "bench.public"))
@@ -106,15 +111,15 @@ def main() -> None:
             if args.cold:
                 evict(node / "store")
             doc, wall, cpu = timed(meter, cli, node, pull[0], b["key"], *pull[1:])
-            rows.append((wall, cpu))
+            rows[i].append((wall, cpu))
             print(f"  {cli} round {r + 1}: {wall:.2f} s wall, {cpu:.2f} s CPU; fetched {doc['bytes_fetched'] / 2**20:.2f}"
                   f" MiB = {100 * doc['bytes_fetched'] / whole:.1f} % of the object ({whole / 2**20:.2f} MiB); reused "
                   f"{doc['bytes_reused'] / 2**20:.1f} MiB, {doc.get('bytes_reused_stamped', 0) / 2**20:.1f} MiB of it "
                   f"not read; phases {doc.get('phases')}")
             shutil.rmtree(node, ignore_errors=True)
-        print(f"{cli}: median {statistics.median(w for w, _ in rows):.2f} s wall, "
-              f"{statistics.median(c for _, c in rows):.2f} s CPU")
-
+    for i, cli in enumerate(clis):
+        print(f"{cli}: median {statistics.median(w for w, _ in rows[i]):.2f} s wall, "
+              f"{statistics.median(c for _, c in rows[i]):.2f} s CPU (load {os.getloadavg()[0]:.1f} at the end)")
 
 if __name__ == "__main__":
     main()
