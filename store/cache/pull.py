@@ -333,8 +333,10 @@ def fetch_into_store(store: Store, caches: Caches, meta: Meta | MetaV2) -> tuple
     seconds = time.monotonic() - started
     say(f"substituted {meta.name} from the cache (signed by {meta.signer}) in {seconds:.1f}s: fetched "
         f"{human_size(stats.bytes_fetched)} in {stats.blobs_fetched} blobs, reused {human_size(stats.bytes_reused)} "
-        "from store paths here" + (f" ({human_size(stats.bytes_reused_stamped)} of it stamped as checked, not read)"
-                                   if stats.bytes_reused_stamped else "") + (f", resumed {human_size(stats.bytes_resumed)}" if stats.bytes_resumed else ""))
+        "from store paths here"
+        + (f" ({human_size(stats.bytes_reused_stamped)} of it stamped as checked, not read)"
+           if stats.bytes_reused_stamped else "")
+        + (f", resumed {human_size(stats.bytes_resumed)}" if stats.bytes_resumed else ""))
     if stats.phases:
         say("time: " + ", ".join(f"{k} {v:.2f}s" for k, v in stats.phases.items()))
     return store.layout.path_of(meta.name), stats

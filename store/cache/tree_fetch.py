@@ -7,7 +7,9 @@ Order, for one checked object (cache/pull.py has checked its metadata: shape, si
 2. the plan and manifest blobs, each checked against its signed digest; the plan against the
    listing (every file held once, packs bounded);
 3. the files this node already holds — any registered store path whose contents listing (read
-   bounded, never through a link) has the digest — are hashed, and hard-linked only under the
+   bounded, never through a link) has the digest — are hashed (or not read again, when their
+   inode still has the stamp a pull recorded once it had hashed it: core/stamps.py), and
+   hard-linked only under the
    store's one sharing rule (core/dedupe.py: the owner's plain file, exactly the canonical mode,
    no xattrs or capability, one of the store's own inodes, same filesystem; two immutable store
    paths then share the inode through the pool, as `optimise` makes them); else copied, hashed
@@ -23,6 +25,7 @@ Order, for one checked object (cache/pull.py has checked its metadata: shape, si
    (files 0444 or 0555, directories 0555), and the finished tree is walked once without reading
    file bytes: its entries, kinds, sizes and link targets must be exactly the listing's. Each
    file's bytes were hashed as they were written, so the tree's content hash is the signed one.
+   Once the pull has installed the tree, `stamp_tree` stamps its inodes for the next pull.
 
 Memory: a pack (at most objects.PACK_MAX, in practice 4 MiB) per worker, and 1 MiB buffers.
 """
