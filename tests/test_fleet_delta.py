@@ -17,7 +17,15 @@ from llmgw_store.core.keys import canonical_json
 from tests.conftest import run_cli, run_in_env
 from tests.support.barrier import Barrier
 from tests.support.caches import cache, s3_server  # noqa: F401  (fixtures: the three real backends)
-from tests.support.delta import delta_wheels, pull2, push2, template, world  # noqa: F401  (fixtures)
+from tests.support.delta import (  # noqa: F401  (fixtures)
+    delta_wheels,
+    pull2,
+    push2,
+    template,
+    upgrade_template,
+    upgrade_world,
+    world,
+)
 
 
 def test_push_and_pull_format_2(world, cache):
@@ -77,6 +85,113 @@ def test_delta_pull_fetches_only_what_changed(world, tmp_path):
     assert init_b.stat().st_nlink == 1 and "2.0" in init_b.read_text()
 
 
+def _files(tree: Path) -> dict[str, str]:
+    """digest -> path of the non-empty files of a store path's listing."""
+    from llmgw_store.cache.objects import read_listing
+
+    return {e.digest: e.path for e in read_listing((tree / ".llmgw" / "contents").read_bytes())
+            if e.kind in "fx" and e.size}
+
+
+def test_a_minor_upgrade_fetches_about_what_changed(upgrade_world, tmp_path):
+    """A node holding the environment with tinydep 1.0 pulls the one with 2.0, where one model
+    directory of ten (and the version) changed: the blobs fetched hold at most 1.5x the changed
+    files' compressed size (each file compressed alone, as push does) — with packs of a whole
+    package it was the whole package."""
+    w, (a, b) = upgrade_world, upgrade_world["names"]
+    url = f"file://{tmp_path / 'cache'}"
+    push2(w, a, url)
+    push2(w, b, url)
+    pull2(w, a, url)
+    got = pull2(w, b, url)
+    meta_b = _meta(w, b)
+    held, new = _files(w["node"] / "store" / a), _files(w["node"] / "store" / b)
+    changed = {d: p for d, p in new.items() if d not in held}
+    zc = zstandard.ZstdCompressor(level=3)
+    changed_csize = sum(len(zc.compress((w["node"] / "store" / b / p).read_bytes())) for p in changed.values())
+    package = sum((w["node"] / "store" / b / p).stat().st_size for p in new.values() if "/tinydep/models/" in p)
+    assert package > 900 << 10 and 0 < len(changed) < 0.2 * len(new)  # a small part changed
+    blobs = got["bytes_fetched"] - sum(meta_b[p]["csize"] for p in ("listing", "plan", "manifest"))
+    assert 0 < blobs <= 1.5 * changed_csize, (blobs, changed_csize, meta_b["blobs_csize"])
+    assert got["bytes_reused"] >= package * 0.8
+    assert run_in_env(w["node"] / "store" / b, "tinyengine") == "tinyengine 1.0 tinydep 2.0"
+    assert run_cli(w["node"], "verify").returncode == 0
+
+
+def test_a_delta_pull_links_stamped_files_without_reading_them(world, tmp_path):
+    """The first pull stamps every inode it wrote (core/stamps.py); the delta pull links the
+    unchanged files to them without reading them again (bytes_reused_stamped), and stamps the
+    new path's files in turn, so a third pull of a neighbour reads none of them either."""
+    w, (a, b) = world, world["names"]
+    url = f"file://{tmp_path / 'cache'}"
+    push2(w, a, url)
+    push2(w, b, url)
+    first = pull2(w, a, url)
+    con = sqlite3.connect(w["node"] / "var" / "db.sqlite")
+    assert first["bytes_reused_stamped"] == 0 and con.execute("SELECT count(*) FROM inode_stamps").fetchone()[0] > 10
+    second = pull2(w, b, url)
+    assert second["bytes_reused_stamped"] >= 1 << 20  # the weights, at least
+    assert second["bytes_reused_stamped"] <= second["bytes_reused"]
+    assert run_in_env(w["node"] / "store" / b, "tinyengine") == "tinyengine 1.0 tinydep 2.0"
+    assert run_cli(w["node"], "verify").returncode == 0
+    weights_b = next((w["node"] / "store" / b).rglob("weights.bin"))
+    st = weights_b.stat()
+    assert con.execute("SELECT ctime_ns FROM inode_stamps WHERE dev = ? AND ino = ?",
+                       (st.st_dev, st.st_ino)).fetchone() == (st.st_ctime_ns,)  # renewed after its links
+
+
+def test_a_stamped_file_tampered_in_place_is_read_and_fetched(world, tmp_path):
+    """A file of a pulled path changed in place after its stamp, its mode, size and mtime put back
+    (so every cheap check of the sharing rule passes): its ctime moved, so the delta pull reads
+    it, finds it does not hash right and fetches the blob; the new path has the signed bytes in an
+    inode of its own."""
+    import os
+
+    w, (a, b) = world, world["names"]
+    url = f"file://{tmp_path / 'cache'}"
+    push2(w, a, url)
+    push2(w, b, url)
+    pull2(w, a, url)
+    victim = next((w["node"] / "store" / a).rglob("weights.bin"))
+    before = victim.stat()
+    good = victim.read_bytes()
+    victim.chmod(0o644)
+    with open(victim, "r+b") as f:
+        f.write(b"\xff" * 64)  # same size
+    victim.chmod(0o444)
+    os.utime(victim, ns=(before.st_atime_ns, before.st_mtime_ns))
+    after = victim.stat()
+    assert (after.st_size, after.st_mtime_ns, after.st_mode, after.st_ino) == \
+        (before.st_size, before.st_mtime_ns, before.st_mode, before.st_ino)
+    got = pull2(w, b, url)
+    assert 0 < got["bytes_reused"] < 1 << 20 and got["bytes_fetched"] > 1 << 19  # the weights fetched, not reused
+    weights_b = next((w["node"] / "store" / b).rglob("weights.bin"))
+    assert weights_b.read_bytes() == good and weights_b.stat().st_ino != victim.stat().st_ino
+    assert run_in_env(w["node"] / "store" / b, "tinyengine") == "tinyengine 1.0 tinydep 2.0"
+
+
+def test_an_object_pushed_with_the_packs_of_before_still_pulls(upgrade_world, tmp_path, monkeypatch):
+    """Format compatibility: objects pushed by the code before content-defined packs (4 MiB packs
+    closed in listing order) pull with this code, and a node holding one reuses its files."""
+    from llmgw_store.cache import objects
+    from llmgw_store.cache.push import push
+
+    w, (a, b) = upgrade_world, upgrade_world["names"]
+    url = f"file://{tmp_path / 'cache'}"
+    with monkeypatch.context() as m:
+        m.setattr(objects, "PACK_TARGET", 4 << 20)
+        m.setattr(objects, "PACK_AVG", 1 << 62)  # no file ends a pack: the plan of before
+        push([a], url, str(w["keys"] / "builder-1.secret"), root=w["root"])
+    plan_a = _plan(w, _meta(w, a))
+    assert max(len(blob["m"] or ()) for blob in plan_a["blobs"]) > 100  # the library in one pack
+    push2(w, b, url)
+    assert pull2(w, a, url)["pulled"] == [a]
+    got = pull2(w, b, url)
+    assert got["pulled"] == [b] and got["bytes_reused"] > 900 << 10
+    assert run_in_env(w["node"] / "store" / b, "tinyengine") == "tinyengine 1.0 tinydep 2.0"
+    assert run_cli(w["node"], "verify").returncode == 0
+
+
 def test_a_local_file_that_was_tampered_with_is_fetched_not_copied(world, tmp_path):
     w, (a, b) = world, world["names"]
     url = f"file://{tmp_path / 'cache'}"
@@ -110,8 +225,9 @@ def _plan(w, meta):
 
 
 def _single_file_blob(w, meta):
+    """The largest blob of one file (the 1 MiB file; small files may be packs of one too)."""
     plan = _plan(w, meta)
-    return next(b for b in plan["blobs"] if b["m"] is None), plan
+    return max((b for b in plan["blobs"] if b["m"] is None), key=lambda b: b["c"]), plan
 
 
 def _resign(w, meta):
@@ -306,3 +422,45 @@ def test_a_killed_pull_leaves_no_scratch_tree_behind(world, tmp_path, sig):
         assert [p for p in tmp.iterdir() if p.name.startswith(f"pull-{proc.pid}-")]
     got = pull2(world, a, url)
     assert got["pulled"] == [a] and not [p for p in tmp.iterdir() if p.name.startswith("pull-")]
+    if sig == "SIGKILL":  # moved to the trash by the next pull's sweep (a rename), deleted by gc
+        assert [p for p in (world["node"] / "var" / "trash").iterdir() if p.name.startswith(f"pull-{proc.pid}-")]
+
+
+def test_a_pull_stopped_by_sigterm_keeps_what_it_fetched_for_the_next(world, tmp_path):
+    """A pull stopped by SIGTERM once its first blob (the 1 MiB file: largest first, one worker)
+    is written and checked exits 143 and keeps its partial tree as `resume-<key>`; the next pull
+    takes that file (hashed again) instead of fetching it, and its scratch goes to the trash."""
+    import os
+    import signal
+    import subprocess
+
+    from tests.conftest import cli_cmd
+
+    a, _ = world["names"]
+    url = f"file://{tmp_path / 'cache'}"
+    push2(world, a, url)
+    run_cli(world["node"], "verify")  # creates the node's store
+    tmp = world["node"] / "var" / "tmp"
+    gate = Barrier(tmp_path)
+    proc = subprocess.Popen(cli_cmd(world["node"], "pull", a, "--from", url, "--trusted-key",
+                                    str(world["keys"] / "builder-1.public")),
+                            env={**os.environ, **gate.env("PULL_BLOB_WRITTEN"), "LLMGW_STORE_PULL_THREADS": "1"},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        gate.reached("PULL_BLOB_WRITTEN", proc)
+        proc.send_signal(signal.SIGTERM)
+        gate.go("PULL_BLOB_WRITTEN")
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 143 and "the next pull of it resumes" in err, err
+    assert [p.name for p in tmp.iterdir()] == [f"resume-{a[:32]}"]
+    got = pull2(world, a, url)
+    assert got["pulled"] == [a] and got["bytes_resumed"] >= 1 << 20
+    assert got["bytes_fetched"] < _meta(world, a)["blobs_csize"] - (1 << 19)  # the 1 MiB file was not fetched again
+    assert list(tmp.iterdir()) == []
+    # what it did not take went to the trash with its scratch, for gc to delete
+    assert [p for p in (world["node"] / "var" / "trash").iterdir() if p.name.startswith("pull-")]
+    assert run_cli(world["node"], "verify").returncode == 0
+    assert run_cli(world["node"], "gc").returncode == 0 and list((world["node"] / "var" / "trash").iterdir()) == []

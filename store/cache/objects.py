@@ -14,8 +14,12 @@ A blob is either one file's bytes (named by that file's blake3) or a pack: the b
 small files of one package directory, concatenated in the order the plan lists their digests, and
 named by `pack_digest(members)` (blake3 over the member digests). A pack is checked member by
 member (each member's blake3 against its digest), so no byte is trusted on the pack's name alone.
-Packs keep a package's small files together: a package unchanged between two versions of an
-environment has the same pack, which a node that holds the older version already has.
+Packs keep a package's small files together, about PACK_AVG bytes each, cut where a file's own
+digest says (content-defined): a package unchanged between two versions of an environment has the
+same packs, and one of which a few files changed keeps every pack not next to them, so a node that
+holds the older version fetches about what changed (issue 31). How a plan is cut is the pusher's
+choice alone: a pull reads any plan whose packs are at most PACK_MAX (objects pushed with the 4 MiB
+packs of before pull as they did).
 
 Every check here is on bytes whose digest was verified against signed metadata already; the checks
 still assume a hostile (compromised) signer: paths are lexically confined to the tree, sizes and
@@ -36,7 +40,10 @@ from llmgw_store.core.manifest import CONTENTS, MANIFEST, MANIFEST_DIR, Entry, r
 
 FORMAT = 2
 BLOB_ALONE = 256 << 10  # files from this size up are blobs of their own; smaller ones are packed
-PACK_TARGET = 4 << 20  # a pack is closed once it holds this many bytes
+# A pack's bytes on average (content-defined boundaries; docs/design-notes.md has the measurement).
+# Part of the format's determinism: every push of a path must make the same plan.
+PACK_AVG = 32 << 10
+PACK_TARGET = 1 << 20  # a pack is closed before it would hold more than this
 PACK_MAX = 64 << 20  # a pack larger than this is refused (a pack is checked in memory)
 MAX_ENTRIES = 5_000_000
 MAX_FILE = 1 << 42
@@ -81,9 +88,18 @@ class Blob:
         return len(self.members) != 1 or self.members[0] != self.digest
 
 
+def _ends_pack(e: Entry) -> bool:
+    """Whether a pack closes after `e`: content-defined, by the file's digest alone, with a chance of
+    e.size / PACK_AVG (so packs hold PACK_AVG bytes on average). A file that changes, appears or goes
+    moves only the boundaries next to it: every other pack of its package keeps its members and name."""
+    return int(e.digest[:8], 16) * PACK_AVG < e.size << 32
+
+
 def make_plan(entries: list[Entry]) -> list[Blob]:
-    """Which blobs hold the files of `entries` (csize left 0): one per large file, packs of the
-    small files of each package directory, each distinct digest once, empty files in none."""
+    """Which blobs hold the files of `entries` (csize left 0): one per large file; the small files
+    of each package directory, in listing order, packed with content-defined boundaries
+    (`_ends_pack`, and before a file that would take a pack past PACK_TARGET); each distinct digest
+    once, empty files in none."""
     seen: set[str] = set()
     alone: list[Blob] = []
     groups: dict[str, list[Entry]] = {}
@@ -96,20 +112,27 @@ def make_plan(entries: list[Entry]) -> list[Blob]:
         else:
             groups.setdefault(_group(e.path), []).append(e)
     packs: list[Blob] = []
+
+    def close(chunk: list[Entry], total: int) -> None:
+        if len(chunk) == 1:
+            packs.append(Blob(chunk[0].digest, (chunk[0].digest,), chunk[0].size))
+        elif chunk:
+            ds = tuple(m.digest for m in chunk)
+            packs.append(Blob(pack_digest(list(ds)), ds, total))
+
     for members in groups.values():
         chunk: list[Entry] = []
         total = 0
-        for e in members + [None]:
-            if e is None or (chunk and total + e.size > PACK_TARGET):
-                if len(chunk) == 1:
-                    packs.append(Blob(chunk[0].digest, (chunk[0].digest,), chunk[0].size))
-                elif chunk:
-                    ds = tuple(m.digest for m in chunk)
-                    packs.append(Blob(pack_digest(list(ds)), ds, total))
+        for e in members:
+            if chunk and total + e.size > PACK_TARGET:
+                close(chunk, total)
                 chunk, total = [], 0
-            if e is not None:
-                chunk.append(e)
-                total += e.size
+            chunk.append(e)
+            total += e.size
+            if _ends_pack(e):
+                close(chunk, total)
+                chunk, total = [], 0
+        close(chunk, total)
     return alone + packs
 
 

@@ -35,7 +35,7 @@ from llmgw_store.cache.backends import RetryPolicy
 from llmgw_store.cache.caches import Caches, shown
 from llmgw_store.cache.objects import FORMAT, shape_v2
 from llmgw_store.cache.signing import METADATA_MAX_BYTES, check_signature, trusted_keys
-from llmgw_store.cache.tree_fetch import BlobRef, MetaV2, Stats, build_tree
+from llmgw_store.cache.tree_fetch import BlobRef, MetaV2, Stats, build_tree, stamp_tree
 from llmgw_store.core import debug, locks, manifest, oplog
 from llmgw_store.core.errors import IntegrityError, NetworkError, NotFoundError, StoreError, UsageError
 from llmgw_store.core.fsutil import force_rmtree
@@ -44,7 +44,7 @@ from llmgw_store.core.local_store import Store
 from llmgw_store.core.oplog import recorded
 from llmgw_store.core.report import say
 from llmgw_store.core.results import Result
-from llmgw_store.core.scratch import sweep_dead
+from llmgw_store.core.scratch import sweep_dead, to_trash
 from llmgw_store.core.signals import raising
 from llmgw_store.core.temproots import TempRoots
 from llmgw_store.core.units import human_size
@@ -336,7 +336,10 @@ def fetch_into_store(store: Store, caches: Caches, meta: Meta | MetaV2) -> tuple
     say(f"substituted {meta.name} from {served_by(caches, served_before)} (signed by {meta.signer}) in "
         f"{seconds:.1f}s: fetched "
         f"{human_size(stats.bytes_fetched)} in {stats.blobs_fetched} blobs, reused {human_size(stats.bytes_reused)} "
-        "from store paths here" + (f", resumed {human_size(stats.bytes_resumed)}" if stats.bytes_resumed else ""))
+        "from store paths here"
+        + (f" ({human_size(stats.bytes_reused_stamped)} of it stamped as checked, not read)"
+           if stats.bytes_reused_stamped else "")
+        + (f", resumed {human_size(stats.bytes_resumed)}" if stats.bytes_resumed else ""))
     if stats.phases:
         say("time: " + ", ".join(f"{k} {v:.2f}s" for k, v in stats.phases.items()))
     return store.layout.path_of(meta.name), stats
@@ -351,14 +354,15 @@ def served_by(caches: Caches, before: dict[str, int]) -> str:
 
 
 def _install(store: Store, tree: Path, doc: dict[str, Any], meta: Meta | MetaV2, build_id: int, started: float,
-             stats: Stats) -> None:
+             stats: Stats) -> str:
     t0 = time.monotonic()
-    store.install(tree, doc, list(meta.references), build_id=build_id, seconds=round(time.monotonic() - started, 3),
-                  outcome="substituted")
+    how = store.install(tree, doc, list(meta.references), build_id=build_id,
+                        seconds=round(time.monotonic() - started, 3), outcome="substituted")
     # Registered from the signed manifest, whose time is the builder's: on this node the path was
     # first used now (gc's grace and `list` read last_used).
     store.index.touch(meta.name)
     stats.phases["register"] = time.monotonic() - t0
+    return how
 
 
 def _fetch_v1(store: Store, caches: Caches, meta: Meta, build_id: int, started: float) -> Stats:
@@ -413,7 +417,7 @@ def _fetch_v2(store: Store, caches: Caches, meta: MetaV2, build_id: int, started
     scratch = layout.tmp / f"pull-{os.getpid()}-{meta.key}"
     keep = resume_dir(layout.tmp, meta.key)
     try:
-        force_rmtree(scratch)  # a dead process of the same pid left it; we hold the key's lock
+        to_trash(scratch, layout.trash)  # a dead process of the same pid left it; we hold the key's lock
         scratch.mkdir(mode=0o700, parents=True)
         resumed = None
         if os.path.isdir(keep) and not os.path.islink(keep):
@@ -425,18 +429,23 @@ def _fetch_v2(store: Store, caches: Caches, meta: MetaV2, build_id: int, started
         debug.pause("PULL_PAUSE")
         try:
             doc, stats = build_tree(caches, meta, store, tree, resumed)
-        except NetworkError:
-            # Every cache failed on the network: keep what was fetched and checked (each file is
-            # hashed again before the next pull of the key takes it).
-            force_rmtree(keep)
+        except (NetworkError, KeyboardInterrupt):
+            # Every cache failed on the network, or the pull was stopped (^C, SIGTERM: build_tree
+            # has let its workers finish the blob each was writing): keep what was fetched (each
+            # file is hashed again before the next pull of the key takes it; one cut short does
+            # not hash right and is fetched).
+            to_trash(keep, layout.trash)
             os.rename(tree, keep)
             say(f"kept what was fetched of {meta.name} in {keep}: the next pull of it resumes from there")
             raise
         _check_relocatable(tree, meta.name)
-        _install(store, tree, doc, meta, build_id, started, stats)
+        if _install(store, tree, doc, meta, build_id, started, stats) == "installed":
+            stamp_tree(store, layout.path_of(meta.name), stats)  # every file of it was checked by this pull
         return stats
     finally:
-        force_rmtree(scratch)
+        # What a resumed pull did not take, or a failed pull's files: out of the way at once; the
+        # next gc deletes them (a large tree takes seconds, which no pull should wait for).
+        to_trash(scratch, layout.trash)
 
 
 @dataclass(frozen=True)
@@ -450,6 +459,7 @@ class PullResult(Result):
     seconds: float = 0.0
     phases: dict[str, float] | None = None
     bytes_resumed: int = 0  # file bytes a pull of the same key that failed had fetched and checked
+    bytes_reused_stamped: int = 0  # of bytes_reused, linked without reading them again (core/stamps.py)
 
 
 def _local_path(store: Store, key: str) -> Path | None:
@@ -468,11 +478,16 @@ RESUME_KEEP_S = 24 * 3600
 
 
 def sweep_stale_pulls(tmp: Path) -> None:
-    """Remove what pulls left in ROOT/var/tmp: `pull-<pid>-<key>[.tar.zst]` of a pid that no longer
-    runs (killed by SIGKILL), and `resume-<key>` trees no pull of their key took within
-    RESUME_KEEP_S. (A pull takes a resume tree under its key's lock by renaming it away first; a
-    sweep that loses that race removes nothing of it, or a few files the pull then fetches.)"""
-    sweep_dead(tmp, SCRATCH_RE, MAX_STALE_SCAN, "a pull")
+    """Clear what pulls left in ROOT/var/tmp into ROOT/var/trash (core/scratch.to_trash: a rename;
+    the next gc deletes it): `pull-<pid>-<key>[.tar.zst]` of a pid that no longer runs (killed by
+    SIGKILL) — whose partial tree first becomes `resume-<key>`, when there is none, so the next
+    pull of the key takes the files it checked — and `resume-<key>` trees no pull of their key
+    took within RESUME_KEEP_S. (A pull takes a resume tree under its key's lock by renaming it
+    away first; a sweep that loses that race removes nothing of it, or a few files the pull then
+    fetches.)"""
+    trash = tmp.parent / "trash"  # Layout.trash
+    _salvage_dead(tmp)
+    sweep_dead(tmp, SCRATCH_RE, MAX_STALE_SCAN, "a pull", trash)
     try:
         with os.scandir(tmp) as it:
             cutoff = time.time() - RESUME_KEEP_S
@@ -482,9 +497,36 @@ def sweep_stale_pulls(tmp: Path) -> None:
         return
     for name in old:
         try:
-            force_rmtree(tmp / name)
+            to_trash(tmp / name, trash)
         except OSError:
             pass
+
+
+def _salvage_dead(tmp: Path) -> None:
+    """`pull-<pid>-<key>/<name>` of a dead pid (a format-2 pull's partial tree, the files it wrote
+    checked or cut short) becomes `resume-<key>` when there is none. Its files are hashed again
+    before any is taken (tree_fetch._take_resumed), so what the kill cut short is fetched."""
+    from llmgw_store.core.locks import pid_alive
+
+    try:
+        with os.scandir(tmp) as it:
+            dead = [(m, e.name) for _, e in zip(range(MAX_STALE_SCAN), it, strict=False)
+                    if (m := SCRATCH_RE.fullmatch(e.name)) and not e.name.endswith(".tar.zst")
+                    and int(m.group(1)) != os.getpid() and e.is_dir(follow_symlinks=False)]
+        for m, name in dead:
+            if pid_alive(int(m.group(1))):
+                continue
+            key = name.rsplit("-", 1)[1]
+            keep = resume_dir(tmp, key)
+            if os.path.lexists(keep):
+                continue
+            with os.scandir(tmp / name) as it:
+                trees = [e.name for e in it if is_store_name(e.name) and key_of_name(e.name) == key
+                         and e.is_dir(follow_symlinks=False)]
+            if len(trees) == 1:
+                os.rename(tmp / name / trees[0], keep)
+    except OSError:
+        return  # what is left is trashed whole by the sweep
 
 
 @recorded("pull")
@@ -516,6 +558,7 @@ def pull(target: str, from_: list[str], trusted: list[str], *, root: str | Path 
                         total.bytes_fetched += stats.bytes_fetched
                         total.bytes_reused += stats.bytes_reused
                         total.bytes_resumed += stats.bytes_resumed
+                        total.bytes_reused_stamped += stats.bytes_reused_stamped
                         total.files += stats.files
                         for k, v in stats.phases.items():
                             total.phases[k] = total.phases.get(k, 0.0) + round(v, 3)
@@ -525,7 +568,7 @@ def pull(target: str, from_: list[str], trusted: list[str], *, root: str | Path 
             present.append(local.name)
         return PullResult(tuple(pulled), tuple(present), str(_local_path(store, key)), total.bytes_fetched,
                           total.bytes_reused, total.files, round(time.monotonic() - started, 3), total.phases,
-                          total.bytes_resumed)
+                          total.bytes_resumed, total.bytes_reused_stamped)
 
 
 class CacheSubstituter:

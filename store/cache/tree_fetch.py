@@ -7,7 +7,9 @@ Order, for one checked object (cache/pull.py has checked its metadata: shape, si
 2. the plan and manifest blobs, each checked against its signed digest; the plan against the
    listing (every file held once, packs bounded);
 3. the files this node already holds — any registered store path whose contents listing (read
-   bounded, never through a link) has the digest — are hashed, and hard-linked only under the
+   bounded, never through a link) has the digest — are hashed (or not read again, when their
+   inode still has the stamp a pull recorded once it had hashed it: core/stamps.py), and
+   hard-linked only under the
    store's one sharing rule (core/dedupe.py: the owner's plain file, exactly the canonical mode,
    no xattrs or capability, one of the store's own inodes, same filesystem; two immutable store
    paths then share the inode through the pool, as `optimise` makes them); else copied, hashed
@@ -23,6 +25,7 @@ Order, for one checked object (cache/pull.py has checked its metadata: shape, si
    (files 0444 or 0555, directories 0555), and the finished tree is walked once without reading
    file bytes: its entries, kinds, sizes and link targets must be exactly the listing's. Each
    file's bytes were hashed as they were written, so the tree's content hash is the signed one.
+   Once the pull has installed the tree, `stamp_tree` stamps its inodes for the next pull.
 
 Memory: a pack (at most objects.PACK_MAX, in practice 4 MiB) per worker, and 1 MiB buffers.
 """
@@ -46,6 +49,7 @@ from llmgw_store.core import debug, dedupe, files, manifest
 from llmgw_store.core.errors import IntegrityError, StoreError
 from llmgw_store.core.manifest import MANIFEST_DIR, Entry
 from llmgw_store.core.report import say
+from llmgw_store.core.stamps import Stamps, record
 from llmgw_store.core.units import human_size
 
 _local = threading.local()
@@ -84,11 +88,15 @@ class MetaV2:
 class Stats:
     bytes_fetched: int = 0  # compressed bytes downloaded
     bytes_reused: int = 0  # file bytes copied from store paths already here
+    bytes_reused_stamped: int = 0  # of those, linked without reading them again (core/stamps.py)
     bytes_written: int = 0  # file bytes written from downloaded blobs
     bytes_resumed: int = 0  # file bytes a pull of the same key fetched and checked before it failed
     blobs_fetched: int = 0
     files: int = 0
     phases: dict[str, float] = field(default_factory=dict)
+    # For `stamp_tree`: the tree's entries, and the mtime each reused inode had when it was checked.
+    entries: list[Entry] = field(default_factory=list, repr=False)
+    checked: dict[tuple[int, int], int] = field(default_factory=dict, repr=False)
 
 
 class Progress:
@@ -311,10 +319,65 @@ def local_sources(store, wanted: set[str]) -> dict[str, LocalSource]:
     return found
 
 
-def _open_local(src: LocalSource) -> tuple[int, os.stat_result] | None:
+class _LocalDirs:
+    """The directories of local store paths that reused files lie in, each opened once per pull
+    the way `_open_local` opens them (one component at a time, never through a link) and kept open
+    for the files after it (at most MAX_OPEN: opening ten components per file cost more than
+    hashing them, issue 31); with /proc/self/fd opened once. `close` when the files are done."""
+
+    MAX_OPEN = 256
+
+    def __init__(self) -> None:
+        self.fds: dict[tuple[Path, str], int] = {}
+        self.lock = threading.Lock()
+        self.proc_fd = dedupe.open_proc_fd()
+
+    def open(self, src: LocalSource) -> tuple[int, os.stat_result] | None:
+        head, _, name = src.entry.path.rpartition("/")
+        with self.lock:
+            dfd = self.fds.get((src.env, head))
+        if dfd is None:
+            try:
+                env = files.open_dir(src.env)
+            except OSError:
+                return None
+            try:
+                dfd = files.open_dir(head, dir_fd=env) if head else os.dup(env)
+            except OSError:
+                return None
+            finally:
+                os.close(env)
+            with self.lock:
+                if (src.env, head) not in self.fds and len(self.fds) < self.MAX_OPEN:
+                    self.fds[(src.env, head)] = dfd
+                    dfd_owned = False
+                else:
+                    dfd_owned = True
+        else:
+            dfd_owned = False
+        try:
+            return files.open_regular(name, dir_fd=dfd)
+        except OSError:
+            return None
+        finally:
+            if dfd_owned:
+                os.close(dfd)
+
+    def close(self) -> None:
+        for fd in self.fds.values():
+            os.close(fd)
+        self.fds = {}
+        if self.proc_fd is not None:
+            os.close(self.proc_fd)
+            self.proc_fd = None
+
+
+def _open_local(src: LocalSource, dirs: _LocalDirs | None = None) -> tuple[int, os.stat_result] | None:
     """The source file, opened below its store path one component at a time without following a
     link (a directory of the path swapped for a link cannot lead out of the store); None if it is
-    not a regular file there."""
+    not a regular file there. `dirs`: its directory as opened so for an earlier file."""
+    if dirs is not None:
+        return dirs.open(src)
     try:
         dfd = files.open_dir(src.env)
     except OSError:
@@ -327,31 +390,38 @@ def _open_local(src: LocalSource) -> tuple[int, os.stat_result] | None:
         os.close(dfd)
 
 
-def _link_local(src: LocalSource, tree: str, targets: list[Entry], digest: str, size: int) -> bool:
+def _link_local(src: LocalSource, tree: str, targets: list[Entry], digest: str, size: int,
+                stamps: Stamps | None = None, dirs: _LocalDirs | None = None) -> tuple[os.stat_result, bool] | None:
     """Hard-link the paths `targets` of the partial tree to the inode of `src`, a file of another
     registered (immutable) store path, only under the store's one sharing rule (core/dedupe.py):
     a plain file of the store's owner with exactly the canonical mode of the targets' kind and no
     extended attribute (no file capability), one of the store's own inodes (no other link, or the
     pool's entry for its digest), on the same filesystem, whose bytes — read from the descriptor
-    that is then linked — are `digest`'s. Anything else is copied instead (False, nothing made):
-    a link would hand another user, a mode such as 0400 or a capability to the pulled path."""
-    opened = _open_local(src)
+    that is then linked — are `digest`'s, or which `stamps` says were hashed to `digest` and have
+    not changed since (core/stamps.py: same size, mtime and ctime; not read again). Anything else is
+    copied instead (None, nothing made): a link would hand another user, a mode such as 0400 or a
+    capability to the pulled path. Once linked: the inode's fstat when checked, and whether its
+    stamp spared reading it."""
+    opened = _open_local(src, dirs)
     if opened is None:
-        return False
+        return None
     fd, st = opened
     made: list[str] = []
     proc_fd = None
+    own_proc_fd = dirs is None
     try:
         kind = targets[0].kind
         if (st.st_size != size or any(e.kind != kind for e in targets) or st.st_dev != os.stat(tree).st_dev
                 or dedupe.shareable(fd, st, kind) is not None or not dedupe.store_inode(src.pool, st, src.entry)):
-            return False
-        h = blake3(max_threads=blake3.AUTO) if size >= 8 << 20 else blake3()
-        while chunk := os.read(fd, CHUNK):
-            h.update(chunk)
-        if h.hexdigest() != digest:
-            return False
-        proc_fd = dedupe.open_proc_fd()
+            return None
+        stamped = stamps is not None and stamps.verified(st, digest)
+        if not stamped:
+            h = blake3(max_threads=blake3.AUTO) if size >= 8 << 20 else blake3()
+            while chunk := os.read(fd, CHUNK):
+                h.update(chunk)
+            if h.hexdigest() != digest:
+                return None
+        proc_fd = dedupe.open_proc_fd() if own_proc_fd else dirs.proc_fd
         if st.st_nlink == 1:
             # Shared from now on: it enters the pool first, so it stays one of the store's own
             # inodes by `store_inode`'s test (EEXIST: the pool holds another copy; still fine).
@@ -362,23 +432,23 @@ def _link_local(src: LocalSource, tree: str, targets: list[Entry], digest: str, 
                 pass  # no pool, or it holds another copy: linked anyway, this once (later pulls copy it)
         for e in targets:
             dest = f"{tree}/{e.path}"
-            dedupe.link_checked(fd, st, os.fspath(src.path), dest, proc_fd)  # the inode just hashed
+            dedupe.link_checked(fd, st, os.fspath(src.path), dest, proc_fd)  # the inode just checked
             made.append(dest)
-        return True
+        return st, stamped
     except OSError:
         for dest in made:
             os.unlink(dest)
-        return False
+        return None
     finally:
         os.close(fd)
-        if proc_fd is not None:
+        if proc_fd is not None and own_proc_fd:
             os.close(proc_fd)
 
 
-def _copy_local(src: LocalSource, w: _Writer) -> bool:
+def _copy_local(src: LocalSource, w: _Writer, dirs: _LocalDirs | None = None) -> bool:
     """Copy `src` into the writer (a new inode with the canonical mode); False (nothing kept) when
     it is not a regular file or its bytes are not the digest's."""
-    opened = _open_local(src)
+    opened = _open_local(src, dirs)
     if opened is None:
         return False
     fd, _ = opened
@@ -542,16 +612,21 @@ def build_tree(caches, meta: MetaV2, store, tree: Path, resumed: Path | None = N
     sources = {d: p for d, p in local_sources(store, set(targets) - have).items() if d not in have}
     stats.phases["local-scan"] = time.monotonic() - t0
     t0 = time.monotonic()
+    known = Stamps(store.index, sources) if sources else None
 
     def copy(digest: str) -> None:
-        if _link_local(sources[digest], tree_s, targets[digest], digest, sizes[digest]):
+        linked = _link_local(sources[digest], tree_s, targets[digest], digest, sizes[digest], known, dirs)
+        if linked is not None:
+            st, stamped = linked
             with lock:
                 have.add(digest)
                 stats.bytes_reused += sizes[digest] * len(targets[digest])
+                stats.bytes_reused_stamped += sizes[digest] * len(targets[digest]) if stamped else 0
+                stats.checked[(st.st_dev, st.st_ino)] = st.st_mtime_ns
             progress.add(sizes[digest], len(targets[digest]))
             return
         w = _Writer(tree_s, targets[digest], digest, sizes[digest], label)
-        if _copy_local(sources[digest], w):
+        if _copy_local(sources[digest], w, dirs):
             w.close()
             with lock:
                 have.add(digest)
@@ -560,8 +635,12 @@ def build_tree(caches, meta: MetaV2, store, tree: Path, resumed: Path | None = N
         else:
             w.discard(tree_s)
 
-    with ThreadPoolExecutor(THREADS) as pool:
-        list(pool.map(copy, sources))
+    dirs = _LocalDirs()
+    try:
+        with ThreadPoolExecutor(THREADS) as pool:
+            list(pool.map(copy, sources))
+    finally:
+        dirs.close()
     stats.phases["local-copy"] = time.monotonic() - t0
 
     # 4. the blobs still needed, each from the first cache that serves it checked
@@ -665,6 +744,7 @@ def build_tree(caches, meta: MetaV2, store, tree: Path, resumed: Path | None = N
     os.chmod(tree, 0o555)
     stats.phases["links+check"] = time.monotonic() - t0
     stats.files = len(entries)
+    stats.entries = entries
 
     import json
 
@@ -676,3 +756,28 @@ def build_tree(caches, meta: MetaV2, store, tree: Path, resumed: Path | None = N
             or doc.get("name") != meta.name:
         raise IntegrityError(f"{meta.name}: its manifest does not match the signed metadata; refusing it")
     return doc, stats
+
+
+def stamp_tree(store, path: Path, stats: Stats) -> None:
+    """Stamp (core/stamps.py) the files of `path`, the store path `build_tree` just filled and the
+    pull installed: each was hashed to its digest by this pull (written from a checked blob, copied,
+    resumed) or reused as checked — whose inode is stamped only if its mtime is still the one it had
+    when checked. Never through a link; a file not as listed is not stamped."""
+    t0 = time.monotonic()
+    root = os.fspath(path)
+    items = []
+    for e in stats.entries:
+        if e.kind not in "fx" or not e.size:
+            continue
+        try:
+            st = os.lstat(f"{root}/{e.path}")
+        except OSError:
+            continue
+        if not stat.S_ISREG(st.st_mode) or st.st_size != e.size:
+            continue
+        was = stats.checked.get((st.st_dev, st.st_ino))
+        if was is not None and was != st.st_mtime_ns:
+            continue
+        items.append((st, e.digest))
+    record(store.index, items)
+    stats.phases["stamp"] = time.monotonic() - t0

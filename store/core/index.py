@@ -43,7 +43,7 @@ SALVAGE_MAX_ROWS = 200_000  # a table: far more history than a store keeps
 SALVAGE_MAX_BYTES = 256 << 20
 SALVAGE_DEADLINE_S = 60.0  # all tables together
 SCHEMA_FILE = Path(__file__).with_name("schema.sql")
-SCHEMA_VERSION = 5  # the last `-- version N` of schema.sql (tests/test_index.py checks they agree)
+SCHEMA_VERSION = 6  # the last `-- version N` of schema.sql (tests/test_index.py checks they agree)
 VERSION_LINE = re.compile(r"-- version (\d+):")
 
 
@@ -659,6 +659,25 @@ class Index:
 
     def forget_tool(self, kind: str, ident: str) -> None:
         self._sql("DELETE FROM tools WHERE kind = ? AND ident = ?", (kind, ident))
+
+    # --- inode stamps (core/stamps.py) ----------------------------------------------------------
+    def inode_stamps(self, digests: list[str]) -> set[tuple[int, int, str, int, int, int]]:
+        """(dev, ino, digest, size, mtime_ns, ctime_ns) of every stamp of one of `digests`."""
+        out: set[tuple[int, int, str, int, int, int]] = set()
+        for i in range(0, len(digests), 500):
+            chunk = digests[i:i + 500]
+            out.update(tuple(r) for r in self._sql(
+                "SELECT dev, ino, digest, size, mtime_ns, ctime_ns FROM inode_stamps WHERE digest IN "
+                f"({','.join('?' * len(chunk))})", tuple(chunk)))
+        return out
+
+    def record_inode_stamps(self, rows: list[tuple[int, int, str, int, int, int]], max_rows: int) -> None:
+        """Stamp these inodes (replacing what an inode's number held before); the table is emptied
+        first when it would hold more than `max_rows` (stamps of inodes long gone: a cache)."""
+        with self.transaction("recording inode stamps") as conn:
+            if conn.execute("SELECT count(*) FROM inode_stamps").fetchone()[0] + len(rows) > max_rows:
+                conn.execute("DELETE FROM inode_stamps")
+            conn.executemany("INSERT OR REPLACE INTO inode_stamps VALUES (?, ?, ?, ?, ?, ?)", rows)
 
 
     # --- profiles (the links on disk are the truth; these rows follow them) -----------------

@@ -132,3 +132,17 @@ ALTER TABLE "refs_v5" RENAME TO "refs";
 CREATE INDEX "idx_refs_reference"
     ON "refs" ("reference");
 DROP TABLE "switches";
+
+-- version 6: inode stamps (core/stamps.py): a store inode whose bytes a pull hashed to its digest,
+-- with its size, mtime and ctime then; a later pull links it unread while all four still match.
+CREATE TABLE "inode_stamps" (
+   "dev" INTEGER NOT NULL,
+   "ino" INTEGER NOT NULL,
+   "digest" TEXT NOT NULL,
+   "size" INTEGER NOT NULL,
+   "mtime_ns" INTEGER NOT NULL,
+   "ctime_ns" INTEGER NOT NULL,
+   PRIMARY KEY ("dev", "ino")
+);
+CREATE INDEX "idx_inode_stamps_digest"
+    ON "inode_stamps" ("digest");

@@ -1,6 +1,7 @@
 """Two neighbouring environments built from wheels with a blob-sized file (format-2 cache objects:
 blobs, packs, delta pulls), a builder store with keys, and pushing and pulling them in format 2:
-fixtures for tests/test_fleet_delta.py and tests/test_cache_gc.py."""
+fixtures for tests/test_fleet_delta.py and tests/test_cache_gc.py; and a minor upgrade of a package
+of many small files (`upgrade_world`: what content-defined packs are for)."""
 
 from __future__ import annotations
 
@@ -44,8 +45,45 @@ def template(tmp_path_factory, delta_wheels):
     t["index"].stop()
 
 
-@pytest.fixture
-def world(template, tmp_path):
+def _module_text(rng, size: int) -> bytes:
+    """`size` bytes that compress as source code does (words from a small vocabulary)."""
+    words = ["def", "return", "self", "import", "class", "config", "hidden_states", "attention", "layer",
+             "None", "torch", "tensor", "if", "else", "for", "in", "range", "weight", "bias", "=", "(", ")",
+             "model", "output", "batch", "dim", "mask", "logits", "cache", "past_key_values"]
+    out = bytearray()
+    while len(out) < size:
+        out += (" ".join(rng.choice(words) for _ in range(12)) + "\n").encode()
+    return bytes(out[:size])
+
+
+@pytest.fixture(scope="module")
+def upgrade_template(tmp_path_factory):
+    """tinyengine 1.0 resolved as of two dates, with tinydep 1.0, then 2.0: a minor upgrade of a
+    library of 12 model directories of 10 modules (4-12 KiB each, 1 MiB in all), of which 2.0
+    changes one directory's modules (and its version): most of the package is the same bytes."""
+    import random
+
+    from tests.support.wheels import build_wheel
+
+    d = tmp_path_factory.mktemp("upgrade-wheels")
+    rng = random.Random(31)
+    library = {f"tinydep/models/m{m:02}/part{i}.py": _module_text(rng, rng.randrange(4 << 10, 12 << 10))
+               for m in range(12) for i in range(10)}
+    newer = dict(library)
+    for i in range(10):
+        newer[f"tinydep/models/m05/part{i}.py"] = _module_text(rng, rng.randrange(4 << 10, 12 << 10))
+    wheels = {
+        "tinydep-1.0": build_wheel(d, "tinydep", "1.0", extra_files=library),
+        "tinydep-2.0": build_wheel(d, "tinydep", "2.0", extra_files=newer),
+        "tinyengine-1.0": build_wheel(d, "tinyengine", "1.0", requires=("tinydep",),
+                                      scripts={"tinyengine": "tinyengine:main"}),
+    }
+    t = build_store(tmp_path_factory.mktemp("upgrade"), wheels, "2024-02-02", "2024-06-02")
+    yield t
+    t["index"].stop()
+
+
+def _world(template, tmp_path):
     root = copy_store(template["root"], tmp_path / "builder")
     keys = tmp_path / "keys"
     run_cli(root, "keygen", "builder-1", "--out", str(keys), check=True)
@@ -54,6 +92,17 @@ def world(template, tmp_path):
     outside.mkdir()
     return {"root": root, "keys": keys, "names": template["names"], "node": tmp_path / "node", "tmp": tmp_path,
             "outside": outside}
+
+
+@pytest.fixture
+def world(template, tmp_path):
+    return _world(template, tmp_path)
+
+
+@pytest.fixture
+def upgrade_world(upgrade_template, tmp_path):
+    """`world` for the two environments of `upgrade_template`."""
+    return _world(upgrade_template, tmp_path)
 
 
 def push2(w, name, cache):
