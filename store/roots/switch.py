@@ -48,7 +48,7 @@ from llmgw_store.core.buildmemo import NIX_BASE32, is_store_name
 from llmgw_store.core.dirs import PRIVATE_DIR, PUBLIC_DIR, own_dir
 from llmgw_store.core.errors import StoreError
 
-SCHEMA_VERSION = 5  # core/index.py's (tests/test_switch.py checks they agree)
+SCHEMA_VERSION = 6  # core/index.py's (tests/test_switch.py checks they agree)
 RECORD_FORMAT = 1  # roots/records.py's FORMAT
 RECORD_MAX = 32 << 20  # records.RECORD_MAX
 MANIFEST_MAX = 16 << 20  # manifest.MANIFEST_MAX
