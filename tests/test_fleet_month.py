@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -71,6 +72,13 @@ def _json(conf: Path, *args: str, env: dict | None = None, code: int = 0) -> dic
 def _answer(root: Path) -> str:
     return subprocess.run([str(root / "profiles" / "tiny" / "bin" / "tinyengine")], capture_output=True, text=True,
                           check=True, timeout=60).stdout.strip()
+
+
+def _substituted(stderr: str, name: str, url: str, signer: str) -> str:
+    """The line saying `name` came from the cache, signed by `signer`; it says what was reused."""
+    lines = [ln for ln in stderr.splitlines() if f"substituted {name} from cache {url} (signed by {signer})" in ln]
+    assert len(lines) == 1, stderr
+    return lines[0]
 
 
 def _signers(ngx, name: str) -> list[str]:
@@ -138,7 +146,8 @@ def _month(tmp_path: Path, keys: Path, ngx, index) -> None:
     untrusted = _json(nodes["node-1"], "--root", str(tmp_path / "new-node"), "activate", "tiny", str(week1),
                       code=77)["error"]
     assert untrusted["kind"] == "cache_untrusted"
-    _cli(nodes["node-1"], "activate", "tiny", str(week2))  # a delta pull, through builder-2's signature
+    delta = _substituted(_cli(nodes["node-1"], "activate", "tiny", str(week2)).stderr, b, ngx.url, "builder-2")
+    assert re.search(r"reused [1-9]", delta), delta  # a delta pull: week 1's files taken from its store
     assert _answer(tmp_path / "node-1") == "tinyengine 1.1 tinydep 2.0"
 
     # node-2 (builder-1's signature) pulls week 2 while nginx restarts, with the defaults
@@ -158,6 +167,7 @@ def _month(tmp_path: Path, keys: Path, ngx, index) -> None:
     finally:
         pull.kill()
     assert pull.returncode == 0, "".join(seen) + err
+    _substituted(err, b, ngx.url, "builder-1")  # the lagging node: the old key's signature
     assert any("Connection refused" in ln for ln in seen), seen
     assert _answer(tmp_path / "node-2") == "tinyengine 1.1 tinydep 2.0"
     assert len(index.requests) == asked
@@ -186,5 +196,6 @@ def _month(tmp_path: Path, keys: Path, ngx, index) -> None:
     for n, conf in nodes.items():
         back = _json(conf, "rollback", "tiny", "--to", "1")
         assert (back["generation"], back["rebuilt"]) == (1, "substituted"), back
+        assert (tmp_path / n / "store" / a).is_dir()
         assert _answer(tmp_path / n) == "tinyengine 1.0 tinydep 1.0"
     assert len(index.requests) == asked
