@@ -113,8 +113,14 @@ def _month(tmp_path: Path, keys: Path, ngx, index) -> None:
             "/var/lib/prometheus/node-exporter/llmgw_store.prom": str(tmp_path / f"{node}.prom")})
 
     def builder_ships(recipe: Path) -> str:
-        """The documented builder policy: activate into a profile, push it, publish its roots."""
+        """The documented builder policy: activate into a profile, push it, publish its roots. The
+        index answers its first two requests with 503 (restarting), and once the build is done it
+        answers nothing but 503: down for the nodes, which must not need it."""
+        index.unavailable(2, r"^/")
+        served = index.unavailable_served
         name = Path(_json(bconf, "activate", "tiny", str(recipe))["path"]).name
+        assert index.unavailable_served == served + 2
+        index.unavailable(None, r"^/")
         _cli(bconf, "push", "tiny", "--to", ngx.url, *sign1, env=AUTH)
         _cli(bconf, "push-roots", "--to", ngx.url, *sign1, env=AUTH)
         return name
@@ -122,10 +128,8 @@ def _month(tmp_path: Path, keys: Path, ngx, index) -> None:
     nodes = {n: node_conf(n, "builder-1") for n in NODES}
     creds = {n: {"LLMGW_STORE_CACHE_AUTH": f"{n}:{pw}"} for n, pw in NODES.items()}
 
-    # --- week 1: the builder builds through a flaky private index; the nodes never ask it ---------
-    index.unavailable(2, r"^/")
+    # --- week 1: the builder builds through a flaky private index; the nodes never ask it --------
     a = builder_ships(week1)
-    assert index.unavailable_served == 2
     asked = len(index.requests)
     for n, conf in nodes.items():
         got = _cli(conf, "activate", "tiny", str(week1))
