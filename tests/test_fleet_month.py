@@ -6,9 +6,10 @@ own roots document), and a private index on 127.0.0.1 that the builder alone use
 
 Week 1: the builder builds (the index answering 503 for a while), activates, pushes and publishes
 its roots; both nodes activate. Week 2: an upgrade, during a key rotation with a lagging node, one
-node's pull outliving a restart of nginx. Then node gc, push-roots, cache gc past the grace, the end
-of the rotation, and a cold rollback on each node pulled back from the cache. Each failure cause
-met on the way is its exit code: 77 (untrusted), 69 (the cache stopped), 66 (never pushed)."""
+node's pull outliving a restart of nginx; the end of the rotation. Week 3: a candidate the builder
+pushes and withdraws. Then node gc, push-roots, cache gc past the grace (the candidate goes, the
+nodes' way back stays), and a cold rollback on each node pulled back from the cache. Each failure
+cause met on the way is its exit code: 77 (untrusted), 69 (the cache stopped), 66 (never pushed)."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ OPERATIONS = Path(__file__).resolve().parent.parent / "docs" / "operations.md"
 EXE = Path(sys.executable).with_name("llmgw-store")
 WEEK1 = 'version = "1.0"\nas_of = "2024-02-02T00:00:00Z"'    # tinyengine 1.0, tinydep 1.0
 WEEK2 = 'version = "1.1"\nas_of = "2024-08-01T00:00:00Z"'    # tinyengine 1.1, tinydep 2.0
-NEVER = 'version = "1.0"\nas_of = "2024-08-01T00:00:00Z"'    # tinydep 2.0: never built nor pushed
+LATER = 'version = "1.0"\nas_of = "2024-08-01T00:00:00Z"'    # tinydep 2.0: not pushed until week 3
 
 
 def _documented(words: str) -> str:
@@ -98,8 +99,8 @@ def _month(tmp_path: Path, keys: Path, ngx, index) -> None:
     builder = tmp_path / "builder"
     bconf = _config(tmp_path / "builder.toml", "The builder, which resolves, builds and pushes",
                     {'"/var/lib/llmgw-store"': f'"{builder}"', "https://pypi.internal/simple": index.url})
-    week1, week2, never = (write_recipe(tmp_path, text, name=f"{n}.toml")
-                           for n, text in (("week1", WEEK1), ("week2", WEEK2), ("never", NEVER)))
+    week1, week2, later = (write_recipe(tmp_path, text, name=f"{n}.toml")
+                           for n, text in (("week1", WEEK1), ("week2", WEEK2), ("later", LATER)))
     for who in ("builder-1", *NODES):
         _cli(bconf, "keygen", who, "--out", str(keys))
     sign1, sign2 = ("--secret-key", str(keys / "builder-1.secret")), ("--secret-key", str(keys / "builder-2.secret"))
@@ -112,7 +113,7 @@ def _month(tmp_path: Path, keys: Path, ngx, index) -> None:
             "/etc/llmgw-store/node-7.secret": str(keys / f"{node}.secret"),
             "/var/lib/prometheus/node-exporter/llmgw_store.prom": str(tmp_path / f"{node}.prom")})
 
-    def builder_ships(recipe: Path) -> str:
+    def builder_ships(recipe: Path, sign: tuple[str, str]) -> str:
         """The documented builder policy: activate into a profile, push it, publish its roots. The
         index answers its first two requests with 503 (restarting), and once the build is done it
         answers nothing but 503: down for the nodes, which must not need it."""
@@ -121,26 +122,26 @@ def _month(tmp_path: Path, keys: Path, ngx, index) -> None:
         name = Path(_json(bconf, "activate", "tiny", str(recipe))["path"]).name
         assert index.unavailable_served == served + 2
         index.unavailable(None, r"^/")
-        _cli(bconf, "push", "tiny", "--to", ngx.url, *sign1, env=AUTH)
-        _cli(bconf, "push-roots", "--to", ngx.url, *sign1, env=AUTH)
+        _cli(bconf, "push", "tiny", "--to", ngx.url, *sign, env=AUTH)
+        _cli(bconf, "push-roots", "--to", ngx.url, *sign1, env=AUTH)  # the builder's roots: its first key's
         return name
 
     nodes = {n: node_conf(n, "builder-1") for n in NODES}
     creds = {n: {"LLMGW_STORE_CACHE_AUTH": f"{n}:{pw}"} for n, pw in NODES.items()}
 
     # --- week 1: the builder builds through a flaky private index; the nodes never ask it --------
-    a = builder_ships(week1)
+    a = builder_ships(week1, sign1)
     asked = len(index.requests)
     for n, conf in nodes.items():
         got = _cli(conf, "activate", "tiny", str(week1))
         assert got.stdout.strip() == f"tiny: generation 1 -> {tmp_path / n / 'store' / a}", got.stdout
         assert _answer(tmp_path / n) == "tinyengine 1.0 tinydep 1.0"
-    miss = _json(nodes["node-1"], "activate", "tiny", str(never), code=66)["error"]
+    miss = _json(nodes["node-1"], "activate", "tiny", str(later), code=66)["error"]  # never pushed
     assert miss["kind"] == "cache_miss" and not (tmp_path / "node-1" / "store" / miss["name"]).exists()
     assert len(index.requests) == asked  # the nodes asked the index nothing
 
     # --- week 2: an upgrade, in the middle of a key rotation --------------------------------------
-    b = builder_ships(week2)
+    b = builder_ships(week2, sign1)
     asked = len(index.requests)
     _cli(bconf, "keygen", "builder-2", "--out", str(keys))
     added = _json(bconf, "push", "tiny", "--to", ngx.url, *sign2, env=AUTH)
@@ -182,6 +183,12 @@ def _month(tmp_path: Path, keys: Path, ngx, index) -> None:
         _cli(bconf, "push", name, "--to", ngx.url, *sign2, "--drop-signature", "builder-1", env=AUTH)
         assert _signers(ngx, name) == ["builder-2"]
 
+    # --- week 3: a candidate pushed, then withdrawn (rolled back, forgotten) by the builder --------
+    c = builder_ships(later, sign2)
+    asked = len(index.requests)
+    _cli(bconf, "rollback", "tiny")
+    _cli(bconf, "generations", "tiny", "--forget", "3")
+
     # --- gc everywhere: the nodes let week 1 go (cold, records kept); the builder forgets it ------
     _cli(bconf, "generations", "tiny", "--forget", "1")
     _cli(bconf, "push-roots", "--to", ngx.url, *sign1, env=AUTH)
@@ -194,7 +201,8 @@ def _month(tmp_path: Path, keys: Path, ngx, index) -> None:
     keep = [arg for k in ("builder-1", *NODES) for arg in ("--keep-from", str(keys / f"{k}.public"))]
     swept = _json(bconf, "cache", "gc", ngx.url, *keep, "--grace", "0s", env=AUTH)
     assert swept["why_kept"][f"{a[:32]}.json"] == "held by the roots of node-1, node-2"
-    assert f"{b[:32]}.json" in swept["why_kept"] and swept["deleted_objects"] == []
+    assert "held by the roots of builder-1, node-1, node-2" == swept["why_kept"][f"{b[:32]}.json"]
+    assert swept["deleted_objects"] == [f"{c[:32]}.json"] and swept["deleted_blobs"], swept  # held by no one
 
     # --- the way back, a month on: each node's week 1 comes back from the cache -------------------
     for n, conf in nodes.items():
