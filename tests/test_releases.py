@@ -3,7 +3,7 @@ cache (`release set`), and a node follows it (`activate PROFILE --release NAME`)
 a key of its own, or the index.
 
 Real parts: a builder store with two neighbouring environments (tests/support/delta.py), a node
-store, a file:// cache and the documented nginx (tests/test_nginx_cache.py), the real CLI in
+store, a file:// cache and the documented nginx (tests/support/nginx.py), the real CLI in
 subprocesses. The node names an index that is not there (port 9): it never asks one.
 """
 
@@ -17,7 +17,7 @@ import pytest
 
 from tests.conftest import run_cli, run_in_env
 from tests.support.delta import delta_wheels, template, world  # noqa: F401  (fixtures)
-from tests.test_nginx_cache import AUTH, NGINX, start_nginx  # noqa: F401  (the fixture)
+from tests.support.nginx import AUTH, NGINX, start_nginx  # noqa: F401  (the fixture)
 
 DEAD_INDEX = "http://127.0.0.1:9/simple"
 
