@@ -90,5 +90,11 @@ def _indent(value: object, step: str, level: int, out: list[str]) -> None:
             out.append(("\n" if i == 0 else ",\n") + pad)
             _indent(v, step, level + 1, out)
         out.append("\n" + step * (level - 1) + "]")
+    elif type(value) is str:  # the leaves most documents are made of, without the encoder's call
+        out.append(_json.encode_basestring_ascii(value))
+    elif value is None or type(value) is bool:
+        out.append("null" if value is None else "true" if value else "false")
+    elif type(value) is int:
+        out.append(int.__repr__(value))
     else:
         out.append("".join(_line(value, 0)))
