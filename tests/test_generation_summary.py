@@ -1,6 +1,7 @@
 """A profile's generation summary (roots/summary.py) on a real store: `generations` reads one file,
 not one per record, and says exactly what the records say; a summary that is tampered with, from
-another key or stale is not believed, and is rebuilt from the records."""
+another key or stale is not believed, and the next change of the profile makes it again from the
+records."""
 
 from __future__ import annotations
 
@@ -31,7 +32,10 @@ def template(tmp_path_factory, wheels):
 
 @pytest.fixture
 def store(template, tmp_path):
-    return copy_store(template["root"], tmp_path / "root"), template["paths"]
+    root = copy_store(template["root"], tmp_path / "root")
+    assert read_summary(root) and read_summary(root)[1]["stamp"] != record_stamp(root, 1)  # a copy: other inodes
+    records.refresh_summary(Layout(root), "p")  # what the next change of the profile does
+    return root, template["paths"]
 
 
 def listing(root: Path) -> dict:
@@ -59,18 +63,32 @@ def record_stamp(root: Path, n: int) -> list[int]:
 
 def test_listing_from_the_summary_is_the_listing_from_the_records(store):
     root, _ = store
-    truth = from_records(root)
-    assert [g["number"] for g in truth["generations"]] == [1, 2, 3, 5]
-    assert [g["linked"] for g in truth["generations"]] == [True, False, True, True]
-    entries = read_summary(root)  # the listing wrote it
+    entries = read_summary(root)  # the changes of the profile wrote it
     assert sorted(entries) == [1, 2, 3, 5]
     assert all(entries[n]["stamp"] == record_stamp(root, n) for n in entries)
-    assert listing(root) == truth  # now from the summary
+    from_summary = listing(root)
+    assert [g["number"] for g in from_summary["generations"]] == [1, 2, 3, 5]
+    assert [g["linked"] for g in from_summary["generations"]] == [True, False, True, True]
+    assert from_summary == from_records(root)
+    assert read_summary(root) is None  # a listing only looks: the next change makes it again
+    run_cli(root, "generations", "p", "--forget", "2", check=True)  # a record removed
+    assert sorted(read_summary(root)) == [1, 3, 5]
+
+
+def test_the_first_activation_makes_the_summary(store, tmp_path):
+    root, paths = store
+    run_cli(root, "activate", "q", paths[0], check=True)  # the switch fast path
+    layout = Layout(root)
+    fd = os.open(layout.profiles, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        entries = summary.read(fd, "q", records.secret(layout))
+    finally:
+        os.close(fd)
+    assert sorted(entries) == [1] and entries[1]["name"] == Path(paths[0]).name
 
 
 def test_every_change_of_a_record_keeps_the_summary_current(store):
     root, paths = store
-    listing(root)  # writes the summary
     run_cli(root, "activate", "p", paths[1], check=True)  # generation 6 (switch fast path)
     entries = read_summary(root)
     assert 6 in entries and entries[6]["stamp"] == record_stamp(root, 6)
@@ -93,6 +111,7 @@ def test_a_tampered_summary_is_not_believed_and_is_rebuilt(store):
     f.write_bytes(raw.replace(b'"version":"1.0"', b'"version":"6.6"'))
     assert read_summary(root) is None
     assert listing(root) == truth
+    run_cli(root, "generations", "p", "--forget", "2", check=True)  # the next change makes it again
     assert read_summary(root) is not None and b"6.6" not in f.read_bytes()
 
 
@@ -100,6 +119,7 @@ def test_a_summary_under_another_key_is_not_believed(store):
     root, _ = store
     truth = listing(root)
     entries = read_summary(root)
+    assert entries
     for e in entries.values():
         e["version"] = "6.6"
     fd = os.open(root / "profiles", os.O_RDONLY | os.O_DIRECTORY)
@@ -113,7 +133,6 @@ def test_a_summary_under_another_key_is_not_believed(store):
 
 def test_a_stale_summary_is_rebuilt_from_the_record(store):
     root, _ = store
-    listing(root)
     layout = Layout(root)
     rec = records.load(layout, "p", 3)
     # A record put back behind the summary's back (a backup restored), with a valid digest.
@@ -128,13 +147,13 @@ def test_a_stale_summary_is_rebuilt_from_the_record(store):
     assert read_summary(root)[3]["stamp"] != record_stamp(root, 3)  # stale for 3
     got = listing(root)
     assert [g["rolled_back_to"] for g in got["generations"] if g["number"] == 3] == [1]
-    assert read_summary(root)[3]["rolled_back_to"] == 1  # rebuilt
-    assert got == from_records(root)
+    run_cli(root, "generations", "p", "--forget", "2", check=True)  # a change takes the entry again
+    assert read_summary(root)[3]["rolled_back_to"] == 1 and read_summary(root)[3]["stamp"] == record_stamp(root, 3)
+    assert listing(root) == from_records(root)
 
 
 def test_a_record_changed_under_a_valid_summary_is_refused(store):
     root, _ = store
-    listing(root)
     f = root / "profiles" / ".p-3.record"
     f.write_bytes(f.read_bytes().replace(b'"kind": "activate"', b'"kind": "activatE"'))
     got = listing(root)

@@ -274,21 +274,23 @@ def remove(layout: Layout, profile: str, number: int) -> bool:
     try:
         os.unlink(record_file(profile, number), dir_fd=dfd)
         os.fsync(dfd)
-        return True
     except FileNotFoundError:
         return False
     finally:
         os.close(dfd)
-        _note(layout, profile, number, None)
+    _note(layout, profile, number, None)
+    return True
 
 
 def _note(layout: Layout, profile: str, number: int, body: dict[str, Any] | None) -> None:
-    """The profile's summary follows its records (roots/summary.py), under the profile's lock."""
-    dfd = _dir_fd(layout)
-    try:
-        summary.note(dfd, profile, secret(layout), number, body)
-    finally:
-        os.close(dfd)
+    refresh_summary(layout, profile)
+
+
+def refresh_summary(layout: Layout, profile: str) -> None:
+    """The profile's summary follows its records (roots/summary.py), under the profile's lock:
+    every entry whose record changed (the one just written, or any changed behind its back: a
+    copied or restored store has other inodes) taken again, the summary made if there was none."""
+    summarised(layout, profile, numbers(layout, profile), write=True)
 
 
 def prune(layout: Layout, profile: str, keep: int, hot: set[int] | list[int] | dict[int, Any]) -> list[int]:
@@ -538,11 +540,13 @@ class Shown:
     rolled_back_to: Any
 
 
-def summarised(layout: Layout, profile: str, which: list[int]) -> tuple[dict[int, Shown], dict[int, str]]:
+def summarised(layout: Layout, profile: str, which: list[int], *,
+               write: bool = False) -> tuple[dict[int, Shown], dict[int, str]]:
     """load_all for a listing: what each record numbered `which` shows (number -> Shown, number ->
     why it was refused), from the profile's summary where its entry has the record file's stamp,
-    else from the record read and checked in full (records.load); the summary is then written
-    again with what was read (roots/summary.py)."""
+    else from the record read and checked in full (records.load). With `write` (a change of the
+    profile, under its lock) the summary is written again when it differs from what was read; a
+    listing only looks, and writes nothing (roots/summary.py)."""
     good: dict[int, Shown] = {}
     bad: dict[int, str] = {}
     if not which:
@@ -575,7 +579,7 @@ def summarised(layout: Layout, profile: str, which: list[int]) -> tuple[dict[int
             else:
                 fresh[n] = entry
             good[n] = Shown(**{f: entry[f] for f in Shown.__dataclass_fields__})
-        if stale or set(known or ()) != set(fresh):
+        if write and (stale or set(known or ()) != set(fresh)):
             summary.write(dfd, profile, key, fresh)
     finally:
         os.close(dfd)

@@ -18,9 +18,10 @@ Invariants:
   another profile's) is ignored whole and rebuilt from the records.
 - Written atomically (tmp + rename, 0600, no fsync: a summary lost or torn by a crash is rebuilt)
   by every change of a record (records.write/remove, the switch fast path) under the profile's
-  lock, and by a reader that had to read records (without the lock: each entry carries the stamp
-  of the record it came from, so a summary written from an older state is never believed for a
-  newer record). Writing it is best-effort: a failure leaves the records, the truth, as they are.
+  lock; a listing only looks (it reads the records whose entries are stale, and writes nothing:
+  tests/test_readonly.py). Each entry carries the stamp of the record it came from, so a summary
+  written from an older state is never believed for a newer record. Writing it is best-effort: a
+  failure leaves the records, the truth, as they are.
 - Imports only os, stat, blake3 and core/files, core/jsontext: roots/switch.py keeps it on its
   fast path.
 """
@@ -104,13 +105,16 @@ def write(dir_fd: int, profile: str, key: bytes, entries: dict[int, dict]) -> No
         pass
 
 
-def note(dir_fd: int, profile: str, key: bytes, number: int, body: dict | None) -> None:
+def note(dir_fd: int, profile: str, key: bytes, number: int, body: dict | None, *, first: bool = False) -> None:
     """Under the profile's lock, after record `number` was written with `body` (None: removed):
-    its entry in the summary, taken with the stamp the file has now. Without a summary that
-    verifies nothing is written (the next listing rebuilds it from the records)."""
+    its entry in the summary, taken with the stamp the file has now (roots/switch.py's fast path;
+    records.write takes every changed entry again). `first`: the profile has no other record, so a
+    summary is made when there is none; otherwise, without a summary that verifies, nothing is
+    written (the next change through records.write makes it from the records)."""
     entries = read(dir_fd, profile, key)
-    if entries is None:
+    if entries is None and not first:
         return
+    entries = entries or {}
     st = record_stamp(dir_fd, f".{profile}-{number}.record") if body is not None else None
     if st is None:
         entries.pop(number, None)

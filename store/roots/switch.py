@@ -607,7 +607,7 @@ def _activate_locked(dirs: _Dirs, index: _Index, key: bytes, profile: str, name:
     _fsync_record(dirs, f".{profile}-{number}.record")
     from llmgw_store.roots import summary
 
-    summary.note(dirs.profiles, profile, key, number, body)  # as records.write does
+    summary.note(dirs.profiles, profile, key, number, body, first=not scan.records)  # as records.write does
     debug.pause("BEFORE_SWITCH")
     _symlink(dirs, link, profile)
     os.fsync(dirs.profiles)  # the three names at once: the generation's link, its record, the switch
