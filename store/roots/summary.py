@@ -121,10 +121,3 @@ def note(dir_fd: int, profile: str, key: bytes, number: int, body: dict | None, 
     else:
         entries[number] = {**entry_of(body), "stamp": st}  # type: ignore[arg-type]
     write(dir_fd, profile, key, entries)
-
-
-def remove(dir_fd: int, profile: str) -> None:
-    try:
-        os.unlink(summary_file(profile), dir_fd=dir_fd)
-    except FileNotFoundError:
-        pass
