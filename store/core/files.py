@@ -403,11 +403,14 @@ def private_secret(path: str | os.PathLike, nbytes: int, *, dir_fd: int | None =
     read back only if it is a regular file of this user, with no group or other bits, one link and
     exactly `nbytes` bytes. FileRefused otherwise (another user's file, a link, a copy shared by a
     hard link elsewhere): the caller decides whether that stops it."""
-    try:
-        write_atomic(path, os.urandom(nbytes), dir_fd=dir_fd, mode=0o600, exclusive=True)
-    except FileExistsError:
-        pass  # made before (or just now by another process): read it
-    data = read_bounded(path, nbytes, dir_fd=dir_fd, owner=os.geteuid(), deny_mode=0o077, one_link=True)
+    try:  # made before, the common case: read, without writing (and fsync-ing) a file to learn it
+        data = read_bounded(path, nbytes, dir_fd=dir_fd, owner=os.geteuid(), deny_mode=0o077, one_link=True)
+    except FileNotFoundError:
+        try:
+            write_atomic(path, os.urandom(nbytes), dir_fd=dir_fd, mode=0o600, exclusive=True)
+        except FileExistsError:
+            pass  # made just now by another process: read it
+        data = read_bounded(path, nbytes, dir_fd=dir_fd, owner=os.geteuid(), deny_mode=0o077, one_link=True)
     if len(data) != nbytes:
         raise FileRefused(path, f"holds {len(data)} bytes, not {nbytes}")
     return data

@@ -75,20 +75,38 @@ def indented(value: object, indent: int = 1) -> str:
 
 def _indent(value: object, step: str, level: int, out: list[str]) -> None:
     if isinstance(value, dict) and value:
-        if not all(isinstance(k, str) for k in value):
-            raise TypeError("keys must be str")  # json would convert numbers first
         pad = step * level
         out.append("{")
         for i, k in enumerate(sorted(value)):
-            out.append(("\n" if i == 0 else ",\n") + pad + _json.encode_basestring_ascii(k) + ": ")
-            _indent(value[k], step, level + 1, out)
+            if not isinstance(k, str):
+                raise TypeError("keys must be str")  # json would convert numbers first
+            _item(value[k], ("\n" if i == 0 else ",\n") + pad + _json.encode_basestring_ascii(k) + ": ", step, level,
+                  out)
         out.append("\n" + step * (level - 1) + "}")
     elif isinstance(value, (list, tuple)) and value:
         pad = step * level
         out.append("[")
         for i, v in enumerate(value):
-            out.append(("\n" if i == 0 else ",\n") + pad)
-            _indent(v, step, level + 1, out)
+            _item(v, ("\n" if i == 0 else ",\n") + pad, step, level, out)
         out.append("\n" + step * (level - 1) + "]")
     else:
-        out.append("".join(_line(value, 0)))
+        _item(value, "", step, level - 1, out)
+
+
+def _item(value: object, head: str, step: str, level: int, out: list[str]) -> None:
+    """`head`, then `value` one level below `level`: the leaves most documents are made of are
+    written here, without a call into the encoder or a level of recursion."""
+    t = type(value)
+    if t is str:
+        out.append(head + _json.encode_basestring_ascii(value))
+    elif value is None:
+        out.append(head + "null")
+    elif t is bool:
+        out.append(head + ("true" if value else "false"))
+    elif t is int:
+        out.append(head + int.__repr__(value))
+    elif (t is dict or t is list or t is tuple) and value or isinstance(value, (dict, list, tuple)) and value:
+        out.append(head)
+        _indent(value, step, level + 1, out)
+    else:
+        out.append(head + "".join(_line(value, 0)))

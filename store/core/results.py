@@ -17,14 +17,27 @@ from typing import Any
 SCHEMA_VERSION = 1
 
 
+_LEAVES = frozenset((str, int, float, bool, type(None)))
+_NAMES: dict[type, tuple[str, ...]] = {}  # a dataclass's field names, looked up once per class
+
+
+def _names(cls: type) -> tuple[str, ...]:
+    names = _NAMES.get(cls)
+    if names is None:
+        names = _NAMES[cls] = tuple(f.name for f in dataclasses.fields(cls))
+    return names
+
+
 def plain(value: Any) -> Any:
     """`value` with dataclasses, paths and tuples turned into what json.dumps takes; a nested
     result (anything with a `body()`) as its body."""
+    if type(value) in _LEAVES:  # most of a document: nothing to turn
+        return value
     body = getattr(value, "body", None)
     if callable(body) and not isinstance(value, type):
         return body()
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        return {name: plain(getattr(value, name)) for name in _names(type(value))}
     if isinstance(value, dict):
         return {str(k): plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple, set, frozenset)):
@@ -36,7 +49,7 @@ def plain(value: Any) -> Any:
 
 def fields_of(value: Any) -> dict[str, Any]:
     """A dataclass's fields, each made plain: the default body of a result."""
-    return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    return {name: plain(getattr(value, name)) for name in _names(type(value))}
 
 
 def document(body: dict[str, Any]) -> dict[str, Any]:

@@ -70,19 +70,36 @@ def check_path(store: Store, row: RegisteredPath, memo: dict | None = None) -> d
     recorded = raw = None
     try:
         raw = manifest.read_contents_bytes(env)
-        recorded = manifest.parse_contents(raw)
     except (OSError, ValueError) as exc:
         r["problems"].append(f"the contents listing cannot be read: {exc}")
-    if doc is not None:
-        r["problems"] += manifest.problems_of(doc, name)
+
+    def parsed(actual: list[manifest.Entry] | None) -> list[manifest.Entry] | None:
+        # The listing is parsed only when the tree's own listing is not byte for byte the recorded
+        # one: listing() and parse_contents() are inverses, so those bytes parse to `actual`.
+        if raw is None:
+            return None
+        if actual is not None and manifest.listing(actual) == raw:
+            return actual
+        try:
+            return manifest.parse_contents(raw)
+        except ValueError as exc:
+            r["problems"].append(f"the contents listing cannot be read: {exc}")
+            return None
+
     writable: list[str] = []
     foreign: list[dict[str, Any]] = []
     modes: list[tuple[str, int]] = []
     try:
         actual = manifest.scan(env, writable, memo=memo, foreign=foreign, modes=modes)
     except OSError as exc:
+        parsed(None)
+        if doc is not None:
+            r["problems"] += manifest.problems_of(doc, name)
         r["problems"].append(f"the tree cannot be read: {exc}")
         return r
+    recorded = parsed(actual)
+    if doc is not None:
+        r["problems"] += manifest.problems_of(doc, name)
     listed_hash = blake3(raw).hexdigest() if raw is not None else None
     if recorded is not None:
         r.update(manifest.compare(recorded, actual))
@@ -93,7 +110,7 @@ def check_path(store: Store, row: RegisteredPath, memo: dict | None = None) -> d
     # The listing's own bytes hash to the recorded content hash only if they are the listing the
     # build wrote (blake3 is collision resistant); if the tree parses back to exactly those entries,
     # the tree's listing is those bytes, and its hash need not be computed again.
-    same = listed_hash == row.content_hash and recorded == actual
+    same = listed_hash == row.content_hash and (recorded is actual or recorded == actual)
     if not same and manifest.content_hash(actual) != row.content_hash \
             and not (r["modified"] or r["missing"] or r["extra"]):
         r["problems"].append("the tree's content hash differs from the index")

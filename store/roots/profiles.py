@@ -399,9 +399,13 @@ COMES_FROM = {
 }
 
 
-def comes_from(rec: records.Record | None, substituters: tuple[str, ...], substitute_only: bool) -> str:
+def comes_from(rec: records.Record | records.Shown | None, substituters: tuple[str, ...],
+               substitute_only: bool) -> str:
     """One of COMES_FROM for a cold generation with record `rec`, given the caches configured."""
-    rebuildable = rec is not None and rec.lock is not None and isinstance(rec.inputs.get("build"), dict)
+    if isinstance(rec, records.Shown):
+        rebuildable = rec.rebuildable
+    else:
+        rebuildable = rec is not None and rec.lock is not None and isinstance(rec.inputs.get("build"), dict)
     if rec is None:
         return "nowhere"
     if substituters:
@@ -425,25 +429,27 @@ def generations(profile: str, *, root: str | Path | None = None, lock_timeout: f
         links, numbers = scan_profile(layout, profile)
         gens = {n: name for n, (name, _) in links.items()}
         differs = _sync_index(store, profile, gens, write=False)
-        recs, refused = records.load_all(layout, profile, numbers)
+        recs, refused = records.summarised(layout, profile, numbers)  # one file, not one per record
         rows = {r.name: r for r in store.index.paths()}
         out = []
+        seen: dict[str, tuple[str, bool]] = {}  # store path name -> (its path, hot): once per path
         for number in sorted(set(gens) | set(recs)):
             rec = recs.get(number)
             linked = number in gens
             name = gens[number] if linked else rec.name  # type: ignore[union-attr]
             row = rows.get(name)
-            act = rec.activation if rec is not None else {}
-            hot = records.present(layout, name)
+            if name not in seen:
+                seen[name] = (str(layout.path_of(name)), records.present(layout, name))
+            path, hot = seen[name]
             out.append(Generation(
-                number=number, path=str(layout.path_of(name)), name=name,
+                number=number, path=path, name=name,
                 created=_time_of(links[number][1]) if linked else rec.created,  # type: ignore[union-attr]
                 current=number == current,
                 engine=row.engine if row else (rec.engine if rec else None),
                 version=row.version if row else (rec.version if rec else None),
                 variant=row.variant if row else (rec.variant if rec else None),
                 state="hot" if hot else "cold", record=rec is not None, linked=linked,
-                check=act.get("check"), rolled_back_to=act.get("rolled_back_to"),
+                check=rec.check if rec else None, rolled_back_to=rec.rolled_back_to if rec else None,
                 comes_from=None if hot else comes_from(rec, substituters, substitute_only),
             ))
         return GenerationList(profile, current, tuple(out), tuple(differs), tuple(refused.values()),

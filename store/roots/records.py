@@ -59,6 +59,7 @@ from llmgw_store.core.keys import KEY_RE, canonical_json, is_store_name, path_na
 from llmgw_store.core.layout import Layout
 from llmgw_store.core.names import check_generation, check_profile
 from llmgw_store.core.report import say
+from llmgw_store.roots import summary
 
 FORMAT = 1
 RECORD_MAX = 32 << 20  # a lock with every hash (vLLM's pylock is well under 2 MB) and the inputs
@@ -146,7 +147,7 @@ def history_file(profile: str) -> str:
 def temporary_pattern(profile: str) -> re.Pattern[str]:
     """Temporary files a killed writer of this profile's records left (removed under its lock)."""
     p = re.escape(profile)
-    return re.compile(rf"\.\.{p}(-\d+\.record|\.history)\.tmp-\d+(-[0-9a-f]{{16}})?")
+    return re.compile(rf"\.\.{p}(-\d+\.record|\.history|\.summary)\.tmp-\d+(-[0-9a-f]{{16}})?")
 
 
 def numbers(layout: Layout, profile: str) -> list[int]:
@@ -261,6 +262,7 @@ def write(layout: Layout, rec: Record) -> Record:
     doc = {**body, "digest": digest}
     _write_atomically(layout, record_file(rec.profile, rec.generation),
                       json.dumps(doc, indent=1, sort_keys=True).encode() + b"\n")
+    _note(layout, rec.profile, rec.generation, body)
     from dataclasses import replace
 
     return replace(rec, digest=digest)
@@ -272,11 +274,23 @@ def remove(layout: Layout, profile: str, number: int) -> bool:
     try:
         os.unlink(record_file(profile, number), dir_fd=dfd)
         os.fsync(dfd)
-        return True
     except FileNotFoundError:
         return False
     finally:
         os.close(dfd)
+    _note(layout, profile, number, None)
+    return True
+
+
+def _note(layout: Layout, profile: str, number: int, body: dict[str, Any] | None) -> None:
+    refresh_summary(layout, profile)
+
+
+def refresh_summary(layout: Layout, profile: str) -> None:
+    """The profile's summary follows its records (roots/summary.py), under the profile's lock:
+    every entry whose record changed (the one just written, or any changed behind its back: a
+    copied or restored store has other inodes) taken again, the summary made if there was none."""
+    summarised(layout, profile, numbers(layout, profile), write=True)
 
 
 def prune(layout: Layout, profile: str, keep: int, hot: set[int] | list[int] | dict[int, Any]) -> list[int]:
@@ -507,6 +521,66 @@ def load_all(layout: Layout, profile: str, which: list[int] | None = None) -> tu
                 continue
             if rec is not None:
                 good[n] = rec
+    finally:
+        os.close(dfd)
+    return good, bad
+
+
+@dataclass(frozen=True)
+class Shown:
+    """What `generations` shows of one checked record (roots/summary.py's entry)."""
+
+    name: str
+    created: str
+    engine: str
+    version: str
+    variant: str
+    rebuildable: bool
+    check: Any
+    rolled_back_to: Any
+
+
+def summarised(layout: Layout, profile: str, which: list[int], *,
+               write: bool = False) -> tuple[dict[int, Shown], dict[int, str]]:
+    """load_all for a listing: what each record numbered `which` shows (number -> Shown, number ->
+    why it was refused), from the profile's summary where its entry has the record file's stamp,
+    else from the record read and checked in full (records.load). With `write` (a change of the
+    profile, under its lock) the summary is written again when it differs from what was read; a
+    listing only looks, and writes nothing (roots/summary.py)."""
+    good: dict[int, Shown] = {}
+    bad: dict[int, str] = {}
+    if not which:
+        return good, bad
+    try:
+        key = secret(layout)
+    except IntegrityError as exc:
+        return good, {n: str(exc) for n in which}
+    dfd = _dir_fd(layout)
+    try:
+        known = summary.read(dfd, profile, key)
+        fresh: dict[int, dict] = {}
+        stale = known is None
+        for n in which:
+            filename = record_file(profile, n)
+            before = summary.record_stamp(dfd, filename)
+            entry = (known or {}).get(n)
+            if entry is None or before is None or entry["stamp"] != before:
+                try:
+                    rec = load(layout, profile, n, key=key, dir_fd=dfd)
+                except IntegrityError as exc:
+                    bad[n] = str(exc)
+                    continue
+                if rec is None:
+                    continue
+                entry = summary.entry_of(rec.body())
+                if before is not None and summary.record_stamp(dfd, filename) == before:
+                    fresh[n] = {**entry, "stamp": before}  # unchanged while it was read
+                    stale = True
+            else:
+                fresh[n] = entry
+            good[n] = Shown(**{f: entry[f] for f in Shown.__dataclass_fields__})
+        if write and (stale or set(known or ()) != set(fresh)):
+            summary.write(dfd, profile, key, fresh)
     finally:
         os.close(dfd)
     return good, bad

@@ -605,6 +605,9 @@ def _activate_locked(dirs: _Dirs, index: _Index, key: bytes, profile: str, name:
     # The record is on disk before the profile points at the generation (records.write).
     files.write_atomic(f".{profile}-{number}.record", data, dir_fd=dirs.profiles, mode=FILE_MODE, fsync=False)
     _fsync_record(dirs, f".{profile}-{number}.record")
+    from llmgw_store.roots import summary
+
+    summary.note(dirs.profiles, profile, key, number, body, first=not scan.records)  # as records.write does
     debug.pause("BEFORE_SWITCH")
     _symlink(dirs, link, profile)
     os.fsync(dirs.profiles)  # the three names at once: the generation's link, its record, the switch
