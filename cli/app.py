@@ -61,7 +61,9 @@ def _type(p: spec.Param) -> Any:
     if p.kind == "timeout":
         return float
     if p.kind == "path":
-        return click.Path(dir_okay=p.name == "root")
+        # A key file is checked by cache/signing.py, which says what is wrong with it in one way for
+        # every command that takes one ("is not a regular file"), not click's "is a directory".
+        return click.Path(dir_okay=p.name in ("root", "secret_key"))
     return None
 
 
