@@ -461,3 +461,47 @@ def test_the_fast_path_checks_the_key_files_its_cached_config_names(tmp_path, mo
         (etc / "keys").symlink_to(loose)
     assert config.read_cached(None, environ) == (False, {})
     assert _cli(conf, "config").returncode == 2
+
+
+# --- the shipped uv is checked, then run by its path ---------------------------------------------
+
+@needs_root
+@pytest.mark.parametrize("whose", ["another-users-file", "another-users-directory", "an-open-directory", "roots"])
+def test_a_shipped_uv_another_user_could_change_is_never_run(tmp_path, index, uv_bin, whose):
+    """A shipped uv whose bytes are the recorded ones, but in a file (or a directory) another user
+    may write: between its hash and its run that user could swap its bytes, so it is refused (one
+    line, exit 2, naming the file) and never run, by a substitute-only build (which runs it by its
+    path) and by a build (which copies it); root's own file is run."""
+    from tests.support.recipes import write_recipe
+
+    counter = tmp_path / "runs"
+    site, binary, script = _planted_uv_dist(tmp_path / "dist", uv_bin, counter)
+    # The counting script is what pip "installed": RECORD lists its digest, so the hash check
+    # passes and only the trust rule stands between it and a run.
+    import hashlib
+
+    binary.write_bytes(script)
+    record = next(site.glob("uv-*.dist-info")) / "RECORD"
+    digest = base64.urlsafe_b64encode(hashlib.sha256(script).digest()).rstrip(b"=").decode()
+    record.write_text(f"../bin/uv,sha256={digest},{len(script)}\nuv/__init__.py,,\n")
+    if whose == "another-users-file":
+        os.chown(binary, NOBODY, NOBODY)
+    elif whose == "another-users-directory":
+        os.chown(binary.parent, NOBODY, NOBODY)
+    elif whose == "an-open-directory":
+        binary.parent.chmod(0o777)
+    env = {**os.environ, "PYTHONPATH": f"{site}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    recipe = write_recipe(tmp_path, 'version = "1.0"\nas_of = "2024-02-02"')
+    key = "k:" + base64.b64encode(b"\1" * 32).decode()
+    only = ["--substitute-only", "--substituter", f"file://{tmp_path / 'empty'}", "--trusted-key", key]
+    for n, args in enumerate([("build", str(recipe), *only), ("build", str(recipe), "--index-url", index.url)]):
+        proc = subprocess.run(cli_cmd(tmp_path / f"root-{n}", *args), capture_output=True, text=True, timeout=300,
+                              check=False, env=env)
+        if whose == "roots":
+            assert proc.returncode == (66 if n == 0 else 0), (args, proc.stderr)
+            assert counter.exists()
+            continue
+        assert proc.returncode == 2, (args, proc.stderr)
+        lines = proc.stderr.splitlines()
+        assert len(lines) == 1 and str(binary) in lines[0] and "uv" in lines[0], proc.stderr
+        assert not counter.exists(), (args, counter.read_text())
