@@ -259,7 +259,11 @@ DEEP = 3000
     "substituters = " + "{a = " * DEEP + "1" + "}" * DEEP + "\n",
     "lock_timeout." + ".".join(["a"] * DEEP) + " = 1\n",
     "[gc]\nkeep = " + "[" * 200 + "]" * 200 + "\n",
-], ids=["arrays", "inline-tables", "dotted-keys", "shallower"])
+    # A multi-line string closed by a run of 4 quotes desynchronised the one-pass pre-check
+    # (6-10 s of tomllib per command).
+    'y = """x""""\nlock_timeout.' + ".".join(["a"] * 30_000) + " = 1\n",
+    "y = '''x''''\nlock_timeout." + ".".join(["a"] * 30_000) + " = 1\n",
+], ids=["arrays", "inline-tables", "dotted-keys", "shallower", "after-basic-quotes", "after-literal-quotes"])
 def test_a_deep_config_file_is_a_config_error(tmp_path, monkeypatch, text):
     """Nested thousands deep (arrays, inline tables, dotted keys): one line, exit 2, and a JSON
     document under --json, from every command and both parsers; the same values shallow are read."""
@@ -505,3 +509,37 @@ def test_a_shipped_uv_another_user_could_change_is_never_run(tmp_path, index, uv
         lines = proc.stderr.splitlines()
         assert len(lines) == 1 and str(binary) in lines[0] and "uv" in lines[0], proc.stderr
         assert not counter.exists(), (args, counter.read_text())
+
+
+# --- recipes are parsed without a bound ----------------------------------------------------------
+
+@pytest.mark.parametrize("text,why", [
+    ("[x]\n" + ".".join(["a"] * 30_000) + " = 1\n", "dotted key of more than"),
+    ("[engine]\nname = " + "[" * 3000 + "]" * 3000 + "\n", "nested deeper than"),
+    ('y = """x""""\nz.' + ".".join(["a"] * 30_000) + " = 1\n", "dotted key of more than"),
+    ("# " + "x" * 70_000 + "\n", "larger than 64 KiB"),
+], ids=["dotted-key", "arrays", "after-quotes", "too-large"])
+def test_a_hostile_recipe_is_a_recipe_error(tmp_path, text, why):
+    """A recipe with a dotted key of 30,000 parts (15 s of parsing), 3,000 nested arrays (was
+    `internal error: RecursionError`, exit 1) or of 70 KB: one line naming the file and why, exit
+    2, and a JSON document under --json; an ordinary recipe beside it is read (a substitute-only
+    miss, exit 66)."""
+    from tests.support.recipes import write_recipe
+
+    hostile = tmp_path / "hostile.toml"
+    hostile.write_text(text)
+    key = "k:" + base64.b64encode(b"\1" * 32).decode()
+    only = ["--substitute-only", "--substituter", f"file://{tmp_path / 'empty'}", "--trusted-key", key]
+    root = tmp_path / "root"
+    proc = subprocess.run(cli_cmd(root, "build", str(hostile), *only), capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and str(hostile) in lines[0] and why in lines[0], proc.stderr
+    proc = subprocess.run(cli_cmd(root, "--json", "build", str(hostile), *only), capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert proc.returncode == 2 and why in json.loads(proc.stdout)["error"]["message"], (proc.stdout, proc.stderr)
+    honest = write_recipe(tmp_path, 'version = "1.0"\nas_of = "2024-02-02"')
+    proc = subprocess.run(cli_cmd(root, "build", str(honest), *only), capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert proc.returncode == 66 and "no binary cache has" in proc.stderr, proc.stderr
