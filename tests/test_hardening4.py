@@ -24,6 +24,7 @@ import pytest
 from llmgw_store.cache import signing
 from llmgw_store.core.errors import IntegrityError, UsageError
 from tests.conftest import cli_cmd
+from tests.support.delta import delta_wheels, template, world  # noqa: F401  (fixtures)
 
 NOBODY = 65534
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="another user's files are made with chown, as root")
@@ -543,3 +544,23 @@ def test_a_hostile_recipe_is_a_recipe_error(tmp_path, text, why):
     proc = subprocess.run(cli_cmd(root, "build", str(honest), *only), capture_output=True, text=True, timeout=120,
                           check=False)
     assert proc.returncode == 66 and "no binary cache has" in proc.stderr, proc.stderr
+
+
+# --- push --drop-signature takes any text ------------------------------------------------------------
+
+@pytest.mark.parametrize("bad", ["../x", "a/b", "", "x\n", "-x", "k" * 200])
+def test_a_dropped_signatures_name_is_checked_as_a_key_name(world, tmp_path, bad):
+    """`push --drop-signature ../x` was `already there`, silently: a name that is no signing key's
+    is one line, exit 2, and nothing is written to the cache; a key's name beside it is dropped."""
+    from tests.conftest import run_cli
+
+    w, name = world, world["names"][0]
+    cache = tmp_path / "cache"
+    push = ["push", name, "--to", f"file://{cache}", "--secret-key", str(w["keys"] / "builder-1.secret")]
+    proc = run_cli(w["root"], *push, "--drop-signature", bad)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and "--drop-signature" in lines[0] and "signing key name" in lines[0], proc.stderr
+    assert not cache.exists() or not any(cache.iterdir())
+    proc = run_cli(w["root"], *push, "--drop-signature", "builder-0")
+    assert proc.returncode == 0, proc.stderr
