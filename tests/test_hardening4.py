@@ -24,6 +24,7 @@ import pytest
 from llmgw_store.cache import signing
 from llmgw_store.core.errors import IntegrityError, UsageError
 from tests.conftest import cli_cmd
+from tests.support.delta import delta_wheels, template, world  # noqa: F401  (fixtures)
 
 NOBODY = 65534
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="another user's files are made with chown, as root")
@@ -259,7 +260,11 @@ DEEP = 3000
     "substituters = " + "{a = " * DEEP + "1" + "}" * DEEP + "\n",
     "lock_timeout." + ".".join(["a"] * DEEP) + " = 1\n",
     "[gc]\nkeep = " + "[" * 200 + "]" * 200 + "\n",
-], ids=["arrays", "inline-tables", "dotted-keys", "shallower"])
+    # A multi-line string closed by a run of 4 quotes desynchronised the one-pass pre-check
+    # (6-10 s of tomllib per command).
+    'y = """x""""\nlock_timeout.' + ".".join(["a"] * 30_000) + " = 1\n",
+    "y = '''x''''\nlock_timeout." + ".".join(["a"] * 30_000) + " = 1\n",
+], ids=["arrays", "inline-tables", "dotted-keys", "shallower", "after-basic-quotes", "after-literal-quotes"])
 def test_a_deep_config_file_is_a_config_error(tmp_path, monkeypatch, text):
     """Nested thousands deep (arrays, inline tables, dotted keys): one line, exit 2, and a JSON
     document under --json, from every command and both parsers; the same values shallow are read."""
@@ -461,3 +466,101 @@ def test_the_fast_path_checks_the_key_files_its_cached_config_names(tmp_path, mo
         (etc / "keys").symlink_to(loose)
     assert config.read_cached(None, environ) == (False, {})
     assert _cli(conf, "config").returncode == 2
+
+
+# --- the shipped uv is checked, then run by its path ---------------------------------------------
+
+@needs_root
+@pytest.mark.parametrize("whose", ["another-users-file", "another-users-directory", "an-open-directory", "roots"])
+def test_a_shipped_uv_another_user_could_change_is_never_run(tmp_path, index, uv_bin, whose):
+    """A shipped uv whose bytes are the recorded ones, but in a file (or a directory) another user
+    may write: between its hash and its run that user could swap its bytes, so it is refused (one
+    line, exit 2, naming the file) and never run, by a substitute-only build (which runs it by its
+    path) and by a build (which copies it); root's own file is run."""
+    from tests.support.recipes import write_recipe
+
+    counter = tmp_path / "runs"
+    site, binary, script = _planted_uv_dist(tmp_path / "dist", uv_bin, counter)
+    # The counting script is what pip "installed": RECORD lists its digest, so the hash check
+    # passes and only the trust rule stands between it and a run.
+    import hashlib
+
+    binary.write_bytes(script)
+    record = next(site.glob("uv-*.dist-info")) / "RECORD"
+    digest = base64.urlsafe_b64encode(hashlib.sha256(script).digest()).rstrip(b"=").decode()
+    record.write_text(f"../bin/uv,sha256={digest},{len(script)}\nuv/__init__.py,,\n")
+    if whose == "another-users-file":
+        os.chown(binary, NOBODY, NOBODY)
+    elif whose == "another-users-directory":
+        os.chown(binary.parent, NOBODY, NOBODY)
+    elif whose == "an-open-directory":
+        binary.parent.chmod(0o777)
+    env = {**os.environ, "PYTHONPATH": f"{site}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    recipe = write_recipe(tmp_path, 'version = "1.0"\nas_of = "2024-02-02"')
+    key = "k:" + base64.b64encode(b"\1" * 32).decode()
+    only = ["--substitute-only", "--substituter", f"file://{tmp_path / 'empty'}", "--trusted-key", key]
+    for n, args in enumerate([("build", str(recipe), *only), ("build", str(recipe), "--index-url", index.url)]):
+        proc = subprocess.run(cli_cmd(tmp_path / f"root-{n}", *args), capture_output=True, text=True, timeout=300,
+                              check=False, env=env)
+        if whose == "roots":
+            assert proc.returncode == (66 if n == 0 else 0), (args, proc.stderr)
+            assert counter.exists()
+            continue
+        assert proc.returncode == 2, (args, proc.stderr)
+        lines = proc.stderr.splitlines()
+        assert len(lines) == 1 and str(binary) in lines[0] and "uv" in lines[0], proc.stderr
+        assert not counter.exists(), (args, counter.read_text())
+
+
+# --- recipes are parsed without a bound ----------------------------------------------------------
+
+@pytest.mark.parametrize("text,why", [
+    ("[x]\n" + ".".join(["a"] * 30_000) + " = 1\n", "dotted key of more than"),
+    ("[engine]\nname = " + "[" * 3000 + "]" * 3000 + "\n", "nested deeper than"),
+    ('y = """x""""\nz.' + ".".join(["a"] * 30_000) + " = 1\n", "dotted key of more than"),
+    ("# " + "x" * 70_000 + "\n", "larger than 64 KiB"),
+], ids=["dotted-key", "arrays", "after-quotes", "too-large"])
+def test_a_hostile_recipe_is_a_recipe_error(tmp_path, text, why):
+    """A recipe with a dotted key of 30,000 parts (15 s of parsing), 3,000 nested arrays (was
+    `internal error: RecursionError`, exit 1) or of 70 KB: one line naming the file and why, exit
+    2, and a JSON document under --json; an ordinary recipe beside it is read (a substitute-only
+    miss, exit 66)."""
+    from tests.support.recipes import write_recipe
+
+    hostile = tmp_path / "hostile.toml"
+    hostile.write_text(text)
+    key = "k:" + base64.b64encode(b"\1" * 32).decode()
+    only = ["--substitute-only", "--substituter", f"file://{tmp_path / 'empty'}", "--trusted-key", key]
+    root = tmp_path / "root"
+    proc = subprocess.run(cli_cmd(root, "build", str(hostile), *only), capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and str(hostile) in lines[0] and why in lines[0], proc.stderr
+    proc = subprocess.run(cli_cmd(root, "--json", "build", str(hostile), *only), capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert proc.returncode == 2 and why in json.loads(proc.stdout)["error"]["message"], (proc.stdout, proc.stderr)
+    honest = write_recipe(tmp_path, 'version = "1.0"\nas_of = "2024-02-02"')
+    proc = subprocess.run(cli_cmd(root, "build", str(honest), *only), capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert proc.returncode == 66 and "no binary cache has" in proc.stderr, proc.stderr
+
+
+# --- push --drop-signature takes any text ------------------------------------------------------------
+
+@pytest.mark.parametrize("bad", ["../x", "a/b", "", "x\n", "-x", "k" * 200])
+def test_a_dropped_signatures_name_is_checked_as_a_key_name(world, tmp_path, bad):
+    """`push --drop-signature ../x` was `already there`, silently: a name that is no signing key's
+    is one line, exit 2, and nothing is written to the cache; a key's name beside it is dropped."""
+    from tests.conftest import run_cli
+
+    w, name = world, world["names"][0]
+    cache = tmp_path / "cache"
+    push = ["push", name, "--to", f"file://{cache}", "--secret-key", str(w["keys"] / "builder-1.secret")]
+    proc = run_cli(w["root"], *push, "--drop-signature", bad)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and "--drop-signature" in lines[0] and "signing key name" in lines[0], proc.stderr
+    assert not cache.exists() or not any(cache.iterdir())
+    proc = run_cli(w["root"], *push, "--drop-signature", "builder-0")
+    assert proc.returncode == 0, proc.stderr

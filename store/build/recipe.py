@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import fnmatch
 import re
-import tomllib
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -150,16 +149,30 @@ class Recipe:
         raise UsageError(f"{self.file}: no build with variant {shown(variant)} (the recipe has: {known})")
 
 
+MAX_RECIPE_BYTES = 1 << 16  # the largest example is under 4 KiB
+MAX_RECIPE_DEPTH = 8  # [[build]] with a table of lists of tables ([[build.index_pins]]) is 5 levels
+MAX_RECIPE_KEY_PARTS = 8
+
+
 def load(path: str | Path) -> Recipe:
+    """The recipe in the file `path`, read through the one bounded TOML loader (core/boundedtoml: at
+    most MAX_RECIPE_BYTES, MAX_RECIPE_DEPTH levels, keys of MAX_RECIPE_KEY_PARTS dotted parts, so
+    parsed in time linear in its size); RecipeError (exit 2) for a file beyond those bounds or not
+    valid TOML, never a traceback."""
+    from llmgw_store.core.boundedtoml import Limits, TomlRefused, loads
+
     path = Path(path)
     try:
-        data = tomllib.loads(path.read_text())
+        with open(path, "rb") as f:
+            raw = f.read(MAX_RECIPE_BYTES + 1)
     except FileNotFoundError:
         raise UsageError(f"{path}: no such recipe file") from None
-    except (OSError, UnicodeDecodeError) as exc:
+    except OSError as exc:
         raise UsageError(f"{path}: cannot read the recipe: {exc}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise RecipeError(path, "", f"not valid TOML: {exc}") from None
+    try:
+        data = loads(raw, Limits(MAX_RECIPE_BYTES, MAX_RECIPE_DEPTH, MAX_RECIPE_KEY_PARTS, "the recipe"))
+    except TomlRefused as exc:
+        raise RecipeError(path, "", str(exc)) from None
     return parse(data, path)
 
 

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 
 from llmgw_store.core import network
 from llmgw_store.core.credentials import IndexAuth
-from llmgw_store.core.errors import CommandError, IntegrityError, UsageError
+from llmgw_store.core.errors import CommandError, IntegrityError, UnsafePathError, UsageError
 from llmgw_store.core.host import platform_facts
 from llmgw_store.core.index import file_stamp
 from llmgw_store.core.keys import SCHEMA_VERSION, path_name, store_key
@@ -155,28 +155,53 @@ def shipped() -> Path | None:
 
 
 def checked_shipped(store: Store | None = None) -> Path | None:
-    """`shipped()`, once its bytes are shown to be the ones pip's RECORD lists for it (IntegrityError
-    otherwise): the one way to a shipped binary that may be run, `--version` included. The check
-    (a sha256 of the whole binary) is memoised in `store`'s index by the file's device, inode, size,
-    mtime and ctime: a binary written in place has a new ctime, whatever its mtime says."""
+    """`shipped()`, once it is shown to be a file no other user could change (`open_shipped`) whose
+    bytes are the ones pip's RECORD lists for it (IntegrityError otherwise): the one way to a
+    shipped binary that may be run by its path, `--version` included. The check (a sha256 of the
+    whole binary, read from the descriptor the trust rule opened) is memoised in `store`'s index by
+    the file's device, inode, size, mtime and ctime: a binary written in place has a new ctime,
+    whatever its mtime says. The trust rule is what makes running it by its path after the hash
+    sound: only root or this user could swap its bytes in between."""
     found = shipped()
     if found is None:
         return None
-    st = os.stat(found)
-    stamp = f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
-    if store is not None:
-        memo = store.index.tool_info("uv-shipped", str(found))
-        if memo and memo.get("stamp") == stamp:
-            return found
-    recorded = _recorded_sha256(found)
-    if recorded is not None:
-        from llmgw_store.core.fsutil import sha256_of
+    fd, st = open_shipped(found)
+    try:
+        stamp = f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
+        if store is not None:
+            memo = store.index.tool_info("uv-shipped", str(found))
+            if memo and memo.get("stamp") == stamp:
+                return found
+        recorded = _recorded_sha256(found)
+        if recorded is not None:
+            import hashlib
 
-        if sha256_of(found) != recorded:
-            raise _not_recorded(found)
+            digest = hashlib.sha256()
+            while chunk := os.read(fd, 1 << 20):
+                digest.update(chunk)
+            if digest.hexdigest() != recorded:
+                raise _not_recorded(found)
+    finally:
+        os.close(fd)
     if store is not None:
         store.index.remember_tool("uv-shipped", str(found), {"stamp": stamp, "sha256": recorded})
     return found
+
+
+def open_shipped(found: Path) -> tuple[int, os.stat_result]:
+    """(fd, fstat) of the shipped binary, if it is held to the config file's trust rule
+    (core/files.open_trusted: it and every directory above it root's or this user's, writable by
+    no one else, links only in such directories); UnsafePathError (exit 2) otherwise, before a byte
+    of it is read or run: another user who may write it could swap its bytes between their check
+    and their run as root. The caller closes the fd."""
+    from llmgw_store.core.files import FileRefused, open_trusted
+
+    try:
+        return open_trusted(found)
+    except FileRefused as exc:
+        raise UnsafePathError(f"refusing to run the uv this llmgw-store ships, {found}: it {exc.reason}, so another "
+                              "user could change it between its check and its run; install llmgw-store where only "
+                              "root (or you) can write, or pass --uv PATH") from None
 
 
 def _not_recorded(found: Path) -> IntegrityError:
@@ -255,16 +280,17 @@ def _pinned(store: Store, index_url: str, auth: IndexAuth | None = None) -> UvTo
 
 
 def _copy_shipped(store: Store, partial: Path, found: Path) -> dict:
-    """Copy the shipped binary into the store path being made, hashing what is copied: the copy
-    must have the digest pip recorded for the file (a binary changed in place is refused) and say
-    it is UV_VERSION. Builds run the copy, never the file in the Python environment."""
+    """Copy the shipped binary into the store path being made (only one no other user could change:
+    `open_shipped`), hashing what is copied: the copy must have the digest pip recorded for the file
+    (a binary changed in place is refused) and say it is UV_VERSION. Builds run the copy, never the file in the Python environment."""
     import hashlib
 
+    src = os.fdopen(open_shipped(found)[0], "rb")
     say(f"installing uv {UV_VERSION} from {found} (the uv this llmgw-store ships)")
     (partial / "bin").mkdir(parents=True)
     target = partial / "bin" / "uv"
     digest = hashlib.sha256()
-    with open(found, "rb") as src, open(target, "xb") as out:
+    with src, open(target, "xb") as out:
         while chunk := src.read(1 << 20):
             digest.update(chunk)
             out.write(chunk)

@@ -42,6 +42,7 @@ from llmgw_store.core.fsutil import sha256_of
 from llmgw_store.core.index import RegisteredPath
 from llmgw_store.core.keys import canonical_json
 from llmgw_store.core.local_store import Store
+from llmgw_store.core.names import check_signing_key_name
 from llmgw_store.core.report import say
 from llmgw_store.core.results import Result
 from llmgw_store.core.temproots import TempRoots
@@ -386,6 +387,11 @@ def push(names: list[str], to: str, secret_key: str, *, root: str | Path | None 
         raise UsageError(f"object format {format}: this llmgw-store writes 1 (one archive) or 2 (shared blobs)")
     # Read and checked first: a public key, a missing file or a key of the wrong shape is exit 2
     # even when every object is in the cache already (and nothing would be signed).
+    for dropped in drop_signatures:  # names a signer could have written, nothing else (exit 2)
+        try:
+            check_signing_key_name(dropped)
+        except UsageError as exc:
+            raise UsageError(f"--drop-signature: {exc}") from None
     secret = load_secret(secret_key)
     if secret.name in drop_signatures:
         raise UsageError(f"--drop-signature {secret.name}: that is the key this push signs with; sign with the new "

@@ -400,78 +400,18 @@ def read(path: str, explicit: bool) -> bytes | None:
 MAX_CONFIG_DEPTH = 8  # a setting is at most [table] key = [list]: 3 levels; anything deeper is refused
 
 
-def _shape_problem(text: str) -> str | None:
-    """Why the file's text is nested deeper than MAX_CONFIG_DEPTH, read before the TOML parser sees
-    it (which recurses once per bracket, and takes time quadratic in the parts of one dotted key:
-    36 s for 64 KiB of `a.a.a...`), or None. One linear pass: strings and comments are skipped,
-    brackets counted, and the dots of one run of key parts."""
-    depth = dots = 0
-    i, n = 0, len(text)
-    while i < n:
-        c = text[i]
-        if c in "\"'":
-            quote = text[i:i + 3] if text[i:i + 3] in ('"""', "'''") else c
-            j = i + len(quote)
-            while j < n and not text.startswith(quote, j):
-                j += 2 if c == '"' and text[j] == "\\" else 1
-            i = j + len(quote)
-            continue
-        if c == "#":
-            i = text.find("\n", i)
-            if i < 0:
-                break
-            continue
-        if c in "[{":
-            depth += 1
-            if depth > MAX_CONFIG_DEPTH:
-                return f"the config file is nested deeper than {MAX_CONFIG_DEPTH} levels"
-        elif c in "]}":
-            depth = max(0, depth - 1)
-        if c == ".":
-            dots += 1
-            if dots >= MAX_CONFIG_DEPTH:
-                return f"the config file has a dotted key of more than {MAX_CONFIG_DEPTH} parts"
-        elif c not in " \t" and not (c.isalnum() or c in "_-"):
-            dots = 0  # `=`, a newline, a bracket, a comma: the end of a run of key parts
-        i += 1
-    return None
-
-
-def _depth_problem(doc: dict) -> str | None:
-    """Why the parsed document is nested deeper than MAX_CONFIG_DEPTH (dotted keys make depth
-    without a bracket), or None. Iterative, and it stops at the bound: the caller may then show a
-    value (repr recurses)."""
-    stack: list[tuple[object, int]] = [(doc, 1)]
-    while stack:
-        value, depth = stack.pop()
-        if depth > MAX_CONFIG_DEPTH:
-            return f"the config file is nested deeper than {MAX_CONFIG_DEPTH} levels"
-        children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
-        stack.extend((v, depth + 1) for v in children if isinstance(v, (dict, list)))
-    return None
-
-
 def parse(path: str, data: bytes) -> dict[str, object]:
     """The settings the file holds, by setting name, each checked; ConfigError naming the key.
-    Bounded as a recipe is: at most MAX_CONFIG_BYTES (`read`), nested at most MAX_CONFIG_DEPTH
-    levels — a file nested deeper than the parser's recursion reaches is a ConfigError too, never
-    a traceback — and so parsed in time linear in its size."""
-    import tomllib
+    Bounded as a recipe is (core/boundedtoml, the one loader of both): at most MAX_CONFIG_BYTES,
+    nested at most MAX_CONFIG_DEPTH levels, keys of at most MAX_CONFIG_DEPTH dotted parts — a file
+    nested deeper than the parser's recursion reaches is a ConfigError too, never a traceback — and
+    so parsed in time linear in its size."""
+    from llmgw_store.core.boundedtoml import Limits, TomlRefused, loads
 
     try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise ConfigError(f"{path}: the config file is not UTF-8 text") from None
-    if (why := _shape_problem(text)) is not None:
-        raise ConfigError(f"{path}: {why}")
-    try:
-        doc = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: not a valid TOML file: {exc}") from None
-    except RecursionError:
-        raise ConfigError(f"{path}: the config file is nested deeper than {MAX_CONFIG_DEPTH} levels") from None
-    if (why := _depth_problem(doc)) is not None:
-        raise ConfigError(f"{path}: {why}")
+        doc = loads(data, Limits(MAX_CONFIG_BYTES, MAX_CONFIG_DEPTH, MAX_CONFIG_DEPTH, "the config file"))
+    except TomlRefused as exc:
+        raise ConfigError(f"{path}: not a valid TOML file: {exc.syntax}" if exc.syntax else f"{path}: {exc}") from None
     values: dict[str, object] = {}
     for key, value in doc.items():
         if key in TABLES:

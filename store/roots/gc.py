@@ -850,7 +850,7 @@ def _prune_uv_cache(store: Store, dry_run: bool) -> int:
     safe; the wait for it is bounded and a busy cache is skipped until the next gc."""
     from llmgw_store.build import uv as uvmod
     from llmgw_store.build.cacheuse import bucket_dir, uv_cache_lock
-    from llmgw_store.core.errors import CommandError, IntegrityError, LockTimeout
+    from llmgw_store.core.errors import CommandError, IntegrityError, LockTimeout, UnsafePathError
     from llmgw_store.roots.cachelog import prune_uv_pointers
 
     cache = store.layout.uv_cache
@@ -874,8 +874,8 @@ def _prune_uv_cache(store: Store, dry_run: bool) -> int:
         binary = store.layout.path_of(pinned[0].name) / "bin" / "uv"
     else:
         try:
-            binary = uvmod.checked_shipped(store)  # checked against pip's RECORD before it runs
-        except IntegrityError as exc:
+            binary = uvmod.checked_shipped(store)  # trusted, and checked against pip's RECORD, before it runs
+        except (IntegrityError, UnsafePathError) as exc:
             say(f"left the uv cache alone this time: {exc}")
             return 0
         if binary is None:
