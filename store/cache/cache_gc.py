@@ -497,7 +497,8 @@ def gc(url: str, keep_from: list[str], *, grace: float, var: Path, release_keys:
         freed = sum(i.size for i in doomed_objects) + sum(b.size for b in doomed_blobs)
         verb = "would delete" if dry_run else "deleting"
         say(f"{verb} {len(doomed_objects)} object file(s) and {len(doomed_blobs)} blob(s), {human_size(freed)}; "
-            f"keeping {len(live & objects.keys())} object(s) held by {len(roots)} node(s) or younger than the grace")
+            f"keeping {len(live & objects.keys())} object(s) held by {len(roots)} node(s), {len(pointed)} release(s) "
+            "or younger than the grace")
         why_kept = {f"{k}.json": why.get(k, "kept") for k in sorted(live & objects.keys())}
         if dry_run:
             for name, reason in why_kept.items():
