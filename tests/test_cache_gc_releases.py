@@ -153,3 +153,23 @@ def test_two_gcs_at_once_never_lower_a_mark_nor_delete_on_a_stale_view(fleet, tm
     assert names_in(url) == before and f"{b[:32]}.json" in before
     marks = json.loads((w["root"] / "var" / "seen.json").read_text())["marks"][url]
     assert marks["roots"]["node-1"]["seq"] == newer["seq"]
+
+
+def test_a_damaged_record_of_marks_stops_cache_gc(fleet, tmp_path):
+    """The host's one record is read bounded; one that does not parse stops the gc before anything
+    is deleted (a lost record would let a replay through), with one line saying how to start over."""
+    w, (a, b) = fleet, fleet["names"]
+    url = f"file://{tmp_path / 'cache'}"
+    push2(w, a, url)
+    push2(w, b, url)
+    publish_roots(w, url, a)
+    assert cache_gc(w, url, "--grace", "1d")["deleted_objects"] == []
+    record = w["root"] / "var" / "seen.json"
+    record.write_text("{not json")
+    before = names_in(url)
+    proc = cache_gc(w, url, "--grace", "0s", check=False)
+    assert proc.returncode != 0 and names_in(url) == before, proc.stderr
+    errors = [ln for ln in proc.stderr.splitlines() if "error" in ln]
+    assert len(errors) == 1 and "not a record of the signed documents seen; move it away" in errors[0], proc.stderr
+    record.unlink()  # positive: moved away, the record starts over and the gc goes on
+    assert cache_gc(w, url, "--grace", "0s")["deleted_objects"] == [f"{b[:32]}.json"]
