@@ -101,15 +101,17 @@ def push_roots(to: str, secret_key: str, *, node: str | None = None, root: str |
 
 
 def cache_gc(url: str, keep_from: list[str], *, grace: str = "1d", dry_run: bool = False,
-             allow_no_roots: bool = False, policy=None, root: str | Path | None = None):
-    """Delete what no published root holds from the binary cache `url` (cache/cache_gc.py). The
-    newest roots document of each node this host has seen in `url` is kept in ROOT/var/cache-gc/."""
-    from llmgw_store.cache.cache_gc import gc, seen_file
+             allow_no_roots: bool = False, release_keys: list[str] | tuple[str, ...] = (), policy=None,
+             root: str | Path | None = None):
+    """Delete what no published root and no release pointer holds from the binary cache `url`
+    (cache/cache_gc.py). The high-water marks of the roots documents and release pointers this
+    host has seen there are kept in ROOT/var/seen.json (cache/seen.py)."""
+    from llmgw_store.cache.cache_gc import gc
     from llmgw_store.core.layout import Layout
     from llmgw_store.core.units import parse_duration
 
-    return gc(url, keep_from, grace=parse_duration(grace), seen=seen_file(Layout.at(root).var, url), dry_run=dry_run,
-              allow_no_roots=allow_no_roots, policy=policy)
+    return gc(url, keep_from, grace=parse_duration(grace), var=Layout.at(root).var, release_keys=release_keys,
+              dry_run=dry_run, allow_no_roots=allow_no_roots, policy=policy)
 
 
 def rollback(profile: str, *, to: int | None = None, substituters: tuple[str, ...] = (),

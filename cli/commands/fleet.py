@@ -135,11 +135,14 @@ def cache() -> None:
               help="List what would be deleted, and why each object is kept; delete nothing.")
 @click.option("--allow-no-roots", is_flag=True,
               help="Go on when the cache holds no roots document (deletes every object older than the grace).")
+@setting_option("trusted_keys", help="Public key of a builder, to check the release pointers (their objects are "
+                "kept); repeatable. A --keep-from key may sign them too.")
 @cache_network_options
 @click.pass_obj
 def cache_gc(obj: Context, url: str, keep_from: tuple[str, ...], grace: str, dry_run: bool,
-             allow_no_roots: bool, policy) -> None:
-    """Delete the objects and blobs of the cache URL that no published roots document holds.
+             allow_no_roots: bool, trusted_keys: tuple[str, ...], policy) -> None:
+    """Delete the objects and blobs of the cache URL that no published roots document and no
+    release pointer holds.
 
     \b
     Example:
@@ -148,8 +151,8 @@ def cache_gc(obj: Context, url: str, keep_from: tuple[str, ...], grace: str, dry
     from llmgw_store.api import cache_gc as do_cache_gc
     from llmgw_store.core.units import human_size
 
-    r = do_cache_gc(url, list(keep_from), grace=grace, dry_run=dry_run, allow_no_roots=allow_no_roots, policy=policy,
-                    root=obj.root)
+    r = do_cache_gc(url, list(keep_from), grace=grace, dry_run=dry_run, allow_no_roots=allow_no_roots,
+                    release_keys=list(trusted_keys), policy=policy, root=obj.root)
     verb = "would delete" if r.dry_run else "deleted"
     summary = (f"{verb} {len(r.deleted_objects)} object file(s), {r.deleted_blobs} blob(s), "
                f"{human_size(r.freed_bytes)}; kept {r.kept_objects} object(s), {r.kept_blobs} blob(s) for "

@@ -17,12 +17,23 @@ or is bound to another node name than its object name, stops the gc before anyth
 gc that ignored a node's roots would delete what that node runs. So does one that is a link or not
 a regular file, one that cannot be read, and a genuinely signed but older one — replayed, or
 restored from a backup — which names what the node ran then, not now: one whose sequence number is
-lower than the newest this gc host has seen of that node in that cache (`seen`: a file of the
-host's own var/, never of the cache, which whoever restores or replays documents can write too),
-and one signed longer ago than the grace while an object it does not hold was pushed after it
+lower than the newest this gc host has seen of that node in that cache (its high-water mark, kind
+"roots", in cache/seen.py's record: a file of the host's own var/, never of the cache, which
+whoever restores or replays documents can write too), or that has the newest number on another
+document, and one signed longer ago than the grace while an object it does not hold was pushed after it
 (the replay a host that never saw the newer document cannot tell by number; an honest node
 publishes more often than the grace). So does the absence of the document of a node this host has
 seen, while its key is still given. A live object whose plan cannot be read stops it too.
+
+Releases: the object each release pointer (`releases/<name>.json`, cache/releases.py) names is
+kept, and so are the keys of its history (at most releases.HISTORY_MAX), so that a fleet-wide
+rollback by `release set` to an earlier key still finds its object — whatever the roots documents
+say. A pointer is trusted when a key gc is given signed it: the builders' keys (`release_keys`,
+`--trusted-key`, as nodes check the pointers they follow) or a `--keep-from` key (a builder
+publishing its own roots is given there); a pointer only ever adds to what is kept, and one none
+of them signed, a malformed one, a link, or one older than the newest this host has seen of that
+release in that cache (kind "release" in the same record as `activate --release` keeps) stops the
+gc, nothing deleted: a gc that ignored a pointer would delete what the fleet is told to run.
 
 Racing a push loses nothing (the protocol is in cache/push.py): gc writes `gc/<nonce>.json` (with
 an expiry) before it lists anything and removes it after its last delete; a push's
@@ -31,6 +42,7 @@ an expiry) before it lists anything and removes it after its last delete; a push
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -40,9 +52,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from llmgw_store.cache import releases, seen
 from llmgw_store.cache.backends import RetryPolicy, backend_for
 from llmgw_store.cache.objects import HEX64
-from llmgw_store.cache.signing import METADATA_MAX_BYTES, check_signature, load_secret, sign, trusted_keys
+from llmgw_store.cache.seen import Mark, Seen
+from llmgw_store.cache.signing import METADATA_MAX_BYTES, check_signature, load_secret, sign, signed_part, trusted_keys
 from llmgw_store.cache.tree_fetch import BlobRef, fetch_small
 from llmgw_store.core import debug
 from llmgw_store.core.errors import IntegrityError, StoreError, UsageError
@@ -55,8 +69,8 @@ from llmgw_store.core.units import human_size
 NODE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 PROFILE_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,99}")  # core/names.check_profile's rule, as a roots document names them
 ROOTS_FORMAT = "llmgw-roots-2"  # 1 had no sequence number: refused, the node publishes again
-SEEN_FORMAT = "llmgw-roots-seen-2"  # the gc host's record: node -> the newest sequence number (and time) accepted
-SEEN_MAX_BYTES = 4 << 20
+ROOTS_KIND = "roots"  # the kind of document in cache/seen.py (the name: the node)
+MAX_RELEASES = 10_000  # pointers gc checks in one cache; more stops it
 MAX_ROOT_KEYS = 100_000
 GC_MAX_SECONDS = 3600  # a gc marker expires after this: a killed gc does not block pushes forever
 GC_RENEW_MARGIN = 300  # gc stops deleting when its marker expires sooner than this: a push may then go ahead
@@ -135,6 +149,7 @@ class RootsDoc:
     seq: int
     time: float
     profiles: dict[str, str] = field(default_factory=dict)  # profile -> key it runs (optional in the document)
+    digest: str = ""  # sha256 of its signed part: the same document, the same digest (cache/seen.py)
 
 
 def read_roots(backend, item, trusted: dict[str, bytes]) -> RootsDoc:
@@ -188,59 +203,19 @@ def _read_roots(backend, item, trusted: dict[str, bytes]) -> RootsDoc:
             isinstance(p, str) and PROFILE_RE.fullmatch(p) and isinstance(k, str) and KEY_RE.match(k)
             for p, k in profiles.items()):
         raise _stopped(label, "its profiles are not profile names and store keys")
-    return RootsDoc(node, keys, doc["seq"], float(doc["time"]), profiles)
-
-
-def seen_file(var: Path, url: str) -> Path:
-    """Where this gc host keeps the newest roots sequence number of each node of the cache `url`:
-    ROOT/var/cache-gc/<sha256 of the URL without credentials>.json."""
-    import hashlib
-
-    from llmgw_store.core.credentials import public_url
-
-    return var / "cache-gc" / f"{hashlib.sha256(public_url(url).rstrip('/').encode()).hexdigest()[:32]}.json"
-
-
-def _read_seen(path: Path) -> dict[str, dict[str, Any]]:
-    """node -> {seq, time}: the newest roots document of each node a gc on this host accepted."""
-    from llmgw_store.core.files import read_bounded
-
-    try:
-        data = read_bounded(path, SEEN_MAX_BYTES)
-    except FileNotFoundError:
-        return {}
-    except (OSError, ValueError) as exc:
-        raise IntegrityError(f"{path}: {exc}; gc stopped, nothing deleted") from None
-    try:
-        doc = json.loads(data)
-        nodes = doc["nodes"] if isinstance(doc, dict) and doc.get("format") == SEEN_FORMAT else None
-        if not isinstance(nodes, dict) or not all(
-                isinstance(n, str) and isinstance(v, dict) and isinstance(v.get("seq"), int)
-                and isinstance(v.get("time"), (int, float)) for n, v in nodes.items()):
-            raise ValueError
-    except (ValueError, KeyError):
-        raise IntegrityError(f"{path}: not this host's record of the roots documents seen; gc stopped, nothing "
-                             "deleted (delete it to start the record again)") from None
-    return nodes
-
-
-def _write_seen(path: Path, url: str, nodes: dict[str, dict[str, Any]]) -> None:
-    from llmgw_store.core.credentials import public_url
-    from llmgw_store.core.files import write_atomic
-
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    write_atomic(path, canonical_json({"format": SEEN_FORMAT, "url": public_url(url), "nodes": nodes}), mode=0o600)
+    return RootsDoc(node, keys, doc["seq"], float(doc["time"]), profiles,
+                    hashlib.sha256(signed_part(doc)).hexdigest())
 
 
 def _when(t: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t))
 
 
-def _check_newest(url: str, docs: list[tuple[str, RootsDoc]], seen: dict[str, dict[str, Any]]) -> None:
+def _check_newest(url: str, docs: list[tuple[str, RootsDoc]], seen: dict[str, Mark]) -> None:
     """Stop (IntegrityError) on a document older than the newest this host has seen of its node;
     when every document this host has seen before is older (two nodes or more), the cache's roots
     were rolled back as a whole (a backup restored), and the one line says so."""
-    older = [(label, doc) for label, doc in docs if doc.node in seen and doc.seq < seen[doc.node]["seq"]]
+    older = [(label, doc) for label, doc in docs if doc.node in seen and doc.seq < seen[doc.node].seq]
     if not older:
         return
     known = [doc for _, doc in docs if doc.node in seen]
@@ -254,12 +229,12 @@ def _check_newest(url: str, docs: list[tuple[str, RootsDoc]], seen: dict[str, di
     label, doc = older[0]
     last = seen[doc.node]
     raise IntegrityError(
-        f"{label}: sequence {doc.seq} (signed at {_when(doc.time)}) is older than {last['seq']}, the newest this "
+        f"{label}: sequence {doc.seq} (signed at {_when(doc.time)}) is older than {last.seq}, the newest this "
         f"host has seen of {doc.node} (a replayed or restored document); refusing it (gc stopped, nothing deleted): "
         "publish the node's roots again (push-roots)")
 
 
-def _check_present(docs: list[tuple[str, RootsDoc]], seen: dict[str, dict[str, Any]], trusted: dict[str, bytes]) -> None:
+def _check_present(docs: list[tuple[str, RootsDoc]], seen: dict[str, Mark], trusted: dict[str, bytes]) -> None:
     """Stop (IntegrityError) when a node this host has accepted a document of, and whose key it is
     still told to keep the roots of, has none now: deleting a document would otherwise make the gc
     delete what that node runs. A retired node is one whose key is no longer given."""
@@ -268,7 +243,7 @@ def _check_present(docs: list[tuple[str, RootsDoc]], seen: dict[str, dict[str, A
     if gone:
         node = gone[0][:64]
         raise IntegrityError(
-            f"roots/{node}.json: missing, but this host has seen sequence {seen[gone[0]]['seq']} of {node} in this "
+            f"roots/{node}.json: missing, but this host has seen sequence {seen[gone[0]].seq} of {node} in this "
             "cache (deleted?); refusing to go on (gc stopped, nothing deleted): publish the node's roots again "
             "(push-roots), or, for a retired node, no longer pass its key to --keep-from")
 
@@ -289,6 +264,22 @@ def _check_recent(label: str, doc: RootsDoc, cutoff: float, grace: float, pushed
         f"{label}: signed at {_when(doc.time)}, longer ago than the grace ({_ago(grace)}), and {key}.json was pushed "
         f"after it ({_when(t)}): a replayed document, or a node that has not published since; refusing it (gc "
         "stopped, nothing deleted): publish the node's roots again (push-roots), more often than the grace")
+
+
+def _held_by_releases(pointed: list[releases.Release]) -> dict[str, str]:
+    """key -> why a release holds it: what a pointer names now, then the keys of its history (a
+    rollback by `release set` to an earlier key must still find the object)."""
+    now: dict[str, list[str]] = {}
+    before: dict[str, list[str]] = {}
+    for r in pointed:
+        now.setdefault(r.key, []).append(r.release)
+        for e in r.history:
+            before.setdefault(e["key"], []).append(r.release)
+    why = {k: f"held by release {', '.join(sorted(names))}" for k, names in now.items()}
+    for k, names in before.items():
+        earlier = f"held by release {', '.join(sorted(set(names)))} (an earlier pointer, for rollback)"
+        why[k] = f"{why[k]}; {earlier}" if k in why else earlier
+    return why
 
 
 def _blobs_of(backend, key: str, doc: dict[str, Any]) -> set[str]:
@@ -358,20 +349,42 @@ class CacheGcResult(Result):
     why_kept: dict[str, str] = field(default_factory=dict)  # <key>.json -> why the gc keeps that object
 
 
-def gc(url: str, keep_from: list[str], *, grace: float, seen: Path, dry_run: bool = False,
-       allow_no_roots: bool = False, policy: RetryPolicy | None = None) -> CacheGcResult:
-    """Collect the cache `url` (see the module docstring). `seen`: this host's record of the newest
-    roots document of each node of this cache (seen_file), read before and written before the first
-    delete."""
+def _key_values(given: list[str] | tuple[str, ...]) -> list[str]:
+    values: list[str] = []
+    for v in given:  # a directory stands for the .public files in it; a key is never a path
+        values += sorted(str(p) for p in Path(v).glob("*.public")) if inline_key(v) is None and os.path.isdir(v) \
+            else [v]
+    return values
+
+
+def _read_releases(backend, url: str, listed, keys: dict[str, bytes], var: Path) -> list[releases.Release]:
+    """Every release pointer of the cache, checked (releases.read_listed, then against this host's
+    marks); IntegrityError (the gc stops) for the first that fails."""
+    if len(listed) > MAX_RELEASES:
+        raise IntegrityError(f"cache {url[:200]}: more than {MAX_RELEASES} release pointers; refusing them (gc "
+                             "stopped, nothing deleted)")
+    marks = seen.marks(var, url, releases.KIND)
+    out = []
+    for item in sorted(listed, key=lambda i: i.name):
+        try:
+            r = releases.read_listed(backend, item, keys)
+            seen.check_mark(marks.get(r.release), r.seq, r.digest, item.name)
+        except IntegrityError as exc:
+            raise IntegrityError(f"{exc} (gc stopped, nothing deleted)") from None
+        out.append(r)
+    return out
+
+
+def gc(url: str, keep_from: list[str], *, grace: float, var: Path, release_keys: list[str] | tuple[str, ...] = (),
+       dry_run: bool = False, allow_no_roots: bool = False, policy: RetryPolicy | None = None) -> CacheGcResult:
+    """Collect the cache `url` (see the module docstring). `var`: this host's ROOT/var, whose record
+    of high-water marks (cache/seen.py) is read before anything else and raised before the first
+    delete. `release_keys`: the keys that may sign release pointers, with those of `keep_from`."""
     started = time.monotonic()
     now = time.time()
     cutoff = now - grace
     backend = backend_for(url, policy)
-    values: list[str] = []
-    for v in keep_from:  # a directory stands for the .public files in it; a key is never a path
-        values += sorted(str(p) for p in Path(v).glob("*.public")) if inline_key(v) is None and os.path.isdir(v) \
-            else [v]
-    trusted = trusted_keys(values)
+    trusted = trusted_keys(_key_values(keep_from))
     if not trusted:
         raise UsageError("cache gc needs the public keys of the nodes whose roots it keeps: --keep-from KEY")
     marker = f"gc/{secrets.token_hex(8)}.json"
@@ -384,6 +397,7 @@ def gc(url: str, keep_from: list[str], *, grace: float, seen: Path, dry_run: boo
         top = [i for i in backend.list("") if i.regular]
         pending = [i for i in backend.list("pending") if i.regular]
         root_docs = backend.list("roots")
+        pointers = backend.list("releases")
         blobs = [i for i in backend.list("blobs") if i.regular]
         gc_markers = [i for i in backend.list("gc") if i.regular]
 
@@ -391,21 +405,32 @@ def gc(url: str, keep_from: list[str], *, grace: float, seen: Path, dry_run: boo
         live: set[str] = set()
         why: dict[str, str] = {}
         holders: dict[str, list[str]] = {}
-        last_seen = _read_seen(seen)
-        newest: dict[str, dict[str, Any]] = dict(last_seen)
+        last_seen = seen.marks(var, url, ROOTS_KIND)
         docs = [(item.name, _read_roots(backend, item, trusted)) for item in root_docs]
         _check_newest(url, docs, last_seen)
         _check_present(docs, last_seen, trusted)
+        for label, doc in docs:  # older ones are named above; this is one number on two documents
+            try:
+                seen.check_mark(last_seen.get(doc.node), doc.seq, doc.digest, label)
+            except IntegrityError as exc:
+                raise IntegrityError(f"{exc} (gc stopped, nothing deleted)") from None
+        accepted = [Seen(ROOTS_KIND, doc.node, doc.seq, doc.digest, doc.time, label) for label, doc in docs]
+        pointed = _read_releases(backend, url, pointers, {**trusted_keys(_key_values(release_keys)), **trusted}, var) \
+            if pointers else []
+        accepted += [Seen(releases.KIND, r.release, r.seq, r.digest, r.time, releases.object_of(r.release))
+                     for r in pointed]
         pushed = {m.group(1): i.mtime for i in top if (m := _OBJECT.fullmatch(i.name)) and i.name.endswith(".json")}
         for label, doc in docs:
             _check_recent(label, doc, cutoff, grace, pushed)
             roots[doc.node] = len(doc.keys)
-            newest[doc.node] = {"seq": doc.seq, "time": doc.time}
             live.update(doc.keys)
             for k in doc.keys:
                 holders.setdefault(k, []).append(doc.node)
         for k, nodes in holders.items():
             why[k] = f"held by the roots of {', '.join(sorted(nodes))}"
+        for k, reason in _held_by_releases(pointed).items():
+            live.add(k)
+            why[k] = f"{why[k]}; {reason}" if k in why else reason
         if not roots and not allow_no_roots:
             # No node's roots: every object past the grace would go. That is a wrong URL, a wrong
             # --keep-from, or roots never published far more often than an intended wipe.
@@ -472,15 +497,19 @@ def gc(url: str, keep_from: list[str], *, grace: float, seen: Path, dry_run: boo
         freed = sum(i.size for i in doomed_objects) + sum(b.size for b in doomed_blobs)
         verb = "would delete" if dry_run else "deleting"
         say(f"{verb} {len(doomed_objects)} object file(s) and {len(doomed_blobs)} blob(s), {human_size(freed)}; "
-            f"keeping {len(live & objects.keys())} object(s) held by {len(roots)} node(s) or younger than the grace")
+            f"keeping {len(live & objects.keys())} object(s) held by {len(roots)} node(s), {len(pointed)} release(s) "
+            "or younger than the grace")
         why_kept = {f"{k}.json": why.get(k, "kept") for k in sorted(live & objects.keys())}
         if dry_run:
             for name, reason in why_kept.items():
                 say(f"keeping {name}: {reason}")
         if not dry_run:
-            if newest != last_seen:
-                # Before any delete, on this host: a replay of an older document is refused from now on.
-                _write_seen(seen, url, newest)
+            # Before any delete, on this host, checked again under its lock (another gc or reader
+            # may have seen newer documents meanwhile): a replay of an older one is refused from now on.
+            try:
+                seen.accept_all(var, url, accepted)
+            except IntegrityError as exc:
+                raise IntegrityError(f"{exc} (gc stopped, nothing deleted)") from None
             # Metadata before archives and blobs: an object is gone before any of its bytes are.
             doomed = [i.name for i in sorted(doomed_objects, key=lambda i: not i.name.endswith(".json"))]
             doomed += [b.name for b in doomed_blobs] + [i.name for i in stale_markers]

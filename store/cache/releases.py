@@ -172,6 +172,25 @@ def fetch(backend: Backend, release: str, trusted: dict[str, bytes]) -> Release 
     return None if data is None else parse(data, release, trusted, label)
 
 
+def read_listed(backend: Backend, item, trusted: dict[str, bytes]) -> Release:
+    """The checked pointer `item` (a Listed of releases/, as cache gc lists them). IntegrityError
+    for anything but `releases/<release name>.json`, a regular file, holding a pointer of that
+    release that a key of `trusted` signed (parse)."""
+    label = str(item.name)[:200]
+    base = label[len("releases/"):]
+    release = base[:-len(".json")] if label.startswith("releases/") and base.endswith(".json") else None
+    try:
+        check_release_name(release)
+    except UsageError:
+        raise _bad(label, "not a release pointer's name (releases/<name>.json)") from None
+    if not item.regular:
+        raise _bad(label, "not a regular file (a link?)")
+    r = fetch(backend, release, trusted)
+    if r is None:
+        raise _bad(label, "listed, but could not be read")
+    return r
+
+
 def _with_cache(r: Release, url: str) -> Release:
     return replace(r, cache=public_url(url))
 

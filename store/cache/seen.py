@@ -1,6 +1,8 @@
 """High-water marks of signed documents a reader has accepted: per cache URL, kind and name, the
 newest sequence number seen (and the digest of the document that carried it), kept on the reader's
-own disk (ROOT/var/seen.json).
+own disk (ROOT/var/seen.json, core/layout.py): the one record of them on a host, for every kind —
+release pointers (`activate --release`, `release set`, cache gc) and nodes' roots documents (cache
+gc, `cache/cache_gc.py`) alike.
 
 A signed document that only grows — a release pointer, a roots document — can be replayed: whoever
 writes the cache puts back older bytes a trusted key once signed, and the signature still holds.
@@ -13,9 +15,11 @@ The rule that stops it is the same for every kind, so it lives here once:
 - one with a higher number is accepted, and raises the mark (`accept`).
 
 The file is the reader's own, so it is trusted as the reader's state but still read bounded and
-never through a link; one that does not parse stops the reader (a lost record would let a replay
-through) with a line saying how to start over. Updates are serialised by a lock (var/locks/seen.lock)
-and written with core/files.write_atomic: a reader sees the old record or the new one, whole.
+never through a link, at most SEEN_MAX_BYTES; one that does not parse stops the reader (a lost record
+would let a replay through) with a line saying how to start over. Updates are serialised by a lock
+(var/locks/seen.lock), checked again under it, and written with core/files.write_atomic: a reader
+sees the old record or the new one, whole, and two readers at once never lower a mark. Marks are
+kept per cache URL without its credentials (`cache_id`): a password rotated is the same cache.
 """
 
 from __future__ import annotations
@@ -30,8 +34,8 @@ from llmgw_store.core.credentials import public_url
 from llmgw_store.core.errors import IntegrityError, StoreError
 from llmgw_store.core.files import FileRefused, read_bounded, write_atomic
 from llmgw_store.core.keys import canonical_json
+from llmgw_store.core.layout import Layout
 
-SEEN_FILE = "seen.json"
 SEEN_FORMAT = "llmgw-seen-1"
 SEEN_MAX_BYTES = 16 << 20
 
@@ -48,8 +52,24 @@ def cache_id(url: str) -> str:
     return public_url(url).rstrip("/")
 
 
+@dataclass(frozen=True)
+class Seen:
+    """A checked document a reader is about to rely on: what `accept_all` records."""
+
+    kind: str
+    name: str
+    seq: int
+    digest: str
+    time: float
+    label: str
+
+
+def _layout(var: Path) -> Layout:
+    return Layout(var.parent)  # `var` is always a store's Layout.var
+
+
 def _path(var: Path) -> Path:
-    return var / SEEN_FILE
+    return _layout(var).seen_marks
 
 
 def _load(var: Path) -> dict:
@@ -77,13 +97,23 @@ def _load(var: Path) -> dict:
     return marks
 
 
-def newest(var: Path, url: str, kind: str, name: str) -> Mark | None:
-    """The mark of (url, kind, name) on this disk, if any."""
-    m = _load(var).get(cache_id(url), {}).get(kind, {}).get(name)
+def _mark(m: dict | None) -> Mark | None:
     return Mark(m["seq"], m["digest"], float(m.get("time", 0.0))) if m else None
 
 
-def _check(mark: Mark | None, seq: int, digest: str, label: str) -> None:
+def newest(var: Path, url: str, kind: str, name: str) -> Mark | None:
+    """The mark of (url, kind, name) on this disk, if any."""
+    return _mark(_load(var).get(cache_id(url), {}).get(kind, {}).get(name))
+
+
+def marks(var: Path, url: str, kind: str) -> dict[str, Mark]:
+    """Every mark of `kind` this disk holds for the cache `url`: name -> mark."""
+    return {name: Mark(m["seq"], m["digest"], float(m.get("time", 0.0)))
+            for name, m in _load(var).get(cache_id(url), {}).get(kind, {}).items()}
+
+
+def check_mark(mark: Mark | None, seq: int, digest: str, label: str) -> None:
+    """IntegrityError if the document (seq, digest) is older than `mark`, or another with its number."""
     if mark is None or seq > mark.seq:
         return
     if seq < mark.seq:
@@ -97,23 +127,34 @@ def _check(mark: Mark | None, seq: int, digest: str, label: str) -> None:
 
 def check(var: Path, url: str, kind: str, name: str, seq: int, digest: str, label: str) -> None:
     """IntegrityError if the document (seq, digest) is older than the mark, or another with its number."""
-    _check(newest(var, url, kind, name), seq, digest, label)
+    check_mark(newest(var, url, kind, name), seq, digest, label)
 
 
 def accept(var: Path, url: str, kind: str, name: str, seq: int, digest: str, signed_time: float, label: str, *,
            lock_timeout: float = locks.LOCK_TIMEOUT_S) -> None:
     """`check`, then raise the mark to `seq` (under the lock: two readers never lower it)."""
-    lock = var / "locks" / "seen.lock"
+    accept_all(var, url, [Seen(kind, name, seq, digest, signed_time, label)], lock_timeout=lock_timeout)
+
+
+def accept_all(var: Path, url: str, docs: list[Seen], *, lock_timeout: float = locks.LOCK_TIMEOUT_S) -> None:
+    """`check` every document of `docs` (of the cache `url`) against the record as it is under the
+    lock, then raise their marks in one write; IntegrityError (nothing recorded) if any is older
+    than its mark, or another document with its number, by then."""
+    lock = _layout(var).seen_lock
     lock.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     with locks.flock(lock, shared=False, timeout=lock_timeout, what="recording a signed document seen"):
-        marks = _load(var)
+        record = _load(var)
         url_id = cache_id(url)
-        m = marks.get(url_id, {}).get(kind, {}).get(name)
-        mark = Mark(m["seq"], m["digest"], float(m.get("time", 0.0))) if m else None
-        _check(mark, seq, digest, label)
-        if mark is not None and mark.seq == seq:
+        raised = []
+        for d in docs:
+            mark = _mark(record.get(url_id, {}).get(d.kind, {}).get(d.name))
+            check_mark(mark, d.seq, d.digest, d.label)
+            if mark is None or mark.seq != d.seq:
+                raised.append(d)
+        if not raised:
             return
         debug.pause("SEEN_PAUSE")  # tests: a reader between its check and its write, holding the lock
-        marks.setdefault(url_id, {}).setdefault(kind, {})[name] = {"seq": seq, "digest": digest,
-                                                                   "time": signed_time, "at": time.time()}
-        write_atomic(_path(var), canonical_json({"format": SEEN_FORMAT, "marks": marks}), mode=0o644)
+        for d in raised:
+            record.setdefault(url_id, {}).setdefault(d.kind, {})[d.name] = {
+                "seq": d.seq, "digest": d.digest, "time": d.time, "at": time.time()}
+        write_atomic(_path(var), canonical_json({"format": SEEN_FORMAT, "marks": record}), mode=0o600)

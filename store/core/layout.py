@@ -14,6 +14,9 @@
     ROOT/var/tmp/                       scratch space on the store's filesystem (renames stay atomic)
     ROOT/var/temproots/<pid>            store paths a live process is building or using (gc keeps them)
     ROOT/var/gc-reserve                 space kept for gc on a full disk (core/reserve.py)
+    ROOT/var/seen.json                  the high-water marks of the signed documents this host accepted
+                                        (release pointers, nodes' roots documents), per cache URL, kind
+                                        and name; locked by var/locks/seen.lock (cache/seen.py)
     ROOT/profiles/<p> -> <p>-<N>-link -> ../store/<key>-<name>     generations of a profile
     ROOT/gcroots/<pin> -> ../store/<key>-<name>                    pins
     ROOT/python/                        interpreters uv manages for the store
@@ -113,6 +116,15 @@ class Layout:
     @property
     def gc_lock(self) -> Path:
         return self.locks / "gc.lock"
+
+    @property
+    def seen_marks(self) -> Path:
+        """The one record of the signed documents' high-water marks on this host (cache/seen.py)."""
+        return self.var / "seen.json"
+
+    @property
+    def seen_lock(self) -> Path:
+        return self.locks / "seen.lock"
 
     @property
     def links_pool(self) -> Path:
