@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import shutil
 
+import pytest
+
 from tests.conftest import run_cli
 from tests.support.delta import delta_wheels, push2, template, world  # noqa: F401  (fixtures)
 from tests.test_cache_gc import cache_gc, fleet, names_in, publish_roots  # noqa: F401  (fixtures)
@@ -160,3 +162,16 @@ def test_a_deleted_document_of_a_node_still_kept_stops_gc(fleet, tmp_path):
     assert retired.returncode == 0, retired.stderr
     assert json.loads(retired.stdout)["roots"] == {"node-2": 1}
     assert json.loads(retired.stdout)["deleted_objects"] == [f"{b[:32]}.json"]
+
+
+@pytest.mark.parametrize("url", ["file://{cache}", "file://{cache}/", "FILE://{cache}/./",
+                                 "file://{parent}//{leaf}", "file://{parent}/x/../{leaf}"])
+def test_one_cache_spelled_another_way_keeps_its_marks(url, tmp_path):
+    from llmgw_store.cache.seen import ANY_CACHE, cache_id
+
+    cache = tmp_path / "gcache"
+    spelled = url.format(cache=cache, parent=tmp_path, leaf="gcache")
+    assert cache_id(spelled) == cache_id(f"file://{cache}") == f"file://{cache}"
+    assert cache_id("https://u:p@Cache.Internal//llmgw/") == "https://cache.internal/llmgw"
+    assert cache_id(ANY_CACHE) == ANY_CACHE
+    assert cache_id(f"file://{tmp_path}/other") != cache_id(f"file://{cache}")

@@ -133,7 +133,7 @@ def test_a_node_follows_the_release_forward_back_and_refuses_a_replay(world, tmp
     # The node's record of what it has seen is its own: damaged, it stops the node (a lost record would let
     # a replay through) with one line saying how to start over.
     seen = w["node"] / "var" / "seen.json"
-    assert json.loads(seen.read_text())["marks"][cache]["release"]["prod"]["seq"] == fourth["seq"]
+    assert json.loads(seen.read_text())["marks"]["*"]["release"]["prod"]["seq"] == fourth["seq"]
     seen.write_text("{not json")
     line = _one_error(_follow(w, env))
     assert "not a record of the signed documents seen; move it away" in line, line
@@ -325,7 +325,7 @@ def test_two_activations_at_once_never_lower_the_mark(world, tmp_path):
         out, err = proc.communicate(timeout=300)
         assert proc.returncode == 0, err
     marks = json.loads((w["node"] / "var" / "seen.json").read_text())["marks"]
-    assert marks[cache]["release"]["prod"]["seq"] == new["seq"] > old["seq"]
+    assert marks["*"]["release"]["prod"]["seq"] == new["seq"] > old["seq"]
 
 
 def test_a_node_config_file_names_the_release_each_profile_follows(world, tmp_path):
@@ -353,3 +353,29 @@ def test_a_node_config_file_names_the_release_each_profile_follows(world, tmp_pa
     conf.write_text('releases = ["svc"]\n')
     line = _one_error(run_cli(w["node"], "activate", "svc", env=env))
     assert "releases" in line and "must be" in line, line
+
+
+def test_an_older_pointer_from_another_cache_or_spelling_is_a_replay_too(world, tmp_path):
+    """The mark is the release's, not one cache's: a second substituter (a mirror that lags, or one
+    whose writer replays), a new cache URL, or the same cache spelled `//` or `/./` serving the older
+    genuine pointer is refused as a replay (found by the outside attack of issue 32)."""
+    w, (a, b) = world, world["names"]
+    one, two = f"file://{tmp_path / 'rc1'}", f"file://{tmp_path / 'rc2'}"
+    for cache in (one, two):
+        _push(w, a, cache)
+        _push(w, b, cache)
+    _set(w, "prod", a, two)              # rc2 holds the older pointer: prod -> a
+    older = (tmp_path / "rc2" / "releases" / "prod.json").read_bytes()
+    newer = _set(w, "prod", b, one)      # rc1: prod -> b, later
+    assert (_followed(w, _node_env(w, one))["release"]["name"], _current(w)) == (b, (1, b))
+
+    (tmp_path / "rc1" / "releases" / "prod.json").unlink()  # rc1 lost it, or is down
+    for caches in (f"{one} {two}", two, f"file://{tmp_path}//rc2", f"file://{tmp_path}/./rc2"):
+        line = _one_error(_follow(w, _node_env(w, caches)))
+        assert f"is older than {newer['seq']}" in line and "replayed" in line, (caches, line)
+        assert _current(w) == (1, b)
+    # The same spelled another way, with the newer pointer: the mark holds it, the node follows.
+    (tmp_path / "rc2" / "releases" / "prod.json").write_bytes(older)
+    _set(w, "prod", a, two)
+    assert _followed(w, _node_env(w, f"file://{tmp_path}/./rc2"))["release"]["name"] == a
+    assert _current(w) == (2, a)

@@ -363,7 +363,7 @@ def _read_releases(backend, url: str, listed, keys: dict[str, bytes], var: Path)
     if len(listed) > MAX_RELEASES:
         raise IntegrityError(f"cache {url[:200]}: more than {MAX_RELEASES} release pointers; refusing them (gc "
                              "stopped, nothing deleted)")
-    marks = seen.marks(var, url, releases.KIND)
+    marks = seen.marks(var, seen.ANY_CACHE, releases.KIND)  # a release's, from whichever cache
     out = []
     for item in sorted(listed, key=lambda i: i.name):
         try:
@@ -417,8 +417,8 @@ def gc(url: str, keep_from: list[str], *, grace: float, var: Path, release_keys:
         accepted = [Seen(ROOTS_KIND, doc.node, doc.seq, doc.digest, doc.time, label) for label, doc in docs]
         pointed = _read_releases(backend, url, pointers, {**trusted_keys(_key_values(release_keys)), **trusted}, var) \
             if pointers else []
-        accepted += [Seen(releases.KIND, r.release, r.seq, r.digest, r.time, releases.object_of(r.release))
-                     for r in pointed]
+        accepted += [Seen(releases.KIND, r.release, r.seq, r.digest, r.time, releases.object_of(r.release),
+                          scope=seen.ANY_CACHE) for r in pointed]
         pushed = {m.group(1): i.mtime for i in top if (m := _OBJECT.fullmatch(i.name)) and i.name.endswith(".json")}
         for label, doc in docs:
             _check_recent(label, doc, cutoff, grace, pushed)

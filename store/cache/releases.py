@@ -218,9 +218,9 @@ def read(urls: list[str] | tuple[str, ...], release: str, trusted: list[str] | t
         if var is not None:
             where = f"{public_url(url).rstrip('/')}/{label}"
             if record:
-                seen.accept(var, url, KIND, release, r.seq, r.digest, r.time, where)
+                seen.accept(var, seen.ANY_CACHE, KIND, release, r.seq, r.digest, r.time, where)
             else:
-                seen.check(var, url, KIND, release, r.seq, r.digest, where)
+                seen.check(var, seen.ANY_CACHE, KIND, release, r.seq, r.digest, where)
         return url, r
 
     found = caches.first(one)
@@ -282,7 +282,7 @@ def write(url: str, release: str, target: dict[str, Any], secret_key: str, *, tr
             except (ValueError, AttributeError, RecursionError):
                 floor = 0
     if var is not None:
-        mark = seen.newest(var, url, KIND, release)
+        mark = seen.newest(var, seen.ANY_CACHE, KIND, release)
         floor = max(floor, mark.seq if mark else 0)
     seq = max(time.time_ns() // 1000, floor + 1)
     if seq > SEQ_MAX:
@@ -297,6 +297,6 @@ def write(url: str, release: str, target: dict[str, Any], secret_key: str, *, tr
     made = parse(body, release, {secret.name: own}, label)  # what nodes will check, checked before it is written
     backend.put(label, body)
     if var is not None:
-        seen.accept(var, url, KIND, release, made.seq, made.digest, made.time, f"{public_url(url)}/{label}")
+        seen.accept(var, seen.ANY_CACHE, KIND, release, made.seq, made.digest, made.time, f"{public_url(url)}/{label}")
     say(f"release {release} -> {name} (sequence {seq}, signed by {secret.name})")
     return ReleaseSet(_with_cache(made, url), previous, previous is None or previous.key != key)

@@ -19,7 +19,11 @@ never through a link, at most SEEN_MAX_BYTES; one that does not parse stops the 
 would let a replay through) with a line saying how to start over. Updates are serialised by a lock
 (var/locks/seen.lock), checked again under it, and written with core/files.write_atomic: a reader
 sees the old record or the new one, whole, and two readers at once never lower a mark. Marks are
-kept per cache URL without its credentials (`cache_id`): a password rotated is the same cache.
+kept per cache URL without its credentials, normalised (`cache_id`): a password rotated, or the
+path spelled another way, is the same cache. A kind whose signer numbers its documents for every
+cache at once (release pointers: one builder's sequence orders a release wherever it is copied)
+is kept under ANY_CACHE: an older pointer served by a second substituter, a mirror that lags or a
+new cache URL is the same replay.
 """
 
 from __future__ import annotations
@@ -47,9 +51,22 @@ class Mark:
     time: float  # the document's signed time
 
 
+ANY_CACHE = "*"  # the scope of a document whose signer numbers it for every cache (a release pointer)
+
+
 def cache_id(url: str) -> str:
-    """The cache URL as marks are kept under it: without credentials or a trailing slash."""
-    return public_url(url).rstrip("/")
+    """The cache URL as marks are kept under it: without credentials, the scheme and host in lower
+    case, the path normalised (`//`, `/./`, `..`, a trailing slash), so that one cache spelled
+    another way keeps its marks (a replay must not pass for a first sight). ANY_CACHE stays itself."""
+    import posixpath
+
+    url = public_url(url)
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url.rstrip("/") or url
+    host, slash, path = rest.partition("/")
+    path = posixpath.normpath("/" + path.lstrip("/")).lstrip("/") if slash else ""
+    return f"{scheme.lower()}://{host.lower()}/{path}".rstrip("/")
 
 
 @dataclass(frozen=True)
@@ -62,6 +79,7 @@ class Seen:
     digest: str
     time: float
     label: str
+    scope: str | None = None  # the cache its mark is kept under: `accept_all`'s url, else this (ANY_CACHE)
 
 
 def _layout(var: Path) -> Layout:
@@ -144,10 +162,9 @@ def accept_all(var: Path, url: str, docs: list[Seen], *, lock_timeout: float = l
     lock.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     with locks.flock(lock, shared=False, timeout=lock_timeout, what="recording a signed document seen"):
         record = _load(var)
-        url_id = cache_id(url)
         raised = []
         for d in docs:
-            mark = _mark(record.get(url_id, {}).get(d.kind, {}).get(d.name))
+            mark = _mark(record.get(cache_id(d.scope or url), {}).get(d.kind, {}).get(d.name))
             check_mark(mark, d.seq, d.digest, d.label)
             if mark is None or mark.seq != d.seq:
                 raised.append(d)
@@ -155,6 +172,6 @@ def accept_all(var: Path, url: str, docs: list[Seen], *, lock_timeout: float = l
             return
         debug.pause("SEEN_PAUSE")  # tests: a reader between its check and its write, holding the lock
         for d in raised:
-            record.setdefault(url_id, {}).setdefault(d.kind, {})[d.name] = {
+            record.setdefault(cache_id(d.scope or url), {}).setdefault(d.kind, {})[d.name] = {
                 "seq": d.seq, "digest": d.digest, "time": d.time, "at": time.time()}
         write_atomic(_path(var), canonical_json({"format": SEEN_FORMAT, "marks": record}), mode=0o600)
