@@ -1,0 +1,166 @@
+"""A node converges on its releases without an operator (issue 35): `systemd-units --follow` writes
+a follow service and timer that run `activate PROFILE` for each profile of the config file's
+`releases` table, then push-roots; a held profile (`hold`) stays where it is until `unhold`.
+
+Real parts: the builder and node stores of tests/support/delta.py, a file:// cache, the units'
+ExecStart lines run as systemd would run them (each argv, in order), the index unreachable."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from tests.conftest import cli_cmd, run_cli, run_in_env
+from tests.support.delta import delta_wheels, template, world  # noqa: F401  (fixtures)
+
+DEAD_INDEX = "http://127.0.0.1:9/simple"
+ANALYZE = shutil.which("systemd-analyze")
+
+
+def exec_argvs(service: Path) -> list[list[str]]:
+    """Every ExecStart, in order, as systemd splits it (every value double-quoted, none holds a quote)."""
+    return [json.loads("[" + ", ".join(ln.removeprefix("ExecStart=").split(" ")) + "]")
+            for ln in service.read_text().splitlines() if ln.startswith("ExecStart=")]
+
+
+def node_config(w, cache: str, releases: str = 'svc = "prod"', node: bool = True) -> Path:
+    """The node's only configuration: the cache, the builder's key, no index, what it follows."""
+    conf = w["tmp"] / "node.toml"
+    text = (f'substituters = ["{cache}"]\ntrusted_keys = ["{w["keys"] / "builder-1.public"}"]\n'
+            f'substitute_only = true\nindex_url = "{DEAD_INDEX}"\nreleases = {{ {releases} }}\n')
+    if node:
+        text += f'\n[node]\nroots_to = "{cache}"\nsecret_key = "{w["keys"] / "node-1.secret"}"\n'
+    conf.write_text(text)
+    conf.chmod(0o644)
+    return conf
+
+
+def _env() -> dict:
+    return {k: v for k, v in os.environ.items() if not k.startswith("LLMGW_STORE_")} | {
+        "LLMGW_STORE_PYTHON_PREFERENCE": "only-system"}
+
+
+def run_unit(service: Path) -> list[subprocess.CompletedProcess]:
+    """Run the service's ExecStart lines as systemd runs a oneshot: in order, stopping at a failure."""
+    done = []
+    for argv in exec_argvs(service):
+        proc = subprocess.run(argv, capture_output=True, text=True, check=False, env=_env(), timeout=300)
+        done.append(proc)
+        assert proc.returncode == 0, (argv, proc.stderr)
+    return done
+
+
+def _push_set(w, name, cache, release="prod"):
+    secret = str(w["keys"] / "builder-1.secret")
+    run_cli(w["root"], "push", name, "--to", cache, "--secret-key", secret, check=True)
+    return json.loads(run_cli(w["root"], "--json", "release", "set", release, name, "--to", cache, "--secret-key",
+                              secret, check=True).stdout)
+
+
+def _current(node: Path) -> str:
+    gens = json.loads(run_cli(node, "--json", "generations", "svc", env=_env(), check=True).stdout)
+    return next(g["name"] for g in gens["generations"] if g["current"])
+
+
+def test_the_follow_units_follow_the_config_files_releases(world, tmp_path):
+    w, (a, b) = world, world["names"]
+    cache = f"file://{tmp_path / 'cache'}"
+    run_cli(w["root"], "keygen", "node-1", "--out", str(w["keys"]), check=True)
+    conf = node_config(w, cache, 'svc = "prod", web = "prod"')
+    out = tmp_path / "units"
+    doc = json.loads(run_cli(w["node"], "--config", str(conf), "--json", "systemd-units", "--out", str(out),
+                             "--follow", "--follow-every", "2m", env=_env(), check=True).stdout)
+    base = [cli_cmd(w["node"])[0], "--root", str(w["node"]), "--config", str(conf)]
+    service, timer = out / "llmgw-store-follow.service", out / "llmgw-store-follow.timer"
+    assert exec_argvs(service) == [[*base, "activate", "svc"], [*base, "activate", "web"], [*base, "push-roots"]]
+    assert "OnUnitActiveSec=120s\n" in timer.read_text() and "OnBootSec=120s\n" in timer.read_text()
+    assert (doc["follow_service"], doc["follow_every"], len(doc["follow"])) == (str(service), "120s", 3)
+    # The gc units are written as before, beside them.
+    assert exec_argvs(out / "llmgw-store-gc.service")[0] == [*base, "gc"]
+    if ANALYZE:
+        check = subprocess.run([ANALYZE, "verify", str(service), str(timer)], capture_output=True, text=True,
+                               check=False)
+        assert check.returncode == 0 and not check.stderr.strip(), check.stderr
+
+    # The first run: both profiles at prod's key, the node's roots published.
+    _push_set(w, a, cache)
+    run_unit(service)
+    assert _current(w["node"]) == a and run_in_env(w["node"] / "profiles" / "web", "tinyengine") == \
+        "tinyengine 1.0 tinydep 1.0"
+    published = json.loads((tmp_path / "cache" / "roots" / "node-1.json").read_text())
+    assert published["profiles"] == {"svc": a[:32], "web": a[:32]}
+    # The builder moves prod: the next run follows it; a run with nothing moved switches nothing.
+    _push_set(w, b, cache)
+    first = run_unit(service)[0]
+    assert _current(w["node"]) == b and "generation 2" in first.stdout, first.stdout
+    again = run_unit(service)[0]
+    assert "already at generation 2" in again.stdout, again.stdout
+
+
+def test_follow_without_releases_is_exit_2_and_nothing_is_written(world, tmp_path):
+    w = world
+    cache = f"file://{tmp_path / 'cache'}"
+    out = tmp_path / "units"
+    for args in ((), ("--config", str(node_config(w, cache, releases="", node=False)))):
+        proc = run_cli(w["node"], *args, "systemd-units", "--out", str(out), "--follow", env=_env())
+        assert proc.returncode == 2 and "`releases` table" in proc.stderr, proc.stderr
+        assert not out.exists()
+    conf = node_config(w, cache, node=False)
+    for every in ("0s", "soon", "30d"):
+        proc = run_cli(w["node"], "--config", str(conf), "systemd-units", "--out", str(out), "--follow",
+                       "--follow-every", every, env=_env())
+        assert proc.returncode == 2 and "--follow-every" in proc.stderr, proc.stderr
+        assert not out.exists()
+    # Without [node], the follow runs no push-roots.
+    run_cli(w["node"], "--config", str(conf), "systemd-units", "--out", str(out), "--follow", env=_env(), check=True)
+    assert [argv[5:] for argv in exec_argvs(out / "llmgw-store-follow.service")] == [["activate", "svc"]]
+
+
+def test_a_held_profile_ignores_its_release_until_released(world, tmp_path):
+    w, (a, b) = world, world["names"]
+    cache = f"file://{tmp_path / 'cache'}"
+    conf = node_config(w, cache, node=False)
+    node = ("--config", str(conf))
+    _push_set(w, a, cache)
+    run_cli(w["node"], *node, "activate", "svc", env=_env(), check=True)
+    assert _current(w["node"]) == a
+
+    held = json.loads(run_cli(w["node"], "--json", "hold", "svc", env=_env(), check=True).stdout)
+    assert (held["profile"], held["name"], held["key"], held["changed"]) == ("svc", a, a[:32], False)
+    gens = json.loads(run_cli(w["node"], "--json", "generations", "svc", env=_env(), check=True).stdout)
+    assert (gens["held"]["name"], gens["held"]["key"]) == (a, a[:32])
+    text = run_cli(w["node"], "generations", "svc", env=_env(), check=True).stdout
+    assert f"held at {a} since " in text, text
+
+    # The builder moves prod; the held node says so in one line, exit 0, nothing read or switched.
+    _push_set(w, b, cache)
+    for args in (("activate", "svc"), ("activate", "svc", "--release", "prod")):
+        proc = run_cli(w["node"], *node, *args, env=_env())
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.strip().splitlines() == [proc.stdout.strip()] and \
+            proc.stdout.startswith(f"svc: held at {a} since "), proc.stdout
+    doc = json.loads(run_cli(w["node"], *node, "--json", "activate", "svc", env=_env(), check=True).stdout)
+    assert (doc["held"], doc["changed"], doc["release"], doc["name"]) == (True, False, "prod", a)
+    assert _current(w["node"]) == a
+    # A hand activation still works; the hold keeps its path from gc.
+    gc = json.loads(run_cli(w["node"], "--json", "gc", "--print-roots", env=_env(), check=True).stdout)
+    assert any(r["kind"] == "hold" and r["profile"] == "svc" and r["paths"] == [a] for r in gc["roots"]), gc
+
+    # Released: the next follow moves it to prod.
+    gone = json.loads(run_cli(w["node"], "--json", "unhold", "svc", env=_env(), check=True).stdout)
+    assert (gone["removed"], gone["name"]) == (True, a)
+    assert "held at" not in run_cli(w["node"], "generations", "svc", env=_env(), check=True).stdout
+    run_cli(w["node"], *node, "activate", "svc", env=_env(), check=True)
+    assert _current(w["node"]) == b
+    # Held at an earlier generation: it is activated, and stays there.
+    moved = json.loads(run_cli(w["node"], "--json", "hold", "svc", "svc@1", env=_env(), check=True).stdout)
+    assert (moved["name"], moved["changed"]) == (a, True) and _current(w["node"]) == a
+    run_cli(w["node"], *node, "activate", "svc", env=_env(), check=True)
+    assert _current(w["node"]) == a
+    # Not held, not a profile: one line each.
+    assert run_cli(w["node"], "hold", "nope", env=_env()).returncode != 0
+    proc = run_cli(w["node"], "unhold", "web", env=_env())
+    assert proc.returncode != 0 and "web is not held" in proc.stderr, proc.stderr
