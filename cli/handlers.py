@@ -202,6 +202,14 @@ def _activate_release(ctx, kw: dict, check) -> None:
                          f"release {profile} follows: releases = {{{profile} = \"NAME\"}} in the config file)")
     if kw["target"]:
         raise UsageError("TARGET and --release exclude each other: the release names what to activate")
+    from llmgw_store.api import held_at
+
+    hold = held_at(profile, root=ctx.root)
+    if hold is not None:  # the node's decision over the builder's: nothing read, nothing switched (exit 0)
+        doc = {**hold.to_json(), "held": True, "changed": False, "release": release}
+        ctx.emit(doc, f"{profile}: held at {hold.name} since {hold.since} (release {release} not followed; "
+                      f"`llmgw-store unhold {profile}`)")
+        return
     r, pointer = activate_release(profile, release, substituters=tuple(kw["substituters"]),
                                   trusted_keys=tuple(kw["trusted_keys"]), root=ctx.root,
                                   lock_timeout=kw["lock_timeout"], cache_network=cache_network(kw),

@@ -282,6 +282,28 @@ def release_promote(source: str, dest: str, to: str, secret_key: str, *, trusted
     return releases.write(to, dest, point, secret, trusted=trusted_keys, var=var, policy=policy)
 
 
+def held_at(profile: str, *, root: str | Path | None = None):
+    """The hold of `profile` (roots/holds.py), or None: a held profile does not follow its release."""
+    from llmgw_store.core.layout import Layout
+    from llmgw_store.core.names import check_profile
+    from llmgw_store.roots import holds
+
+    return holds.held(Layout.at(root), check_profile(profile))
+
+
+def hold(profile: str, target: str | None = None, *, root: str | Path | None = None,
+         lock_timeout: float = locks.LOCK_TIMEOUT_S, **guard):
+    """Hold `profile` at `target` (default: its current generation), then, when that is not the
+    current generation, activate it (`guard`: the activation's check options). Returns (Hold, Switch | None)."""
+    from llmgw_store.roots import holds, profiles
+
+    made = holds.hold(profile, target, root=root, lock_timeout=lock_timeout)
+    switched = None
+    if target is not None:
+        switched = profiles.activate(profile, made.name, root=root, lock_timeout=lock_timeout, **guard)
+    return made, switched
+
+
 def activate_release(profile: str, release: str, *, substituters: tuple[str, ...] = (),
                      trusted_keys: tuple[str, ...] = (), root: str | Path | None = None,
                      lock_timeout: float = locks.BUILD_LOCK_TIMEOUT_S, cache_network: dict | None = None,
@@ -301,6 +323,10 @@ def activate_release(profile: str, release: str, *, substituters: tuple[str, ...
 
     check_profile(profile)
     releases.check_release_name(release)
+    hold = held_at(profile, root=root)
+    if hold is not None:  # the CLI says "held at …" (exit 0) before calling; a library caller is told too
+        raise UsageError(f"{profile} is held at {hold.name}: nothing switched (`llmgw-store unhold {profile}` to "
+                         "follow its release again)")
     if offline:
         substituters = tuple(u for u in substituters if u.startswith("file://"))
     if not substituters:

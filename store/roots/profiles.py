@@ -50,7 +50,7 @@ from llmgw_store.core.report import say
 from llmgw_store.core.results import Result
 from llmgw_store.core.signals import Window
 from llmgw_store.core.temproots import TempRoots
-from llmgw_store.roots import health, records
+from llmgw_store.roots import health, holds, records
 from llmgw_store.roots.generations import (
     current_generation,
     disk_generations,
@@ -104,6 +104,7 @@ class GenerationList(Result):
     index_differs: tuple[str, ...]  # where the index's record differs from the links
     records_refused: tuple[str, ...] = ()  # record files that failed their checks (never used)
     history: tuple[dict[str, Any], ...] = ()  # the profile's last events (activations, checks, rollbacks)
+    held: dict[str, Any] | None = None  # the hold (roots/holds.py): name, key, path, since; None when not held
 
 
 @dataclass(frozen=True)
@@ -446,8 +447,10 @@ def generations(profile: str, *, root: str | Path | None = None, lock_timeout: f
                 check=act.get("check"), rolled_back_to=act.get("rolled_back_to"),
                 comes_from=None if hot else comes_from(rec, substituters, substitute_only),
             ))
+        hold = holds.held(layout, profile)
         return GenerationList(profile, current, tuple(out), tuple(differs), tuple(refused.values()),
-                              tuple(records.history(layout, profile, last=50)))
+                              tuple(records.history(layout, profile, last=50)),
+                              None if hold is None else {k: v for k, v in hold.body().items() if k != "removed"})
 
 
 def delete_generations(
