@@ -76,19 +76,24 @@ def push(targets: list[str], to: str, secret_key: str, *, root: str | Path | Non
                       drop_signatures=tuple(drop_signatures), **extra)
 
 
-def push_roots(to: str, secret_key: str, *, node: str | None = None, root: str | Path | None = None, policy=None):
+def push_roots(to: str, secret_key: str, *, node: str | None = None, root: str | Path | None = None, policy=None,
+               releases: dict[str, str] | None = None):
     """Publish this node's roots to the binary cache `to` (cache/cache_gc.py): the keys of every
     store path its roots hold — profiles' generations, pins, paths in use or in flight, as the local
     gc sees them (roots/gc.py) — and what those reference, and the key of every generation a
     record is kept for (a cold generation's path is gone here: the cache is its way back), signed
-    with `secret_key`."""
+    with `secret_key`; and, per profile, the release it follows (`releases`: profile -> release,
+    the config file's `releases` table), for `fleet`."""
     from llmgw_store.cache.cache_gc import push_roots as publish
+    from llmgw_store.cache.releases import check_release_name
     from llmgw_store.core.keys import key_of_name
     from llmgw_store.core.local_store import Store
+    from llmgw_store.core.names import check_profile
     from llmgw_store.roots.gc import held_names, roots
     from llmgw_store.roots.profiles import list_profiles
     from llmgw_store.roots.records import recorded_keys
 
+    follows = {check_profile(p): check_release_name(r) for p, r in (releases or {}).items()}
     with Store.open(root) as store:
         held = held_names(roots(store))
         names = store.index.closure(held)
@@ -97,7 +102,8 @@ def push_roots(to: str, secret_key: str, *, node: str | None = None, root: str |
     keys = {k for k in (key_of_name(n) for n in names) if k}
     running = {p.profile: key_of_name(Path(p.path).name) for p in list_profiles(root=root).profiles}
     return publish(sorted(keys | recorded.keys()), to, secret_key, node, counter=counter, policy=policy,
-                   cold=tuple(sorted(recorded.keys() - keys)), profiles={p: k for p, k in running.items() if k})
+                   cold=tuple(sorted(recorded.keys() - keys)), profiles={p: k for p, k in running.items() if k},
+                   releases={p: r for p, r in follows.items() if running.get(p)})
 
 
 def cache_gc(url: str, keep_from: list[str], *, grace: str = "1d", dry_run: bool = False,

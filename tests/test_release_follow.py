@@ -65,6 +65,22 @@ def _current(node: Path) -> str:
     return next(g["name"] for g in gens["generations"] if g["current"])
 
 
+def fleet(w, cache: str, prom: Path | None = None) -> dict[tuple[str, str], str]:
+    """(node, profile) -> in_sync | out_of_date, as `fleet` shows it (and the textfile, when asked, agrees)."""
+    args = ["fleet", "--from", cache, "--keep-from", str(w["keys"] / "node-1.public"), "--trusted-key",
+            str(w["keys"] / "builder-1.public"), *(["--prometheus", str(prom)] if prom else [])]
+    doc = json.loads(run_cli(w["root"], "--json", *args, env=_env(), check=True).stdout)
+    states = {(n["node"], p): s for n in doc["nodes"] for p, s in n["state"].items()}
+    if prom is not None:
+        samples = {ln for ln in prom.read_text().splitlines() if ln.startswith("llmgw_store_fleet_node_out_of_date{")}
+        assert samples == {f'llmgw_store_fleet_node_out_of_date{{node="{n}",profile="{p}",release="prod"}} '
+                           f'{0 if s == "in_sync" else 1}' for (n, p), s in states.items()}, samples
+    text = run_cli(w["root"], *args, env=_env(), check=True).stdout
+    for (_, p), s in states.items():
+        assert f"follows prod: {s}" in next(ln for ln in text.splitlines() if ln.startswith(f"  {p} -> ")), text
+    return states
+
+
 def test_the_follow_units_follow_the_config_files_releases(world, tmp_path):
     w, (a, b) = world, world["names"]
     cache = f"file://{tmp_path / 'cache'}"
@@ -92,10 +108,16 @@ def test_the_follow_units_follow_the_config_files_releases(world, tmp_path):
         "tinyengine 1.0 tinydep 1.0"
     published = json.loads((tmp_path / "cache" / "roots" / "node-1.json").read_text())
     assert published["profiles"] == {"svc": a[:32], "web": a[:32]}
-    # The builder moves prod: the next run follows it; a run with nothing moved switches nothing.
+    assert published["releases"] == {"svc": "prod", "web": "prod"}
+    prom = tmp_path / "metrics" / "fleet.prom"
+    prom.parent.mkdir()
+    assert fleet(w, cache, prom) == {("node-1", "svc"): "in_sync", ("node-1", "web"): "in_sync"}
+    # The builder moves prod: out of date until the next run follows it; a run with nothing moved switches nothing.
     _push_set(w, b, cache)
+    assert fleet(w, cache, prom) == {("node-1", "svc"): "out_of_date", ("node-1", "web"): "out_of_date"}
     first = run_unit(service)[0]
     assert _current(w["node"]) == b and "generation 2" in first.stdout, first.stdout
+    assert fleet(w, cache, prom) == {("node-1", "svc"): "in_sync", ("node-1", "web"): "in_sync"}
     again = run_unit(service)[0]
     assert "already at generation 2" in again.stdout, again.stdout
 
