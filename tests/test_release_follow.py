@@ -8,49 +8,25 @@ ExecStart lines run as systemd would run them (each argv, in order), the index u
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 from pathlib import Path
 
 from tests.conftest import cli_cmd, run_cli, run_in_env
 from tests.support.delta import delta_wheels, template, world  # noqa: F401  (fixtures)
+from tests.support.follow import clean_env as _env
+from tests.support.follow import exec_argvs, fleet_states, run_unit
+from tests.support.follow import node_config as support_config
 
-DEAD_INDEX = "http://127.0.0.1:9/simple"
 ANALYZE = shutil.which("systemd-analyze")
 
 
-def exec_argvs(service: Path) -> list[list[str]]:
-    """Every ExecStart, in order, as systemd splits it (every value double-quoted, none holds a quote)."""
-    return [json.loads("[" + ", ".join(ln.removeprefix("ExecStart=").split(" ")) + "]")
-            for ln in service.read_text().splitlines() if ln.startswith("ExecStart=")]
-
-
 def node_config(w, cache: str, releases: str = 'svc = "prod"', node: bool = True) -> Path:
-    """The node's only configuration: the cache, the builder's key, no index, what it follows."""
-    conf = w["tmp"] / "node.toml"
-    text = (f'substituters = ["{cache}"]\ntrusted_keys = ["{w["keys"] / "builder-1.public"}"]\n'
-            f'substitute_only = true\nindex_url = "{DEAD_INDEX}"\nreleases = {{ {releases} }}\n')
-    if node:
-        text += f'\n[node]\nroots_to = "{cache}"\nsecret_key = "{w["keys"] / "node-1.secret"}"\n'
-    conf.write_text(text)
-    conf.chmod(0o644)
-    return conf
+    return support_config(w["tmp"] / "node.toml", w["keys"], cache, releases, "node-1" if node else None)
 
 
-def _env() -> dict:
-    return {k: v for k, v in os.environ.items() if not k.startswith("LLMGW_STORE_")} | {
-        "LLMGW_STORE_PYTHON_PREFERENCE": "only-system"}
-
-
-def run_unit(service: Path) -> list[subprocess.CompletedProcess]:
-    """Run the service's ExecStart lines as systemd runs a oneshot: in order, stopping at a failure."""
-    done = []
-    for argv in exec_argvs(service):
-        proc = subprocess.run(argv, capture_output=True, text=True, check=False, env=_env(), timeout=300)
-        done.append(proc)
-        assert proc.returncode == 0, (argv, proc.stderr)
-    return done
+def fleet(w, cache: str, prom: Path | None = None) -> dict[tuple[str, str], str]:
+    return fleet_states(w["root"], w["keys"], cache, ["node-1"], prom)
 
 
 def _push_set(w, name, cache, release="prod"):

@@ -17,7 +17,7 @@ import pytest
 
 from tests.conftest import run_cli, run_in_env
 from tests.support.delta import delta_wheels, template, world  # noqa: F401  (fixtures)
-from tests.test_nginx_cache import AUTH, NGINX, start_nginx  # noqa: F401  (the fixture)
+from tests.support.nginx import AUTH, NGINX, start_nginx  # noqa: F401  (the fixture)
 
 DEAD_INDEX = "http://127.0.0.1:9/simple"
 

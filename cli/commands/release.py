@@ -123,8 +123,10 @@ def fleet(obj: Context, from_: str, keep_from: tuple[str, ...], trusted_keys: tu
       llmgw-store fleet --from s3://llmgw-cache/prod --keep-from /etc/llmgw-store/nodes/ --trusted-key builder-1.public
     """
     from llmgw_store.cache.fleet import view, write_prometheus
+    from llmgw_store.core.layout import Layout
 
-    r = view(from_, list(keep_from), list(trusted_keys), policy=policy)
+    var = Layout.at(obj.root).var  # a replay of a pointer this store wrote or saw is shown refused
+    r = view(from_, list(keep_from), list(trusted_keys), policy=policy, var=var if var.is_dir() else None)
     if prometheus is not None:
         write_prometheus(prometheus, r)
     by_key: dict[str, list[str]] = {}

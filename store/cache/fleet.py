@@ -123,9 +123,11 @@ def _states(node: NodeState, pointers: dict[str, ReleaseState]) -> dict[str, str
 
 
 def view(url: str, keep_from: list[str] | tuple[str, ...], release_keys: list[str] | tuple[str, ...] = (), *,
-         policy: RetryPolicy | None = None) -> FleetView:
+         policy: RetryPolicy | None = None, var: Path | None = None) -> FleetView:
     """The fleet as the cache `url` holds it: nodes' roots checked against `keep_from` (each node's
-    key, named after it), release pointers against `release_keys` (the builders')."""
+    key, named after it), release pointers against `release_keys` (the builders') and, with `var`
+    (ROOT/var of the store asking: a builder's), against the newest of each this store has seen or
+    written (cache/seen.py): a replayed pointer is shown refused, not as what the fleet should run."""
     nodes_trusted = trusted_keys(_keys(keep_from))
     if not nodes_trusted:
         raise UsageError("fleet needs the public keys of the nodes whose roots it shows: --keep-from KEY")
@@ -158,6 +160,10 @@ def view(url: str, keep_from: list[str] | tuple[str, ...], release_keys: list[st
             r = releases.fetch(backend, name, rel_trusted)
             if r is None:
                 raise IntegrityError(f"{item.name}: listed, but could not be read")
+            if var is not None:
+                from llmgw_store.cache import seen
+
+                seen.check(var, url, releases.KIND, name, r.seq, r.digest, f"{public_url(url).rstrip('/')}/{item.name}")
         except StoreError as exc:
             shown.append(ReleaseState(name, refused=str(exc)))
             continue
