@@ -317,22 +317,22 @@ def activate_release(profile: str, release: str, *, substituters: tuple[str, ...
     """Make what the release pointer `release` names the profile's current generation: the pointer
     read from the substituters (checked, and no older than the newest this node has seen:
     cache/releases.py), its key pulled as any pull is checked — unless this store holds it already —
-    then switched to. No recipe, no key computed, no index. Returns (Switch, Release)."""
+    then switched to. No recipe, no key computed, no index. Returns (Switch, Release); roots.holds.Held
+    (exit 0, nothing switched) when the profile is held, before anything is read or at the switch."""
     from llmgw_store.cache import releases
     from llmgw_store.cache.backends import RetryPolicy
     from llmgw_store.cache.pull import pull
-    from llmgw_store.core import network
+    from llmgw_store.core import debug, network
     from llmgw_store.core.errors import UsageError
     from llmgw_store.core.local_store import Store
     from llmgw_store.core.names import check_profile
-    from llmgw_store.roots import profiles
+    from llmgw_store.roots import holds, profiles
 
     check_profile(profile)
     releases.check_release_name(release)
     hold = held_at(profile, root=root)
-    if hold is not None:  # the CLI says "held at …" (exit 0) before calling; a library caller is told too
-        raise UsageError(f"{profile} is held at {hold.name}: nothing switched (`llmgw-store unhold {profile}` to "
-                         "follow its release again)")
+    if hold is not None:  # nothing read; checked again under the profile's lock before the switch
+        raise holds.Held(hold)
     if offline:
         substituters = tuple(u for u in substituters if u.startswith("file://"))
     if not substituters:
@@ -349,5 +349,7 @@ def activate_release(profile: str, release: str, *, substituters: tuple[str, ...
         if not here:
             pull(pointer.name, list(substituters), list(trusted_keys), root=root, lock_timeout=lock_timeout,
                  policy=policy)
-        switched = profiles.activate(profile, pointer.name, root=root, lock_timeout=lock_timeout, **guard)
+        debug.pause("RELEASE_BEFORE_SWITCH")  # the pointer read, its path here; the profile not yet switched
+        switched = profiles.activate(profile, pointer.name, root=root, lock_timeout=lock_timeout, unless_held=True,
+                                     **guard)
     return switched, pointer

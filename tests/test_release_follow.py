@@ -13,6 +13,7 @@ import subprocess
 from pathlib import Path
 
 from tests.conftest import cli_cmd, run_cli, run_in_env
+from tests.support.barrier import Barrier
 from tests.support.delta import delta_wheels, template, world  # noqa: F401  (fixtures)
 from tests.support.follow import clean_env as _env
 from tests.support.follow import exec_argvs, fleet_states, run_unit
@@ -162,3 +163,26 @@ def test_a_held_profile_ignores_its_release_until_released(world, tmp_path):
     assert run_cli(w["node"], "hold", "nope", env=_env()).returncode != 0
     proc = run_cli(w["node"], "unhold", "web", env=_env())
     assert proc.returncode != 0 and "web is not held" in proc.stderr, proc.stderr
+
+
+def test_a_hold_made_while_a_follow_runs_wins(world, tmp_path):
+    """A follow checked for a hold (none), read the pointer and has the path; then, before it switches,
+    the operator holds the profile. The follow must not switch it: the hold is checked again under
+    the profile's lock, which `hold` takes too."""
+    w, (a, b) = world, world["names"]
+    cache = f"file://{tmp_path / 'cache'}"
+    conf = node_config(w, cache, node=False)
+    _push_set(w, a, cache)
+    run_cli(w["node"], "--config", str(conf), "activate", "svc", env=_env(), check=True)
+    _push_set(w, b, cache)
+    gate = Barrier(tmp_path)
+    follow = subprocess.Popen(cli_cmd(w["node"], "--config", str(conf), "activate", "svc"),
+                              env=_env(gate.env("RELEASE_BEFORE_SWITCH")), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    gate.reached("RELEASE_BEFORE_SWITCH", follow)
+    run_cli(w["node"], "hold", "svc", env=_env(), check=True)
+    gate.go("RELEASE_BEFORE_SWITCH")
+    out, err = follow.communicate(timeout=300)
+    assert follow.returncode == 0, err
+    assert out.startswith(f"svc: held at {a} since "), (out, err)
+    assert _current(w["node"]) == a

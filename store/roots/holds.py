@@ -15,12 +15,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from llmgw_store.core.errors import IntegrityError, NotFoundError
+from llmgw_store.core import locks
+from llmgw_store.core.errors import EX_OK, IntegrityError, NotFoundError, StoreError
 from llmgw_store.core.keys import key_of_name
 from llmgw_store.core.layout import Layout
 from llmgw_store.core.links import symlink_atomically
 from llmgw_store.core.local_store import Store
-from llmgw_store.core.locks import LOCK_TIMEOUT_S
 from llmgw_store.core.names import check_profile
 from llmgw_store.core.results import Result
 from llmgw_store.core.temproots import TempRoots
@@ -42,12 +42,24 @@ class Hold(Result):
     removed: bool = False
 
 
+class Held(StoreError):
+    """A follow found the profile held (under the profile's lock, roots/profiles.activate): nothing
+    switched. Not a failure (exit 0): the CLI says "held at …"."""
+
+    exit_code = EX_OK
+
+    def __init__(self, hold: Hold):
+        super().__init__(f"{hold.profile} is held at {hold.name}: nothing switched (`llmgw-store unhold "
+                         f"{hold.profile}` to follow its release again)")
+        self.hold = hold
+
+
 def _since(link: Path) -> str:
     return datetime.fromtimestamp(link.lstat().st_mtime, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def hold(profile: str, target: str | None = None, *, root: str | Path | None = None,
-         lock_timeout: float = LOCK_TIMEOUT_S) -> Hold:
+         lock_timeout: float = locks.LOCK_TIMEOUT_S) -> Hold:
     """Hold `profile` at `target` (a store path, its name or key, PROFILE@N); by default at its
     current generation. A target that is not the current generation is activated after the hold
     is made (api.hold), so no follow can move the profile in between."""
@@ -64,7 +76,10 @@ def hold(profile: str, target: str | None = None, *, root: str | Path | None = N
         if folder.is_symlink() or not folder.is_dir():
             raise IntegrityError(f"{folder} is not a directory of the store (a link?); move it away")
         link = folder / profile
-        symlink_atomically(f"../store/{name}", link)
+        # Under the profile's lock (roots/profiles.profile_lock): a follow checks for a hold under it
+        # before it switches, so a hold made while a follow runs is seen by it.
+        with locks.hold(layout.locks, f"profile-{profile}", f"changing profile {profile}", lock_timeout):
+            symlink_atomically(f"../store/{name}", link)
         return Hold(profile, name, key_of_name(name), str(layout.path_of(name)), _since(link))
 
 

@@ -160,6 +160,7 @@ def activate(
     check_timeout: float = health.DEFAULT_TIMEOUT_S,
     then_check: bool = False,
     keep_records: int = records.DEFAULT_KEEP_RECORDS,
+    unless_held: bool = False,
 ) -> Switch:
     """Make `target` (a store path, its name or key, PROFILE or PROFILE@N) the profile's current
     generation. Activating what is already current makes no new generation (and runs no check).
@@ -170,7 +171,9 @@ def activate(
     `no_check`) runs in the target before the switch, which happens only if it exits 0 within
     `check_timeout` s; else CommandError and the profile is untouched. With `then_check` the
     profile switches first and goes back by itself if the check fails. Both are recorded in the
-    generation's record and the profile's history. At most `keep_records` records are kept."""
+    generation's record and the profile's history. At most `keep_records` records are kept.
+    `unless_held` (a follow of a release): holds.Held, nothing switched, when the profile is held
+    (roots/holds.py), checked under the profile's lock, which `hold` takes too."""
     check_profile(profile)
     if check is not None:
         check = health.checked_argv(check, "--check")
@@ -208,6 +211,9 @@ def activate(
                 where = f"left at generation {current}" if current is not None else "not created"
                 raise health.failure(result, f"profile {profile} {where}: nothing switched")
         with profile_lock(store, profile, lock_timeout):
+            hold = holds.held(layout, profile) if unless_held else None
+            if hold is not None:
+                raise holds.Held(hold)
             _clear_temporaries(layout, profile)
             gens = disk_generations(layout, profile)
             _sync_index(store, profile, gens, write=True)
