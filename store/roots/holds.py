@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from llmgw_store.core import locks
-from llmgw_store.core.errors import EX_OK, IntegrityError, NotFoundError, StoreError
+from llmgw_store.core.errors import EX_OK, IntegrityError, LockTimeout, NotFoundError, StoreError
 from llmgw_store.core.keys import key_of_name
 from llmgw_store.core.layout import Layout
 from llmgw_store.core.links import symlink_atomically
@@ -79,6 +79,8 @@ def hold(profile: str, target: str | None = None, *, root: str | Path | None = N
         # Under the profile's lock (roots/profiles.profile_lock): a follow checks for a hold under it
         # before it switches, so a hold made while a follow runs is seen by it.
         with locks.hold(layout.locks, f"profile-{profile}", f"changing profile {profile}", lock_timeout):
+            if target is None and reference(store, profile).name != name:
+                raise LockTimeout(f"profile {profile} switched while it was being held: nothing held; hold it again")
             symlink_atomically(f"../store/{name}", link)
         return Hold(profile, name, key_of_name(name), str(layout.path_of(name)), _since(link))
 
