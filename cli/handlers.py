@@ -193,6 +193,7 @@ def _activate_release(ctx, kw: dict, check) -> None:
     from llmgw_store.api import activate_release
     from llmgw_store.cache.releases import iso
     from llmgw_store.core.errors import UsageError
+    from llmgw_store.roots.holds import Held
 
     profile, release = kw["profile"], kw.get("release")
     if release is None and not kw["target"]:
@@ -202,12 +203,19 @@ def _activate_release(ctx, kw: dict, check) -> None:
                          f"release {profile} follows: releases = {{{profile} = \"NAME\"}} in the config file)")
     if kw["target"]:
         raise UsageError("TARGET and --release exclude each other: the release names what to activate")
-    r, pointer = activate_release(profile, release, substituters=tuple(kw["substituters"]),
-                                  trusted_keys=tuple(kw["trusted_keys"]), root=ctx.root,
-                                  lock_timeout=kw["lock_timeout"], cache_network=cache_network(kw),
-                                  offline=kw["offline"], check=check, no_check=kw["no_check"],
-                                  check_timeout=kw["check_timeout"], then_check=kw["then_check"],
-                                  keep_records=kw["keep_records"])
+    try:
+        r, pointer = activate_release(profile, release, substituters=tuple(kw["substituters"]),
+                                      trusted_keys=tuple(kw["trusted_keys"]), root=ctx.root,
+                                      lock_timeout=kw["lock_timeout"], cache_network=cache_network(kw),
+                                      offline=kw["offline"], check=check, no_check=kw["no_check"],
+                                      check_timeout=kw["check_timeout"], then_check=kw["then_check"],
+                                      keep_records=kw["keep_records"])
+    except Held as exc:  # the node's decision over the builder's: nothing switched (exit 0)
+        hold = exc.hold
+        doc = {**hold.to_json(), "held": True, "changed": False, "release": release}
+        ctx.emit(doc, f"{profile}: held at {hold.name} since {hold.since} (release {release} not followed; "
+                      f"`llmgw-store unhold {profile}`)")
+        return
     doc = r.to_json()
     doc["release"] = {"release": pointer.release, "cache": pointer.cache, **pointer.entry(), "time": iso(pointer.time)}
     checked = f" (check {r.check['result']})" if r.check else ""

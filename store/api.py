@@ -76,19 +76,24 @@ def push(targets: list[str], to: str, secret_key: str, *, root: str | Path | Non
                       drop_signatures=tuple(drop_signatures), **extra)
 
 
-def push_roots(to: str, secret_key: str, *, node: str | None = None, root: str | Path | None = None, policy=None):
+def push_roots(to: str, secret_key: str, *, node: str | None = None, root: str | Path | None = None, policy=None,
+               releases: dict[str, str] | None = None):
     """Publish this node's roots to the binary cache `to` (cache/cache_gc.py): the keys of every
     store path its roots hold — profiles' generations, pins, paths in use or in flight, as the local
     gc sees them (roots/gc.py) — and what those reference, and the key of every generation a
     record is kept for (a cold generation's path is gone here: the cache is its way back), signed
-    with `secret_key`."""
+    with `secret_key`; and, per profile, the release it follows (`releases`: profile -> release,
+    the config file's `releases` table), for `fleet`."""
     from llmgw_store.cache.cache_gc import push_roots as publish
+    from llmgw_store.cache.releases import check_release_name
     from llmgw_store.core.keys import key_of_name
     from llmgw_store.core.local_store import Store
+    from llmgw_store.core.names import check_profile
     from llmgw_store.roots.gc import held_names, roots
     from llmgw_store.roots.profiles import list_profiles
     from llmgw_store.roots.records import recorded_keys
 
+    follows = {check_profile(p): check_release_name(r) for p, r in (releases or {}).items()}
     with Store.open(root) as store:
         held = held_names(roots(store))
         names = store.index.closure(held)
@@ -97,7 +102,8 @@ def push_roots(to: str, secret_key: str, *, node: str | None = None, root: str |
     keys = {k for k in (key_of_name(n) for n in names) if k}
     running = {p.profile: key_of_name(Path(p.path).name) for p in list_profiles(root=root).profiles}
     return publish(sorted(keys | recorded.keys()), to, secret_key, node, counter=counter, policy=policy,
-                   cold=tuple(sorted(recorded.keys() - keys)), profiles={p: k for p, k in running.items() if k})
+                   cold=tuple(sorted(recorded.keys() - keys)), profiles={p: k for p, k in running.items() if k},
+                   releases={p: r for p, r in follows.items() if running.get(p)})
 
 
 def cache_gc(url: str, keep_from: list[str], *, grace: str = "1d", dry_run: bool = False,
@@ -284,6 +290,28 @@ def release_promote(source: str, dest: str, to: str, secret_key: str, *, trusted
     return releases.write(to, dest, point, secret, trusted=trusted_keys, var=var, policy=policy)
 
 
+def held_at(profile: str, *, root: str | Path | None = None):
+    """The hold of `profile` (roots/holds.py), or None: a held profile does not follow its release."""
+    from llmgw_store.core.layout import Layout
+    from llmgw_store.core.names import check_profile
+    from llmgw_store.roots import holds
+
+    return holds.held(Layout.at(root), check_profile(profile))
+
+
+def hold(profile: str, target: str | None = None, *, root: str | Path | None = None,
+         lock_timeout: float = locks.LOCK_TIMEOUT_S, **guard):
+    """Hold `profile` at `target` (default: its current generation), then, when that is not the
+    current generation, activate it (`guard`: the activation's check options). Returns (Hold, Switch | None)."""
+    from llmgw_store.roots import holds, profiles
+
+    made = holds.hold(profile, target, root=root, lock_timeout=lock_timeout)
+    switched = None
+    if target is not None:
+        switched = profiles.activate(profile, made.name, root=root, lock_timeout=lock_timeout, **guard)
+    return made, switched
+
+
 def activate_release(profile: str, release: str, *, substituters: tuple[str, ...] = (),
                      trusted_keys: tuple[str, ...] = (), root: str | Path | None = None,
                      lock_timeout: float = locks.BUILD_LOCK_TIMEOUT_S, cache_network: dict | None = None,
@@ -291,18 +319,22 @@ def activate_release(profile: str, release: str, *, substituters: tuple[str, ...
     """Make what the release pointer `release` names the profile's current generation: the pointer
     read from the substituters (checked, and no older than the newest this node has seen:
     cache/releases.py), its key pulled as any pull is checked — unless this store holds it already —
-    then switched to. No recipe, no key computed, no index. Returns (Switch, Release)."""
+    then switched to. No recipe, no key computed, no index. Returns (Switch, Release); roots.holds.Held
+    (exit 0, nothing switched) when the profile is held, before anything is read or at the switch."""
     from llmgw_store.cache import releases
     from llmgw_store.cache.backends import RetryPolicy
     from llmgw_store.cache.pull import pull
-    from llmgw_store.core import network
+    from llmgw_store.core import debug, network
     from llmgw_store.core.errors import UsageError
     from llmgw_store.core.local_store import Store
     from llmgw_store.core.names import check_profile
-    from llmgw_store.roots import profiles
+    from llmgw_store.roots import holds, profiles
 
     check_profile(profile)
     releases.check_release_name(release)
+    hold = held_at(profile, root=root)
+    if hold is not None:  # nothing read; checked again under the profile's lock before the switch
+        raise holds.Held(hold)
     if offline:
         substituters = tuple(u for u in substituters if u.startswith("file://"))
     if not substituters:
@@ -319,5 +351,7 @@ def activate_release(profile: str, release: str, *, substituters: tuple[str, ...
         if not here:
             pull(pointer.name, list(substituters), list(trusted_keys), root=root, lock_timeout=lock_timeout,
                  policy=policy)
-        switched = profiles.activate(profile, pointer.name, root=root, lock_timeout=lock_timeout, **guard)
+        debug.pause("RELEASE_BEFORE_SWITCH")  # the pointer read, its path here; the profile not yet switched
+        switched = profiles.activate(profile, pointer.name, root=root, lock_timeout=lock_timeout, unless_held=True,
+                                     **guard)
     return switched, pointer

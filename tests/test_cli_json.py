@@ -40,6 +40,8 @@ def cases(t, tmp) -> list[list[str]]:
         ["rollback", "p"],
         ["pin", "keep", "p@2"],
         ["unpin", "keep"],
+        ["hold", "p"],
+        ["unhold", "p"],
         ["diff", "p@1", "p@2"],
         ["packages", "p@1"],
         ["why", "p", "tinydep"],
@@ -86,7 +88,7 @@ def test_every_command_prints_one_json_document(template, tmp_path, uv_bin):
     assert "uv" not in shapes["build"] and shapes["build"]["uv_version"] == shapes["info"]["uv_version"]
     assert isinstance(shapes["list"]["paths"], list) and isinstance(shapes["list-profiles"]["profiles"], list)
     for root in shapes["gc"]["kept"]:
-        assert root["kind"] in ("generation", "pin", "temp", "process", "uv") and all(MACHINE_KEY.fullmatch(k) for k in root)
+        assert root["kind"] in ("generation", "pin", "hold", "temp", "process", "uv") and all(MACHINE_KEY.fullmatch(k) for k in root)
         # progress went to stderr, as plain lines
         assert all(line.startswith("[") for line in proc.stderr.splitlines()), (args, proc.stderr)
 

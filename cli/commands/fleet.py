@@ -101,11 +101,14 @@ def pull(obj: Context, target: str, from_: tuple[str, ...], trusted_keys: tuple[
 @setting_option("node.roots_to")
 @setting_option("node.secret_key")
 @click.option("--node", help="The node's name in the cache: the secret key's name (the default); another is refused.")
+@setting_option("releases", help="The release a profile follows, published beside the key it runs (for `fleet`); "
+                                 "repeatable (the config file: releases = {vllm = \"vllm-prod\"}).")
 @cache_network_options
 @click.pass_obj
-def push_roots(obj: Context, to: str | None, secret_key: str | None, node: str | None, policy) -> None:
+def push_roots(obj: Context, to: str | None, secret_key: str | None, node: str | None, releases: tuple[str, ...],
+               policy) -> None:
     """Publish the keys this node's roots hold (profiles, pins, paths in use) as a signed roots
-    document, which `cache gc` keeps.
+    document, which `cache gc` keeps, with the key each profile runs and the release it follows.
 
     \b
     Example:
@@ -116,7 +119,9 @@ def push_roots(obj: Context, to: str | None, secret_key: str | None, node: str |
     for value, flag, key in ((to, "--to", "roots_to"), (secret_key, "--secret-key", "secret_key")):
         if value is None:
             raise click.UsageError(f"Missing option '{flag}' (or `{key}` in the config file's [node] table).")
-    r = do_push_roots(to, secret_key, node=node, root=obj.root, policy=policy)
+    from llmgw_store.cli.handlers import followed
+
+    r = do_push_roots(to, secret_key, node=node, root=obj.root, policy=policy, releases=followed(releases))
     obj.emit(r.to_json(), f"{r.object}: {len(r.keys)} store path(s)")
 
 

@@ -81,18 +81,26 @@ def gc(obj: Context, dry_run: bool, delete_older_than: str | None, keep: int | N
 @setting_option("gc.min_free")
 @setting_option("gc.max_cache")
 @setting_option("gc.keep_dead_for")
+@click.option("--follow", is_flag=True,
+              help="Also write llmgw-store-follow.service and .timer: every --follow-every, `activate PROFILE` for "
+                   "each profile of the config file's `releases` table, then push-roots ([node]).")
+@click.option("--follow-every", default="60s", show_default=True, metavar="DURATION",
+              help="How often the follow timer runs (with --follow): 30s, 5m, 1h.")
 @click.pass_context
 def systemd_units(ctx: click.Context, out_dir: str, on_calendar: str, delete_older_than: str | None,
-                  keep: str | None, min_free: str | None, max_cache: str | None, keep_dead_for: str | None) -> None:
+                  keep: str | None, min_free: str | None, max_cache: str | None, keep_dead_for: str | None,
+                  follow: bool, follow_every: str) -> None:
     """Write the gc service and timer for this installation: ExecStart is the llmgw-store running
     now, with the current --root and config file (whose [gc] table is the policy, as for a gc run
     by hand), then push-roots and stats where that file configures them; the timer runs it
-    --on-calendar.
+    --on-calendar. With --follow, also the follow service and timer: the node follows the releases
+    its config file names (`releases = {vllm = "vllm-prod"}`) every --follow-every.
 
     \b
     Examples:
       llmgw-store --config /etc/llmgw-store/config.toml systemd-units --out /etc/systemd/system
       llmgw-store systemd-units --out ./units --min-free 500G --max-cache 50G --on-calendar 'hourly'
+      llmgw-store --config /etc/llmgw-store/config.toml systemd-units --out /etc/systemd/system --follow
     """
     from click.core import ParameterSource
 
@@ -106,6 +114,11 @@ def systemd_units(ctx: click.Context, out_dir: str, on_calendar: str, delete_old
     loaded = ctx.find_root().meta.get("llmgw_store.config")
     day = NodeDay.from_file(loaded.path if loaded else None, loaded.values if loaded else {})
     policy = GcPolicy(**given)
-    r = write_units(out_dir, root=obj.root, policy=policy, on_calendar=on_calendar, day=day)
-    obj.emit(r.to_json(), "\n".join([f"wrote {r.service}", f"wrote {r.timer}", f"ExecStart={r.exec_start}",
-                                      *(f"ExecStart={t}" for t in r.then), f"OnCalendar={r.on_calendar}"]))
+    r = write_units(out_dir, root=obj.root, policy=policy, on_calendar=on_calendar, day=day,
+                    follow=follow_every if follow else None)
+    lines = [f"wrote {r.service}", f"wrote {r.timer}", f"ExecStart={r.exec_start}",
+             *(f"ExecStart={t}" for t in r.then), f"OnCalendar={r.on_calendar}"]
+    if r.follow_service:
+        lines += [f"wrote {r.follow_service}", f"wrote {r.follow_timer}", *(f"ExecStart={t}" for t in r.follow),
+                  f"OnUnitActiveSec={r.follow_every}"]
+    obj.emit(r.to_json(), "\n".join(lines))

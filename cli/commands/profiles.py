@@ -116,6 +116,9 @@ def generations(obj: Context, profile: str, delete: tuple[int, ...], older_than:
         + (f"  (way back: {profiles.COMES_FROM[g.comes_from]})" if g.comes_from else "")
         for g in r.generations
     ]
+    if r.held:
+        lines.append(f"held at {r.held['name']} since {r.held['since']}: its release is not followed "
+                     f"(`llmgw-store unhold {profile}`)")
     if history:
         lines.append("history:")
         lines += [f"  {str(e.get('at', '?'))[:19]}Z  {e.get('event')}  {_event_text(e)}" for e in r.history]
@@ -173,6 +176,41 @@ def unpin(obj: Context, name: str, lock_timeout: float) -> None:
 
     r = do_unpin(name, root=obj.root, lock_timeout=lock_timeout)
     obj.emit(r.to_json(), f"unpinned {name} ({r.path})")
+
+
+@cli.command()
+@click.argument("profile")
+@click.argument("target", required=False, metavar="[TARGET]")
+@lock_timeout_option(locks.LOCK_TIMEOUT_S, "a gc to let go of the gc lock, the profile's lock")
+@click.pass_obj
+def hold(obj: Context, profile: str, target: str | None, lock_timeout: float) -> None:
+    """Hold PROFILE at TARGET (a store path, its name or key, PROFILE@N; by default its current
+    generation, else TARGET is activated): the profile ignores its release until `unhold`.
+
+    \b
+    Examples:
+      llmgw-store hold vllm
+      llmgw-store hold vllm vllm@3
+    """
+    from llmgw_store.api import hold as do_hold
+
+    made, switched = do_hold(profile, target, root=obj.root, lock_timeout=lock_timeout)
+    doc = made.to_json()
+    doc["generation"] = switched.generation if switched is not None else None
+    doc["changed"] = bool(switched is not None and switched.changed)
+    moved = f" (generation {switched.generation})" if switched is not None and switched.changed else ""
+    obj.emit(doc, f"{profile}: held at {made.name}{moved}; its release is not followed until `unhold {profile}`")
+
+
+@cli.command()
+@click.argument("profile")
+@click.pass_obj
+def unhold(obj: Context, profile: str) -> None:
+    """Release the hold of PROFILE: its next follow (`activate PROFILE`) moves it to its release."""
+    from llmgw_store.roots.holds import unhold as do_unhold
+
+    r = do_unhold(profile, root=obj.root)
+    obj.emit(r.to_json(), f"{profile}: no longer held (was held at {r.name} since {r.since})")
 
 
 @cli.command()

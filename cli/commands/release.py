@@ -108,19 +108,27 @@ def _ago(t: float) -> str:
 @click.option("--keep-from", "keep_from", multiple=True, required=True,
               help="Public key (name:base64, a .public file, or a directory of them) of a node; repeatable.")
 @setting_option("trusted_keys", help="Public key of a builder, to check the release pointers; repeatable.")
+@click.option("--prometheus", type=click.Path(dir_okay=False), metavar="FILE",
+              help="Also write a Prometheus textfile: llmgw_store_fleet_node_out_of_date{node,profile,release} 0|1.")
 @cache_network_options
 @click.pass_obj
-def fleet(obj: Context, from_: str, keep_from: tuple[str, ...], trusted_keys: tuple[str, ...], policy) -> None:
-    """Show every node of the cache (its profiles, the key each runs, when it last published) and every
-    release pointer, each checked as gc and nodes check them; a document that fails is shown as refused.
+def fleet(obj: Context, from_: str, keep_from: tuple[str, ...], trusted_keys: tuple[str, ...], prometheus: str | None,
+          policy) -> None:
+    """Show every node of the cache (its profiles, the key each runs, the release it follows and whether
+    it runs it: in_sync, out_of_date; when it last published) and every release pointer, each checked
+    as gc and nodes check them; a document that fails is shown as refused.
 
     \b
     Example:
       llmgw-store fleet --from s3://llmgw-cache/prod --keep-from /etc/llmgw-store/nodes/ --trusted-key builder-1.public
     """
-    from llmgw_store.cache.fleet import view
+    from llmgw_store.cache.fleet import view, write_prometheus
+    from llmgw_store.core.layout import Layout
 
-    r = view(from_, list(keep_from), list(trusted_keys), policy=policy)
+    var = Layout.at(obj.root).var  # a replay of a pointer this store wrote or saw is shown refused
+    r = view(from_, list(keep_from), list(trusted_keys), policy=policy, var=var if var.is_dir() else None)
+    if prometheus is not None:
+        write_prometheus(prometheus, r)
     by_key: dict[str, list[str]] = {}
     for rel in r.releases:
         if rel.key:
@@ -136,7 +144,9 @@ def fleet(obj: Context, from_: str, keep_from: tuple[str, ...], trusted_keys: tu
         lines.append(f"node {n.node}: published {_when(n.time)} ({_ago(n.time)}), {n.keys} store path(s)")
         for profile, key in sorted(n.profiles.items()):
             rel = by_key.get(key)
-            lines.append(f"  {profile} -> {key}" + (f"  (release {', '.join(rel)})" if rel else ""))
+            follows = (f"  follows {n.releases[profile]}: {n.state.get(profile, 'unknown')}"
+                       if profile in n.releases else "")
+            lines.append(f"  {profile} -> {key}" + (f"  (release {', '.join(rel)})" if rel else "") + follows)
     if r.truncated:
         lines.append(f"(more than {len(r.nodes)} nodes or releases: the rest not shown)")
     obj.emit(r.to_json(), "\n".join(lines))

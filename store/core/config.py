@@ -154,7 +154,7 @@ SETTINGS: tuple[Setting, ...] = (
             help="No network but file:// caches: uv reads only its cache, http(s)/s3 caches are passed over, and "
                  "what would need the index says so (exit 1)."),
     # A table in the config file (releases = {vllm = "vllm-prod"}), PROFILE=RELEASE words elsewhere.
-    Setting("releases", "list", "--follow", (), commands=("activate",), hit="ignored", metavar="PROFILE=RELEASE",
+    Setting("releases", "list", "--follow", (), commands=("activate", "push-roots"), hit="ignored", metavar="PROFILE=RELEASE",
             help="The release a profile follows: `activate PROFILE` without TARGET activates what the release points "
                  "at, as --release does; repeatable (the variable: space-separated; the config file: a table, "
                  "releases = {vllm = \"vllm-prod\"})."),

@@ -102,7 +102,7 @@ def runtime_roots(layout: Layout) -> dict[str, set[str]]:
 @dataclass(frozen=True)
 class Root:
     """One gc root and the store path names it holds directly. `kind` is one of
-    generation (with `profile`, `generation`), pin (with `pin`), temp (builds and activations in
+    generation (with `profile`, `generation`), pin (with `pin`), hold (with `profile`: roots/holds.py), temp (builds and activations in
     flight), process (with `pid`: a running process uses the paths) and uv (the store's pinned uv);
     the fields a kind does not have are None and left out of its JSON."""
 
@@ -117,6 +117,7 @@ class Root:
     def description(self) -> str:
         """The root in words, for people (`gc --print-roots`)."""
         return {"generation": f"profile {self.profile} generation {self.generation}", "pin": f"pin {self.pin}",
+                "hold": f"hold of profile {self.profile}",
                 "temp": "temp roots of live processes", "process": f"in use by pid {self.pid}",
                 "uv": "the store's pinned uv"}[self.kind]
 
@@ -132,6 +133,7 @@ def roots(store: Store, excluded_generations: set[tuple[str, int]] | frozenset[t
     """Every root and the store path names it holds directly. `temp`: the names live temp roots
     hold, when the caller has read them (under the gc lock) already."""
     from llmgw_store.build.uv import UV_VERSION
+    from llmgw_store.roots.holds import list_holds
     from llmgw_store.roots.pins import list_pins
 
     layout = store.layout
@@ -143,6 +145,8 @@ def roots(store: Store, excluded_generations: set[tuple[str, int]] | frozenset[t
                             generation=int(m.group(2))))
     for pin, name in sorted(list_pins(layout).items()):
         out.append(Root("pin", (name,), pin=pin))
+    for profile, name in sorted(list_holds(layout).items()):
+        out.append(Root("hold", (name,), profile=profile))
     live = read_all(layout)[0] if temp is None else temp
     if live:
         out.append(Root("temp", tuple(sorted(live))))

@@ -50,7 +50,7 @@ from llmgw_store.core.report import say
 from llmgw_store.core.results import Result
 from llmgw_store.core.signals import Window
 from llmgw_store.core.temproots import TempRoots
-from llmgw_store.roots import health, records
+from llmgw_store.roots import health, holds, records
 from llmgw_store.roots.generations import (
     current_generation,
     disk_generations,
@@ -104,6 +104,7 @@ class GenerationList(Result):
     index_differs: tuple[str, ...]  # where the index's record differs from the links
     records_refused: tuple[str, ...] = ()  # record files that failed their checks (never used)
     history: tuple[dict[str, Any], ...] = ()  # the profile's last events (activations, checks, rollbacks)
+    held: dict[str, Any] | None = None  # the hold (roots/holds.py): name, key, path, since; None when not held
 
 
 @dataclass(frozen=True)
@@ -159,6 +160,7 @@ def activate(
     check_timeout: float = health.DEFAULT_TIMEOUT_S,
     then_check: bool = False,
     keep_records: int = records.DEFAULT_KEEP_RECORDS,
+    unless_held: bool = False,
 ) -> Switch:
     """Make `target` (a store path, its name or key, PROFILE or PROFILE@N) the profile's current
     generation. Activating what is already current makes no new generation (and runs no check).
@@ -169,7 +171,9 @@ def activate(
     `no_check`) runs in the target before the switch, which happens only if it exits 0 within
     `check_timeout` s; else CommandError and the profile is untouched. With `then_check` the
     profile switches first and goes back by itself if the check fails. Both are recorded in the
-    generation's record and the profile's history. At most `keep_records` records are kept."""
+    generation's record and the profile's history. At most `keep_records` records are kept.
+    `unless_held` (a follow of a release): holds.Held, nothing switched, when the profile is held
+    (roots/holds.py), checked under the profile's lock, which `hold` takes too."""
     check_profile(profile)
     if check is not None:
         check = health.checked_argv(check, "--check")
@@ -207,6 +211,9 @@ def activate(
                 where = f"left at generation {current}" if current is not None else "not created"
                 raise health.failure(result, f"profile {profile} {where}: nothing switched")
         with profile_lock(store, profile, lock_timeout):
+            hold = holds.held(layout, profile) if unless_held else None
+            if hold is not None:
+                raise holds.Held(hold)
             _clear_temporaries(layout, profile)
             gens = disk_generations(layout, profile)
             _sync_index(store, profile, gens, write=True)
@@ -452,8 +459,10 @@ def generations(profile: str, *, root: str | Path | None = None, lock_timeout: f
                 check=rec.check if rec else None, rolled_back_to=rec.rolled_back_to if rec else None,
                 comes_from=None if hot else comes_from(rec, substituters, substitute_only),
             ))
+        hold = holds.held(layout, profile)
         return GenerationList(profile, current, tuple(out), tuple(differs), tuple(refused.values()),
-                              tuple(records.history(layout, profile, last=50)))
+                              tuple(records.history(layout, profile, last=50)),
+                              None if hold is None else {k: v for k, v in hold.body().items() if k != "removed"})
 
 
 def delete_generations(

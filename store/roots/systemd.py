@@ -11,6 +11,13 @@ gc keeps) and `stats` ([stats] prometheus: the textfile node_exporter reads), ea
 durations parsed as `gc` parses them, the calendar expression by `systemd-analyze calendar` where
 it is installed (else by a strict parser of the same grammar) — and quoted for systemd (`%` and `$`
 are systemd's own specifiers and are doubled), so no value can add a line or a directive.
+
+With `--follow`, a second pair (FOLLOW_SERVICE, FOLLOW_TIMER) makes the node converge without an
+operator: every `--follow-every` (60 s by default) the service runs `activate PROFILE` for each
+profile the config file's `releases` table names (activate reads that table: the profile follows
+its release, a held profile stays where it is), then `push-roots` where the file configures it, so
+`fleet` sees what the node runs. The profiles are those of the file when the units are written:
+after changing the table, write the units again.
 """
 
 from __future__ import annotations
@@ -23,15 +30,20 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from llmgw_store.cache.releases import check_release_name
 from llmgw_store.core.errors import UsageError
 from llmgw_store.core.files import write_outside
 from llmgw_store.core.layout import Layout
-from llmgw_store.core.names import shown
+from llmgw_store.core.names import check_profile, shown
 from llmgw_store.core.results import Result
 from llmgw_store.core.units import parse_duration, parse_size
 
 SERVICE = "llmgw-store-gc.service"
 TIMER = "llmgw-store-gc.timer"
+FOLLOW_SERVICE = "llmgw-store-follow.service"
+FOLLOW_TIMER = "llmgw-store-follow.timer"
+DEFAULT_FOLLOW_EVERY = "60s"
+_FOLLOW_EVERY_MAX_S = 7 * 86400
 DEFAULT_ON_CALENDAR = "*-*-* 04:17:00"
 OFF = "none"  # gc's "no limit" for a size or duration option, over the config file's value
 _PATH_MAX = 4096
@@ -88,6 +100,10 @@ class Units(Result):
     on_calendar: str
     documentation: str | None
     then: tuple[str, ...] = ()  # what runs after gc: push-roots, stats (ExecStart lines, in order)
+    follow_service: str | None = None  # with --follow: the follow service and timer, what it runs, how often
+    follow_timer: str | None = None
+    follow: tuple[str, ...] = ()  # the follow service's ExecStart lines: activate per profile, then push-roots
+    follow_every: str | None = None
 
 
 @dataclass(frozen=True)
@@ -98,6 +114,7 @@ class NodeDay:
     config: str | None = None
     push_roots: bool = False
     stats: bool = False
+    follows: tuple[str, ...] = ()  # the profiles the file's `releases` table names (checked names, sorted)
 
     @classmethod
     def from_file(cls, path: str | None, values: dict[str, object]) -> NodeDay:
@@ -108,7 +125,24 @@ class NodeDay:
             missing = ({"node.roots_to", "node.secret_key"} - set(roots)).pop().split(".")[1]
             raise UsageError(f"{path}: [node] sets {roots[0].split('.')[1]} but not {missing}: push-roots needs both "
                              "(set both to publish this node's roots after each gc, or neither)")
-        return cls(os.path.abspath(path), push_roots=len(roots) == 2, stats="stats.prometheus" in values)
+        follows = []
+        for word in values.get("releases", ()) or ():  # PROFILE=RELEASE words (core/config.py)
+            profile, _, release = str(word).partition("=")
+            follows.append(check_profile(profile))
+            check_release_name(release)
+        return cls(os.path.abspath(path), push_roots=len(roots) == 2, stats="stats.prometheus" in values,
+                   follows=tuple(sorted(set(follows))))
+
+
+def follow_every(text: str) -> str:
+    """`--follow-every`: a duration as gc parses them, from 1 s to a week, written as seconds."""
+    try:
+        seconds = parse_duration(str(text).strip())
+    except UsageError as exc:
+        raise UsageError(f"--follow-every {shown(text)}: {exc}") from None
+    if not 1 <= seconds <= _FOLLOW_EVERY_MAX_S:
+        raise UsageError(f"--follow-every {shown(text)}: from 1s to 7d")
+    return f"{int(seconds)}s"
 
 
 def entry_point(argv0: str | None = None) -> str:
@@ -252,16 +286,77 @@ WantedBy=timers.target
     return service, timer, exec_start, then
 
 
+def render_follow(exe: str, root: Path, day: NodeDay, every: str,
+                  docs: str | None = None) -> tuple[str, str, tuple[str, ...]]:
+    """The follow service and timer: `activate PROFILE` for each followed profile, then push-roots."""
+    if not os.path.isabs(exe) or not root.is_absolute():
+        raise UsageError("the entry point and the store root must be absolute paths")
+    if day.config is None or not day.follows:
+        raise UsageError("--follow writes a unit that follows the releases of the config file: give --config FILE "
+                         "whose `releases` table names them (releases = {vllm = \"vllm-prod\"})")
+    every = follow_every(every)
+    base = [exe, "--root", str(root), "--config", day.config]
+
+    def line(args: list[str]) -> str:
+        return " ".join(_quoted(a, "value") for a in [*base, *args])
+
+    lines = tuple(line(["activate", p]) for p in day.follows) + ((line(["push-roots"]),) if day.push_roots else ())
+    doc_line = (f"Documentation={docs}\n" if docs and not any(ord(c) < 33 for c in docs)
+                else "# Documentation: `llmgw-store activate --help`, and docs/fleet.md of llmgw-store's source\n")
+    steps = "".join(f"ExecStart={t}\n" for t in lines)
+    service = f"""# Written by `llmgw-store systemd-units --follow`: each profile the config file's `releases`
+# table named then follows its release (a held profile stays where it is: `llmgw-store hold`), in
+# order, each once the one before succeeded; then push-roots where the file's [node] table is set.
+# After changing that table, or moving or reinstalling llmgw-store, write the units again.
+[Unit]
+Description=llmgw-store follow the releases ({root})
+{doc_line}After=network-online.target
+Wants=network-online.target
+
+[Service]
+Type=oneshot
+# 75 (EX_TEMPFAIL): a lock was held; the timer simply tries again next time.
+SuccessExitStatus=75
+{steps}Nice=5
+"""
+    timer = f"""# Written by `llmgw-store systemd-units --follow`.
+[Unit]
+Description=Follow the llmgw-store releases ({root})
+
+[Timer]
+OnBootSec={every}
+OnUnitActiveSec={every}
+AccuracySec=1s
+
+[Install]
+WantedBy=timers.target
+"""
+    return service, timer, lines
+
+
 def write_units(out_dir: str | Path, *, root: str | Path | None = None, policy: GcPolicy = GcPolicy(),
-                on_calendar: str = DEFAULT_ON_CALENDAR, exe: str | None = None, day: NodeDay = NodeDay()) -> Units:
-    """Write SERVICE and TIMER into `out_dir` (each atomically: a temporary file renamed over it)."""
+                on_calendar: str = DEFAULT_ON_CALENDAR, exe: str | None = None, day: NodeDay = NodeDay(),
+                follow: str | None = None) -> Units:
+    """Write SERVICE and TIMER into `out_dir` (each atomically: a temporary file renamed over it);
+    with `follow` (how often, a duration), FOLLOW_SERVICE and FOLLOW_TIMER too. Every value is
+    checked before the first file is written."""
     store_root = Layout.at(root).root.absolute()
     docs = documentation()
-    service, timer, exec_start, then = render(exe or entry_point(), store_root, policy, on_calendar, docs, day)
+    exe = exe or entry_point()
+    service, timer, exec_start, then = render(exe, store_root, policy, on_calendar, docs, day)
+    files = [(SERVICE, service), (TIMER, timer)]
+    follow_lines: tuple[str, ...] = ()
+    if follow is not None:
+        f_service, f_timer, follow_lines = render_follow(exe, store_root, day, follow, docs)
+        files += [(FOLLOW_SERVICE, f_service), (FOLLOW_TIMER, f_timer)]
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    for name, text in ((SERVICE, service), (TIMER, timer)):
+    for name, text in files:
         # Outside the root (/etc/systemd/system): a checked directory, never through a link.
         write_outside(out / name, text.encode(), mode=0o644)
+    followed = follow is not None
     return Units(service=str(out / SERVICE), timer=str(out / TIMER), exec_start=exec_start,
-                 on_calendar=on_calendar, documentation=docs, then=then)
+                 on_calendar=on_calendar, documentation=docs, then=then,
+                 follow_service=str(out / FOLLOW_SERVICE) if followed else None,
+                 follow_timer=str(out / FOLLOW_TIMER) if followed else None, follow=follow_lines,
+                 follow_every=follow_every(follow) if followed else None)

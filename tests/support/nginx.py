@@ -1,7 +1,8 @@
-"""The documented nginx (docs/fleet.md's one ```nginx block, only its paths and port replaced) as
-a binary cache on 127.0.0.1: the `start_nginx` fixture of the modules that run a fleet through it
-(tests/test_nginx_cache.py, tests/test_fleet_month.py). Its password file holds the builder and
-each node of NODES, each with its own password."""
+"""The documented nginx (docs/fleet.md's one ```nginx block, "Serving a cache with nginx", only its
+paths and port replaced) as a binary cache on 127.0.0.1: the `start_nginx` fixture of the modules
+that run a fleet through it (test_nginx_cache.py, test_fleet_month.py, test_releases.py,
+test_release_fleet.py). Its password file holds the builder and each node of NODES, each with its
+own password."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ needs_nginx = pytest.mark.skipif(NGINX is None, reason="nginx is not installed (
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "fleet.md"
 PASSWORD = "s3cret-builder"
 AUTH = {"LLMGW_STORE_CACHE_AUTH": f"builder-1:{PASSWORD}"}
-NODES = {"node-1": "s3cret-node-1", "node-2": "s3cret-node-2"}  # the password file's nodes
+NODES = {"node-1": "s3cret-node-1", "node-2": "s3cret-node-2", "node-3": "s3cret-node-3"}  # the password file's nodes
 
 WRAPPER = """
 worker_processes 1;
