@@ -163,7 +163,7 @@ def view(url: str, keep_from: list[str] | tuple[str, ...], release_keys: list[st
             if var is not None:
                 from llmgw_store.cache import seen
 
-                seen.check(var, url, releases.KIND, name, r.seq, r.digest, f"{public_url(url).rstrip('/')}/{item.name}")
+                seen.check(var, seen.ANY_CACHE, releases.KIND, name, r.seq, r.digest, f"{public_url(url).rstrip('/')}/{item.name}")
         except StoreError as exc:
             shown.append(ReleaseState(name, refused=str(exc)))
             continue
