@@ -23,6 +23,8 @@ from pathlib import Path
 from tests.conftest import start_index
 from tests.support.barrier import Barrier
 from tests.support.nginx import AUTH, NODES, needs_nginx, start_nginx  # noqa: F401  (fixture)
+
+MONTH_NODES = {n: NODES[n] for n in ("node-1", "node-2")}  # the month's two nodes, of the password file's
 from tests.support.recipes import write_recipe
 from tests.support.retrylog import waits_until
 
@@ -101,7 +103,7 @@ def _month(tmp_path: Path, keys: Path, ngx, index) -> None:
                     {'"/var/lib/llmgw-store"': f'"{builder}"', "https://pypi.internal/simple": index.url})
     week1, week2, later = (write_recipe(tmp_path, text, name=f"{n}.toml")
                            for n, text in (("week1", WEEK1), ("week2", WEEK2), ("later", LATER)))
-    for who in ("builder-1", *NODES):
+    for who in ("builder-1", *MONTH_NODES):
         _cli(bconf, "keygen", who, "--out", str(keys))
     sign1, sign2 = ("--secret-key", str(keys / "builder-1.secret")), ("--secret-key", str(keys / "builder-2.secret"))
 
@@ -126,8 +128,8 @@ def _month(tmp_path: Path, keys: Path, ngx, index) -> None:
         _cli(bconf, "push-roots", "--to", ngx.url, *sign1, env=AUTH)  # the builder's roots: its first key's
         return name
 
-    nodes = {n: node_conf(n, "builder-1") for n in NODES}
-    creds = {n: {"LLMGW_STORE_CACHE_AUTH": f"{n}:{pw}"} for n, pw in NODES.items()}
+    nodes = {n: node_conf(n, "builder-1") for n in MONTH_NODES}
+    creds = {n: {"LLMGW_STORE_CACHE_AUTH": f"{n}:{pw}"} for n, pw in MONTH_NODES.items()}
 
     # --- week 1: the builder builds through a flaky private index; the nodes never ask it --------
     a = builder_ships(week1, sign1)
@@ -198,7 +200,7 @@ def _month(tmp_path: Path, keys: Path, ngx, index) -> None:
         assert a in [d["name"] for d in gc["deleted"]] and not (tmp_path / n / "store" / a).exists()
         roots = _json(conf, "push-roots", env=creds[n])  # [node] roots_to and secret_key: the file's
         assert roots["node"] == n and roots["cold"] == [a[:32]]
-    keep = [arg for k in ("builder-1", *NODES) for arg in ("--keep-from", str(keys / f"{k}.public"))]
+    keep = [arg for k in ("builder-1", *MONTH_NODES) for arg in ("--keep-from", str(keys / f"{k}.public"))]
     swept = _json(bconf, "cache", "gc", ngx.url, *keep, "--grace", "0s", env=AUTH)
     assert swept["why_kept"][f"{a[:32]}.json"] == "held by the roots of node-1, node-2"
     assert "held by the roots of builder-1, node-1, node-2" == swept["why_kept"][f"{b[:32]}.json"]
