@@ -23,12 +23,11 @@ from pathlib import Path
 from tests.conftest import start_index
 from tests.support.barrier import Barrier
 from tests.support.nginx import AUTH, NODES, needs_nginx, start_nginx  # noqa: F401  (fixture)
-
-MONTH_NODES = {n: NODES[n] for n in ("node-1", "node-2")}  # the month's two nodes, of the password file's
 from tests.support.recipes import write_recipe
 from tests.support.retrylog import waits_until
 
 pytestmark = needs_nginx
+MONTH_NODES = {n: NODES[n] for n in ("node-1", "node-2")}  # the month's two nodes, of the password file's
 OPERATIONS = Path(__file__).resolve().parent.parent / "docs" / "operations.md"
 EXE = Path(sys.executable).with_name("llmgw-store")
 WEEK1 = 'version = "1.0"\nas_of = "2024-02-02T00:00:00Z"'    # tinyengine 1.0, tinydep 1.0
