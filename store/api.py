@@ -90,6 +90,7 @@ def push_roots(to: str, secret_key: str, *, node: str | None = None, root: str |
     from llmgw_store.core.local_store import Store
     from llmgw_store.core.names import check_profile
     from llmgw_store.roots.gc import held_names, roots
+    from llmgw_store.roots.holds import list_holds
     from llmgw_store.roots.profiles import list_profiles
     from llmgw_store.roots.records import recorded_keys
 
@@ -98,12 +99,13 @@ def push_roots(to: str, secret_key: str, *, node: str | None = None, root: str |
         held = held_names(roots(store))
         names = store.index.closure(held)
         recorded = recorded_keys(store.layout)
+        holds = tuple(sorted(list_holds(store.layout)))
         counter = store.layout.var / "roots-seq"  # the last sequence number published (cache_gc.next_sequence)
     keys = {k for k in (key_of_name(n) for n in names) if k}
     running = {p.profile: key_of_name(Path(p.path).name) for p in list_profiles(root=root).profiles}
     return publish(sorted(keys | recorded.keys()), to, secret_key, node, counter=counter, policy=policy,
                    cold=tuple(sorted(recorded.keys() - keys)), profiles={p: k for p, k in running.items() if k},
-                   releases={p: r for p, r in follows.items() if running.get(p)})
+                   releases={p: r for p, r in follows.items() if running.get(p)}, held=holds)
 
 
 def cache_gc(url: str, keep_from: list[str], *, grace: str = "1d", dry_run: bool = False,

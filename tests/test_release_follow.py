@@ -186,3 +186,30 @@ def test_a_hold_made_while_a_follow_runs_wins(world, tmp_path):
     assert follow.returncode == 0, err
     assert out.startswith(f"svc: held at {a} since "), (out, err)
     assert _current(w["node"]) == a
+
+
+def test_fleet_shows_a_held_profile_as_held_not_out_of_date(world, tmp_path):
+    """A hold is the operator's choice, not a lag: push-roots signs which profiles are held, and
+    `fleet` says `held` (its textfile: out_of_date 0, held 1), then in_sync once unheld and followed."""
+    w, (a, b) = world, world["names"]
+    cache = f"file://{tmp_path / 'cache'}"
+    run_cli(w["root"], "keygen", "node-1", "--out", str(w["keys"]), check=True)
+    conf = ("--config", str(node_config(w, cache)))
+    prom = tmp_path / "metrics" / "fleet.prom"
+    prom.parent.mkdir(mode=0o755)
+    _push_set(w, a, cache)
+    run_cli(w["node"], *conf, "activate", "svc", env=_env(), check=True)
+    run_cli(w["node"], "hold", "svc", env=_env(), check=True)
+    _push_set(w, b, cache)
+    run_cli(w["node"], *conf, "activate", "svc", env=_env(), check=True)  # held: stays at a
+    run_cli(w["node"], *conf, "push-roots", env=_env(), check=True)
+    assert fleet_states(w["root"], w["keys"], cache, ["node-1"], prom) == {("node-1", "svc"): "held"}
+    assert 'llmgw_store_fleet_node_held{node="node-1",profile="svc",release="prod"} 1' in prom.read_text()
+
+    run_cli(w["node"], "unhold", "svc", env=_env(), check=True)
+    run_cli(w["node"], *conf, "push-roots", env=_env(), check=True)
+    assert fleet_states(w["root"], w["keys"], cache, ["node-1"], prom) == {("node-1", "svc"): "out_of_date"}
+    run_cli(w["node"], *conf, "activate", "svc", env=_env(), check=True)
+    run_cli(w["node"], *conf, "push-roots", env=_env(), check=True)
+    assert fleet_states(w["root"], w["keys"], cache, ["node-1"], prom) == {("node-1", "svc"): "in_sync"}
+    assert 'llmgw_store_fleet_node_held{node="node-1",profile="svc",release="prod"} 0' in prom.read_text()

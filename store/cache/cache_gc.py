@@ -116,7 +116,8 @@ def next_sequence(counter: Path | None) -> int:
 
 def push_roots(keys: list[str], to: str, secret_key: str, node: str | None = None, *, counter: Path | None = None,
                policy: RetryPolicy | None = None, cold: tuple[str, ...] = (),
-               profiles: dict[str, str] | None = None, releases: dict[str, str] | None = None) -> PushRootsResult:
+               profiles: dict[str, str] | None = None, releases: dict[str, str] | None = None,
+               held: tuple[str, ...] = ()) -> PushRootsResult:
     """Publish the signed roots document of `node` holding `keys`. One key per node, named after
     it: the node is the secret key's name (gc refuses a document whose signer is named otherwise,
     so one node's key cannot publish another node's roots). `counter`: where this store keeps its
@@ -136,6 +137,8 @@ def push_roots(keys: list[str], to: str, secret_key: str, node: str | None = Non
         doc["profiles"] = {p: k for p, k in sorted(profiles.items()) if k in keys}
     if releases:  # profile -> the release it follows (for `llmgw-store fleet`: in_sync, out_of_date)
         doc["releases"] = dict(sorted(releases.items()))
+    if held:  # profiles held where they are (`hold`): `fleet` shows them held, not out of date
+        doc["held"] = sorted(held)
     sign(doc, secret)
     name = f"roots/{node}.json"
     backend_for(to, policy).put(name, canonical_json(doc))

@@ -38,7 +38,8 @@ class NodeState(Result):
     keys: int = 0  # store paths its roots hold
     refused: str | None = None  # why its document was refused (then nothing else is shown of it)
     releases: dict[str, str] = field(default_factory=dict)  # profile -> release it follows (signed)
-    state: dict[str, str] = field(default_factory=dict)  # profile -> in_sync | out_of_date | unknown
+    state: dict[str, str] = field(default_factory=dict)  # profile -> in_sync | out_of_date | held | unknown
+    held: tuple[str, ...] = ()  # profiles the node holds where they are (`hold`, signed)
 
     def body(self) -> dict[str, Any]:
         return {**fields_of(self), "time": releases.iso(self.time)}
@@ -111,11 +112,24 @@ def _followed(data: bytes | None) -> dict[str, str]:
     return out
 
 
+def _held(data: bytes | None) -> tuple[str, ...]:
+    """The profiles a checked roots document says are held; () for none or a wrong shape."""
+    try:
+        value = json.loads(data or b"{}").get("held", [])
+    except (ValueError, AttributeError, RecursionError):
+        return ()
+    if not isinstance(value, list) or len(value) > MAX_SHOWN:
+        return ()
+    return tuple(p for p in value if isinstance(p, str) and PROFILE_RE.fullmatch(p))
+
+
 def _states(node: NodeState, pointers: dict[str, ReleaseState]) -> dict[str, str]:
     out = {}
     for profile, release in sorted(node.releases.items()):
         rel = pointers.get(release)
-        if rel is None or rel.key is None:
+        if profile in node.held:  # the operator's choice, not a lag: not out of date
+            out[profile] = "held"
+        elif rel is None or rel.key is None:
             out[profile] = "unknown"
         else:
             out[profile] = "in_sync" if node.profiles.get(profile) == rel.key else "out_of_date"
@@ -145,7 +159,7 @@ def view(url: str, keep_from: list[str] | tuple[str, ...], release_keys: list[st
             nodes.append(NodeState(node, refused=_why(exc)))
             continue
         nodes.append(NodeState(doc.node, doc.time, doc.seq, dict(doc.profiles), len(doc.keys),
-                               releases=_followed(kept.last)))
+                               releases=_followed(kept.last), held=_held(kept.last)))
     shown = []
     rel_trusted: dict[str, bytes] | None = None
     for item in sorted(pointers, key=lambda i: i.name)[:MAX_SHOWN]:
@@ -179,7 +193,8 @@ def _label(value: str) -> str:
 
 def prometheus_text(fleet: FleetView) -> str:
     """`llmgw_store_fleet_node_out_of_date{node,profile,release}`: 1 unless the profile runs the key its
-    release points at (0), for every profile a node follows a release with; refused nodes are
+    release points at or is held (0), for every profile a node follows a release with;
+    `llmgw_store_fleet_node_held{...}` 1 for a held one; refused nodes are
     `llmgw_store_fleet_node_refused{node} 1`."""
     lines = ["# HELP llmgw_store_fleet_node_out_of_date 1 when a node's profile does not run the key its release "
              "points at (out of date, or the release missing or refused), 0 when in sync.",
@@ -187,7 +202,11 @@ def prometheus_text(fleet: FleetView) -> str:
     for n in fleet.nodes:
         for profile, state in n.state.items():
             lines.append(f'llmgw_store_fleet_node_out_of_date{{node="{_label(n.node)}",profile="{_label(profile)}",'
-                         f'release="{_label(n.releases[profile])}"}} {0 if state == "in_sync" else 1}')
+                         f'release="{_label(n.releases[profile])}"}} {0 if state in ("in_sync", "held") else 1}')
+    lines += ["# HELP llmgw_store_fleet_node_held 1 when a node holds the profile where it is (hold), whatever its "
+              "release says.", "# TYPE llmgw_store_fleet_node_held gauge"]
+    lines += [f'llmgw_store_fleet_node_held{{node="{_label(n.node)}",profile="{_label(p)}",'
+              f'release="{_label(n.releases[p])}"}} {1 if s == "held" else 0}' for n in fleet.nodes for p, s in n.state.items()]
     lines += ["# HELP llmgw_store_fleet_node_refused 1 when a node's roots document failed its checks.",
               "# TYPE llmgw_store_fleet_node_refused gauge"]
     lines += [f'llmgw_store_fleet_node_refused{{node="{_label(n.node)}"}} {1 if n.refused else 0}'

@@ -66,7 +66,7 @@ def fleet_states(builder: Path, keys: Path, cache: str, nodes: list[str], prom: 
     if prom is not None:
         samples = {ln for ln in prom.read_text().splitlines() if ln.startswith("llmgw_store_fleet_node_out_of_date{")}
         assert samples == {f'llmgw_store_fleet_node_out_of_date{{node="{n}",profile="{p}",release="{follows[n, p]}"}} '
-                           f'{0 if s == "in_sync" else 1}' for (n, p), s in states.items()}, samples
+                           f'{0 if s in ("in_sync", "held") else 1}' for (n, p), s in states.items()}, samples
     text = run_cli(builder, *args, env=clean_env(env), check=True).stdout.splitlines()
     for (n, p), s in states.items():
         block = text[text.index(next(ln for ln in text if ln.startswith(f"node {n}:"))):]
