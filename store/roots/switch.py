@@ -44,8 +44,7 @@ import stat
 import time
 
 from llmgw_store.core import debug, files, jsontext, proofs
-from llmgw_store.core.buildmemo import NIX_BASE32, is_store_name
-from llmgw_store.core.dirs import PRIVATE_DIR, PUBLIC_DIR, own_dir
+from llmgw_store.core.dirs import NIX_BASE32, PRIVATE_DIR, PUBLIC_DIR, is_store_name, own_dir
 from llmgw_store.core.errors import StoreError
 
 SCHEMA_VERSION = 5  # core/index.py's (tests/test_switch.py checks they agree)
