@@ -80,6 +80,14 @@ def run(argv: list[str], started: float) -> int | None:
 
         code = output.run(ctx, hit)
         return code if answered[0] or code != 0 else None
+    if command in handlers.READS:
+        read = [False]
+
+        def answer() -> None:
+            read[0] = handlers.read_answer(ctx, command, params)
+
+        code = output.run(ctx, answer)
+        return code if read[0] or code != 0 else None
     if command in ("activate", "rollback"):
         switched = [False]
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from llmgw_store.core import config, defaults
 
-FAST_COMMANDS = ("build", "activate", "rollback")
+FAST_COMMANDS = ("build", "activate", "rollback", "list", "info")
 # What a parameter of `build` does to a memo answer (core/config.HIT_ROLES), or `miss`: set, the
 # build is never answered from the memo (`--check` rebuilds).
 MISS = "miss"
@@ -162,6 +162,9 @@ COMMANDS: dict[str, tuple[Param, ...]] = {
                 "index a cold generation records, when it is that index."),
         *_CACHE,
     ),
+    # The reads the fast path answers (integrity/reads.py): only the group's options.
+    "list": (),
+    "info": (argument("path"),),
 }
 
 
