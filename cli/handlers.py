@@ -300,7 +300,7 @@ def described(doc: dict) -> str:
 
 
 def read_answer(ctx, command: str, kw: dict) -> bool:
-    """Answer `list` or `info` from integrity/reads.py when it is the common case: print what the
+    """Answer `list`, `info` or `env` from integrity/reads.py when it is the common case: print what the
     full command would print and return True; False (nothing printed) otherwise, and the full
     command runs."""
     from llmgw_store.integrity import reads
@@ -314,6 +314,12 @@ def read_answer(ctx, command: str, kw: dict) -> bool:
             return False
         ctx.emit(doc, listed(doc))
         return True
+    if command == "env":
+        doc = reads.env_lines(root, kw["target"], os.environ.get("PATH", ""))
+        if doc is None:
+            return False
+        ctx.emit(doc, "\n".join(f"export {k}={reads.shell_quoted(v)}" for k, v in doc["variables"].items()))
+        return True
     doc = reads.path_info(root, kw["path"])
     if doc is None:
         return False
@@ -322,4 +328,4 @@ def read_answer(ctx, command: str, kw: dict) -> bool:
 
 
 HANDLERS = {"build": build, "activate": activate, "rollback": rollback}
-READS = ("list", "info")
+READS = ("list", "info", "env")

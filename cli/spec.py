@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from llmgw_store.core import config, defaults
 
-FAST_COMMANDS = ("build", "activate", "rollback", "list", "info")
+FAST_COMMANDS = ("build", "activate", "rollback", "list", "info", "env")
 # What a parameter of `build` does to a memo answer (core/config.HIT_ROLES), or `miss`: set, the
 # build is never answered from the memo (`--check` rebuilds).
 MISS = "miss"
@@ -165,6 +165,7 @@ COMMANDS: dict[str, tuple[Param, ...]] = {
     # The reads the fast path answers (integrity/reads.py): only the group's options.
     "list": (),
     "info": (argument("path"),),
+    "env": (argument("target", metavar="PROFILE|PATH"),),
 }
 
 

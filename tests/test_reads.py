@@ -1,4 +1,4 @@
-"""The reads the fast path answers (integrity/reads.py, through cli/fast.py): `list` and `info` print
+"""The reads the fast path answers (integrity/reads.py, through cli/fast.py): `list`, `info`, `env` print
 what the full click command prints — stdout, stderr and exit code, text and --json — on a real
 store; what is not the common case (a refused directory, a malformed row, an index of another
 schema, a link for a store path, a target it cannot resolve) goes to the full command; and a read
@@ -52,16 +52,18 @@ def _both(root: Path, *args: str, env: dict) -> bool:
 def _reads(store: dict) -> list[list[str]]:
     a, b = store["a"], store["b"]
     cases = [["list"], ["info", a], ["info", os.path.basename(b)], ["info", os.path.basename(a)[:32]], ["info", "p"],
-             ["info", "p@2"], ["-q", "info", "p@1"]]
+             ["info", "p@2"], ["-q", "info", "p@1"], ["env", "p"], ["env", "p@1"], ["env", b],
+             ["env", os.path.basename(a)[:32]]]
     return cases + [["--json", *c] for c in cases] + [["-v", "list"], ["list", "--json"]]
 
 
-def test_list_and_info_answer_as_the_full_command(root, store):
+def test_the_reads_answer_as_the_full_command(root, store):
     for args in _reads(store):
         assert _both(root, *args, env=store["env"]), (args, "the fast path did not answer")
     # What the full command refuses, it refuses: the same line and exit code, from the full command.
     for args in (["info", "nope"], ["info", "p@9"], ["info", "p@x"], ["--json", "info", "q@1"], ["info", ""],
-                 ["info", "/elsewhere/" + os.path.basename(store["a"])], ["info", "a" * 32]):
+                 ["info", "/elsewhere/" + os.path.basename(store["a"])], ["info", "a" * 32], ["env", "nope"],
+                 ["env", "p@9"], ["--json", "env", "q"]):
         assert not _both(root, *args, env=store["env"]), args
 
 
@@ -104,7 +106,7 @@ def test_what_is_not_the_common_case_goes_to_the_full_command(root, store, tmp_p
 def test_a_read_loads_only_what_a_read_needs(root, store, regular, layout):
     where = regular if layout == "regular" else None
     for args in (["list"], ["--json", "list"], ["info", "p"], ["--json", "info", store["a"]],
-                 ["info", os.path.basename(store["b"])[:32]]):
+                 ["info", os.path.basename(store["b"])[:32]], ["env", "p"], ["--json", "env", "p@1"]):
         proc, names = loaded(root, *args, env=store["env"], regular=where)
         assert proc.returncode == 0, proc.stderr
         assert "llmgw_store.integrity.reads" in names, (args, "the fast path's read did not answer")
@@ -121,3 +123,12 @@ def test_the_reads_agree_with_the_modules_they_stand_in_for():
     assert reads.PATH_FIELDS == tuple(f.name for f in dataclasses.fields(queries.PathRow))
     assert reads.BUILD_FIELDS == tuple(f.name for f in dataclasses.fields(index.BuildLogEntry))
     assert reads.SCHEMA_VERSION == index.SCHEMA_VERSION
+
+
+def test_env_quotes_as_shlex_does():
+    import shlex
+
+    from llmgw_store.integrity.reads import shell_quoted
+
+    for s in ("", "a", "/x/y-1.0_b+c@d%e=f:g,h", "a b", "it's", "$HOME", "a\nb", "é", "*", "-", "'", "\"", "a'b'c"):
+        assert shell_quoted(s) == shlex.quote(s), s

@@ -1,5 +1,5 @@
-"""`list` and `info` as they cost: the result documents of integrity/queries.py's `list_paths` and
-`path_info`, read with nothing on their path but what a read is (the fast path, cli/fast.py, asks
+"""`list`, `info` and `env` as they cost: the result documents of integrity/queries.py's
+`list_paths` and `path_info` and of roots/runenv.py's `env_lines`, read with nothing on their path but what a read is (the fast path, cli/fast.py, asks
 here first): os, _json, _sqlite3 and the directory check; no pathlib, re, json, dataclasses,
 typing or click.
 
@@ -210,7 +210,8 @@ def _resolve(root: str, profiles_fd: int | None, conn, target: str) -> dict | No
                 return None
             if link is not None:
                 n = link[len(target) + 1:-len("-link")]
-                if link != f"{target}-{n}-link" or not (0 < len(n) <= 10 and n.isascii() and n.isdigit()):
+                if link != f"{target}-{n}-link" or not (0 < len(n) <= 10 and n.isascii() and n.isdigit()) \
+                        or n[0] == "0":
                     return None
         if link is not None:
             try:
@@ -229,3 +230,39 @@ def _resolve(root: str, profiles_fd: int | None, conn, target: str) -> dict | No
     if len(target) == 32 and all(c in NIX_BASE32 for c in target):
         return _one(conn, "key", target)
     return None
+
+
+def env_lines(root: str, target: str, path_env: str) -> dict | None:
+    """runenv.env_lines(target, root=root).to_json() (`path_env`: $PATH), or None to leave it to the
+    full function. A PROFILE gives the profile's link (a shell then follows later switches)."""
+    def work(fds, conn) -> dict | None:
+        profiles = fds.get("profiles")
+        if profiles is not None and _profile_ok(target):
+            try:
+                st = os.stat(target, dir_fd=profiles, follow_symlinks=False)
+            except FileNotFoundError:
+                st = None
+            if st is not None:
+                if not stat.S_ISLNK(st.st_mode) or _resolve(root, profiles, conn, target) is None:
+                    return None  # not a profile's link, or one that names no registered generation
+                env_dir = f"{root}/profiles/{target}"
+                return {"schema_version": 1, "variables": {"VIRTUAL_ENV": env_dir, "PATH": f"{env_dir}/bin:{path_env}"}}
+        row = _resolve(root, profiles, conn, target)
+        if row is None or not is_store_name(row["name"]):
+            return None
+        env_dir = f"{root}/store/{row['name']}"
+        return {"schema_version": 1, "variables": {"VIRTUAL_ENV": env_dir, "PATH": f"{env_dir}/bin:{path_env}"}}
+
+    return _answer(root, work)
+
+
+_SHELL_SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_@%+=:,./-")
+
+
+def shell_quoted(s: str) -> str:
+    """shlex.quote(s), without `re` (tests/test_reads.py compares them)."""
+    if not s:
+        return "''"
+    if set(s) <= _SHELL_SAFE:
+        return s
+    return "'" + s.replace("'", "'\"'\"'") + "'"
