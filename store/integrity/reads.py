@@ -82,9 +82,9 @@ def _connect(root: str, var_fd: int):
     path = root + "/var/db.sqlite"
     if not stat.S_ISREG(st.st_mode) or not set(path) <= _URI_SAFE:
         raise _Leave
-    from llmgw_store.roots.switch import _sqlite
+    from llmgw_store.roots.switch import sqlite_module
 
-    sqlite3 = _sqlite()
+    sqlite3 = sqlite_module()
     conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30.0, isolation_level=None)
     try:
         if conn.execute("PRAGMA user_version").fetchone()[0] != SCHEMA_VERSION:
@@ -180,9 +180,9 @@ def _one(conn, column: str, value: str) -> dict | None:
 
 def _profile_ok(p: str) -> bool:
     """names.check_profile, without re (roots/switch.py's)."""
-    from llmgw_store.roots.switch import _profile_ok as ok
+    from llmgw_store.roots.switch import profile_ok
 
-    return ok(p)
+    return profile_ok(p)
 
 
 def _resolve(root: str, profiles_fd: int | None, conn, target: str) -> dict | None:

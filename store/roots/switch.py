@@ -407,6 +407,11 @@ def _sqlite():
     return _sqlite3
 
 
+# What integrity/reads.py shares with the switch: the same names check, the same SQLite module.
+profile_ok = _profile_ok
+sqlite_module = _sqlite
+
+
 def _no_cache(maxsize: int = 128, typed: bool = False):
     """functools.lru_cache(maxsize) as _sqlite3 calls it, caching nothing."""
     return lambda function: function
