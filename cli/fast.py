@@ -1,4 +1,4 @@
-"""The console script's first step: `build`, `activate` and `rollback` without click (click's
+"""The console script's first step: `build`, `activate`, `rollback` and the reads without click (click's
 import is 30 ms here, more than an activation needs in all).
 
 The command line is parsed from the same declarations click's options are made from (cli/spec.py:
@@ -17,6 +17,10 @@ click app with argv untouched, which then does it all and says what is wrong.
 An `activate` or a `rollback` is answered first by the switch's own path (roots/switch.py, through
 handlers.switch_answer: a registered store path, a hot generation, no check), which loads none of
 the library's other layers; what it leaves (nothing changed) runs the click command's body here.
+
+`list`, `info` and `env` are answered by integrity/reads.py (through handlers.read_answer) in the
+common case, with the same lines and document; what it leaves (nothing printed) goes to the click
+app (tests/test_reads.py runs both ways and compares).
 """
 
 from __future__ import annotations
@@ -80,6 +84,14 @@ def run(argv: list[str], started: float) -> int | None:
 
         code = output.run(ctx, hit)
         return code if answered[0] or code != 0 else None
+    if command in handlers.READS:
+        read = [False]
+
+        def answer() -> None:
+            read[0] = handlers.read_answer(ctx, command, params)
+
+        code = output.run(ctx, answer)
+        return code if read[0] or code != 0 else None
     if command in ("activate", "rollback"):
         switched = [False]
 

@@ -276,4 +276,64 @@ def rollback(ctx, kw: dict) -> None:
     ctx.emit(r.to_json(), _rolled_back(profile, r.to_json()))
 
 
+# -- reads ------------------------------------------------------------------------------------------
+
+
+def listed(doc: dict) -> str:
+    """The lines `list` prints for its result document."""
+    from llmgw_store.core.text import human_size
+
+    return "\n".join(f"{p['path']}  {human_size(p['size']):>10}  {p['files']:6d} entries  last used "
+                     f"{p['last_used'][:19]}Z" for p in doc["paths"])
+
+
+def described(doc: dict) -> str:
+    """The lines `info` prints for its result document."""
+    from llmgw_store.core.text import human_size
+
+    manifest = doc["manifest"] or {}
+    return "\n".join([
+        f"path:         {doc['path']}",
+        f"engine:       {doc['engine']} {doc['version']} ({doc['variant']})",
+        f"key:          {doc['key']}",
+        f"as of:        {doc['as_of']}",
+        f"uv:           {doc['uv_version']}",
+        f"python:       {doc['python']}",
+        f"size:         {human_size(doc['size'])} in {doc['files']} entries",
+        f"content hash: {doc['content_hash']}",
+        f"built:        {doc['created']} in {doc['build_seconds']:.1f}s",
+        f"last used:    {doc['last_used']}",
+        f"requirements: {', '.join(manifest.get('requirements', []))}",
+    ])
+
+
+def read_answer(ctx, command: str, kw: dict) -> bool:
+    """Answer `list`, `info` or `env` from integrity/reads.py when it is the common case: print what the
+    full command would print and return True; False (nothing printed) otherwise, and the full
+    command runs."""
+    from llmgw_store.integrity import reads
+
+    root = absolute(ctx.root or default_root())
+    if root is None:
+        return False
+    if command == "list":
+        doc = reads.list_paths(root)
+        if doc is None:
+            return False
+        ctx.emit(doc, listed(doc))
+        return True
+    if command == "env":
+        doc = reads.env_lines(root, kw["target"], os.environ.get("PATH", ""))
+        if doc is None:
+            return False
+        ctx.emit(doc, "\n".join(f"export {k}={reads.shell_quoted(v)}" for k, v in doc["variables"].items()))
+        return True
+    doc = reads.path_info(root, kw["path"])
+    if doc is None:
+        return False
+    ctx.emit(doc, described(doc))
+    return True
+
+
 HANDLERS = {"build": build, "activate": activate, "rollback": rollback}
+READS = ("list", "info", "env")

@@ -4,8 +4,8 @@ click's options (cli/app.py) and the fast path's parser (`parse` and `resolve` b
 cli/fast.py) are both made from these declarations, and the settings among them come from
 core/config.py (flag, environment variable, config key and default in one place). So the fast path
 cannot know an option the click command lacks, or read a variable click does not:
-tests/test_cli_spec.py walks every click parameter and `envvar` of the group, `build`, `activate`
-and `rollback` and fails on one not declared here, and runs both parsers on the same argv,
+tests/test_cli_spec.py walks every click parameter and `envvar` of the group and of each command
+here (`build`, `activate`, `rollback`, and the reads `list`, `info`, `env`) and fails on one not declared here, and runs both parsers on the same argv,
 environment and config file and compares what each gives the command.
 
 `parse` takes what click would take, as click takes it: global options before or after the
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from llmgw_store.core import config, defaults
 
-FAST_COMMANDS = ("build", "activate", "rollback")
+FAST_COMMANDS = ("build", "activate", "rollback", "list", "info", "env")
 # What a parameter of `build` does to a memo answer (core/config.HIT_ROLES), or `miss`: set, the
 # build is never answered from the memo (`--check` rebuilds).
 MISS = "miss"
@@ -162,6 +162,10 @@ COMMANDS: dict[str, tuple[Param, ...]] = {
                 "index a cold generation records, when it is that index."),
         *_CACHE,
     ),
+    # The reads the fast path answers (integrity/reads.py): only the group's options.
+    "list": (),
+    "info": (argument("path"),),
+    "env": (argument("target", metavar="PROFILE|PATH"),),
 }
 
 

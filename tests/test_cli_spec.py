@@ -24,7 +24,7 @@ from llmgw_store.cli import spec
 from llmgw_store.cli.main import cli
 from llmgw_store.core import buildmemo, config
 
-FAST = ("build", "activate", "rollback")
+FAST = ("build", "activate", "rollback", "list", "info")
 
 
 def _click_params(command: click.Command) -> dict[str, click.Parameter]:
@@ -166,7 +166,7 @@ def config_file(tmp_path, monkeypatch):
 
 VALUES = ["R", "/tmp", "/usr/bin/true", "/no/such", "", "5", "-1", "0", "nan", "x", "json", "only-system", "2",
           "http://i/simple/", "--json", "-v", "cpu", "2024-01-01", "true --x"]
-POSITIONAL = {"build": ["r.toml"], "activate": ["p", "/x/y"], "rollback": ["p"]}
+POSITIONAL = {"build": ["r.toml"], "activate": ["p", "/x/y"], "rollback": ["p"], "list": [], "info": ["p@1"]}
 
 
 def _random_line(rng: random.Random) -> list[str]:

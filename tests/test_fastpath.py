@@ -214,7 +214,7 @@ def test_fast_parse_leaves_what_it_does_not_know_to_click():
     assert parse(["build", "r.toml"]).given["recipe"] == "r.toml"
     assert parse(["--root=x", "--json", "build", "--as-of=2024-01-01", "r.toml", "--substituter", "s"]).given["as_of"] \
         == "2024-01-01"
-    for argv in (["build"], ["build", "--help", "r.toml"], ["list"], ["build", "r.toml", "--version", "1",
+    for argv in (["build"], ["build", "--help", "r.toml"], ["gc"], ["list", "x"], ["info"], ["env", "a", "b"], ["build", "r.toml", "--version", "1",
                  "--version", "2"], ["--frob", "build", "r.toml"], ["build", "a.toml", "b.toml"],
                  ["build", "r.toml", "--python-preference", "bogus"], ["build", "r.toml", "--lock-timeout", "-1"],
                  ["build", "r.toml", "--uv"]):

@@ -214,7 +214,7 @@ def unhold(obj: Context, profile: str) -> None:
 
 
 @cli.command()
-@click.argument("target", metavar="PROFILE|PATH")
+@spec_params("env")
 @click.pass_obj
 def env(obj: Context, target: str) -> None:
     """Print shell lines (PATH, VIRTUAL_ENV) for a profile (following its later switches), or for

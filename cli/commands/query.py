@@ -4,46 +4,30 @@ from __future__ import annotations
 
 import click
 
-from llmgw_store.cli.app import Context, cli
+from llmgw_store.cli import handlers
+from llmgw_store.cli.app import Context, cli, spec_params
 
 
 @cli.command(name="list")
+@spec_params("list")
 @click.pass_obj
 def list_cmd(obj: Context) -> None:
     """List the store paths the index holds: path, size, entries (files, links, directories), last used."""
-    from llmgw_store.core.units import human_size
     from llmgw_store.integrity.queries import list_paths
 
-    r = list_paths(obj.root)
-    lines = [f"{p.path}  {human_size(p.size):>10}  {p.files:6d} entries  last used {p.last_used[:19]}Z"
-             for p in r.paths]
-    obj.emit(r.to_json(), "\n".join(lines))
+    doc = list_paths(obj.root).to_json()
+    obj.emit(doc, handlers.listed(doc))
 
 
 @cli.command()
-@click.argument("path")
+@spec_params("info")
 @click.pass_obj
 def info(obj: Context, path: str) -> None:
     """Show what the index and manifest say of PATH (a store path, its name or its key, PROFILE or PROFILE@N)."""
-    from llmgw_store.core.units import human_size
     from llmgw_store.integrity.queries import path_info
 
-    r = path_info(path, obj.root)
-    row, manifest = r.row, r.manifest or {}
-    text = "\n".join([
-        f"path:         {row.path}",
-        f"engine:       {row.engine} {row.version} ({row.variant})",
-        f"key:          {row.key}",
-        f"as of:        {row.as_of}",
-        f"uv:           {row.uv_version}",
-        f"python:       {row.python}",
-        f"size:         {human_size(row.size)} in {row.files} entries",
-        f"content hash: {row.content_hash}",
-        f"built:        {row.created} in {row.build_seconds:.1f}s",
-        f"last used:    {row.last_used}",
-        f"requirements: {', '.join(manifest.get('requirements', []))}",
-    ])
-    obj.emit(r.to_json(), text)
+    doc = path_info(path, obj.root).to_json()
+    obj.emit(doc, handlers.described(doc))
 
 
 @cli.command()

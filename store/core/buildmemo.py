@@ -32,7 +32,17 @@ import os
 import stat
 import sys
 
-from llmgw_store.core.dirs import PRIVATE_DIR, PUBLIC_DIR, own_dir, private_dir, read_private, replace_private
+from llmgw_store.core.dirs import (  # noqa: F401  (NIX_BASE32, is_store_name: re-exported)
+    NAME_CHARS,
+    NIX_BASE32,
+    PRIVATE_DIR,
+    PUBLIC_DIR,
+    is_store_name,
+    own_dir,
+    private_dir,
+    read_private,
+    replace_private,
+)
 from llmgw_store.core.errors import UsageError
 
 try:  # hashlib would load OpenSSL first (5 ms here); blake2b is built in
@@ -51,8 +61,6 @@ DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 # What the result document holds besides path, how, seconds and cache_hit (builder.BuildResult).
 FIELDS = ("name", "key", "engine", "version", "variant", "as_of", "uv", "python")
-NIX_BASE32 = frozenset("0123456789abcdfghijklmnpqrsvwxyz")
-NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._+!-")
 VALUE_MAX = 512
 
 
@@ -119,12 +127,6 @@ def index_epoch(root: str) -> str | None:
         return None
     epoch = int.from_bytes(header[68:72], "big")
     return f"epoch={epoch}" if epoch else None
-
-
-def is_store_name(name: str) -> bool:
-    """keys.is_store_name without `re`: `<32 base-32 characters>-<name characters>`, at most 200."""
-    return (34 <= len(name) <= 200 and name[32] == "-" and all(c in NIX_BASE32 for c in name[:32])
-            and all(c in NAME_CHARS for c in name[33:]))
 
 
 def open_var(root: str, create: bool = False) -> int | None:

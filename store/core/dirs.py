@@ -17,6 +17,15 @@ from llmgw_store.core.errors import AccessDeniedError, UsageError
 
 PUBLIC_DIR = 0o755
 PRIVATE_DIR = 0o700
+NIX_BASE32 = frozenset("0123456789abcdfghijklmnpqrsvwxyz")
+NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._+!-")
+
+
+def is_store_name(name: str) -> bool:
+    """keys.is_store_name without `re`: `<32 base-32 characters>-<name characters>`, at most 200.
+    Here, on every fast path, so that a switch or a read need not load core/buildmemo for it."""
+    return (34 <= len(name) <= 200 and name[32] == "-" and all(c in NIX_BASE32 for c in name[:32])
+            and all(c in NAME_CHARS for c in name[33:]))
 
 
 def refuse(path: object, why: str) -> UsageError:

@@ -58,8 +58,7 @@ def keep(var: str | os.PathLike, name: str, content_hash: str, lock_format: str,
     proved by build/lockproof.proved_lock). `var`: ROOT/var. Whether it was kept."""
     from blake3 import blake3
 
-    from llmgw_store.core.buildmemo import is_store_name
-    from llmgw_store.core.dirs import private_dir
+    from llmgw_store.core.dirs import is_store_name, private_dir
 
     if not is_store_name(name) or lock_format not in LOCK_FORMATS:
         return False
@@ -120,8 +119,7 @@ def recall(var_fd: int, key: bytes, name: str, content_hash: str) -> dict[str, s
 
 def drop(var: str | os.PathLike, name: str) -> None:
     """Remove the kept proof of store path `name` (gc took the path). Never through a link."""
-    from llmgw_store.core.buildmemo import is_store_name
-    from llmgw_store.core.dirs import private_dir
+    from llmgw_store.core.dirs import is_store_name, private_dir
 
     if not is_store_name(name):
         return

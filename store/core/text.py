@@ -11,3 +11,13 @@ def printable(text: str, *, tabs: bool = False) -> str:
     if text.isprintable():
         return text
     return "".join(c if c.isprintable() or (tabs and c == "\t") else repr(c)[1:-1] for c in text)
+
+
+def human_size(n: float) -> str:
+    """`n` bytes in IEC units: `512 B`, `12.0 KiB`, `1.5 GiB` (negative sizes keep their sign).
+    Here, not in core/units (which loads `re`), for the reads the fast path answers (`list`)."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if abs(n) < 1024 or unit == "PiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"

@@ -15,6 +15,7 @@ import re
 
 from llmgw_store.core.errors import UsageError
 from llmgw_store.core.names import shown
+from llmgw_store.core.text import human_size  # noqa: F401  (here for its users; defined without re)
 
 _DURATION = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _POWER = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4, "p": 5}
@@ -55,10 +56,3 @@ def parse_size(text: str) -> int:
     return size
 
 
-def human_size(n: float) -> str:
-    """`n` bytes in IEC units: `512 B`, `12.0 KiB`, `1.5 GiB` (negative sizes keep their sign)."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
-        if abs(n) < 1024 or unit == "PiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} B"

@@ -44,8 +44,7 @@ import stat
 import time
 
 from llmgw_store.core import debug, files, jsontext, proofs
-from llmgw_store.core.buildmemo import NIX_BASE32, is_store_name
-from llmgw_store.core.dirs import PRIVATE_DIR, PUBLIC_DIR, own_dir
+from llmgw_store.core.dirs import NIX_BASE32, PRIVATE_DIR, PUBLIC_DIR, is_store_name, own_dir
 from llmgw_store.core.errors import StoreError
 
 SCHEMA_VERSION = 6  # core/index.py's (tests/test_switch.py checks they agree)
@@ -406,6 +405,11 @@ def _sqlite():
         if sys.modules.get("functools") is stand_in:
             del sys.modules["functools"]
     return _sqlite3
+
+
+# What integrity/reads.py shares with the switch: the same names check, the same SQLite module.
+profile_ok = _profile_ok
+sqlite_module = _sqlite
 
 
 def _no_cache(maxsize: int = 128, typed: bool = False):

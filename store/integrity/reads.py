@@ -1,0 +1,268 @@
+"""`list`, `info` and `env` as they cost: the result documents of integrity/queries.py's
+`list_paths` and `path_info` and of roots/runenv.py's `env_lines`, read with nothing on their path but what a read is (the fast path, cli/fast.py, asks
+here first): os, _json, _sqlite3 and the directory check; no pathlib, re, json, dataclasses,
+typing or click.
+
+Each answers the common case exactly as the full function does — the store's directories
+checked as Store.open(readonly=True) checks them (core/layout.Layout.check: every one that exists,
+nothing made or fixed), the index opened read-only (`mode=ro`) at the schema version this
+llmgw-store reads, the same rows in the same order, the same document — and returns None for
+anything else, having printed and changed nothing: no store at the root, a directory or index
+the full function would refuse or complain of, a malformed row (the full `list` says it skips
+it), a target this module cannot resolve, a manifest that is not plain JSON in a plain file, any
+error. The caller then runs the full function, which does it all and says what is wrong.
+tests/test_reads.py runs both ways on a real store and compares their output byte for byte.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+
+from llmgw_store.core import files, jsontext
+from llmgw_store.core.dirs import NIX_BASE32, PRIVATE_DIR, PUBLIC_DIR, is_store_name, own_dir
+
+SCHEMA_VERSION = 5  # core/index.py's (tests/test_reads.py checks they agree)
+# core/layout.Layout.dir_modes, relative to ROOT, parents before children (tests/test_reads.py).
+DIRS = (("", PUBLIC_DIR), ("store", PUBLIC_DIR), ("store/.links", PUBLIC_DIR), ("store/.wheels", PUBLIC_DIR),
+        ("profiles", PUBLIC_DIR), ("gcroots", PUBLIC_DIR), ("python", PUBLIC_DIR), ("var", PRIVATE_DIR),
+        ("var/locks", PRIVATE_DIR), ("var/temproots", PRIVATE_DIR), ("var/tmp", PRIVATE_DIR),
+        ("var/trash", PRIVATE_DIR), ("var/log", PRIVATE_DIR), ("var/wheels", PRIVATE_DIR), ("cache", PRIVATE_DIR),
+        ("cache/uv", PRIVATE_DIR), ("cache/pyc", PRIVATE_DIR), ("cache/downloads", PRIVATE_DIR))
+# queries.PathRow's fields and index.BuildLogEntry's, in their order (tests/test_reads.py).
+PATH_FIELDS = ("name", "path", "key", "engine", "version", "variant", "as_of", "uv_version", "python", "inputs",
+               "content_hash", "size", "files", "build_seconds", "created", "last_used")
+BUILD_FIELDS = ("id", "key", "name", "pid", "host", "started", "finished", "outcome", "seconds", "error")
+MANIFEST_MAX = 16 << 20  # manifest.MANIFEST_MAX
+TARGET_MAX = 4096
+# What urllib.parse.quote leaves as it is in the index's URI (the rest is left to the full function).
+_URI_SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-~/")
+PROFILE_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789._-")
+
+
+class _Leave(Exception):
+    """Not the common case: the full function answers (nothing was printed or changed)."""
+
+
+def _checked(root: str) -> dict[str, int]:
+    """Layout.check: each directory of the store that exists (its parent checked first) opened and
+    checked by core/dirs.own_dir, nothing made or fixed; {relative path: descriptor}. _Leave for
+    a refusal, or a store without its index (the full function says either)."""
+    fds: dict[str, int] = {}
+    try:
+        for rel, mode in DIRS:
+            parent = fds.get(rel.rpartition("/")[0]) if rel else None
+            if rel and parent is None:
+                continue  # its parent is missing
+            fd = own_dir(f"{root}/{rel}" if rel else root, mode, parent, create=False, fix=False)
+            if fd is None:
+                if not rel or rel in ("store", "var"):
+                    raise _Leave  # no store here: the full function says so
+                continue
+            fds[rel] = fd
+    except BaseException as exc:
+        _close(fds)
+        if isinstance(exc, Exception):
+            raise _Leave from None
+        raise
+    return fds
+
+
+def _close(fds: dict[str, int]) -> None:
+    for fd in fds.values():
+        os.close(fd)
+
+
+def _connect(root: str, var_fd: int):
+    """The index opened as Index(readonly=True) opens it, at SCHEMA_VERSION; _Leave otherwise."""
+    try:
+        st = os.stat("db.sqlite", dir_fd=var_fd, follow_symlinks=False)
+    except OSError:
+        raise _Leave from None
+    path = root + "/var/db.sqlite"
+    if not stat.S_ISREG(st.st_mode) or not set(path) <= _URI_SAFE:
+        raise _Leave
+    from llmgw_store.roots.switch import sqlite_module
+
+    sqlite3 = sqlite_module()
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30.0, isolation_level=None)
+    try:
+        if conn.execute("PRAGMA user_version").fetchone()[0] != SCHEMA_VERSION:
+            raise _Leave
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def _rows(conn, sql: str, params: tuple = ()) -> list[dict]:
+    cur = conn.execute(sql, params)
+    names = [d[0] for d in cur.description]
+    return [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
+
+
+def _path_row(root: str, row: dict) -> dict:
+    """queries.PathRow.of(...).body() for an index row (its name checked)."""
+    if not is_store_name(row["name"]):
+        raise _Leave  # the full function skips it and says so (list) or refuses it (info)
+    inputs = jsontext.loads(row["inputs"])
+    return {f: f"{root}/store/{row['name']}" if f == "path" else inputs if f == "inputs" else row[f]
+            for f in PATH_FIELDS}
+
+
+def _answer(root: str, work):
+    """`work(fds, conn)`'s answer, or None where the full function must answer."""
+    try:
+        fds = _checked(root)
+    except _Leave:
+        return None
+    conn = None
+    try:
+        conn = _connect(root, fds["var"])
+        return work(fds, conn)
+    except Exception:
+        return None
+    finally:
+        if conn is not None:
+            conn.close()
+        _close(fds)
+
+
+def list_paths(root: str) -> dict | None:
+    """queries.list_paths(root).to_json(), or None to leave it to the full function."""
+    def work(_fds, conn) -> dict:
+        rows = _rows(conn, "SELECT * FROM paths ORDER BY engine, version, variant, created")
+        return {"schema_version": 1, "paths": [_path_row(root, r) for r in rows]}
+
+    return _answer(root, work)
+
+
+def path_info(root: str, target: str) -> dict | None:
+    """queries.path_info(target, root).to_json(), or None to leave it to the full function."""
+    def work(fds, conn) -> dict | None:
+        row = _resolve(root, fds.get("profiles"), conn, target)
+        if row is None:
+            return None
+        body = _path_row(root, row)
+        builds = _rows(conn, "SELECT * FROM builds WHERE key = ? ORDER BY id", (row["key"],))
+        return {"schema_version": 1, **body, "manifest": _manifest(fds["store"], row["name"]),
+                "builds": [{f: b[f] for f in BUILD_FIELDS} for b in builds]}
+
+    return _answer(root, work)
+
+
+def _manifest(store_fd: int, name: str) -> dict | None:
+    """manifest.read(path) if path.is_dir() else None: _Leave for what the full function would
+    refuse or follow (a link), or read otherwise than as plain JSON."""
+    try:
+        st = os.stat(name, dir_fd=store_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+    if stat.S_ISLNK(st.st_mode):
+        raise _Leave  # is_dir() follows it; the full function says what it finds
+    if not stat.S_ISDIR(st.st_mode):
+        return None
+    fd = files.open_dir(name, dir_fd=store_fd)
+    try:
+        data = files.read_bounded(".llmgw/manifest.json", MANIFEST_MAX, dir_fd=fd)
+    finally:
+        os.close(fd)
+    doc = jsontext.loads(data)
+    if not isinstance(doc, dict):
+        raise _Leave
+    return doc
+
+
+def _one(conn, column: str, value: str) -> dict | None:
+    rows = _rows(conn, f"SELECT * FROM paths WHERE {column} = ?", (value,))
+    return rows[0] if rows else None
+
+
+def _profile_ok(p: str) -> bool:
+    """names.check_profile, without re (roots/switch.py's)."""
+    from llmgw_store.roots.switch import profile_ok
+
+    return profile_ok(p)
+
+
+def _resolve(root: str, profiles_fd: int | None, conn, target: str) -> dict | None:
+    """resolve.reference for PROFILE@N, PROFILE, a store path's name or key, or ROOT/store/NAME;
+    None for anything else (the full function resolves it, or says why not)."""
+    if not target or len(target) > TARGET_MAX or "\0" in target or not target.isprintable():
+        return None
+    profile, at, number = target.partition("@")
+    if at or _profile_ok(target):
+        if profiles_fd is None:
+            return None
+        if at:
+            if not _profile_ok(profile) or not (0 < len(number) <= 10 and number.isascii() and number.isdigit()) \
+                    or not 1 <= int(number) <= 10**9:
+                return None
+            link = f"{profile}-{int(number)}-link"
+        else:
+            try:
+                if not stat.S_ISLNK(os.stat(target, dir_fd=profiles_fd, follow_symlinks=False).st_mode):
+                    return None
+                link = os.readlink(target, dir_fd=profiles_fd)
+            except FileNotFoundError:
+                link = None  # not a profile: a name or a key
+            except OSError:
+                return None
+            if link is not None:
+                n = link[len(target) + 1:-len("-link")]
+                if link != f"{target}-{n}-link" or not (0 < len(n) <= 10 and n.isascii() and n.isdigit()) \
+                        or n[0] == "0":
+                    return None
+        if link is not None:
+            try:
+                name = os.readlink(link, dir_fd=profiles_fd)
+            except OSError:
+                return None
+            if not name.startswith("../store/"):
+                return None
+            name = name[len("../store/"):]
+            return _one(conn, "name", name) if is_store_name(name) else None
+    if target.startswith("/"):
+        name = target[len(root) + len("/store/"):] if target.startswith(root + "/store/") else ""
+        return _one(conn, "name", name) if is_store_name(name) else None
+    if is_store_name(target):
+        return _one(conn, "name", target)
+    if len(target) == 32 and all(c in NIX_BASE32 for c in target):
+        return _one(conn, "key", target)
+    return None
+
+
+def env_lines(root: str, target: str, path_env: str) -> dict | None:
+    """runenv.env_lines(target, root=root).to_json() (`path_env`: $PATH), or None to leave it to the
+    full function. A PROFILE gives the profile's link (a shell then follows later switches)."""
+    def work(fds, conn) -> dict | None:
+        profiles = fds.get("profiles")
+        if profiles is not None and _profile_ok(target):
+            try:
+                st = os.stat(target, dir_fd=profiles, follow_symlinks=False)
+            except FileNotFoundError:
+                st = None
+            if st is not None:
+                if not stat.S_ISLNK(st.st_mode) or _resolve(root, profiles, conn, target) is None:
+                    return None  # not a profile's link, or one that names no registered generation
+                env_dir = f"{root}/profiles/{target}"
+                return {"schema_version": 1, "variables": {"VIRTUAL_ENV": env_dir, "PATH": f"{env_dir}/bin:{path_env}"}}
+        row = _resolve(root, profiles, conn, target)
+        if row is None or not is_store_name(row["name"]):
+            return None
+        env_dir = f"{root}/store/{row['name']}"
+        return {"schema_version": 1, "variables": {"VIRTUAL_ENV": env_dir, "PATH": f"{env_dir}/bin:{path_env}"}}
+
+    return _answer(root, work)
+
+
+_SHELL_SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_@%+=:,./-")
+
+
+def shell_quoted(s: str) -> str:
+    """shlex.quote(s), without `re` (tests/test_reads.py compares them)."""
+    if not s:
+        return "''"
+    if set(s) <= _SHELL_SAFE:
+        return s
+    return "'" + s.replace("'", "'\"'\"'") + "'"
