@@ -22,7 +22,7 @@ import stat
 from llmgw_store.core import files, jsontext
 from llmgw_store.core.dirs import NIX_BASE32, PRIVATE_DIR, PUBLIC_DIR, is_store_name, own_dir
 
-SCHEMA_VERSION = 5  # core/index.py's (tests/test_reads.py checks they agree)
+SCHEMA_VERSION = 6  # core/index.py's (tests/test_reads.py checks they agree)
 # core/layout.Layout.dir_modes, relative to ROOT, parents before children (tests/test_reads.py).
 DIRS = (("", PUBLIC_DIR), ("store", PUBLIC_DIR), ("store/.links", PUBLIC_DIR), ("store/.wheels", PUBLIC_DIR),
         ("profiles", PUBLIC_DIR), ("gcroots", PUBLIC_DIR), ("python", PUBLIC_DIR), ("var", PRIVATE_DIR),
