@@ -184,12 +184,16 @@ def test_optimise_never_links_a_planted_pool_entry_into_store_paths(root, recipe
     if plant == "setuid_world_writable":
         entry.write_bytes((a / PYC).read_bytes())
         os.chmod(entry, 0o6777)
-    else:  # the right bytes, but a cache's inode, writable as a cache's files may be
+    else:  # the right bytes, but a cache's own inode, writable as a cache's files may be (the
+        # bytecode cache's entries a build used are links to its frozen pycs: a store inode, so the
+        # plant is a cache file of its own beside them)
         hits = [Path(d, f) for d, _, fs in os.walk(root / "cache" / "pyc") for f in fs
                 if Path(d, f).read_bytes() == (a / PYC).read_bytes()]
-        assert hits
-        os.chmod(hits[0], 0o644)
-        os.link(hits[0], entry)
+        assert hits and os.stat(hits[0]).st_ino == os.stat(a / PYC).st_ino
+        own = hits[0].with_name(hits[0].name + ".planted")
+        own.write_bytes((a / PYC).read_bytes())
+        os.chmod(own, 0o644)
+        os.link(own, entry)
     planted = os.stat(entry).st_ino
     # B registers after the plant: sharing at registration must not link it either
     b = Path(build_json(root, recipe, index, uv_bin, "--as-of", "2024-06-02")["path"])
