@@ -397,6 +397,23 @@ def write_outside(path: str | os.PathLike, data: bytes, *, mode: int = 0o644, ex
 
 # --- the private secret file -------------------------------------------------------------------
 
+def _read_secret(path: str | os.PathLike, nbytes: int, dir_fd: int | None) -> bytes:
+    """read_bounded of a private secret. A maker links its whole file into place and then unlinks
+    its temporary name: for that instant the secret has two links, so a second link is waited out,
+    a bounded number of times (a link that stays, a copy shared elsewhere, is still refused)."""
+    import time
+
+    for attempt in range(200):
+        try:
+            return read_bounded(path, nbytes, dir_fd=dir_fd, owner=os.geteuid(), deny_mode=0o077, one_link=True)
+        except FileRefused as exc:
+            # Refused for its second link, the maker's temporary name (gone again by now, or soon).
+            if exc.reason != "has 2 hard links" or attempt == 199:
+                raise
+            time.sleep(0.001)
+    raise AssertionError("unreachable")
+
+
 def private_secret(path: str | os.PathLike, nbytes: int, *, dir_fd: int | None = None) -> bytes:
     """`nbytes` random bytes kept in `path`, made on first use: written 0600 under a temporary name
     and linked into place (so the file is whole or absent, even to a reader racing its maker), and
@@ -404,13 +421,13 @@ def private_secret(path: str | os.PathLike, nbytes: int, *, dir_fd: int | None =
     exactly `nbytes` bytes. FileRefused otherwise (another user's file, a link, a copy shared by a
     hard link elsewhere): the caller decides whether that stops it."""
     try:  # made before, the common case: read, without writing (and fsync-ing) a file to learn it
-        data = read_bounded(path, nbytes, dir_fd=dir_fd, owner=os.geteuid(), deny_mode=0o077, one_link=True)
+        data = _read_secret(path, nbytes, dir_fd)
     except FileNotFoundError:
         try:
             write_atomic(path, os.urandom(nbytes), dir_fd=dir_fd, mode=0o600, exclusive=True)
         except FileExistsError:
             pass  # made just now by another process: read it
-        data = read_bounded(path, nbytes, dir_fd=dir_fd, owner=os.geteuid(), deny_mode=0o077, one_link=True)
+        data = _read_secret(path, nbytes, dir_fd)
     if len(data) != nbytes:
         raise FileRefused(path, f"holds {len(data)} bytes, not {nbytes}")
     return data
