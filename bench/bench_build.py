@@ -131,7 +131,7 @@ def warm_store_root(warm: Path, root: Path) -> None:
     is the store's relative link `../../store/.wheels`, so it points into this root; its wheel home
     store/.wheels, hard-linked (the inodes the warm root's environment links, as a node's wheel home
     is linked by its earlier paths); and the seals var/wheels, copied (a seal must have one link,
-    core/files one_link). The build then checks each entry against its seal by shape and every
+    system/files one_link). The build then checks each entry against its seal by shape and every
     linked file's digest in its scan, as a second build on that node does: a seal that did not fit
     would fail it (DamagedWheel, evicted, unpacked again), which store_after sees."""
     (root / "cache").mkdir(mode=0o700, parents=True)

@@ -125,10 +125,10 @@ def generate_tree(dest: Path, total_mb: int, seed: int = 17) -> tuple[int, int]:
 def register_tree(root: Path, tree_mb: int) -> str:
     """Generate a tree as a store path (frozen, listed, with a manifest) and register it."""
     from llmgw_store.core import manifest
-    from llmgw_store.core.fsutil import freeze
     from llmgw_store.core.index import now_iso
     from llmgw_store.core.keys import store_key
     from llmgw_store.core.local_store import Store
+    from llmgw_store.system.trees import freeze
 
     with Store.open(root, create=True) as store:
         inputs = {"bench": "integrity", "mb": tree_mb}

@@ -3,7 +3,7 @@ boundary; the commands live in cli/commands/, one module per area, each parsing,
 library function and formatting its result.
 
 Options: the group's and those of `build`, `activate` and `rollback` are made from cli/spec.py (the
-fast path reads the same declarations); every setting (core/config.py) is an option made from its
+fast path reads the same declarations); every setting (cli/config.py) is an option made from its
 declaration (`setting_option`), so its flag, variable, config key and default are the same
 everywhere. A config file's values reach click as its `default_map`: click's own order — flag,
 variable, default map, default — is the settings' precedence.
@@ -22,16 +22,16 @@ from typing import Any
 
 import click
 
-from llmgw_store.cli import output, spec
+from llmgw_store.base import report
+from llmgw_store.base.errors import StoreError, translated
+from llmgw_store.cli import config, output, spec
 from llmgw_store.cli.handlers import caches_from, options_from, quoted  # noqa: F401  (the commands' helpers)
 from llmgw_store.cli.output import PROG, Context
-from llmgw_store.core import config, report
-from llmgw_store.core.errors import StoreError, translated
 
 CONFIG_ERROR = "llmgw_store.config_error"
 CONFIG_NOTE = "llmgw_store.config_note"
 # Commands every user who can read the store may run (docs/operations.md "Service users"): the
-# default config file below another user's home is no file to them (core/config.ConfigUnreachable).
+# default config file below another user's home is no file to them (cli/config.ConfigUnreachable).
 READERS = frozenset({"run", "env", "packages", "why", "export"})
 HELP = "llmgw_store.help"
 
@@ -112,7 +112,7 @@ def spec_params(command: str):
 
 
 def setting_option(name: str, default: object = None, help: str | None = None):
-    """The option of the setting `name` (core/config.py) for a command that is not the fast path's."""
+    """The option of the setting `name` (cli/config.py) for a command that is not the fast path's."""
     return click_param(spec.setting(name, default, help))
 
 
@@ -284,7 +284,7 @@ class StoreGroup(click.Group):
         except StoreError as err:
             obj = _end_progress(ctx)
             ctx.exit(output.store_error(err, _as_json(ctx), obj.verbose if obj else 0))
-        except KeyboardInterrupt as exc:  # ^C, SIGTERM, SIGHUP (core/signals.py)
+        except KeyboardInterrupt as exc:  # ^C, SIGTERM, SIGHUP (system/signals.py)
             _end_progress(ctx)
             ctx.exit(output.interrupted(exc, _as_json(ctx)))
         except (click.exceptions.Exit, click.exceptions.ClickException, click.exceptions.Abort):
@@ -352,7 +352,7 @@ def cli(ctx: click.Context, root: str | None, config_file: str | None, as_json: 
     loaded = ctx.meta.get("llmgw_store.config")
     ctx.obj = Context(root, as_json, verbose, progress, quiet=quiet, config_file=loaded.path if loaded else None,
                       containment=containment)
-    # The library reports progress through one reporter (core/report.py): it goes to stderr here,
+    # The library reports progress through one reporter (base/report.py): it goes to stderr here,
     # for the whole command, rendered as --progress says.
     ctx.with_resource(report.reporting_to(ctx.obj.reporter))
     if CONFIG_ERROR in ctx.meta and not ctx.meta.get(HELP):

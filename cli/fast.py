@@ -5,13 +5,13 @@ The command line is parsed from the same declarations click's options are made f
 options, environment variables, the config file's values, defaults), and the command runs the same
 body the click command runs (cli/handlers.py), printing through the same renderer (cli/output.py:
 result, progress, one escaped error line, the JSON error document, exit codes) under the same signal
-guard (core/signals.py: 130, 143, 129). So an answer of this path is the full command's answer:
+guard (system/signals.py: 130, 143, 129). So an answer of this path is the full command's answer:
 tests/test_cli_spec.py checks the two parsers against each other, option by option and variable by
 variable, and tests/test_fastpath_parity.py runs both on the cases where they once differed.
 
-A `build` runs here only when the build memo answers it (core/buildmemo.py: a cache hit, in a few
+A `build` runs here only when the build memo answers it (build/memo.py: a cache hit, in a few
 milliseconds); anything else — a miss, `--check`, another command, `--help`, an option this parser
-is not sure of, a config file whose parsed values are not cached yet (core/config.py) — goes to the
+is not sure of, a config file whose parsed values are not cached yet (cli/config.py) — goes to the
 click app with argv untouched, which then does it all and says what is wrong.
 
 An `activate` or a `rollback` is answered first by the switch's own path (roots/switch.py, through
@@ -34,7 +34,7 @@ def main() -> None:
     import time
 
     started = time.monotonic()
-    from llmgw_store.core import signals
+    from llmgw_store.system import signals
 
     signals.guard()  # SIGTERM and SIGHUP end the command as ^C does: exit 143, 129
     argv = sys.argv[1:]
@@ -50,8 +50,7 @@ def main() -> None:
 def parse(argv: list[str], environ) -> object | None:
     """`argv` parsed as click would parse it (cli/spec.py), every parameter's value resolved from
     argv, `environ`, the config file's cached values and the defaults; None to leave it to click."""
-    from llmgw_store.cli import spec
-    from llmgw_store.core import config
+    from llmgw_store.cli import config, spec
 
     parsed = spec.parse(argv)
     if parsed is None:

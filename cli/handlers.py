@@ -59,10 +59,11 @@ def build(ctx, kw: dict) -> None:
 
 
 def memo_answer(ctx, kw: dict) -> bool:
-    """Answer a `build` from the build memo (core/buildmemo.py) if it is a cache hit: print what the
+    """Answer a `build` from the build memo (build/memo.py) if it is a cache hit: print what the
     full command would print for it, record the use, and return True; False (nothing printed, nothing
     changed) otherwise, and the full command builds."""
-    from llmgw_store.core import buildmemo, uses
+    from llmgw_store.build import memo as buildmemo
+    from llmgw_store.core import uses
 
     if kw.get("python"):
         return False  # --python: never memoised (builder.build), the full command builds or finds it
@@ -150,7 +151,7 @@ def _side(s: dict | None) -> str:
 
 def activate(ctx, kw: dict) -> None:
     from llmgw_store.api import activate as do_activate
-    from llmgw_store.core.errors import UsageError
+    from llmgw_store.base.errors import UsageError
 
     if kw["no_check"] and kw["check"] is not None:
         raise UsageError("--no-check and --check exclude each other")
@@ -176,8 +177,8 @@ def activate(ctx, kw: dict) -> None:
 
 
 def followed(words) -> dict[str, str]:
-    """profile -> release, from the `releases` setting's PROFILE=RELEASE words (core/config.py)."""
-    from llmgw_store.core.errors import UsageError
+    """profile -> release, from the `releases` setting's PROFILE=RELEASE words (cli/config.py)."""
+    from llmgw_store.base.errors import UsageError
 
     out = {}
     for w in words:
@@ -191,8 +192,8 @@ def followed(words) -> dict[str, str]:
 def _activate_release(ctx, kw: dict, check) -> None:
     """`activate PROFILE --release NAME`: what the signed pointer names (api.activate_release)."""
     from llmgw_store.api import activate_release
+    from llmgw_store.base.errors import UsageError
     from llmgw_store.cache.releases import iso
-    from llmgw_store.core.errors import UsageError
     from llmgw_store.roots.holds import Held
 
     profile, release = kw["profile"], kw.get("release")
@@ -281,7 +282,7 @@ def rollback(ctx, kw: dict) -> None:
 
 def listed(doc: dict) -> str:
     """The lines `list` prints for its result document."""
-    from llmgw_store.core.text import human_size
+    from llmgw_store.base.text import human_size
 
     return "\n".join(f"{p['path']}  {human_size(p['size']):>10}  {p['files']:6d} entries  last used "
                      f"{p['last_used'][:19]}Z" for p in doc["paths"])
@@ -289,7 +290,7 @@ def listed(doc: dict) -> str:
 
 def described(doc: dict) -> str:
     """The lines `info` prints for its result document."""
-    from llmgw_store.core.text import human_size
+    from llmgw_store.base.text import human_size
 
     manifest = doc["manifest"] or {}
     return "\n".join([

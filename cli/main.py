@@ -10,7 +10,7 @@ __all__ = ["PROG", "Context", "cli", "main"]
 
 def main() -> None:
     """The full command (the console script comes here when the fast path does not answer)."""
-    from llmgw_store.core import signals
+    from llmgw_store.system import signals
 
     signals.guard()  # SIGTERM and SIGHUP end the command as ^C does: exit 143, 129
     cli(prog_name=PROG)

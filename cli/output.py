@@ -2,17 +2,17 @@
 alike by the click app (cli/app.py) and the fast path (cli/fast.py), so the two print the same bytes.
 
     stdout   the result: a store path, a table, or with --json one JSON document
-    stderr   progress (core/report.py renders it as --progress / LLMGW_STORE_PROGRESS say; -q: none)
+    stderr   progress (base/report.py renders it as --progress / LLMGW_STORE_PROGRESS say; -q: none)
              and errors, each one line: `llmgw-store: error: ...`, control characters escaped
 
 Exit codes: 0 ok, 1 the operation failed, 2 bad usage or input (nothing was changed), 75 a lock
 could not be had in time, 66/69/77/65 --substitute-only got nothing: a miss, the caches
-unreachable, signed by an untrusted key, damaged (core/errors.py), 130/143/129 interrupted by SIGINT/SIGTERM/SIGHUP (core/signals.py).
+unreachable, signed by an untrusted key, damaged (base/errors.py), 130/143/129 interrupted by SIGINT/SIGTERM/SIGHUP (system/signals.py).
 Under --json an error is also a JSON document on stdout:
 
     {"schema_version": 1, "exit_code": 2, "error": {"kind": "usage", "message": "..."}}
 
-`kind` is the error's class in the store's error tree (core/errors.py) in snake case without
+`kind` is the error's class in the store's error tree (base/errors.py) in snake case without
 "Error" (`not_found`, `lock_timeout`, `integrity`, `usage`, `store` for the root, ...), or
 `interrupted` (with `signal`) or `internal` (a bug). A CommandError also gives `log`; a
 --substitute-only command that got nothing (`cache_miss`, `cache_unreachable`, `cache_untrusted`,
@@ -25,9 +25,10 @@ import os
 import sys
 import time
 
-from llmgw_store.core import report, signals
-from llmgw_store.core.errors import StoreError, translated
-from llmgw_store.core.text import printable
+from llmgw_store.base import report
+from llmgw_store.base.errors import StoreError, translated
+from llmgw_store.base.text import printable
+from llmgw_store.system import signals
 
 PROG = "llmgw-store"
 SCHEMA_VERSION = 1  # of every JSON document the CLI prints (the key: "schema_version")
@@ -51,7 +52,7 @@ class Context:
         self.root, self.as_json, self.verbose, self.quiet = root, as_json, verbose, quiet
         if containment:
             # The effective setting (flag, variable, config file or default, resolved by the parser)
-            # is what core/cgroups.py reads when the first child starts; handed over in a variable
+            # is what supervise/cgroups.py reads when the first child starts; handed over in a variable
             # of its own, so `config` still says where the public one came from.
             if containment != os.environ.get("LLMGW_STORE_CONTAINMENT", "auto"):
                 os.environ["_LLMGW_STORE_CONTAINMENT"] = containment
@@ -76,9 +77,9 @@ class Context:
 
 
 def dumps(document: object) -> str:
-    """json.dumps(document, indent=2, sort_keys=True, default=str), through core/jsontext when it
+    """json.dumps(document, indent=2, sort_keys=True, default=str), through system/jsontext when it
     can (the same text, without loading `json` and `re` on a switch's path)."""
-    from llmgw_store.core import jsontext
+    from llmgw_store.system import jsontext
 
     try:
         return jsontext.indented(document, 2)
@@ -159,7 +160,7 @@ def run(ctx: Context, body) -> int:
         return done.code
     except StoreError as err:
         return store_error(err, ctx.as_json, ctx.verbose)
-    except KeyboardInterrupt as exc:  # ^C, SIGTERM, SIGHUP (core/signals.py)
+    except KeyboardInterrupt as exc:  # ^C, SIGTERM, SIGHUP (system/signals.py)
         return interrupted(exc, ctx.as_json)
     except BrokenPipeError:
         _quiet_broken_pipe()

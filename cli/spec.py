@@ -2,7 +2,7 @@
 
 click's options (cli/app.py) and the fast path's parser (`parse` and `resolve` below, used by
 cli/fast.py) are both made from these declarations, and the settings among them come from
-core/config.py (flag, environment variable, config key and default in one place). So the fast path
+cli/config.py (flag, environment variable, config key and default in one place). So the fast path
 cannot know an option the click command lacks, or read a variable click does not:
 tests/test_cli_spec.py walks every click parameter and `envvar` of the group and of each command
 here (`build`, `activate`, `rollback`, and the reads `list`, `info`, `env`) and fails on one not declared here, and runs both parsers on the same argv,
@@ -12,15 +12,16 @@ environment and config file and compares what each gives the command.
 command (`--root R`, `--root=R`, `-v`, `-vq`, ...), `--opt value` and `--opt=value`, `--` ending
 the options. Anything it is not sure of — an unknown or repeated option, a value click would
 refuse, `--help`, another command — is None, and the click app runs the command instead, with
-argv untouched: click then says what is wrong. Imports only core/config and core/defaults.
+argv untouched: click then says what is wrong. Imports only cli/config and base/defaults.
 """
 
 from __future__ import annotations
 
-from llmgw_store.core import config, defaults
+from llmgw_store.base import defaults
+from llmgw_store.cli import config
 
 FAST_COMMANDS = ("build", "activate", "rollback", "list", "info", "env")
-# What a parameter of `build` does to a memo answer (core/config.HIT_ROLES), or `miss`: set, the
+# What a parameter of `build` does to a memo answer (cli/config.HIT_ROLES), or `miss`: set, the
 # build is never answered from the memo (`--check` rebuilds).
 MISS = "miss"
 MAX_CHECK_TIMEOUT_S = 86400.0
@@ -29,7 +30,7 @@ MAX_CHECK_TIMEOUT_S = 86400.0
 class Param:
     """One option or argument. `kind`: text, path, choice, list, flag, count, seconds, int,
     positive (an int of at least 1), timeout (seconds, more than 0, at most a day), or a setting's
-    kind; `setting`: the core/config Setting it is (its env variable and config key with it)."""
+    kind; `setting`: the cli/config Setting it is (its env variable and config key with it)."""
 
     __slots__ = (
         "argument",
@@ -64,7 +65,7 @@ class Param:
 
 
 def setting(name: str, default: object = None, help: str | None = None) -> Param:
-    """The option of a core/config setting (`default`: the command's own, where it differs;
+    """The option of a cli/config setting (`default`: the command's own, where it differs;
     config.NO_DEFAULT where the command has none)."""
     s = config.BY_NAME[name]
     value = None if default is config.NO_DEFAULT else s.default if default is None else default
@@ -94,7 +95,7 @@ GROUP: tuple[Param, ...] = (
     setting("containment"),
 )
 
-# How the --substituter caches are talked to (core/config.py `cache.*`; docs/fleet.md, "Networks
+# How the --substituter caches are talked to (cli/config.py `cache.*`; docs/fleet.md, "Networks
 # that fail"): handed to api.py as `cache_network`, a RetryPolicy's fields.
 CACHE_NETWORK = ("attempts", "retry_for", "stall", "metadata_timeout", "deadline", "redirects_to")
 _CACHE = tuple(setting(f"cache.{name}") for name in CACHE_NETWORK)

@@ -10,9 +10,9 @@ from __future__ import annotations
 _EXPORTS = {
     "BuildOptions": "build.builder", "BuildResult": "build.builder",
     "Store": "core.local_store",
-    "StoreError": "core.errors", "UsageError": "core.errors", "RecipeError": "core.errors", "NotFoundError": "core.errors",
-    "LockTimeout": "core.errors", "NetworkError": "core.errors", "IntegrityError": "core.errors", "CommandError": "core.errors",
-    "IndexError_": "core.errors",
+    "StoreError": "base.errors", "UsageError": "base.errors", "RecipeError": "base.errors", "NotFoundError": "base.errors",
+    "LockTimeout": "base.errors", "NetworkError": "base.errors", "IntegrityError": "base.errors", "CommandError": "base.errors",
+    "IndexError_": "base.errors",
 }
 __all__ = sorted(_EXPORTS)
 

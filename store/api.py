@@ -30,9 +30,9 @@ def build(recipe: str | Path, options: BuildOptions | None = None, *, substitute
     """Build a recipe, asking the binary caches `substituters` (signed by `trusted_keys`) first
     (only them with `options.substitute_only`; only the file:// ones with `options.offline`).
     `cache_network`: RetryPolicy's fields (attempts, stall, ...) for talking to them."""
+    from llmgw_store.app import retry
     from llmgw_store.build.builder import BuildOptions
     from llmgw_store.build.builder import build as build_recipe
-    from llmgw_store.core import retry
 
     options = options or BuildOptions()
     # The index's client (build/pypi.py) runs under the same policy as the substituters.
@@ -114,9 +114,9 @@ def cache_gc(url: str, keep_from: list[str], *, grace: str = "1d", dry_run: bool
     """Delete what no published root and no release pointer holds from the binary cache `url`
     (cache/cache_gc.py). The high-water marks of the roots documents and release pointers this
     host has seen there are kept in ROOT/var/seen.json (cache/seen.py)."""
+    from llmgw_store.app.units import parse_duration
     from llmgw_store.cache.cache_gc import gc
     from llmgw_store.core.layout import Layout
-    from llmgw_store.core.units import parse_duration
 
     return gc(url, keep_from, grace=parse_duration(grace), var=Layout.at(root).var, release_keys=release_keys,
               dry_run=dry_run, allow_no_roots=allow_no_roots, policy=policy)
@@ -138,7 +138,7 @@ def rollback(profile: str, *, to: int | None = None, substituters: tuple[str, ..
     index when it is the same one."""
     from dataclasses import replace
 
-    from llmgw_store.core import network, retry
+    from llmgw_store.app import network, retry
     from llmgw_store.roots import profiles
 
     with network.offline(offline), retry.using(retry.RetryPolicy.from_env(**(cache_network or {}))):
@@ -159,15 +159,15 @@ def _substituter(substituters: tuple[str, ...], trusted_keys: tuple[str, ...], o
     cache that needs the network is passed over with one line (only file:// ones are asked); when
     that leaves none under `substitute_only`, the usage error says so."""
     if offline:
-        from llmgw_store.core.credentials import public_url
-        from llmgw_store.core.report import say
+        from llmgw_store.app.credentials import public_url
+        from llmgw_store.base.report import say
 
         passed = [public_url(u) for u in substituters if not u.startswith("file://")]
         for url in passed:
             say(f"cache {url}: passed over (--offline: file:// caches only)")
         substituters = tuple(u for u in substituters if u.startswith("file://"))
         if passed and not substituters and substitute_only:
-            from llmgw_store.core.errors import UsageError
+            from llmgw_store.base.errors import UsageError
 
             raise UsageError(f"--substitute-only with --offline: the binary caches given ({' '.join(passed)}) were "
                              "passed over because of --offline (it asks file:// caches only): pass a file:// "
@@ -175,8 +175,8 @@ def _substituter(substituters: tuple[str, ...], trusted_keys: tuple[str, ...], o
     if not substituters:
         return None
     if not trusted_keys:
-        from llmgw_store.core.credentials import public_url
-        from llmgw_store.core.errors import UsageError
+        from llmgw_store.app.credentials import public_url
+        from llmgw_store.base.errors import UsageError
 
         # Nothing a cache serves could be checked: every object would be refused and the command
         # would build (or, substitute-only, fail) as if the caches were empty.
@@ -199,11 +199,11 @@ def _realise_record(rec: Record, substituters: tuple[str, ...], trusted_keys: tu
     table again as a recipe's would be, and compares the tree with the recorded content hash
     before it is registered: a rebuild that gives other bytes never becomes a store path. A pulled
     path is checked by the cache layer (signature, key, listing), then against the record."""
+    from llmgw_store.base.errors import IntegrityError, NotFoundError
+    from llmgw_store.base.report import say
     from llmgw_store.build import builder, rebuild
     from llmgw_store.build.realise import realise
-    from llmgw_store.core.errors import IntegrityError, NotFoundError
     from llmgw_store.core.local_store import Store
-    from llmgw_store.core.report import say
 
     what = f"generation {rec.generation} of {rec.profile} ({rec.name})"
     with Store.open(root, lock_timeout, readonly=True) as store:
@@ -254,8 +254,8 @@ def release_set(release: str, target: str, to: str, secret_key: str, *, trusted_
     """Point the release `release` in the cache `to` at TARGET (PROFILE, PROFILE@N, a store path, its
     name or key in this store; a key or name this store lacks is taken as the cache's metadata
     names it), signed with `secret_key` (cache/releases.py)."""
+    from llmgw_store.base.errors import NotFoundError
     from llmgw_store.cache import releases
-    from llmgw_store.core.errors import NotFoundError
     from llmgw_store.core.keys import KEY_RE, is_store_name, key_of_name
     from llmgw_store.core.local_store import Store
     from llmgw_store.roots.resolve import reference
@@ -323,11 +323,11 @@ def activate_release(profile: str, release: str, *, substituters: tuple[str, ...
     cache/releases.py), its key pulled as any pull is checked — unless this store holds it already —
     then switched to. No recipe, no key computed, no index. Returns (Switch, Release); roots.holds.Held
     (exit 0, nothing switched) when the profile is held, before anything is read or at the switch."""
+    from llmgw_store.app import debug, network
+    from llmgw_store.base.errors import UsageError
     from llmgw_store.cache import releases
     from llmgw_store.cache.backends import RetryPolicy
     from llmgw_store.cache.pull import pull
-    from llmgw_store.core import debug, network
-    from llmgw_store.core.errors import UsageError
     from llmgw_store.core.local_store import Store
     from llmgw_store.core.names import check_profile
     from llmgw_store.roots import holds, profiles

@@ -105,3 +105,37 @@ def test_layers_contract_holds():
     proc = subprocess.run([lint, "--config", str(REPO / "pyproject.toml")], cwd=REPO, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert "1 kept, 0 broken" in proc.stdout
+
+
+def _layers() -> list[list[str]]:
+    import tomllib
+
+    conf = tomllib.loads((REPO / "pyproject.toml").read_text())
+    (contract,) = [c for c in conf["tool"]["importlinter"]["contracts"] if c["type"] == "layers"]
+    return [[p.strip() for p in layer.split("|")] for layer in contract["layers"]]
+
+
+def _floor(module: str) -> str:
+    return ".".join(module.split(".")[:2])
+
+
+def test_every_package_of_the_library_stands_on_a_floor():
+    """A new package under store/ must be given its floor in the contract, or nothing checks its imports."""
+    placed = {p for layer in _layers() for p in layer}
+    packages = {f"llmgw_store.{d.name}" for d in STORE.iterdir() if (d / "__init__.py").is_file()}
+    modules = {f"llmgw_store.{f.stem}" for f in STORE.glob("*.py") if f.name != "__init__.py"}
+    assert packages | modules == placed
+
+
+def test_below_the_store_model_two_levels_of_independent_floors():
+    """core (the store model) stands on OS primitives, process supervision and application plumbing,
+    which import nothing of each other; under all three, base (errors, progress, text, defaults)."""
+    layers = _layers()
+    core = layers.index(["llmgw_store.core"])
+    assert layers[core + 1:] == [["llmgw_store.system", "llmgw_store.supervise", "llmgw_store.app"],
+                                 ["llmgw_store.base"]]
+    mods = _modules()
+    lower = ("llmgw_store.system", "llmgw_store.supervise", "llmgw_store.app", "llmgw_store.base")
+    crossing = sorted((a, b) for a, b, _ in _imports(mods) if a.startswith(lower)
+                      and _floor(b) not in (_floor(a), "llmgw_store.base"))
+    assert crossing == []

@@ -1,4 +1,4 @@
-"""The one bounded TOML loader (core/boundedtoml) the config file and recipes are read through:
+"""The one bounded TOML loader (system/boundedtoml) the config file and recipes are read through:
 hostile texts are refused before tomllib sees them, and every honest file still loads."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from llmgw_store.core.boundedtoml import Limits, TomlRefused, loads, shape_problem
+from llmgw_store.system.boundedtoml import Limits, TomlRefused, loads, shape_problem
 
 LIMITS = Limits(1 << 16, 8, 8, "the file")
 REPO = Path(__file__).resolve().parent.parent

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from llmgw_store.base.errors import IntegrityError
 from llmgw_store.cache import signing
 from llmgw_store.cache.backends import backend_for
-from llmgw_store.core.errors import IntegrityError
 from tests.conftest import build_store, copy_store, run_cli, run_in_env
 from tests.support.caches import cache, push, s3_server  # noqa: F401  (fixtures: the three real backends)
 
@@ -319,7 +319,7 @@ def test_build_passes_a_hostile_cache_over_and_builds(world, template, uv_bin, a
 CAPPED_GET = """
 import json, sys, tracemalloc
 from llmgw_store.cache.backends import backend_for
-from llmgw_store.core.errors import IntegrityError
+from llmgw_store.base.errors import IntegrityError
 b = backend_for(sys.argv[1])
 b.get("absent.json", max_bytes=1)  # imports and first connection before measuring
 tracemalloc.start()
@@ -501,7 +501,7 @@ def test_http_reads_reuse_a_connection_and_survive_the_server_closing_it():
 
 
 def test_http_redirect_is_followed_and_a_cut_body_is_an_error():
-    from llmgw_store.core.errors import NetworkError
+    from llmgw_store.base.errors import NetworkError
 
     def script(h):
         if h.path.endswith("/moved.json"):

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from llmgw_store.core.errors import UsageError
-from llmgw_store.core.units import human_size, parse_duration, parse_size
+from llmgw_store.app.units import human_size, parse_duration, parse_size
+from llmgw_store.base.errors import UsageError
 from tests.conftest import PYTHON, build_store, real_uv, run_cli, write_recipe
 
 

@@ -1,4 +1,4 @@
-"""The fast path and click read one declaration (cli/spec.py, core/config.py) and parse alike.
+"""The fast path and click read one declaration (cli/spec.py, cli/config.py) and parse alike.
 
 - every click parameter and `envvar` of the group, `build`, `activate` and `rollback` is declared,
   with the same spellings, variable, kind and (for `build`) what it does to a memo answer: an option
@@ -19,10 +19,10 @@ from pathlib import Path
 import click
 import pytest
 
+from llmgw_store.build import memo as buildmemo
 from llmgw_store.build.builder import BuildOptions
-from llmgw_store.cli import spec
+from llmgw_store.cli import config, spec
 from llmgw_store.cli.main import cli
-from llmgw_store.core import buildmemo, config
 
 FAST = ("build", "activate", "rollback", "list", "info")
 

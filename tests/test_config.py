@@ -1,4 +1,4 @@
-"""The config file (core/config.py): a node configured by its file alone, the same precedence in
+"""The config file (cli/config.py): a node configured by its file alone, the same precedence in
 the full command and the fast path, every mistake one line and exit 2 naming the file and the key,
 and a file (or a file it names) that another user could write refused."""
 
@@ -153,7 +153,7 @@ def test_which_file_is_read(tmp_path, monkeypatch):
     proc = with_config("", "--json", "config")
     assert proc.returncode == 0 and json.loads(proc.stdout)["config_file"] is None
     # The default place: /etc/llmgw-store/config.toml as root, else under XDG_CONFIG_HOME.
-    from llmgw_store.core import config
+    from llmgw_store.cli import config
 
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
     assert config.default_path() == ("/etc/llmgw-store/config.toml" if os.geteuid() == 0
@@ -213,7 +213,7 @@ def test_the_docs_list_every_setting_and_their_example_configs_are_valid(tmp_pat
     builder's configs pass the file's checks."""
     import re
 
-    from llmgw_store.core import config
+    from llmgw_store.cli import config
     from tests.conftest import REPO
 
     page = (REPO / "docs" / "operations.md").read_text()

@@ -1,4 +1,4 @@
-"""Every child the store starts is contained (core/cgroups.py): a cgroup v2 of its own where the
+"""Every child the store starts is contained (supervise/cgroups.py): a cgroup v2 of its own where the
 node gives one, killed with `cgroup.kill`; the keeper's subreaper walk otherwise. A check that
 leaves its process group with setsid and keeps changing pid (fork, parent exits, repeat) escaped
 the walk (2 runs of 3) and ran on as root after `activate` returned: with the cgroup it is gone the
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from llmgw_store.core import cgroups, procs
+from llmgw_store.supervise import cgroups, procs
 from tests.conftest import build_store, run_cli
 
 HOPPER = textwrap.dedent("""
@@ -160,7 +160,7 @@ def test_doctor_says_which_containment_the_node_gets(built):
 
 
 def test_containment_is_chosen_by_name_and_a_bad_name_is_a_usage_error(monkeypatch):
-    from llmgw_store.core.errors import UsageError
+    from llmgw_store.base.errors import UsageError
 
     monkeypatch.setattr(cgroups, "_chosen", None)
     assert cgroups.choose("subreaper")[0] == "subreaper"

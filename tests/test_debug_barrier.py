@@ -1,4 +1,4 @@
-"""The debug points race tests hold processes at (store/core/debug.py, tests/support/barrier.py)."""
+"""The debug points race tests hold processes at (store/app/debug.py, tests/support/barrier.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 from tests.support.barrier import Barrier
 
-HOLD = "from llmgw_store.core import debug; debug.pause('SOMEWHERE'); print('after')"
+HOLD = "from llmgw_store.app import debug; debug.pause('SOMEWHERE'); print('after')"
 
 
 def test_a_process_waits_at_its_point_until_the_test_says_go(tmp_path):

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from llmgw_store.core.errors import UsageError
-from llmgw_store.core.units import parse_duration, parse_size
+from llmgw_store.app.units import parse_duration, parse_size
+from llmgw_store.base.errors import UsageError
 from tests.conftest import run_cli
 
 CASES = [

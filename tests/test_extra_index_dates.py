@@ -177,8 +177,8 @@ def test_pin_from_main_index_of_a_package_nothing_requires_is_refused(tmp_path, 
 def test_the_lock_is_checked_against_every_pin():
     """After resolving, a lock that holds another version, or a file whose digest the pin does not
     list (a mirror that changed a file between the listing and the resolution), is refused."""
+    from llmgw_store.base.errors import IntegrityError
     from llmgw_store.build import indexpins
-    from llmgw_store.core.errors import IntegrityError
 
     good, bad = "a" * 64, "b" * 64
     lock = ('lock-version = "1.0"\n[[packages]]\nname = "tinytorch"\nversion = "2.0+cu126"\n'

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from llmgw_store.base.errors import IntegrityError
 from llmgw_store.build import fetch
-from llmgw_store.core.errors import IntegrityError
-from llmgw_store.core.extract import extract_tar
+from llmgw_store.system.extract import extract_tar
 
 # --- building archives ---------------------------------------------------------------------------
 
@@ -596,7 +596,7 @@ def test_link_resolution_work_is_bounded(tmp_path):
 
 
 def test_too_many_symlinks(tmp_path, monkeypatch):
-    from llmgw_store.core import extract
+    from llmgw_store.system import extract
     monkeypatch.setattr(extract, "MAX_SYMLINKS", 50)  # 10,000 in earnest; the same check
     refused(tmp_path, [d("p"), f("p/x")] + [sym(f"p/l{i}", "x") for i in range(60)],
             "'p/l50' is past the limit of 50 symlinks")

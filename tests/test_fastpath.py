@@ -1,4 +1,4 @@
-"""The cache-hit fast path (cli/fast.py, core/buildmemo.py) and the use stamps (core/uses.py).
+"""The cache-hit fast path (cli/fast.py, build/memo.py) and the use stamps (core/uses.py).
 
 Each test runs the installed command under `python -X importtime`: click in the import log means
 the full command answered (the fast path fell through), no click means the build memo did.
@@ -138,7 +138,7 @@ def test_a_tampered_memo_is_ignored(tmp_path, root, recipe, index, uv_bin, tampe
 
 
 def test_memo_read_refuses_expired_and_stale_entries(root, recipe, index, uv_bin, tmp_path):
-    from llmgw_store.core import buildmemo
+    from llmgw_store.build import memo as buildmemo
 
     first, _ = hit(root, recipe, index, uv_bin)
     fields = {f: str(first["uv_version" if f == "uv" else f]) for f in buildmemo.FIELDS}  # the memo's `uv`
@@ -197,8 +197,9 @@ def test_uses_fold_ignores_what_is_not_a_stamp(root, recipe, index, uv_bin, tmp_
 
 
 def test_fast_path_constants_agree_with_the_library():
-    from llmgw_store.core import buildmemo, keys
-    from llmgw_store.core.host import platform_facts
+    from llmgw_store.build import memo as buildmemo
+    from llmgw_store.core import keys
+    from llmgw_store.system.host import platform_facts
 
     assert buildmemo.KEY_SCHEMA == keys.SCHEMA_VERSION
     facts = platform_facts()

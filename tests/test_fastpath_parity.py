@@ -41,7 +41,7 @@ def full(root: Path, *args: str, env: dict | None = None) -> subprocess.Complete
 def test_the_index_url_from_its_variable_is_an_input_of_the_hit(root, recipe, index, uv_bin, wheels):
     """LLMGW_STORE_INDEX_URL is read by the fast path as click reads it: a memo entry made for
     another index URL is never the answer."""
-    from llmgw_store.core import buildmemo
+    from llmgw_store.build import memo as buildmemo
 
     built = build_json(root, recipe, index, uv_bin, env={"LLMGW_STORE_INDEX_URL": index.url})
     argv = ("--json", "build", str(recipe), "--uv", str(uv_bin))

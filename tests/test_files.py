@@ -1,4 +1,4 @@
-"""The store's file primitives (core/files.py) on real files: the bounded reader never follows a
+"""The store's file primitives (system/files.py) on real files: the bounded reader never follows a
 link (last component, or any component below a dir_fd), never waits on a FIFO, never reads more
 than its limit; the atomic write never opens an existing file; the secret file is whole or absent
 and refused when shared, open or another user's. Each refusal beside the case that works."""
@@ -10,8 +10,8 @@ import threading
 
 import pytest
 
-from llmgw_store.core import files
-from llmgw_store.core.errors import UnsafePathError
+from llmgw_store.base.errors import UnsafePathError
+from llmgw_store.system import files
 
 
 def test_read_bounded_reads_a_regular_file(tmp_path):

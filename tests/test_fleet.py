@@ -109,8 +109,8 @@ def test_read_only_http_cache_refuses_push(builder):
 
 
 def test_environment_whose_interpreter_is_missing_here_is_refused(tmp_path):
+    from llmgw_store.base.errors import UsageError
     from llmgw_store.cache.pull import _check_relocatable
-    from llmgw_store.core.errors import UsageError
 
     env = tmp_path / "env"
     env.mkdir()

@@ -367,9 +367,9 @@ def test_a_streamed_blob_stops_at_its_signed_size_and_a_declared_size_is_checked
     """The two ways a blob is inflated, on a real directory cache: streamed (large files) stops
     producing past the signed size, 1 MiB at a time; in one call (packs, small files) a frame
     declaring another size is refused before zstd allocates it."""
+    from llmgw_store.base.errors import IntegrityError
     from llmgw_store.cache.backends import FileBackend
     from llmgw_store.cache.tree_fetch import BlobRef, _inflate, inflate_whole
-    from llmgw_store.core.errors import IntegrityError
 
     (tmp_path / "blobs").mkdir()
     bomb = zstandard.ZstdCompressor(level=19).compress(b"\0" * (512 << 20))

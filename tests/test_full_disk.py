@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from llmgw_store.core.errors import AccessDeniedError, DiskFullError, ReadOnlyError, cut_at_word, from_os_error
+from llmgw_store.base.errors import AccessDeniedError, DiskFullError, ReadOnlyError, cut_at_word, from_os_error
 from llmgw_store.core.index import Index
 from tests.conftest import build_store, copy_store, run_cli, write_recipe
 from tests.support.tmpfs import tmpfs as mounted_tmpfs

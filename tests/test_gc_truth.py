@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from llmgw_store.core.fsutil import free_bytes
+from llmgw_store.system.trees import free_bytes
 from tests.conftest import RELEASE_DATES, build_json, real_uv, run_cli, write_recipe
 from tests.support.index_server import PackageIndex
 from tests.support.tmpfs import tmpfs

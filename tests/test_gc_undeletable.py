@@ -72,7 +72,7 @@ def test_a_file_gc_cannot_unlink_fails_only_its_own_path(store):
 def test_eperm_for_root_is_not_called_an_ownership_problem():
     import errno
 
-    from llmgw_store.core.errors import AccessDeniedError, NotPermittedError, from_os_error
+    from llmgw_store.base.errors import AccessDeniedError, NotPermittedError, from_os_error
 
     err = from_os_error(PermissionError(errno.EPERM, "Operation not permitted", "/r/var/trash/x/f"))
     assert isinstance(err, NotPermittedError) and err.exit_code == 1

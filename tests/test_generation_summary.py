@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from llmgw_store.core import files
 from llmgw_store.core.layout import Layout
 from llmgw_store.roots import records, summary
+from llmgw_store.system import files
 from tests.conftest import build_store, copy_store, run_cli
 
 

@@ -8,9 +8,9 @@ import sqlite3
 
 import pytest
 
+from llmgw_store.base.errors import UsageError
 from llmgw_store.build import recipe as recipes
 from llmgw_store.build.gpu import GPU, Host, choose
-from llmgw_store.core.errors import UsageError
 from tests.conftest import PYTHON, run_cli
 
 MULTI = """

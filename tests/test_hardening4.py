@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from llmgw_store.base.errors import IntegrityError, UsageError
 from llmgw_store.cache import signing
-from llmgw_store.core.errors import IntegrityError, UsageError
 from tests.conftest import cli_cmd
 from tests.support.delta import delta_wheels, template, world  # noqa: F401  (fixtures)
 
@@ -443,7 +443,7 @@ def test_the_fast_path_checks_the_key_files_its_cached_config_names(tmp_path, mo
     """A key file named by the config (relative: the config's directory's), cached by the full
     command; then its directory opens up to others (or the name becomes a link planted in a
     directory others may write): the cached values are not used."""
-    from llmgw_store.core import config
+    from llmgw_store.cli import config
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     _, value = _key_with_a_slash()

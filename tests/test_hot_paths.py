@@ -46,13 +46,13 @@ def store(tmp_path, root, recipe, index, uv_bin):
 HIT_NEVER = {"click", "_sqlite3", "re", "pathlib", "typing", "dataclasses", "inspect", "tomllib", "json", "threading",
              "hashlib", "contextlib", "enum", "importlib.util"}
 SWITCH_NEVER = {"click", "inspect", "ast", "tomllib", "_hashlib", "hmac", "secrets", "shlex",
-                "llmgw_store.core.procs", "llmgw_store.build.builder"}
+                "llmgw_store.supervise.procs", "llmgw_store.build.builder"}
 
 
 def test_a_cache_hit_loads_little(root, store):
     proc, names = loaded(root, "build", str(store["recipe"]), env=store["env"])
     assert proc.returncode == 0 and proc.stdout == store["a"] + "\n"
-    assert "llmgw_store.core.buildmemo" in names and not names & HIT_NEVER, sorted(names & HIT_NEVER)
+    assert "llmgw_store.build.memo" in names and not names & HIT_NEVER, sorted(names & HIT_NEVER)
 
 
 def test_a_switch_loads_what_it_needs_only(root, store):
@@ -63,7 +63,7 @@ def test_a_switch_loads_what_it_needs_only(root, store):
         assert "llmgw_store.roots.switch" in names and not names & SWITCH_NEVER, (args, sorted(names & SWITCH_NEVER))
     # A check runs a child: then procs comes (and threads for its output).
     proc, names = loaded(root, "activate", "p", store["a"], "--check", "true", env=store["env"])
-    assert proc.returncode == 0 and "llmgw_store.core.procs" in names and "click" not in names
+    assert proc.returncode == 0 and "llmgw_store.supervise.procs" in names and "click" not in names
 
 
 def test_inspect_deferred_is_inspect_when_used(root, store):
@@ -83,7 +83,7 @@ def test_every_dataclass_of_the_library_has_a_docstring_where_a_switch_loads_it(
 
     from tests.conftest import REPO
 
-    modules = ["core/layout.py", "core/local_store.py", "core/results.py", "roots/profiles.py", "roots/records.py",
+    modules = ["core/layout.py", "core/local_store.py", "app/results.py", "roots/profiles.py", "roots/records.py",
                "roots/health.py"]
     for rel in modules:
         tree = ast.parse((REPO / "store" / rel).read_text())

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from llmgw_store.core.errors import DiskFullError, IndexError_, LockTimeout, ReadOnlyError
+from llmgw_store.base.errors import DiskFullError, IndexError_, LockTimeout, ReadOnlyError
 from llmgw_store.core.index import SCHEMA_VERSION, Index, ReferencedError, RegisteredPath, schema_steps
 from tests.support.tmpfs import fill, remount_readonly, tmpfs
 

@@ -100,7 +100,7 @@ def test_a_token_is_nowhere_but_where_it_was_given(tmp_path, mirror, given):
     # user gave it. In a child, only in uv's environment (/proc/<pid>/environ: the owner's alone).
     store_pid = proc.pid
     assert {(pid, what) for pid, what, _ in mine if pid == store_pid} == {(store_pid, "environ" if given == "env" else "cmdline")}
-    # Its children: uv (and the keeper that starts it, core/procs.py) hold it in their environment.
+    # Its children: uv (and the keeper that starts it, supervise/procs.py) hold it in their environment.
     children = [(what, exe) for pid, what, exe in mine if pid != store_pid]
     assert all(what == "environ" for what, _ in children), mine
     assert any(exe.endswith("-uv-0.13.9-bin/bin/uv") for _, exe in children), mine

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from llmgw_store.core import manifest
-from llmgw_store.core.fsutil import force_rmtree
+from llmgw_store.system.trees import force_rmtree
 from tests.conftest import build_json, build_store, copy_store, real_uv, run_cli
 
 DATES = ("2024-02-02", "2024-06-02")

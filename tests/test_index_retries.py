@@ -1,6 +1,6 @@
 """The store's own requests to a package index (a release's date, the latest version, the uv wheel,
 sources and release assets) run under the same retry policy as a binary cache's
-(store/core/retry.py; docs/fleet.md, "Networks that fail"): a private index answering 503 for a
+(store/app/retry.py; docs/fleet.md, "Networks that fail"): a private index answering 503 for a
 while does not fail a build, and one that keeps answering 503 fails it after the retries, naming
 the index. The index is tests/support/index_server.py on 127.0.0.1."""
 

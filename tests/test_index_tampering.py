@@ -65,7 +65,7 @@ def test_verify_repair_never_builds_at_a_malformed_row(root, recipe, index, uv_b
 
 
 def test_a_malformed_name_never_becomes_a_path(tmp_path):
-    from llmgw_store.core.errors import IndexError_
+    from llmgw_store.base.errors import IndexError_
     from llmgw_store.core.layout import Layout
 
     layout = Layout.at(tmp_path)

@@ -313,8 +313,8 @@ def test_bad_generation_numbers_are_refused(store, number):
 
 
 def test_names_module_is_the_one_check():
+    from llmgw_store.base.errors import UsageError
     from llmgw_store.core import names
-    from llmgw_store.core.errors import UsageError
 
     assert names.check_profile("vllm-cu128") == "vllm-cu128"
     assert names.check_pin("known.good_1") == "known.good_1"

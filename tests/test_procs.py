@@ -16,7 +16,7 @@ import uuid
 import pytest
 
 from llmgw_store.build import bytecode
-from llmgw_store.core import procs
+from llmgw_store.supervise import procs
 from tests.support import procscan
 from tests.support.barrier import Barrier
 
@@ -41,7 +41,7 @@ def sleeps(mark: str) -> list[procscan.Proc]:
 
 def parent_running(code: str, mark: str) -> subprocess.Popen:
     """A Python process that runs `code` (with procs imported), started like a build."""
-    return subprocess.Popen([sys.executable, "-c", "from llmgw_store.core import procs\n" + textwrap.dedent(code)],
+    return subprocess.Popen([sys.executable, "-c", "from llmgw_store.supervise import procs\n" + textwrap.dedent(code)],
                             env={**os.environ, "MARK": mark}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
 

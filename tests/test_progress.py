@@ -16,7 +16,8 @@ import threading
 
 import pytest
 
-from llmgw_store.core import procs, report
+from llmgw_store.base import report
+from llmgw_store.supervise import procs
 from tests.conftest import cli_cmd, run_cli
 from tests.support import recipes
 from tests.support.barrier import Barrier

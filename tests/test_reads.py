@@ -18,7 +18,7 @@ from tests.conftest import build_json, run_cli
 from tests.test_fastpath_parity import full, traced
 from tests.test_switch import SWITCH_NEVER, loaded, regular  # noqa: F401  (regular: a fixture)
 
-READ_NEVER = SWITCH_NEVER | {"llmgw_store.integrity.queries", "llmgw_store.core.units", "json"}
+READ_NEVER = SWITCH_NEVER | {"llmgw_store.integrity.queries", "llmgw_store.app.units", "json"}
 
 
 @pytest.fixture

@@ -6,8 +6,8 @@ import sqlite3
 
 import pytest
 
+from llmgw_store.base.errors import RecipeError, UsageError
 from llmgw_store.build import recipe as recipes
-from llmgw_store.core.errors import RecipeError, UsageError
 from tests.conftest import PYTHON, run_cli
 
 GOOD = """

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
+from llmgw_store.base.errors import RecipeError
 from llmgw_store.build import fetch
 from llmgw_store.build import recipe as recipes
-from llmgw_store.core.errors import RecipeError
-from llmgw_store.core.fsutil import sha256_of
+from llmgw_store.system.trees import sha256_of
 from tests.conftest import PYTHON, build_json, run_cli, run_in_env
 from tests.support.indexes import releases  # noqa: F401  (fixture)
 from tests.support.recipes import FULL, GOOD_SOURCE, TOOL, file_member, make_tar

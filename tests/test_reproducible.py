@@ -225,7 +225,7 @@ def test_check_leaves_no_temporary_tree_when_terminated_and_sweeps_a_killed_ones
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert proc.returncode == 143, err  # SIGTERM, handled as ^C (core/signals.py)
+    assert proc.returncode == 143, err  # SIGTERM, handled as ^C (system/signals.py)
     assert _tmp_entries(root) == []
     assert _listing(path) == before
 

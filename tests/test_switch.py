@@ -35,7 +35,7 @@ SWITCH_NEVER = {"click", "pathlib", "re", "fnmatch", "urllib.parse", "ipaddress"
                 "llmgw_store.api", "llmgw_store.roots.profiles", "llmgw_store.roots.records",
                 "llmgw_store.core.index", "llmgw_store.core.layout", "llmgw_store.core.local_store",
                 "llmgw_store.core.locks", "llmgw_store.core.temproots", "llmgw_store.core.manifest",
-                "llmgw_store.core.procs", "llmgw_store.build.builder", "llmgw_store.build.lockproof"}
+                "llmgw_store.supervise.procs", "llmgw_store.build.builder", "llmgw_store.build.lockproof"}
 ROLLBACK_NEVER = SWITCH_NEVER | {"sqlite3", "_sqlite3"}  # a rollback does not tell the index
 
 
@@ -258,8 +258,8 @@ def test_the_switch_agrees_with_the_modules_it_stands_in_for():
 
 
 def test_json_through_the_c_codec_is_json():
-    """core/jsontext gives json's bytes for what a switch writes and reads."""
-    from llmgw_store.core import jsontext
+    """system/jsontext gives json's bytes for what a switch writes and reads."""
+    from llmgw_store.system import jsontext
 
     docs = [{"a": 1, "b": [1, 2, {"c": "é\n\"x", "d": []}], "e": {}, "f": None, "g": True, "h": 1.5, "i": -0.0,
              "k": "\u2028 \x00", "t": (1, "x")}, [], {}, "x", 3, [{"z": [[]]}]]

@@ -1,6 +1,6 @@
 """A link among the components of a path the store writes to outside its root (a Prometheus
 textfile, keygen --out) or reads its config from is followed only when the directory holding it is
-trusted (root's or the store owner's, not writable by others unless sticky: core/files.untrusted).
+trusted (root's or the store owner's, not writable by others unless sticky: system/files.untrusted).
 Attacked by a real second user who owns a directory on the way; the positive cases beside each
 (a link in root's directory, /var/run -> /run) still work."""
 

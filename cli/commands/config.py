@@ -7,10 +7,10 @@ import os
 import click
 from click.core import ParameterSource
 
+from llmgw_store.cli import config
 from llmgw_store.cli.app import Context, cli
 from llmgw_store.cli.handlers import default_root
 from llmgw_store.cli.output import SCHEMA_VERSION
-from llmgw_store.core import config
 
 
 @cli.command(name="config")
@@ -63,7 +63,7 @@ def config_cmd(ctx: click.Context) -> None:
 
 
 def _public(value: object) -> object:
-    from llmgw_store.core.credentials import public_url
+    from llmgw_store.app.credentials import public_url
 
     return public_url(value) if isinstance(value, str) else value
 

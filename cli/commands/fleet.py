@@ -13,7 +13,7 @@ from llmgw_store.core import locks
 
 
 def cache_network_options(f):
-    """How a command talks to binary caches (core/config.py `cache.*`; docs/fleet.md, "Networks that
+    """How a command talks to binary caches (cli/config.py `cache.*`; docs/fleet.md, "Networks that
     fail"): the options become one `policy` argument (cache.backends.RetryPolicy)."""
 
     @functools.wraps(f)
@@ -57,8 +57,8 @@ def push(obj: Context, paths: tuple[str, ...], to: str, secret_key: str, format_
     from llmgw_store.api import push as do_push
 
     if release is not None:
+        from llmgw_store.base.errors import UsageError
         from llmgw_store.cache.releases import check_release_name
-        from llmgw_store.core.errors import UsageError
 
         check_release_name(release)
         if len(paths) != 1:
@@ -154,7 +154,7 @@ def cache_gc(obj: Context, url: str, keep_from: tuple[str, ...], grace: str, dry
       llmgw-store cache gc s3://llmgw-cache/prod --keep-from /etc/llmgw-store/nodes/ --grace 7d --dry-run
     """
     from llmgw_store.api import cache_gc as do_cache_gc
-    from llmgw_store.core.units import human_size
+    from llmgw_store.app.units import human_size
 
     r = do_cache_gc(url, list(keep_from), grace=grace, dry_run=dry_run, allow_no_roots=allow_no_roots,
                     release_keys=list(trusted_keys), policy=policy, root=obj.root)
@@ -182,8 +182,8 @@ def key_public(obj: Context, secret: str) -> None:
     Example:
       llmgw-store key public /etc/llmgw-store/builder-1.secret > builder-1.public
     """
+    from llmgw_store.app.results import document
     from llmgw_store.cache.signing import public_key_of
-    from llmgw_store.core.results import document
 
     public = public_key_of(secret)
     obj.emit(document({"public_key": public}), public)

@@ -34,7 +34,7 @@ def gc(obj: Context, dry_run: bool, delete_older_than: str | None, keep: int | N
       llmgw-store gc --delete-older-than 30d
       llmgw-store --json gc --min-free 100G
     """
-    from llmgw_store.core.units import human_size, parse_duration, parse_size
+    from llmgw_store.app.units import human_size, parse_duration, parse_size
     from llmgw_store.roots import gc as gcmod
 
     if print_roots:

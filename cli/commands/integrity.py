@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import click
 
+from llmgw_store.cli import config
 from llmgw_store.cli.app import Context, cli, lock_timeout_option, quoted, setting_option
-from llmgw_store.core import config, locks
+from llmgw_store.core import locks
 
 
 @cli.command()
@@ -85,7 +86,7 @@ def optimise(obj: Context, dry_run: bool, lock_timeout: float) -> None:
 
     Every file is hashed against its listing first: a damaged one is left as it is and named
     (exit 1), for `verify --repair`."""
-    from llmgw_store.core.units import human_size
+    from llmgw_store.app.units import human_size
     from llmgw_store.integrity.optimise import optimise as do_optimise
 
     r = do_optimise(root=obj.root, dry_run=dry_run, lock_timeout=lock_timeout)
@@ -107,7 +108,7 @@ def stats(obj: Context, prometheus: str | None) -> None:
     Example (node_exporter's textfile collector, after each cron gc):
       llmgw-store stats --prometheus /var/lib/node_exporter/textfile/llmgw_store.prom
     """
-    from llmgw_store.core.units import human_size
+    from llmgw_store.app.units import human_size
     from llmgw_store.integrity.stats import stats as do_stats
 
     r = do_stats(root=obj.root, prometheus=prometheus)

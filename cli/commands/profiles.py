@@ -85,7 +85,7 @@ def generations(obj: Context, profile: str, delete: tuple[int, ...], older_than:
     from llmgw_store.roots import profiles
 
     if delete or older_than is not None or keep is not None or forget or keep_records is not None:
-        from llmgw_store.core.units import parse_duration
+        from llmgw_store.app.units import parse_duration
 
         r = profiles.delete_generations(profile, numbers=list(delete), keep=keep, dry_run=dry_run, root=obj.root,
                                         older_than=parse_duration(older_than) if older_than is not None else None,

@@ -43,7 +43,7 @@ def diff(obj: Context, a: str, b: str) -> None:
     Example:
       llmgw-store diff vllm@6 vllm@7
     """
-    from llmgw_store.core.units import human_size
+    from llmgw_store.app.units import human_size
     from llmgw_store.integrity.diff import diff as do_diff
 
     r = do_diff(a, b, root=obj.root)

@@ -15,24 +15,26 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from llmgw_store.app import credentials, debug, network
+from llmgw_store.app.credentials import IndexAuth
+from llmgw_store.app.results import document
+from llmgw_store.app.units import human_size
+from llmgw_store.base import defaults
+from llmgw_store.base.errors import CacheMiss, CommandError, RecipeError, StoreError, UsageError
+from llmgw_store.base.report import say
+from llmgw_store.base.text import shown
 from llmgw_store.build import bytecode, cacheuse, canonical, indexpins, interpreters, lockfiles, wheelhome
 from llmgw_store.build import recipe as recipes
 from llmgw_store.build import uv as uvmod
+from llmgw_store.build.memo import MAX_RECIPE_BYTES
 from llmgw_store.build.realise import DEFAULT_LOCK_TIMEOUT_S, HANDOFF, realise
 from llmgw_store.build.recipe import ONE_DAY, Build, Recipe, format_time, parse_time, past_time
-from llmgw_store.core import credentials, debug, defaults, footprint, network
-from llmgw_store.core.buildmemo import MAX_RECIPE_BYTES
-from llmgw_store.core.credentials import IndexAuth
-from llmgw_store.core.errors import CacheMiss, CommandError, RecipeError, StoreError, UsageError
-from llmgw_store.core.fsutil import force_rmtree, free_bytes
-from llmgw_store.core.host import platform_facts
+from llmgw_store.core import footprint
 from llmgw_store.core.keys import SCHEMA_VERSION, path_name, store_key
 from llmgw_store.core.local_store import Store
-from llmgw_store.core.names import shown
 from llmgw_store.core.oplog import recorded
-from llmgw_store.core.report import say
-from llmgw_store.core.results import document
-from llmgw_store.core.units import human_size
+from llmgw_store.system.host import platform_facts
+from llmgw_store.system.trees import force_rmtree, free_bytes
 
 PYPI_SIMPLE = defaults.PYPI_SIMPLE
 DEFAULT_TIMEOUT_S = 3600.0
@@ -49,7 +51,7 @@ class Substituter(Protocol):
     def substitute(self, store: Store, key: str, name: str) -> bool: ...
 
     def refusal(self, key: str, name: str, inputs: dict[str, Any] | None = None) -> StoreError:
-        """After substitute() returned False: the typed error saying why (core/errors.py's
+        """After substitute() returned False: the typed error saying why (base/errors.py's
         NotSubstituted family, or the node's own failure)."""
 
 
@@ -95,7 +97,7 @@ class BuildOptions:
     latest_ttl: float = LATEST_TTL_S
     # --substitute-only: pull from the substituters, never build (no substitute: a NotSubstituted, by cause).
     substitute_only: bool = False
-    # --offline: no network but file:// caches (core/network.py); uv runs with UV_OFFLINE.
+    # --offline: no network but file:// caches (app/network.py); uv runs with UV_OFFLINE.
     offline: bool = False
     python: str | None = None  # `--python`: in place of the recipe's build.python, entering the key as it would
 
@@ -121,7 +123,7 @@ class BuildPlan:
     pyc_cache: Path | None = None  # a private bytecode cache (a repair) instead of the store's
     offline: bool = False  # uv reads only its cache (a cold generation rebuilt from its recorded lock)
     # The credentials of `index_url` (which never holds any): given to uv in its environment and
-    # to the store's own index queries, never recorded (core/credentials.py).
+    # to the store's own index queries, never recorded (app/credentials.py).
     index_auth: IndexAuth | None = field(default=None, repr=False, compare=False)
 
 
@@ -180,7 +182,7 @@ def build(
     """Build the recipe into the store, or find it there. `substituter` (a binary cache, from the
     cache layer) is asked for the key under its lock before anything is built; with
     `options.substitute_only` it is the only way the path may come (nothing is built), and with
-    `options.offline` nothing but file:// caches is reached (core/network.py)."""
+    `options.offline` nothing but file:// caches is reached (app/network.py)."""
     with network.offline(options.offline):
         return _build(recipe_file, options, root, substituter)
 
@@ -256,9 +258,9 @@ def _build(recipe_file: str | Path, options: BuildOptions, root: str | Path | No
 
 
 def _memo_key(recipe_file: str | Path, options: BuildOptions) -> tuple[str, bytes] | None:
-    """(memo key, recipe bytes) for the build memo (core/buildmemo.py), or None when this build's
+    """(memo key, recipe bytes) for the build memo (build/memo.py), or None when this build's
     result cannot be told from the recipe and options alone (a non-default latest TTL)."""
-    from llmgw_store.core import buildmemo
+    from llmgw_store.build import memo as buildmemo
 
     if options.latest_ttl != LATEST_TTL_S:
         return None
@@ -276,7 +278,7 @@ def _remember(store: Store, memo: tuple[str, bytes], result: BuildResult, plan: 
               chosen: Build, options: BuildOptions) -> None:
     """Write the build memo entry that lets the next identical `build` answer before loading the CLI:
     only if the recipe's bytes are still those the key was computed from."""
-    from llmgw_store.core import buildmemo
+    from llmgw_store.build import memo as buildmemo
 
     digest, data = memo
     try:
@@ -507,7 +509,7 @@ def make_env(store: Store, plan: BuildPlan, partial: Path, deadline: Deadline,
         **({"UV_OFFLINE": "1"} if plan.offline or network.is_offline() else {}),
     )
     # uv alone learns the index, and its credentials, from its environment: never from its argv
-    # (/proc/<pid>/cmdline is world-readable), never in a log or a line shown (core/credentials.py).
+    # (/proc/<pid>/cmdline is world-readable), never in a log or a line shown (app/credentials.py).
     uv_env = {**env, "UV_INDEX_URL": credentials.with_auth(plan.index_url, plan.index_auth)}
     python = partial / "bin" / "python"
     meta_dir = partial / ".llmgw"

@@ -321,11 +321,11 @@ if __name__ == "__main__":
 
 def cache_secret(path: Path) -> bytes:
     """The store's secret that tags bytecode cache entries: 32 random bytes in `path`, made on first
-    use (core/files.private_secret: 0600, whole or absent, never through a link). A file that is
+    use (system/files.private_secret: 0600, whole or absent, never through a link). A file that is
     not the store user's own private 32-byte regular file with one link is refused: the cache is
     then not used (a fresh random secret is returned, so every entry fails its check and nothing
     planted is read)."""
-    from llmgw_store.core.files import private_secret
+    from llmgw_store.system.files import private_secret
 
     try:
         return private_secret(path, SECRET_BYTES)
@@ -362,7 +362,7 @@ def link_cache(cache: Path, env: Path, links: Path) -> int:
     store inode (the store user's, no write bit) of the size of the entry it replaces. A wrong line
     can at worst put bytes under a name their tag does not match: the next build's check deletes
     that entry and compiles the module. Entries that are gone are not made again."""
-    from llmgw_store.core.files import read_bounded
+    from llmgw_store.system.files import read_bounded
 
     try:
         data = read_bounded(links, LINKS_MAX)

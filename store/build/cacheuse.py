@@ -28,8 +28,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from llmgw_store.core.errors import LockTimeout
-from llmgw_store.core.files import read_bounded
+from llmgw_store.base.errors import LockTimeout
+from llmgw_store.system.files import read_bounded
 
 if TYPE_CHECKING:
     from llmgw_store.core.local_store import Store
@@ -43,7 +43,7 @@ MAX_ARCHIVES = 1 << 20
 
 
 def _read_small(path: Path) -> bytes | None:
-    """At most MAX_META bytes of a regular file, never through a link (core/files); None otherwise."""
+    """At most MAX_META bytes of a regular file, never through a link (system/files); None otherwise."""
     try:
         return read_bounded(path, MAX_META)
     except OSError:  # absent, or refused (FileRefused is an OSError)

@@ -20,7 +20,7 @@ import os
 import stat
 from pathlib import Path
 
-from llmgw_store.core.errors import StoreError
+from llmgw_store.base.errors import StoreError
 
 FILE_MODE, EXEC_MODE, DIR_MODE = 0o644, 0o755, 0o755
 

@@ -31,17 +31,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from llmgw_store.app.results import Result
+from llmgw_store.base.errors import NotFoundError
+from llmgw_store.base.report import say
 from llmgw_store.build import builder, rebuild
 from llmgw_store.build import recipe as recipes
 from llmgw_store.build.builder import BuildOptions
 from llmgw_store.core import manifest
-from llmgw_store.core.errors import NotFoundError
-from llmgw_store.core.fsutil import force_rmtree
 from llmgw_store.core.local_store import Store
-from llmgw_store.core.report import say
-from llmgw_store.core.results import Result
 from llmgw_store.core.scratch import sweep_dead
-from llmgw_store.core.signals import raising
+from llmgw_store.system.signals import raising
+from llmgw_store.system.trees import force_rmtree
 
 SCRATCH_RE = re.compile(r"check-([0-9]{1,7})-[0-9]{1,20}")  # Linux pids are at most 2^22
 MAX_STALE_SCAN = 10_000  # names of ROOT/var/tmp looked at for a dead check's leftovers

@@ -25,10 +25,10 @@ import stat
 from pathlib import Path
 from typing import Any
 
+from llmgw_store.base.errors import IntegrityError, NetworkError, RecipeError, UsageError
+from llmgw_store.base.report import say
 from llmgw_store.build.recipe import COMPONENT_RE, SHA256_RE
-from llmgw_store.core.errors import IntegrityError, NetworkError, RecipeError, UsageError
-from llmgw_store.core.fsutil import force_rmtree
-from llmgw_store.core.report import say
+from llmgw_store.system.trees import force_rmtree
 
 GITHUB_API = "https://api.github.com"
 MAX_ASSETS = 1000  # GitHub allows 1000 assets per release
@@ -44,7 +44,7 @@ def api_base() -> str:
 def cached_download(url: str, sha256: str, downloads: Path) -> Path:
     """The file at `url`, checked against `sha256`, from the download cache when already there."""
     from llmgw_store.build import pypi
-    from llmgw_store.core.fsutil import sha256_of
+    from llmgw_store.system.trees import sha256_of
 
     if not SHA256_RE.fullmatch(sha256):  # it names the cached file, so it is checked before any path is made of it
         raise IntegrityError(f"{url}: {sha256!r} is not a sha256 digest; refusing it")
@@ -65,7 +65,7 @@ def unpack_source(archive: Path, scratch: Path, top: str | None, recipe_file, wh
     """Unpack `archive` into `scratch` safely; return the directory `top` (default: the archive's
     single top-level directory). At most `max_bytes` of file contents (None: no bound). On a
     refused member nothing is left in `scratch`."""
-    from llmgw_store.core.extract import extract_tar
+    from llmgw_store.system.extract import extract_tar
 
     scratch.mkdir(parents=True)
     try:
@@ -235,8 +235,8 @@ def release(repo: str, tag: str) -> list[dict[str, Any]]:
     requirement line, may hold no space, newline or `#`."""
     import httpx
 
+    from llmgw_store.app import network
     from llmgw_store.build import pypi
-    from llmgw_store.core import network
 
     url = f"{api_base()}/repos/{repo}/releases/tags/{tag}"
     network.require(f"asking {url} for the assets of release {tag}")

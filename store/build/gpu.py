@@ -12,8 +12,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from llmgw_store.base.errors import UsageError
 from llmgw_store.build.recipe import Build, Recipe
-from llmgw_store.core.errors import UsageError
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ def probe_host() -> Host:
     smi = os.environ.get("LLMGW_STORE_NVIDIA_SMI") or shutil.which("nvidia-smi")
     gpus: list[GPU] = []
     if smi and (driver or os.environ.get("LLMGW_STORE_NVIDIA_SMI")):
-        from llmgw_store.core import procs
+        from llmgw_store.supervise import procs
 
         try:  # through procs, like every child: it dies with the store, whatever ends it
             done = procs.run([smi, "--query-gpu=index,name,compute_cap,driver_version", "--format=csv,noheader"],

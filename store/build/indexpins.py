@@ -22,10 +22,10 @@ from __future__ import annotations
 import tomllib
 from dataclasses import dataclass
 
+from llmgw_store.base.errors import IntegrityError, NetworkError, RecipeError, UsageError
+from llmgw_store.base.report import say
+from llmgw_store.base.text import shown
 from llmgw_store.build.lockfiles import normalize
-from llmgw_store.core.errors import IntegrityError, NetworkError, RecipeError, UsageError
-from llmgw_store.core.names import shown
-from llmgw_store.core.report import say
 
 MAX_SHOWN_VERSIONS = 8
 # index_pins = { torch = "from-main-index" }: the version a date-bound resolution of the build's

@@ -39,11 +39,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from llmgw_store.base import defaults
+from llmgw_store.base.errors import CommandError, UsageError
+from llmgw_store.base.report import heartbeat, say
 from llmgw_store.build.uv import UvTool, clean_env, run
-from llmgw_store.core import defaults
-from llmgw_store.core.errors import CommandError, UsageError
 from llmgw_store.core.index import file_stamp
-from llmgw_store.core.report import heartbeat, say
 
 if TYPE_CHECKING:
     from llmgw_store.core.local_store import Store
@@ -224,7 +224,7 @@ def _install_managed(store: Store, uv: UvTool, request: str, preference: str, do
     """Download a managed interpreter into ROOT/python and find it; None (having said why) when the
     download host cannot be reached or the download fails (a usage error for `managed`: there is
     nothing else to fall back to after the host's own were looked at)."""
-    from llmgw_store.core import network
+    from llmgw_store.app import network
 
     if network.is_offline():
         say(f"no managed Python {request} download: --offline")

@@ -11,8 +11,8 @@ from pathlib import Path
 
 from blake3 import blake3
 
+from llmgw_store.base.errors import IntegrityError
 from llmgw_store.core import manifest
-from llmgw_store.core.errors import IntegrityError
 from llmgw_store.core.keys import key_of_name
 
 LOCK_FORMATS = ("requirements.lock", "pylock.toml")

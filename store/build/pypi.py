@@ -3,11 +3,11 @@
 Only the cold path talks to an index: what it learns (a release's publication time, the latest
 version) is memoised in the store's SQLite index by the caller, so a cache hit asks nothing.
 
-`index_url` is always the public URL (core/credentials.py: no userinfo), which is what messages
+`index_url` is always the public URL (app/credentials.py: no userinfo), which is what messages
 name; credentials come as `auth` (from the URL the user gave) or from netrc, and are sent to the
 index's origin only (httpx drops them on a redirect to another origin).
 
-Every request runs under the store's one retry policy (core/retry.py, the command's `cache.*`
+Every request runs under the store's one retry policy (app/retry.py, the command's `cache.*`
 settings): a connect error, a reset, a read that stalls, HTTP 408, 429 or 5xx is tried again until
 the policy gives up, and the error then names the index. A download that fails is started again
 from its first byte (an index file is not resumed: wheels are fetched by uv, this is the uv wheel
@@ -23,12 +23,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
+from llmgw_store.app import credentials, network, retry
+from llmgw_store.app.credentials import IndexAuth
+from llmgw_store.app.retry import Transient
+from llmgw_store.base.errors import IntegrityError, NetworkError, UsageError
+from llmgw_store.base.report import progress
 from llmgw_store.build.recipe import parse_time
-from llmgw_store.core import credentials, network, retry
-from llmgw_store.core.credentials import IndexAuth
-from llmgw_store.core.errors import IntegrityError, NetworkError, UsageError
-from llmgw_store.core.report import progress
-from llmgw_store.core.retry import Transient
 
 JSON_ACCEPT = "application/vnd.pypi.simple.v1+json"
 CONNECT_TIMEOUT_S = 30.0
@@ -51,7 +51,7 @@ class IndexFile:
 
 def client(auth: IndexAuth | None = None, *, netrc: bool = True):
     """An httpx client sending `auth` (else, with `netrc`, what netrc holds for the host, if
-    anything), whose reads wait at most the command's stall time (core/retry.py). httpx reads no
+    anything), whose reads wait at most the command's stall time (app/retry.py). httpx reads no
     netrc by itself (trust_env covers proxies only here)."""
     import httpx
 

@@ -30,12 +30,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from llmgw_store.base.errors import IntegrityError
+from llmgw_store.base.report import say
 from llmgw_store.core import locks, manifest, uses
 from llmgw_store.core.dedupe import share
-from llmgw_store.core.errors import IntegrityError
-from llmgw_store.core.fsutil import force_rmtree, freeze
 from llmgw_store.core.index import now_iso
-from llmgw_store.core.report import say
+from llmgw_store.system.trees import force_rmtree, freeze
 
 if TYPE_CHECKING:
     from llmgw_store.core.local_store import Store
@@ -200,7 +200,7 @@ def _children_recorded(layout, key: str) -> Iterator[None]:
     writing into the `.partial` about to be removed — then record this build's children there
     until the block ends. See procs.py for why this kills nothing but that build's processes.
     (procs is loaded here, on a miss: a cache hit never starts a child.)"""
-    from llmgw_store.core import procs
+    from llmgw_store.supervise import procs
 
     record = layout.locks / f"{key}.pgids"
     reaped = procs.reap(record)

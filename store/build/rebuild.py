@@ -17,7 +17,7 @@
 
 A rebuild never records a hash it computed: the recorded one is the only one a path can come
 back with. `private` caches (repair, check) share nothing with the store's, so the bytes are the
-lock's and the build's, not a cache's. A recorded index URL has no credentials (core/credentials.py):
+lock's and the build's, not a cache's. A recorded index URL has no credentials (app/credentials.py):
 they come from the URL the user configured, when it names the same index, or from netrc.
 """
 
@@ -29,16 +29,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from llmgw_store.app import credentials
+from llmgw_store.base.errors import CommandError, IntegrityError, NotFoundError, RecipeError, UsageError
+from llmgw_store.base.report import say
 from llmgw_store.build import builder, interpreters
 from llmgw_store.build import recipe as recipes
 from llmgw_store.build import uv as uvmod
 from llmgw_store.build.lockproof import proved_lock
-from llmgw_store.core import credentials, locks, manifest
-from llmgw_store.core.errors import CommandError, IntegrityError, NotFoundError, RecipeError, UsageError
+from llmgw_store.core import locks, manifest
 from llmgw_store.core.index import RegisteredPath
 from llmgw_store.core.keys import store_key
 from llmgw_store.core.local_store import Store
-from llmgw_store.core.report import say
 
 STORE = "store"
 REPLACE = "replace"
@@ -146,7 +147,7 @@ def rebuild(store: Store, rec: Recorded, into: str | Path, *, uv_path: str | Pat
     index, with the same locked hashes. `private`: a directory for private uv and bytecode caches
     (the caller removes it)."""
     from llmgw_store.build.realise import realise, replace
-    from llmgw_store.core.fsutil import freeze
+    from llmgw_store.system.trees import freeze
 
     plan = plan_for(store, rec, uv_path=uv_path, python_preference=python_preference, private=private,
                     offline=offline, index_url=index_url)

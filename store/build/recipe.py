@@ -15,8 +15,9 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from llmgw_store.core.errors import RecipeError, UsageError
-from llmgw_store.core.names import check_engine, check_variant, shown
+from llmgw_store.base.errors import RecipeError, UsageError
+from llmgw_store.base.text import shown
+from llmgw_store.core.names import check_engine, check_variant
 
 VERSION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9+._!-]{0,63}")  # always re.fullmatch: `$` lets "1.0\n" through
 
@@ -155,11 +156,11 @@ MAX_RECIPE_KEY_PARTS = 8
 
 
 def load(path: str | Path) -> Recipe:
-    """The recipe in the file `path`, read through the one bounded TOML loader (core/boundedtoml: at
+    """The recipe in the file `path`, read through the one bounded TOML loader (system/boundedtoml: at
     most MAX_RECIPE_BYTES, MAX_RECIPE_DEPTH levels, keys of MAX_RECIPE_KEY_PARTS dotted parts, so
     parsed in time linear in its size); RecipeError (exit 2) for a file beyond those bounds or not
     valid TOML, never a traceback."""
-    from llmgw_store.core.boundedtoml import Limits, TomlRefused, loads
+    from llmgw_store.system.boundedtoml import Limits, TomlRefused, loads
 
     path = Path(path)
     try:

@@ -29,20 +29,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from llmgw_store.core import network
-from llmgw_store.core.credentials import IndexAuth
-from llmgw_store.core.errors import CommandError, IntegrityError, UnsafePathError, UsageError
-from llmgw_store.core.host import platform_facts
+from llmgw_store.app import network
+from llmgw_store.app.credentials import IndexAuth
+from llmgw_store.base.errors import CommandError, IntegrityError, UnsafePathError, UsageError
+from llmgw_store.base.report import say
 from llmgw_store.core.index import file_stamp
 from llmgw_store.core.keys import SCHEMA_VERSION, path_name, store_key
-from llmgw_store.core.report import say
+from llmgw_store.system.host import platform_facts
 
 if TYPE_CHECKING:
     from llmgw_store.core.local_store import Store
 
 UV_VERSION = "0.13.9"
 # Variables passed through to uv and verify commands; everything else is dropped.
-# NETRC: uv reads a private index's credentials from that file itself (core/credentials.py).
+# NETRC: uv reads a private index's credentials from that file itself (app/credentials.py).
 PASS_ENV = (
     "PATH", "HOME", "LANG", "LC_ALL", "TERM", "SSL_CERT_FILE", "SSL_CERT_DIR", "NETRC",
     "http_proxy", "https_proxy", "no_proxy", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY",
@@ -75,7 +75,7 @@ def run(
     """Run `cmd`, return its combined output; raise CommandError with the tail of it on failure.
     The child runs under procs.run: in a process group of its own that is killed, grandchildren
     and all, on every way out of this call and when this process dies."""
-    from llmgw_store.core import procs
+    from llmgw_store.supervise import procs
 
     argv = [str(c) for c in cmd]
     if show is not None:
@@ -190,11 +190,11 @@ def checked_shipped(store: Store | None = None) -> Path | None:
 
 def open_shipped(found: Path) -> tuple[int, os.stat_result]:
     """(fd, fstat) of the shipped binary, if it is held to the config file's trust rule
-    (core/files.open_trusted: it and every directory above it root's or this user's, writable by
+    (system/files.open_trusted: it and every directory above it root's or this user's, writable by
     no one else, links only in such directories); UnsafePathError (exit 2) otherwise, before a byte
     of it is read or run: another user who may write it could swap its bytes between their check
     and their run as root. The caller closes the fd."""
-    from llmgw_store.core.files import FileRefused, open_trusted
+    from llmgw_store.system.files import FileRefused, open_trusted
 
     try:
         return open_trusted(found)
@@ -311,7 +311,7 @@ def _install_wheel(store: Store, partial: Path, index_url: str, auth: IndexAuth 
     from packaging.utils import parse_wheel_filename
 
     from llmgw_store.build import pypi
-    from llmgw_store.core.fsutil import sha256_of
+    from llmgw_store.system.trees import sha256_of
 
     say(f"installing uv {UV_VERSION} from its wheel on {index_url}")
     try:

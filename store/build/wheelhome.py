@@ -58,11 +58,12 @@ from typing import TYPE_CHECKING, Any
 
 from blake3 import blake3
 
+from llmgw_store.base.errors import IntegrityError, LockTimeout, StoreError
+from llmgw_store.base.report import progress, say
 from llmgw_store.build.cacheuse import ARCHIVE_BUCKET, ARCHIVE_RE, DIST_INFO_RE, WHEEL_HOME_LINK, uv_cache_lock
-from llmgw_store.core import files, manifest
-from llmgw_store.core.errors import IntegrityError, LockTimeout, StoreError
-from llmgw_store.core.fsutil import force_rmtree
-from llmgw_store.core.report import progress, say
+from llmgw_store.core import manifest
+from llmgw_store.system import files
+from llmgw_store.system.trees import force_rmtree
 
 if TYPE_CHECKING:
     from llmgw_store.core.layout import Layout
@@ -602,7 +603,7 @@ def _hash_one(path: Path, rel: str, want: tuple[str, str, int | None] | None) ->
 
 
 def _write_seal(layout: Layout, ident: str, data: bytes) -> None:
-    """The seal, written whole and renamed into place (core/files.write_atomic: a reader sees no seal
+    """The seal, written whole and renamed into place (system/files.write_atomic: a reader sees no seal
     or all of it, also after a crash). 0600 in the 0700 var/."""
     files.write_atomic(layout.wheel_seals / ident, data, mode=0o600)
 

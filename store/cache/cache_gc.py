@@ -52,19 +52,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from llmgw_store.app import debug
+from llmgw_store.app.results import Result
+from llmgw_store.app.units import human_size
+from llmgw_store.base.errors import IntegrityError, StoreError, UsageError
+from llmgw_store.base.report import say
 from llmgw_store.cache import releases, seen
 from llmgw_store.cache.backends import RetryPolicy, backend_for
 from llmgw_store.cache.objects import HEX64
 from llmgw_store.cache.seen import Mark, Seen
 from llmgw_store.cache.signing import METADATA_MAX_BYTES, check_signature, load_secret, sign, signed_part, trusted_keys
 from llmgw_store.cache.tree_fetch import BlobRef, fetch_small
-from llmgw_store.core import debug
-from llmgw_store.core.errors import IntegrityError, StoreError, UsageError
 from llmgw_store.core.keys import KEY_RE, canonical_json, key_of_name
 from llmgw_store.core.names import inline_key
-from llmgw_store.core.report import say
-from llmgw_store.core.results import Result
-from llmgw_store.core.units import human_size
 
 NODE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 PROFILE_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,99}")  # core/names.check_profile's rule, as a roots document names them

@@ -19,11 +19,11 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
+from llmgw_store.app.credentials import public_url as shown
+from llmgw_store.base.errors import IntegrityError, NetworkError, UsageError
+from llmgw_store.base.report import say
 from llmgw_store.cache.backends import Backend, RetryPolicy, backend_for
 from llmgw_store.core import oplog
-from llmgw_store.core.credentials import public_url as shown
-from llmgw_store.core.errors import IntegrityError, NetworkError, UsageError
-from llmgw_store.core.report import say
 
 T = TypeVar("T")
 

@@ -17,14 +17,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from llmgw_store.app.credentials import public_url
+from llmgw_store.app.results import Result, fields_of
+from llmgw_store.base.errors import IntegrityError, StoreError, UsageError
 from llmgw_store.cache import releases
 from llmgw_store.cache.backends import RetryPolicy, backend_for
 from llmgw_store.cache.cache_gc import PROFILE_RE, read_roots
 from llmgw_store.cache.signing import trusted_keys
-from llmgw_store.core.credentials import public_url
-from llmgw_store.core.errors import IntegrityError, StoreError, UsageError
-from llmgw_store.core.files import write_outside
-from llmgw_store.core.results import Result, fields_of
+from llmgw_store.system.files import write_outside
 
 MAX_SHOWN = 10_000  # nodes or releases: a listing past it is cut short (and says so)
 
@@ -216,5 +216,5 @@ def prometheus_text(fleet: FleetView) -> str:
 
 def write_prometheus(path: str | Path, fleet: FleetView) -> None:
     # Outside any root, in the directory node_exporter reads: a checked directory, a new file
-    # renamed over the old one, never written through a link (core/files.py).
+    # renamed over the old one, never written through a link (system/files.py).
     write_outside(path, prometheus_text(fleet).encode(), mode=0o644)

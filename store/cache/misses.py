@@ -1,5 +1,5 @@
 """Why a key came from no binary cache, for a --substitute-only command: the one typed error
-(core/errors.py's NotSubstituted family) whose line says the cause and the action.
+(base/errors.py's NotSubstituted family) whose line says the cause and the action.
 
     untrusted    a cache has the key, signed by no trusted key          add the builder's key
     damaged      a cache has the key, and it failed a check             push it again from the builder
@@ -20,9 +20,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from llmgw_store.cache.caches import Caches, shown
-from llmgw_store.cache.signing import METADATA_MAX_BYTES, check_signature
-from llmgw_store.core.errors import (
+from llmgw_store.base.errors import (
     CacheDamaged,
     CacheMiss,
     CacheUnreachable,
@@ -33,6 +31,8 @@ from llmgw_store.core.errors import (
     StoreError,
     UntrustedSignature,
 )
+from llmgw_store.cache.caches import Caches, shown
+from llmgw_store.cache.signing import METADATA_MAX_BYTES, check_signature
 from llmgw_store.core.keys import is_store_name
 
 MAX_NEIGHBOURS = 64  # objects' metadata read per cache to explain a miss (newest first)

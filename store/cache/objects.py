@@ -35,7 +35,7 @@ from typing import Any
 
 from blake3 import blake3
 
-from llmgw_store.core.errors import IntegrityError
+from llmgw_store.base.errors import IntegrityError
 from llmgw_store.core.manifest import CONTENTS, MANIFEST, MANIFEST_DIR, Entry, refused_entry
 
 FORMAT = 2

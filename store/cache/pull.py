@@ -31,23 +31,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from llmgw_store.app import debug
+from llmgw_store.app.results import Result
+from llmgw_store.app.units import human_size
+from llmgw_store.base.errors import IntegrityError, NetworkError, NotFoundError, StoreError, UsageError
+from llmgw_store.base.report import say
 from llmgw_store.cache.backends import RetryPolicy
 from llmgw_store.cache.caches import Caches, shown
 from llmgw_store.cache.objects import FORMAT, shape_v2
 from llmgw_store.cache.signing import METADATA_MAX_BYTES, check_signature, trusted_keys
 from llmgw_store.cache.tree_fetch import BlobRef, MetaV2, Stats, build_tree, stamp_tree
-from llmgw_store.core import debug, locks, manifest, oplog
-from llmgw_store.core.errors import IntegrityError, NetworkError, NotFoundError, StoreError, UsageError
-from llmgw_store.core.fsutil import force_rmtree
+from llmgw_store.core import locks, manifest, oplog
 from llmgw_store.core.keys import KEY_RE, is_store_name, key_of_name
 from llmgw_store.core.local_store import Store
 from llmgw_store.core.oplog import recorded
-from llmgw_store.core.report import say
-from llmgw_store.core.results import Result
 from llmgw_store.core.scratch import sweep_dead, to_trash
-from llmgw_store.core.signals import raising
 from llmgw_store.core.temproots import TempRoots
-from llmgw_store.core.units import human_size
+from llmgw_store.system.signals import raising
+from llmgw_store.system.trees import force_rmtree
 
 MAX_REFERENCES = 64  # of one object
 MAX_OBJECTS = 256  # in one pull's closure
@@ -303,11 +304,11 @@ def _zstd_stream(archive: Path, limit: int, label: str):
 
 
 def _unpack(archive: Path, dest: Path, meta: Meta) -> None:
-    """One pass, through the store's one extractor (core/extract.py): nothing written follows a
+    """One pass, through the store's one extractor (system/extract.py): nothing written follows a
     link, every member lies under `meta.name/`, and no more bytes or members than the signed
     metadata declares (with a small margin) are decompressed or written. Environments hold absolute
     links (bin/python -> the interpreter): as signed content they are kept, never followed."""
-    from llmgw_store.core.extract import extract_tar
+    from llmgw_store.system.extract import extract_tar
 
     limit = _unpacked_limit(meta)
     with _zstd_stream(archive, limit, meta.archive) as zr:

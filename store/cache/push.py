@@ -33,20 +33,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from llmgw_store.app import debug
+from llmgw_store.app.results import Result
+from llmgw_store.app.units import human_size
+from llmgw_store.base.errors import IntegrityError, LockTimeout, NetworkError, NotFoundError, UsageError
+from llmgw_store.base.report import say
 from llmgw_store.cache import signing
 from llmgw_store.cache.backends import RetryPolicy, backend_for
 from llmgw_store.cache.signing import METADATA_MAX_BYTES, load_secret, sign
-from llmgw_store.core import debug, locks
-from llmgw_store.core.errors import IntegrityError, LockTimeout, NetworkError, NotFoundError, UsageError
-from llmgw_store.core.fsutil import sha256_of
+from llmgw_store.core import locks
 from llmgw_store.core.index import RegisteredPath
 from llmgw_store.core.keys import canonical_json
 from llmgw_store.core.local_store import Store
 from llmgw_store.core.names import check_signing_key_name
-from llmgw_store.core.report import say
-from llmgw_store.core.results import Result
 from llmgw_store.core.temproots import TempRoots
-from llmgw_store.core.units import human_size
+from llmgw_store.system.trees import sha256_of
 
 ZSTD_LEVEL = 3
 THREADS = 8

@@ -32,15 +32,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from llmgw_store.app.credentials import public_url
+from llmgw_store.app.results import Result, fields_of
+from llmgw_store.base.errors import IntegrityError, UsageError
+from llmgw_store.base.report import say
+from llmgw_store.base.text import shown
 from llmgw_store.cache.backends import Backend, RetryPolicy, backend_for
 from llmgw_store.cache.caches import Caches
 from llmgw_store.cache.signing import check_signature, load_secret, sign, signed_part, trusted_keys
-from llmgw_store.core.credentials import public_url
-from llmgw_store.core.errors import IntegrityError, UsageError
 from llmgw_store.core.keys import KEY_RE, canonical_json, is_store_name, key_of_name
-from llmgw_store.core.names import shown
-from llmgw_store.core.report import say
-from llmgw_store.core.results import Result, fields_of
 
 RELEASE_FORMAT = "llmgw-release-1"
 RELEASE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -201,8 +201,8 @@ def read(urls: list[str] | tuple[str, ...], release: str, trusted: list[str] | t
     every check (parse), and is no older than the newest this root has seen of it from that cache
     (`var`: ROOT/var, cache/seen.py; `record`: raise that mark to it). A cache that fails is
     passed over as a pull does (cache/caches.py); NotFoundError when none has the release."""
+    from llmgw_store.base.errors import NotFoundError
     from llmgw_store.cache import seen
-    from llmgw_store.core.errors import NotFoundError
 
     check_release_name(release)
     keys = trusted_keys(list(trusted))

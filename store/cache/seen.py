@@ -17,7 +17,7 @@ The rule that stops it is the same for every kind, so it lives here once:
 The file is the reader's own, so it is trusted as the reader's state but still read bounded and
 never through a link, at most SEEN_MAX_BYTES; one that does not parse stops the reader (a lost record
 would let a replay through) with a line saying how to start over. Updates are serialised by a lock
-(var/locks/seen.lock), checked again under it, and written with core/files.write_atomic: a reader
+(var/locks/seen.lock), checked again under it, and written with system/files.write_atomic: a reader
 sees the old record or the new one, whole, and two readers at once never lower a mark. Marks are
 kept per cache URL without its credentials, normalised (`cache_id`): a password rotated, or the
 path spelled another way, is the same cache. A kind whose signer numbers its documents for every
@@ -33,12 +33,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from llmgw_store.core import debug, locks
-from llmgw_store.core.credentials import public_url
-from llmgw_store.core.errors import IntegrityError, StoreError
-from llmgw_store.core.files import FileRefused, read_bounded, write_atomic
+from llmgw_store.app import debug
+from llmgw_store.app.credentials import public_url
+from llmgw_store.base.errors import IntegrityError, StoreError
+from llmgw_store.core import locks
 from llmgw_store.core.keys import canonical_json
 from llmgw_store.core.layout import Layout
+from llmgw_store.system.files import FileRefused, read_bounded, write_atomic
 
 SEEN_FORMAT = "llmgw-seen-1"
 SEEN_MAX_BYTES = 16 << 20

@@ -28,11 +28,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from llmgw_store.core.errors import IntegrityError, UntrustedSignature, UsageError
-from llmgw_store.core.files import FileRefused, open_trusted, write_outside
+from llmgw_store.app.results import Result
+from llmgw_store.base.errors import IntegrityError, UntrustedSignature, UsageError
+from llmgw_store.base.text import shown
 from llmgw_store.core.keys import canonical_json
-from llmgw_store.core.names import check_signing_key_name, inline_key, shown
-from llmgw_store.core.results import Result
+from llmgw_store.core.names import check_signing_key_name, inline_key
+from llmgw_store.system.files import FileRefused, open_trusted, write_outside
 
 METADATA_MAX_BYTES = 1 << 20
 PUBLIC_BYTES = 32  # an ed25519 verify key
@@ -72,7 +73,7 @@ def _encoded(name: str, raw: bytes) -> str:
 
 def keygen(name: str, out_dir: str | Path) -> KeyPair:
     """Write NAME.secret (0600) and NAME.public into `out_dir`, which must be root's or this user's
-    and open to no one else (sticky excepted; core/files.write_outside, UnsafePathError otherwise).
+    and open to no one else (sticky excepted; system/files.write_outside, UnsafePathError otherwise).
     Both are created exclusively and never through a link: an existing file, or a link planted where
     one goes, is refused and nothing is overwritten; if the second cannot be made, the first is
     removed."""
@@ -87,7 +88,7 @@ def keygen(name: str, out_dir: str | Path) -> KeyPair:
     for path in (secret, public):
         if os.path.lexists(path):
             raise UsageError(f"{path} exists; refusing to overwrite a key file (choose another NAME or --out)")
-    # Both files outside the root the safe way (core/files.write_outside: a checked directory, a
+    # Both files outside the root the safe way (system/files.write_outside: a checked directory, a
     # random O_EXCL|O_NOFOLLOW name, then link(2), which replaces nothing — a link planted since
     # the check included).
     try:
@@ -178,7 +179,7 @@ def public_key_of(path: str | Path) -> str:
 def key_text(value: str, what: str | None = None) -> str:
     """A public key given inline (`name:base64`, see `inline_key`), else the text of the key file
     `value` names: an absolute path (a relative one would be looked up wherever the command runs),
-    to a file no other user could have written (core/files.open_trusted, the config file's rule:
+    to a file no other user could have written (system/files.open_trusted, the config file's rule:
     the file, every directory above it and every link on the way root's or this user's and closed
     to others). UsageError naming the value (`what`: how, by default as a key file) otherwise."""
     what = what or f"the key file {_where(value)}"

@@ -44,13 +44,15 @@ from typing import Any
 
 from blake3 import blake3
 
+from llmgw_store.app import debug
+from llmgw_store.app.units import human_size
+from llmgw_store.base.errors import IntegrityError, StoreError
+from llmgw_store.base.report import say
 from llmgw_store.cache.objects import EMPTY, Blob, blob_name, digest_of, parse_listing, parse_plan, read_listing
-from llmgw_store.core import debug, dedupe, files, manifest
-from llmgw_store.core.errors import IntegrityError, StoreError
+from llmgw_store.core import dedupe, manifest
 from llmgw_store.core.manifest import MANIFEST_DIR, Entry
-from llmgw_store.core.report import say
 from llmgw_store.core.stamps import Stamps, record
-from llmgw_store.core.units import human_size
+from llmgw_store.system import files
 
 _local = threading.local()
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC

@@ -37,10 +37,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from llmgw_store.app.units import human_size
+from llmgw_store.base.errors import StoreError
+from llmgw_store.base.report import say
 from llmgw_store.core import manifest
-from llmgw_store.core.errors import StoreError
-from llmgw_store.core.report import say
-from llmgw_store.core.units import human_size
 
 if TYPE_CHECKING:
     from llmgw_store.core.layout import Layout

@@ -2,10 +2,10 @@
 directory (never a link), owned by the running user or root, writable by no one else.
 
 `Layout` (core/layout.py) walks every directory of a store through `own_dir`; the build memo
-(core/buildmemo.py), which the fast path reads before the library loads, opens ROOT and ROOT/var
+(build/memo.py), which the fast path reads before the library loads, opens ROOT and ROOT/var
 through the same function: a --root that is a link, or a root another user planted, is refused by
 both alike (the fast path then leaves the command to the full one, which says why). Only os, stat
-and core/errors are imported: this module is on the hot path.
+and base/errors are imported: this module is on the hot path.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import stat
 
-from llmgw_store.core.errors import AccessDeniedError, UsageError
+from llmgw_store.base.errors import AccessDeniedError, UsageError
 
 PUBLIC_DIR = 0o755
 PRIVATE_DIR = 0o700
@@ -23,7 +23,7 @@ NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123
 
 def is_store_name(name: str) -> bool:
     """keys.is_store_name without `re`: `<32 base-32 characters>-<name characters>`, at most 200.
-    Here, on every fast path, so that a switch or a read need not load core/buildmemo for it."""
+    Here, on every fast path, so that a switch or a read need not load build/memo for it."""
     return (34 <= len(name) <= 200 and name[32] == "-" and all(c in NIX_BASE32 for c in name[:32])
             and all(c in NAME_CHARS for c in name[33:]))
 
@@ -101,13 +101,31 @@ def private_dir(name: str, parent_fd: int | None, create: bool) -> int | None:
         return None
     return fd
 
+def open_var(root: str, create: bool = False) -> int | None:
+    """ROOT/var as a descriptor, if ROOT and var pass the store's directory check (`own_dir`, as the
+    full command's); else None."""
+    try:
+        root_fd = own_dir(root, PUBLIC_DIR, None, create=False, fix=False)
+    except UsageError:
+        return None  # a link, another user's: the full command refuses it, and says why
+    if root_fd is None:
+        return None
+    try:
+        if create:
+            return private_dir("var", root_fd, False)
+        return own_dir(os.path.join(root, "var"), PRIVATE_DIR, root_fd, create=False, fix=False)
+    except UsageError:
+        return None
+    finally:
+        os.close(root_fd)
+
 
 def replace_private(dir_fd: int, name: str, data: bytes) -> bool:
     """`data` as the file `name` of the private directory `dir_fd`: a new 0600 file (created
     exclusively, never through a link) renamed over it, so a reader sees the old file or the new
-    one, never a part (core/files.write_atomic). False when it could not be written; nothing is
+    one, never a part (system/files.write_atomic). False when it could not be written; nothing is
     left behind then."""
-    from llmgw_store.core.files import write_atomic
+    from llmgw_store.system.files import write_atomic
 
     try:
         write_atomic(name, data, dir_fd=dir_fd, mode=0o600, fsync=False)
@@ -119,9 +137,9 @@ def replace_private(dir_fd: int, name: str, data: bytes) -> bool:
 def read_private(dir_fd: int, name: str, limit: int) -> bytes | None:
     """The bytes of `name` in the private directory `dir_fd`, if it is a regular file of the running
     user's that no one else may read or write, of at most `limit` bytes, reached without a link
-    (core/files.read_bounded); None for anything else (a miss, never an error: what
+    (system/files.read_bounded); None for anything else (a miss, never an error: what
     `replace_private` wrote is read back)."""
-    from llmgw_store.core.files import read_bounded
+    from llmgw_store.system.files import read_bounded
 
     try:
         return read_bounded(name, limit, dir_fd=dir_fd, owner=os.geteuid(), deny_mode=0o077)

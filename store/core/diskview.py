@@ -21,8 +21,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from llmgw_store.base.errors import AccessDeniedError, DiskFullError, ReadOnlyError
 from llmgw_store.core import manifest
-from llmgw_store.core.errors import AccessDeniedError, DiskFullError, ReadOnlyError
 from llmgw_store.core.index import RegisteredPath, row_from_manifest
 from llmgw_store.core.keys import KEY_RE, is_store_name, key_of_name
 from llmgw_store.core.layout import Layout

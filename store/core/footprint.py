@@ -105,7 +105,7 @@ def valid(record: Any, tree_st: os.stat_result) -> bool:
 def remember(index, name: str, tree: str | os.PathLike) -> None:
     """Measure `tree` (store/<name>, just registered) and record it; a record that cannot be made
     (a full disk, an unreadable tree) is left out: gc walks the tree instead."""
-    from llmgw_store.core.errors import StoreError
+    from llmgw_store.base.errors import StoreError
 
     try:
         record = measure(tree)

@@ -31,10 +31,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from llmgw_store.core.errors import DiskFullError, IndexError_, LockTimeout, ReadOnlyError, StoreError, from_os_error
+from llmgw_store.base.errors import DiskFullError, IndexError_, LockTimeout, ReadOnlyError, StoreError, from_os_error
+from llmgw_store.base.report import say
 from llmgw_store.core.keys import is_store_name
 from llmgw_store.core.layout import malformed_name
-from llmgw_store.core.report import say
 
 BUSY_TIMEOUT_S = 30.0
 DB_MODE = 0o600
@@ -308,7 +308,7 @@ class Index:
 
     def _stamp_epoch(self) -> None:
         """Give the index its epoch, once: a random number in the SQLite header's application id,
-        which says which index file this is (core/buildmemo.py binds each build memo entry to it).
+        which says which index file this is (build/memo.py binds each build memo entry to it).
         A new file is stamped here before it turns to WAL, so the number is in the file's first page
         at once and the fast path reads it there without SQLite; another index file copied in place
         (a backup, a rebuilt index) brings its own. An older index gets one on its next read-write

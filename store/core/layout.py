@@ -40,10 +40,10 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+from llmgw_store.base.errors import IndexError_
 from llmgw_store.core.dirs import PRIVATE_DIR, PUBLIC_DIR
 from llmgw_store.core.dirs import own_dir as _own_dir
 from llmgw_store.core.dirs import refuse as _refuse
-from llmgw_store.core.errors import IndexError_
 from llmgw_store.core.keys import is_store_name
 
 

@@ -10,13 +10,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from llmgw_store.core import debug, footprint, manifest, reserve, uses
-from llmgw_store.core.errors import IntegrityError, NoStoreError, NotFoundError, StoreError
-from llmgw_store.core.fsutil import force_rmtree
+from llmgw_store.app import debug
+from llmgw_store.base.errors import IntegrityError, NoStoreError, NotFoundError, StoreError
+from llmgw_store.base.report import say
+from llmgw_store.core import footprint, manifest, reserve, uses
 from llmgw_store.core.index import BUSY_TIMEOUT_S, Index, row_from_manifest
 from llmgw_store.core.keys import is_store_name, key_of_name
 from llmgw_store.core.layout import Layout
-from llmgw_store.core.report import say
+from llmgw_store.system.trees import force_rmtree
 
 MAX_REFERENCES = 64
 

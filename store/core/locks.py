@@ -33,13 +33,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from llmgw_store.core import debug, defaults
-from llmgw_store.core.errors import LockTimeout
-from llmgw_store.core.report import say
+from llmgw_store.app import debug
+from llmgw_store.base import defaults
+from llmgw_store.base.errors import LockTimeout
+from llmgw_store.base.report import say
 
 POLL_S = 0.02
 LOCK_MODE = 0o600
-# How long a command waits for a lock before it exits 75 (core/defaults.py, where the CLI reads them
+# How long a command waits for a lock before it exits 75 (base/defaults.py, where the CLI reads them
 # too): keys are held for a whole build; every other lock only for short critical sections.
 BUILD_LOCK_TIMEOUT_S = defaults.BUILD_LOCK_TIMEOUT_S
 LOCK_TIMEOUT_S = defaults.LOCK_TIMEOUT_S
@@ -87,10 +88,10 @@ def _hostname() -> str:
 
 
 def _write_note(owner: Path, what: str) -> None:
-    """Replace the note atomically (core/files.write_atomic: a new file renamed over), so a reader
+    """Replace the note atomically (system/files.write_atomic: a new file renamed over), so a reader
     sees a whole note or the previous one. No fsync: a note only matters while its writer lives. The
     note is advisory: on a full disk the lock is held without one (gc must run there)."""
-    from llmgw_store.core.files import write_atomic
+    from llmgw_store.system.files import write_atomic
 
     note = json.dumps({"pid": os.getpid(), "host": _hostname(), "what": what, "since": time.time()})
     try:

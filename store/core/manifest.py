@@ -29,8 +29,9 @@ from typing import Any, NamedTuple
 
 from blake3 import blake3
 
-from llmgw_store.core import debug, files
-from llmgw_store.core.report import progress
+from llmgw_store.app import debug
+from llmgw_store.base.report import progress
+from llmgw_store.system import files
 
 MANIFEST_DIR = ".llmgw"
 MANIFEST = f"{MANIFEST_DIR}/manifest.json"
@@ -540,7 +541,7 @@ PYVENV_MAX = 64 << 10  # a few lines (home, version, prompt); a larger one is no
 
 def read_pyvenv_cfg(tree: Path) -> str | None:
     """The text of `tree`'s pyvenv.cfg, None when it has none. Read as every metadata file of a
-    store path is (core/files.read_bounded): never through a link (a signed object's pyvenv.cfg may
+    store path is (system/files.read_bounded): never through a link (a signed object's pyvenv.cfg may
     be a link to /dev/zero), at most PYVENV_MAX bytes; ValueError (FileRefused) otherwise."""
     fd = files.open_dir(tree)
     try:
@@ -577,7 +578,7 @@ REQUIRED = ("name", "key", "engine", "version", "variant", "content_hash", "size
 def _read_meta_file(env: Path, name: str, limit: int) -> bytes:
     """`ENV/.llmgw/<name>` of a directory not yet trusted, without following a link at any step (a
     planted link could make this read a device, a FIFO or another user's file), at most `limit`
-    bytes (core/files.read_bounded). Raises ValueError."""
+    bytes (system/files.read_bounded). Raises ValueError."""
     try:
         fd = files.open_dir(env)
         try:

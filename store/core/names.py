@@ -13,20 +13,14 @@ from __future__ import annotations
 
 import re
 
-from llmgw_store.core.errors import UsageError
+from llmgw_store.base.errors import UsageError
+from llmgw_store.base.text import printable, shown  # noqa: F401  (re-exported: one escaping for every line shown)
 from llmgw_store.core.keys import KEY_RE, NAME_RE, STORE_NAME_MAX, STORE_NAME_RE
-from llmgw_store.core.text import printable  # noqa: F401  (re-exported: one escaping for every line shown)
 
 USER_NAME_MAX = 100
 GENERATION_MAX = 10**9
 SIGNING_KEY_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _GENERATION_LINK_RE = re.compile(r".*-\d+-link")
-
-
-def shown(value: object, limit: int = 60) -> str:
-    """`value` quoted for a one-line error, cut short: a hostile value can be megabytes long."""
-    s = repr(value)
-    return s if len(s) <= limit else s[: limit - 20] + f"...' ({len(str(value))} characters)"
 
 
 def check(kind: str, text: object, pattern: re.Pattern[str] = NAME_RE, max_len: int = USER_NAME_MAX,

@@ -33,8 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from llmgw_store.core.buildmemo import open_var, private_dir
-from llmgw_store.core.errors import (
+from llmgw_store.base.errors import (
     CommandError,
     DiskFullError,
     IntegrityError,
@@ -43,6 +42,7 @@ from llmgw_store.core.errors import (
     UntrustedSignature,
     UsageError,
 )
+from llmgw_store.core.dirs import open_var, private_dir
 from llmgw_store.core.layout import Layout
 
 OPS = ("gc", "verify", "build", "pull")

@@ -13,15 +13,15 @@ A proof file is outside input when read back: a private file of the store owner'
 var/, never reached through a link, bounded, and its MAC (blake3 keyed with the store's records
 key, ROOT/var/records.key, over a tag and the canonical body) checked before any field is used.
 Who cannot read var/ cannot forge one. Anything else is no proof (the full proof runs again), never
-an error. Writing is best effort (a proof not kept is made again). Only os, blake3 and core/files,
-core/dirs, core/jsontext are imported: this module is on a switch's path.
+an error. Writing is best effort (a proof not kept is made again). Only os, blake3 and system/files,
+core/dirs, system/jsontext are imported: this module is on a switch's path.
 """
 
 from __future__ import annotations
 
 import os
 
-from llmgw_store.core import files, jsontext
+from llmgw_store.system import files, jsontext
 
 SECRET_FILE = "records.key"  # roots/records.py's SECRET_FILE: the same key seals records
 SECRET_BYTES = 32

@@ -16,7 +16,7 @@ from __future__ import annotations
 import errno
 import os
 
-from llmgw_store.core.buildmemo import open_var
+from llmgw_store.core.dirs import open_var
 from llmgw_store.core.layout import Layout
 
 RESERVE_BYTES = 8 << 20  # Nix's default gc-reserved-space

@@ -1,6 +1,6 @@
 """Scratch trees under ROOT/var/tmp named after the process that made them (`check-<pid>-…`,
 `pull-<pid>-…`): removed by their maker on every way out it can see, SIGTERM included (its maker
-runs inside core/signals.py's guard), and by the next command of their kind when the maker was
+runs inside system/signals.py's guard), and by the next command of their kind when the maker was
 killed by SIGKILL. `to_trash` removes one in an instant: a rename into ROOT/var/trash (the same
 file system), whose contents the next `gc` deletes (roots/gc.py), not the command that goes on."""
 
@@ -10,9 +10,9 @@ import os
 import re
 from pathlib import Path
 
-from llmgw_store.core.fsutil import force_rmtree
+from llmgw_store.base.report import say
 from llmgw_store.core.locks import pid_alive
-from llmgw_store.core.report import say
+from llmgw_store.system.trees import force_rmtree
 
 
 def to_trash(tree: Path, trash: Path | None) -> None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 
-from llmgw_store.core.errors import StoreError
+from llmgw_store.base.errors import StoreError
 
 MAX_ROWS = 4_000_000  # a few dozen vLLM-sized paths; past it the table starts again (index.record_inode_stamps)
 

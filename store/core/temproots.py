@@ -32,7 +32,7 @@ import re
 import stat
 from pathlib import Path
 
-from llmgw_store.core.errors import StoreError
+from llmgw_store.base.errors import StoreError
 from llmgw_store.core.layout import Layout
 from llmgw_store.core.locks import LOCK_MODE, LOCK_TIMEOUT_S, flock
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import stat
 
-from llmgw_store.core.buildmemo import is_store_name, open_var, private_dir
+from llmgw_store.core.dirs import is_store_name, open_var, private_dir
 
 USED_DIR = "used"
 FOLDING = ".fold-"
@@ -106,7 +106,7 @@ def collect(root: str) -> dict[str, float]:
 def fold(root: str, index) -> int:
     """Write the stamps under ROOT into `index` (a read-write core.index.Index): each path's
     last_used becomes the later of the index's and the stamp's. Returns how many rows changed."""
-    from llmgw_store.core.errors import StoreError
+    from llmgw_store.base.errors import StoreError
 
     found = collect(root)
     if not found:

@@ -6,10 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from llmgw_store.app.results import Result
 from llmgw_store.build import lockfiles
 from llmgw_store.core import manifest
 from llmgw_store.core.local_store import Store
-from llmgw_store.core.results import Result
 from llmgw_store.roots.resolve import reference
 
 

@@ -19,16 +19,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from llmgw_store.app.results import Result
+from llmgw_store.base.errors import LockTimeout, StoreError
+from llmgw_store.base.report import say
 from llmgw_store.core import manifest
-from llmgw_store.core.errors import LockTimeout, StoreError
-from llmgw_store.core.fsutil import force_rmtree
 from llmgw_store.core.index import Index
 from llmgw_store.core.layout import Layout
 from llmgw_store.core.local_store import Store
 from llmgw_store.core.locks import LOCK_TIMEOUT_S
-from llmgw_store.core.report import say
-from llmgw_store.core.results import Result
 from llmgw_store.core.temproots import gc_lock, read_all
+from llmgw_store.system.trees import force_rmtree
 
 HISTORY_TABLES = ("builds", "releases", "latest", "tools", "generations", "cache_uses", "gc_rooted")
 MAX_BACKUPS_PER_SECOND = 100
@@ -82,7 +82,7 @@ class DoctorReport(Result):
 
     problems: dict[str, list[str]] = field(default_factory=dict)
     ok: bool = True
-    containment: dict[str, str] = field(default_factory=dict)  # how children are contained (core/cgroups.py)
+    containment: dict[str, str] = field(default_factory=dict)  # how children are contained (supervise/cgroups.py)
     registered: tuple[str, ...] = ()
     skipped: tuple[str, ...] = ()
     generations: int = 0
@@ -95,7 +95,7 @@ class DoctorReport(Result):
 def doctor(*, root: str | Path | None = None, rebuild_index: bool = False,
            lock_timeout: float = LOCK_TIMEOUT_S) -> DoctorReport:
     if not rebuild_index:
-        from llmgw_store.core.cgroups import containment
+        from llmgw_store.supervise.cgroups import containment
 
         with Store.open(root, lock_timeout) as store:
             found = check(store)

@@ -20,12 +20,12 @@ from email.parser import BytesHeaderParser
 from pathlib import Path
 from typing import Any
 
+from llmgw_store.app.results import Result
+from llmgw_store.base.errors import NotFoundError, StoreError, UsageError
+from llmgw_store.base.report import say
+from llmgw_store.base.text import shown
 from llmgw_store.core import manifest
 from llmgw_store.core.diskview import open_reader
-from llmgw_store.core.errors import NotFoundError, StoreError, UsageError
-from llmgw_store.core.names import shown
-from llmgw_store.core.report import say
-from llmgw_store.core.results import Result
 from llmgw_store.roots.resolve import reference
 
 MAX_DISTS = 20_000  # distributions in one environment (vLLM's is ~200)

@@ -39,15 +39,15 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+from llmgw_store.app.results import Result
+from llmgw_store.app.units import human_size
+from llmgw_store.base.report import say
 from llmgw_store.core import manifest
 from llmgw_store.core.dedupe import drop, link_checked, open_proc_fd, pool_name, shareable, store_inode
-from llmgw_store.core.fsutil import WRITE_BITS
 from llmgw_store.core.local_store import Store
 from llmgw_store.core.locks import LOCK_TIMEOUT_S
-from llmgw_store.core.report import say
-from llmgw_store.core.results import Result
 from llmgw_store.core.temproots import gc_lock
-from llmgw_store.core.units import human_size
+from llmgw_store.system.trees import WRITE_BITS
 
 _OPEN = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 

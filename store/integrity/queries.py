@@ -7,12 +7,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from llmgw_store.app.results import Result, plain
+from llmgw_store.base.errors import NoStoreError
+from llmgw_store.base.report import say
 from llmgw_store.core import manifest
-from llmgw_store.core.errors import NoStoreError
 from llmgw_store.core.index import BuildLogEntry, RegisteredPath
 from llmgw_store.core.local_store import Store
-from llmgw_store.core.report import say
-from llmgw_store.core.results import Result, plain
 from llmgw_store.roots.resolve import reference
 
 

@@ -19,8 +19,8 @@ from __future__ import annotations
 import os
 import stat
 
-from llmgw_store.core import files, jsontext
 from llmgw_store.core.dirs import NIX_BASE32, PRIVATE_DIR, PUBLIC_DIR, is_store_name, own_dir
+from llmgw_store.system import files, jsontext
 
 SCHEMA_VERSION = 6  # core/index.py's (tests/test_reads.py checks they agree)
 # core/layout.Layout.dir_modes, relative to ROOT, parents before children (tests/test_reads.py).

@@ -1,6 +1,6 @@
 """`stats`: what the store holds and costs, for people (`--json`) and for node monitoring (a
 Prometheus textfile, written atomically so the collector never reads half a file, and never
-through a link: core/files.write_outside): besides the
+through a link: system/files.write_outside): besides the
 gauges of paths, bytes and caches, when gc, verify, build and pull last succeeded and how often
 they failed (core/oplog.py), and each profile's current generation and what it runs, so that an
 alert sees a node that stopped collecting, found damage, or drifted from the fleet
@@ -13,16 +13,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from llmgw_store.app.results import Result
+from llmgw_store.base.errors import NoStoreError, StoreError
+from llmgw_store.base.report import say
 from llmgw_store.core import oplog
-from llmgw_store.core.errors import NoStoreError, StoreError
-from llmgw_store.core.files import write_outside
-from llmgw_store.core.fsutil import free_bytes, walk_files
 from llmgw_store.core.layout import Layout
 from llmgw_store.core.local_store import Store
 from llmgw_store.core.names import check_profile
-from llmgw_store.core.report import say
-from llmgw_store.core.results import Result
 from llmgw_store.roots.generations import current_generation, generation_target
+from llmgw_store.system.files import write_outside
+from llmgw_store.system.trees import free_bytes, walk_files
 
 
 @dataclass(frozen=True)
@@ -202,6 +202,6 @@ def _number(value: object) -> str:
 
 def write_prometheus(path: Path, stats: Stats) -> None:
     # Outside the root, in a directory a collector reads: a random name created O_EXCL|O_NOFOLLOW
-    # in the checked directory, renamed over (core/files.py); node_exporter reads the old file or
+    # in the checked directory, renamed over (system/files.py); node_exporter reads the old file or
     # the new one, and nothing is ever written through a link planted there.
     write_outside(path, prometheus_text(stats).encode(), mode=0o644)

@@ -25,15 +25,15 @@ from typing import Any
 
 from blake3 import blake3
 
+from llmgw_store.app.results import Result
+from llmgw_store.base.errors import NoStoreError
+from llmgw_store.base.report import progress, say
 from llmgw_store.core import locks, manifest
-from llmgw_store.core.errors import NoStoreError
-from llmgw_store.core.fsutil import force_rmtree
 from llmgw_store.core.index import RegisteredPath
 from llmgw_store.core.local_store import Store
 from llmgw_store.core.oplog import recorded
-from llmgw_store.core.report import progress, say
-from llmgw_store.core.results import Result
 from llmgw_store.roots.resolve import reference
+from llmgw_store.system.trees import force_rmtree
 
 
 @dataclass(frozen=True)

@@ -216,8 +216,8 @@ def listed_files(tree: str | os.PathLike) -> list[tuple[str, str]] | None:
     """(kind, digest) of every file (`f`, `x`) in `tree`'s `.llmgw/contents`, read without following
     a link or blocking on a FIFO, at most LISTING_MAX bytes; None when there is no such plain file.
     Only the kind and digest columns are used: callers check digests with re.fullmatch."""
-    from llmgw_store.core.files import read_bounded
     from llmgw_store.core.manifest import CONTENTS
+    from llmgw_store.system.files import read_bounded
 
     try:
         dfd = os.open(tree, _DIR_FLAGS)

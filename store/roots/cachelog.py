@@ -38,12 +38,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
+from llmgw_store.base.errors import LockTimeout, StoreError
+from llmgw_store.base.report import say
 from llmgw_store.build import cacheuse
 from llmgw_store.build.cacheuse import uv_cache_lock
-from llmgw_store.core.errors import LockTimeout, StoreError
 from llmgw_store.core.index import CacheUse
 from llmgw_store.core.local_store import Store
-from llmgw_store.core.report import say
 from llmgw_store.core.temproots import read_all
 from llmgw_store.roots.accounting import Tally, listed_files, remove_tree, walk
 

@@ -38,9 +38,12 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from llmgw_store.core import debug, footprint, proofs, reserve
-from llmgw_store.core.errors import DiskFullError, IndexError_, NoStoreError, UsageError
-from llmgw_store.core.fsutil import free_bytes
+from llmgw_store.app import debug
+from llmgw_store.app.results import Result, fields_of
+from llmgw_store.app.units import human_size
+from llmgw_store.base.errors import DiskFullError, IndexError_, NoStoreError, UsageError
+from llmgw_store.base.report import say
+from llmgw_store.core import footprint, proofs, reserve
 from llmgw_store.core.index import Index, ReferencedError, now_iso
 from llmgw_store.core.keys import NIX_BASE32, STORE_NAME_MAX, is_store_name
 from llmgw_store.core.layout import Layout
@@ -48,12 +51,10 @@ from llmgw_store.core.local_store import Store
 from llmgw_store.core.locks import LOCK_TIMEOUT_S
 from llmgw_store.core.names import check_profile
 from llmgw_store.core.oplog import recorded
-from llmgw_store.core.report import say
-from llmgw_store.core.results import Result, fields_of
 from llmgw_store.core.temproots import gc_lock, read_all, remove_stale
-from llmgw_store.core.units import human_size
 from llmgw_store.roots.accounting import Tally, inodes_of, listed_files, on_disk, remove_tree, walk
 from llmgw_store.roots.cachelog import prune_wheel_home, wheel_home_inodes
+from llmgw_store.system.trees import free_bytes
 
 # A store path name after any `/store/` (core/keys.STORE_NAME_RE's shape, bounded): a process names
 # its environment through whatever prefix reaches the root where it runs (the root bind-mounted
@@ -852,9 +853,9 @@ def _prune_uv_cache(store: Store, dry_run: bool) -> int:
     stale buckets). Entries a path was built from are pointed at, so they stay; `--max-cache`
     (cachelog.py) removes entries by live use. uv takes its own cache lock, so builds in flight are
     safe; the wait for it is bounded and a busy cache is skipped until the next gc."""
+    from llmgw_store.base.errors import CommandError, IntegrityError, LockTimeout, UnsafePathError
     from llmgw_store.build import uv as uvmod
     from llmgw_store.build.cacheuse import bucket_dir, uv_cache_lock
-    from llmgw_store.core.errors import CommandError, IntegrityError, LockTimeout, UnsafePathError
     from llmgw_store.roots.cachelog import prune_uv_pointers
 
     cache = store.layout.uv_cache

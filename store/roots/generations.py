@@ -10,7 +10,7 @@ import os
 import re
 from pathlib import Path
 
-from llmgw_store.core.errors import NotFoundError, UsageError
+from llmgw_store.base.errors import NotFoundError, UsageError
 from llmgw_store.core.layout import Layout
 
 

@@ -3,7 +3,7 @@ in a store path before (or, with --then-check, right after) the profile switches
 
 The check runs as `llmgw-store run` runs a command: the environment's `bin/` first on PATH,
 VIRTUAL_ENV set to the store path, PYTHONHOME unset; stdin from /dev/null, stdout and stderr
-captured together. It is started through core/procs.run: in a process group of its own that is
+captured together. It is started through supervise/procs.run: in a process group of its own that is
 SIGKILLed whole when the timeout passes, and that dies with this process however it dies (SIGKILL
 included), so a hung check never outlives the activation that started it.
 """
@@ -17,11 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from llmgw_store.core.errors import CommandError, UsageError
+from llmgw_store.app.results import Result
+from llmgw_store.base.errors import CommandError, UsageError
+from llmgw_store.base.report import say
+from llmgw_store.base.text import shown
 from llmgw_store.core.index import RegisteredPath
-from llmgw_store.core.names import printable, shown
-from llmgw_store.core.report import say
-from llmgw_store.core.results import Result
+from llmgw_store.core.names import printable
 
 DEFAULT_TIMEOUT_S = 120.0
 MAX_TIMEOUT_S = 86400.0  # a day: inf, nan and 1e300 are refused before anything changes
@@ -87,7 +88,7 @@ def run(argv: list[str], env_dir: Path, timeout: float) -> CheckResult:
     """Run the check in the environment at `env_dir` (see the module docstring)."""
     import shlex
 
-    from llmgw_store.core import procs  # here: an activation without a check starts no child
+    from llmgw_store.supervise import procs  # here: an activation without a check starts no child
 
     env = dict(os.environ, VIRTUAL_ENV=str(env_dir))
     env["PATH"] = f"{env_dir / 'bin'}{os.pathsep}{env.get('PATH', '')}"

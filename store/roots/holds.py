@@ -15,17 +15,17 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from llmgw_store.app.results import Result
+from llmgw_store.base.errors import EX_OK, IntegrityError, LockTimeout, NotFoundError, StoreError
 from llmgw_store.core import locks
-from llmgw_store.core.errors import EX_OK, IntegrityError, LockTimeout, NotFoundError, StoreError
 from llmgw_store.core.keys import key_of_name
 from llmgw_store.core.layout import Layout
-from llmgw_store.core.links import symlink_atomically
 from llmgw_store.core.local_store import Store
 from llmgw_store.core.names import check_profile
-from llmgw_store.core.results import Result
 from llmgw_store.core.temproots import TempRoots
 from llmgw_store.roots.generations import current_generation
 from llmgw_store.roots.resolve import reference, registered
+from llmgw_store.system.files import symlink_atomically
 
 
 def holds_dir(layout: Layout) -> Path:

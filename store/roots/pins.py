@@ -6,14 +6,14 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from llmgw_store.core.errors import NotFoundError
-from llmgw_store.core.links import symlink_atomically
+from llmgw_store.app.results import Result
+from llmgw_store.base.errors import NotFoundError
 from llmgw_store.core.local_store import Store
 from llmgw_store.core.locks import LOCK_TIMEOUT_S
 from llmgw_store.core.names import check_pin
-from llmgw_store.core.results import Result
 from llmgw_store.core.temproots import TempRoots
 from llmgw_store.roots.resolve import reference, registered
+from llmgw_store.system.files import symlink_atomically
 
 
 @dataclass(frozen=True)

@@ -40,15 +40,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from llmgw_store.core import debug, locks
-from llmgw_store.core.errors import IntegrityError, NotFoundError, UsageError
+from llmgw_store.app import debug
+from llmgw_store.app.results import Result
+from llmgw_store.base.errors import IntegrityError, NotFoundError, UsageError
+from llmgw_store.base.report import say
+from llmgw_store.core import locks
 from llmgw_store.core.layout import Layout
-from llmgw_store.core.links import symlink_atomically
 from llmgw_store.core.local_store import Store
 from llmgw_store.core.names import check_generation, check_profile
-from llmgw_store.core.report import say
-from llmgw_store.core.results import Result
-from llmgw_store.core.signals import Window
 from llmgw_store.core.temproots import TempRoots
 from llmgw_store.roots import health, holds, records
 from llmgw_store.roots.generations import (
@@ -59,6 +58,8 @@ from llmgw_store.roots.generations import (
     scan_profile,
 )
 from llmgw_store.roots.resolve import reference, registered
+from llmgw_store.system.files import symlink_atomically
+from llmgw_store.system.signals import Window
 
 
 @dataclass(frozen=True)
@@ -231,7 +232,7 @@ def activate(
             # The record is on disk before the profile points at the generation.
             rec = records.write(layout, records.make(profile, number, described, activation))
             debug.pause("BEFORE_SWITCH")  # the new generation exists, the profile not yet switched
-            guard = Window()  # SIGTERM/SIGHUP during a --then-check: switched back (core/signals.py)
+            guard = Window()  # SIGTERM/SIGHUP during a --then-check: switched back (system/signals.py)
             if then_check:
                 guard.hold()  # SIGTERM/SIGHUP from here on switch back (see _then_check)
             try:

@@ -52,14 +52,15 @@ from typing import Any
 
 from blake3 import blake3
 
-from llmgw_store.core import files, manifest, proofs
-from llmgw_store.core.errors import IntegrityError
+from llmgw_store.base.errors import IntegrityError
+from llmgw_store.base.report import say
+from llmgw_store.core import manifest, proofs
 from llmgw_store.core.index import RegisteredPath, now_iso
 from llmgw_store.core.keys import KEY_RE, canonical_json, is_store_name, path_name, store_key
 from llmgw_store.core.layout import Layout
 from llmgw_store.core.names import check_generation, check_profile
-from llmgw_store.core.report import say
 from llmgw_store.roots import summary
+from llmgw_store.system import files
 
 FORMAT = 1
 RECORD_MAX = 32 << 20  # a lock with every hash (vLLM's pylock is well under 2 MB) and the inputs
@@ -223,7 +224,7 @@ def _dir_fd(layout: Layout) -> int:
 
 
 def _write_atomically(layout: Layout, filename: str, data: bytes) -> None:
-    """tmp + fsync + rename + fsync(dir) (core/files.write_atomic): the file is the old one or the
+    """tmp + fsync + rename + fsync(dir) (system/files.write_atomic): the file is the old one or the
     new one, whole, even after a crash or a power cut once this returns; 0600, since a record and
     the history carry check output, which may hold tokens. Called under the profile's lock."""
     dfd = _dir_fd(layout)
@@ -235,7 +236,7 @@ def _write_atomically(layout: Layout, filename: str, data: bytes) -> None:
 
 def secret(layout: Layout) -> bytes:
     """The store's records key: 32 random bytes in ROOT/var/records.key, made on first use
-    (core/files.private_secret: 0600, whole or absent, never through a link), as the bytecode
+    (system/files.private_secret: 0600, whole or absent, never through a link), as the bytecode
     secret is. A key file that is not the store owner's private 32-byte regular file with one link
     is refused (IntegrityError): no record is then written or trusted."""
     path = layout.var / SECRET_FILE
@@ -316,7 +317,7 @@ def prune(layout: Layout, profile: str, keep: int, hot: set[int] | list[int] | d
 # --- reading (outside input: every byte checked before use) ----------------------------------
 
 def _read_bounded(layout: Layout, filename: str, limit: int, dir_fd: int | None = None) -> bytes | None:
-    """The file's bytes, or None when it does not exist (core/files.read_bounded): never through a
+    """The file's bytes, or None when it does not exist (system/files.read_bounded): never through a
     link, never a FIFO or a device, never another user's file, never one others may write or with
     a second hard link, never more than `limit` bytes; IntegrityError otherwise. A record or
     history an older llmgw-store left readable by all (0644) is closed up to 0600 first.

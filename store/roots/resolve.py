@@ -19,11 +19,12 @@ import os
 import re
 from pathlib import Path
 
-from llmgw_store.core.errors import NotFoundError, UsageError
+from llmgw_store.base.errors import NotFoundError, UsageError
+from llmgw_store.base.text import shown
 from llmgw_store.core.index import RegisteredPath
 from llmgw_store.core.keys import KEY_RE, is_store_name
 from llmgw_store.core.local_store import Store
-from llmgw_store.core.names import check_generation, check_profile, shown
+from llmgw_store.core.names import check_generation, check_profile
 from llmgw_store.roots.generations import current_generation, generation_target
 
 PATH_MAX = 4096

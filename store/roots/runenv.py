@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from llmgw_store.app.results import Result
+from llmgw_store.base.errors import NotFoundError, UsageError
 from llmgw_store.core.diskview import open_reader
-from llmgw_store.core.errors import NotFoundError, UsageError
-from llmgw_store.core.results import Result
 from llmgw_store.roots.generations import current_generation
 from llmgw_store.roots.resolve import is_profile, reference
 

@@ -22,7 +22,7 @@ Invariants:
   tests/test_readonly.py). Each entry carries the stamp of the record it came from, so a summary
   written from an older state is never believed for a newer record. Writing it is best-effort: a
   failure leaves the records, the truth, as they are.
-- Imports only os, stat, blake3 and core/files, core/jsontext: roots/switch.py keeps it on its
+- Imports only os, stat, blake3 and system/files, system/jsontext: roots/switch.py keeps it on its
   fast path.
 """
 
@@ -34,7 +34,7 @@ from _operator import _compare_digest as compare_digest  # hmac's, without OpenS
 
 from blake3 import blake3
 
-from llmgw_store.core import files, jsontext
+from llmgw_store.system import files, jsontext
 
 FORMAT = 1
 SUMMARY_MAX = 64 << 20  # 1,000 entries with full check tails are ~10 MB

@@ -43,9 +43,11 @@ import os
 import stat
 import time
 
-from llmgw_store.core import debug, files, jsontext, proofs
+from llmgw_store.app import debug
+from llmgw_store.base.errors import StoreError
+from llmgw_store.core import proofs
 from llmgw_store.core.dirs import NIX_BASE32, PRIVATE_DIR, PUBLIC_DIR, is_store_name, own_dir
-from llmgw_store.core.errors import StoreError
+from llmgw_store.system import files, jsontext
 
 SCHEMA_VERSION = 6  # core/index.py's (tests/test_switch.py checks they agree)
 RECORD_FORMAT = 1  # roots/records.py's FORMAT
@@ -273,7 +275,7 @@ def _history_checked(dirs: _Dirs, profile: str) -> None:
 
 def _event(dirs: _Dirs, profile: str, event: str, **fields: object) -> None:
     """records.add_event: one JSON line appended (O_APPEND, never through a link) and fdatasync-ed."""
-    from llmgw_store.core.report import said
+    from llmgw_store.base.report import said
 
     entry = {"event": event, "at": now_iso(), "by": who(), **fields}
     shown = f"{dirs.root}/profiles/.{profile}.history"
@@ -575,7 +577,7 @@ def _activate_locked(dirs: _Dirs, index: _Index, key: bytes, profile: str, name:
                      keep_records: int, started: _Started) -> tuple[dict[str, object], str] | None:
     from blake3 import blake3
 
-    from llmgw_store.core.report import said
+    from llmgw_store.base.report import said
 
     scan = _Scan(dirs, profile)
     rows = index.generations(profile)
@@ -682,7 +684,7 @@ def _hot(dirs: _Dirs, name: str) -> bool:
 
 
 def _rollback_locked(dirs: _Dirs, profile: str, to: int | None, started: _Started) -> dict[str, object] | None:
-    from llmgw_store.core.report import said
+    from llmgw_store.base.report import said
 
     current = _current(dirs, profile)
     if current is None:

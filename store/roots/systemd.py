@@ -30,13 +30,14 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from llmgw_store.app.results import Result
+from llmgw_store.app.units import parse_duration, parse_size
+from llmgw_store.base.errors import UsageError
+from llmgw_store.base.text import shown
 from llmgw_store.cache.releases import check_release_name
-from llmgw_store.core.errors import UsageError
-from llmgw_store.core.files import write_outside
 from llmgw_store.core.layout import Layout
-from llmgw_store.core.names import check_profile, shown
-from llmgw_store.core.results import Result
-from llmgw_store.core.units import parse_duration, parse_size
+from llmgw_store.core.names import check_profile
+from llmgw_store.system.files import write_outside
 
 SERVICE = "llmgw-store-gc.service"
 TIMER = "llmgw-store-gc.timer"
@@ -126,7 +127,7 @@ class NodeDay:
             raise UsageError(f"{path}: [node] sets {roots[0].split('.')[1]} but not {missing}: push-roots needs both "
                              "(set both to publish this node's roots after each gc, or neither)")
         follows = []
-        for word in values.get("releases", ()) or ():  # PROFILE=RELEASE words (core/config.py)
+        for word in values.get("releases", ()) or ():  # PROFILE=RELEASE words (cli/config.py)
             profile, _, release = str(word).partition("=")
             follows.append(check_profile(profile))
             check_release_name(release)

@@ -1,5 +1,5 @@
 """Barriers for race and crash tests: hold a store process at a named debug point
-(store/core/debug.py, `LLMGW_STORE_DEBUG_<POINT>=wait:DIR`) until the test says go.
+(store/app/debug.py, `LLMGW_STORE_DEBUG_<POINT>=wait:DIR`) until the test says go.
 
     gate = Barrier(tmp_path)
     proc = subprocess.Popen(cmd, env={**os.environ, **gate.env("BEFORE_RENAME")})

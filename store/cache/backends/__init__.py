@@ -18,10 +18,10 @@ among several caches is not a backend's job: cache/caches.py asks each in turn.
 
 from __future__ import annotations
 
+from llmgw_store.base.errors import UsageError
 from llmgw_store.cache.backends.base import CHUNK, FOLDERS, LISTED_NAME_RE, MAX_LISTED, OBJECT_NAME_RE, Backend, Listed
 from llmgw_store.cache.backends.file import FileBackend
 from llmgw_store.cache.backends.retry import RetryPolicy
-from llmgw_store.core.errors import UsageError
 
 __all__ = ["CHUNK", "FOLDERS", "LISTED_NAME_RE", "MAX_LISTED", "OBJECT_NAME_RE", "Backend", "FileBackend", "Listed",
            "RetryPolicy", "backend_for"]
@@ -33,8 +33,8 @@ def backend_for(url: str, policy: RetryPolicy | None = None) -> Backend:
         from pathlib import Path
 
         return FileBackend(Path(url[len("file://"):]), policy)
-    from llmgw_store.core import network
-    from llmgw_store.core.credentials import public_url
+    from llmgw_store.app import network
+    from llmgw_store.app.credentials import public_url
 
     shown = public_url(url)  # messages never carry a cache's credentials
     network.require(f"the binary cache {shown}", "only file:// caches can be used offline")

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple, Protocol
 
+from llmgw_store.base.errors import IntegrityError, NetworkError, UsageError
 from llmgw_store.cache.backends.retry import RetryPolicy, Transient, Watch, is_document, run
-from llmgw_store.core.errors import IntegrityError, NetworkError, UsageError
 
 CHUNK = 1 << 20
 FOLDERS = ("blobs", "roots", "pending", "gc", "releases")

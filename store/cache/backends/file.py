@@ -12,6 +12,7 @@ import threading
 from contextlib import contextmanager
 from pathlib import Path
 
+from llmgw_store.base.errors import IntegrityError, NetworkError
 from llmgw_store.cache.backends.base import (
     CHUNK,
     MAX_LISTED,
@@ -23,7 +24,6 @@ from llmgw_store.cache.backends.base import (
     object_name,
 )
 from llmgw_store.cache.backends.retry import RetryPolicy, Watch
-from llmgw_store.core.errors import IntegrityError, NetworkError
 
 
 class FileBackend(StreamingBackend):

@@ -36,6 +36,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import unquote, urljoin, urlsplit
 
+from llmgw_store.app.credentials import netrc_file, public_url
+from llmgw_store.app.retry import retry_after as _retry_after
+from llmgw_store.base.errors import IntegrityError, NetworkError, UsageError
 from llmgw_store.cache.backends.base import (
     CHUNK,
     MAX_LISTED,
@@ -47,9 +50,6 @@ from llmgw_store.cache.backends.base import (
     object_name,
 )
 from llmgw_store.cache.backends.retry import RetryPolicy, Transient, Watch, run
-from llmgw_store.core.credentials import netrc_file, public_url
-from llmgw_store.core.errors import IntegrityError, NetworkError, UsageError
-from llmgw_store.core.retry import retry_after as _retry_after
 
 MAX_REDIRECTS = 5
 LISTING_MAX_BYTES = 64 << 20

@@ -11,6 +11,7 @@ import os
 from contextlib import contextmanager
 from pathlib import Path
 
+from llmgw_store.base.errors import IntegrityError, NetworkError, UsageError
 from llmgw_store.cache.backends.base import (
     MAX_LISTED,
     Listed,
@@ -21,7 +22,6 @@ from llmgw_store.cache.backends.base import (
     object_name,
 )
 from llmgw_store.cache.backends.retry import RetryPolicy, Transient, Watch, run
-from llmgw_store.core.errors import IntegrityError, NetworkError, UsageError
 
 _ABSENT = ("NoSuchKey", "404", "NotFound")
 _TRANSIENT_CODES = ("RequestTimeout", "RequestTimeTooSkewed", "SlowDown", "Throttling", "ThrottlingException",

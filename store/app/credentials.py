@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 
-# Imports nothing else at module level: the build memo (core/buildmemo.py, on the hot path) strips
+# Imports nothing else at module level: the build memo (build/memo.py, on the hot path) strips
 # userinfo with `public_url` too, so a memo key never holds a token either.
 
 

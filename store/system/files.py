@@ -1,5 +1,7 @@
-"""The store's file primitives: the one bounded reader, the one atomic write inside the root, the
-one way to write a file outside it, and the one private secret file.
+"""One file or one link at a time, never through a link: the one bounded reader, the one atomic
+write inside the root, the one way to write a file outside it, the one private secret file, and the
+one atomic switch of a symlink. (Whole trees are system/trees.py's; the ownership check of a store
+directory is core/dirs.py's.)
 
     read_bounded(path, limit, ...)   a regular file's bytes, never through a link, never a FIFO,
                                      a device or a directory, at most `limit` bytes; optionally
@@ -18,6 +20,10 @@ one way to write a file outside it, and the one private secret file.
     private_secret(path, nbytes)     N random bytes made once (0600, exclusive, whole or absent)
                                      and read back only from the owner's private regular file with
                                      one link
+    symlink_atomically(target, link) point `link` somewhere new: a temporary link renamed over it
+                                     (rename(2) replaces a symlink atomically: a reader sees the old
+                                     target or the new one, never neither; profiles, generations and
+                                     pins switch through here), the directory fsynced after
 
 Invariants:
 - Nothing here follows a link it did not make. A relative `path` with a `dir_fd` is resolved one
@@ -33,7 +39,7 @@ Invariants:
   to turn into their own error; writing outside the root refuses with UnsafePathError (exit 2) before writing.
 
 The temporary names are `.<name>.tmp-<pid>-<16 hex>`: a writer killed between create and rename
-leaves one behind, for whoever sweeps the directory. Only os, errno, stat and core/errors are
+leaves one behind, for whoever sweeps the directory. Only os, errno, stat and base/errors are
 imported: the fast path reads and writes its private files through this module.
 """
 
@@ -43,7 +49,11 @@ import errno
 import os
 import stat
 
-from llmgw_store.core.errors import UnsafePathError
+from llmgw_store.base.errors import UnsafePathError
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (the fast path loads this module)
+if TYPE_CHECKING:
+    from pathlib import Path
 
 _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -431,3 +441,22 @@ def private_secret(path: str | os.PathLike, nbytes: int, *, dir_fd: int | None =
     if len(data) != nbytes:
         raise FileRefused(path, f"holds {len(data)} bytes, not {nbytes}")
     return data
+
+
+# --- the atomic switch of a symlink ------------------------------------------------------------
+
+def symlink_atomically(target: str, link: Path) -> None:
+    """Make `link` point at `target`, replacing what was there in one rename(2); the directory is
+    fsynced after, so the switch survives a power cut once this returns."""
+    tmp = link.with_name(f".{link.name}.tmp-{os.getpid()}")
+    try:
+        os.unlink(tmp)
+    except FileNotFoundError:
+        pass
+    os.symlink(target, tmp)
+    os.rename(tmp, link)
+    dfd = os.open(link.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)

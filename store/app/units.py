@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import re
 
-from llmgw_store.core.errors import UsageError
-from llmgw_store.core.names import shown
-from llmgw_store.core.text import human_size  # noqa: F401  (here for its users; defined without re)
+from llmgw_store.base.errors import UsageError
+from llmgw_store.base.text import human_size, shown  # noqa: F401  (human_size: here for its users; defined without re)
 
 _DURATION = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _POWER = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4, "p": 5}

@@ -41,10 +41,10 @@ from __future__ import annotations
 import os
 import stat
 
-from llmgw_store.core import defaults
+from llmgw_store.base import defaults
+from llmgw_store.base.errors import UsageError
 from llmgw_store.core.dirs import private_dir, read_private, replace_private
-from llmgw_store.core.errors import UsageError
-from llmgw_store.core.files import FileRefused, open_trusted
+from llmgw_store.system.files import FileRefused, open_trusted
 
 CONFIG_ENV = "LLMGW_STORE_CONFIG"
 ENV_PREFIX = "LLMGW_STORE_"
@@ -63,7 +63,7 @@ class _NoDefault:
 NO_DEFAULT = _NoDefault()
 
 # What a setting does to a cache hit (`build` answered from the build memo, cli/fast.py):
-#   key      enters the memo key (core/buildmemo.KEY_OPTIONS): another value, another answer
+#   key      enters the memo key (build/memo.KEY_OPTIONS): another value, another answer
 #   ignored  cannot change a hit (a hit takes no lock and asks no cache)
 #   root     says where the store (and so the memo) is
 #   render   how the answer is shown
@@ -123,7 +123,7 @@ SETTINGS: tuple[Setting, ...] = (
             choices=defaults.PROGRESS_MODES,
             help="Progress on stderr: auto (a live line on a terminal, else plain), tty, plain (timestamped lines), "
                  "json (one JSON object per line: t, step, done, total, unit), none."),
-    # The group's, so one config line covers every command; the CLI hands it to core/cgroups.py
+    # The group's, so one config line covers every command; the CLI hands it to supervise/cgroups.py
     # through its variable, read when the first child starts (cli/output.Context).
     Setting("containment", "choice", "--containment", "auto", commands=(GLOBAL,), hit="ignored",
             choices=defaults.CONTAINMENTS,
@@ -263,7 +263,7 @@ def check_value(s: Setting, value: object, where: str) -> object:
         if kind == "choice" and value not in s.choices:
             raise bad("one of " + ", ".join(s.choices))
         if kind in ("size", "duration"):
-            from llmgw_store.core.units import parse_duration, parse_size
+            from llmgw_store.app.units import parse_duration, parse_size
 
             try:
                 (parse_size if kind == "size" else parse_duration)(value)
@@ -324,7 +324,7 @@ def locate(flag: str | None, environ: os._Environ | dict = os.environ) -> tuple[
 def _open_trusted(path: str, what: str, where: str, *, open_it: bool = True) -> tuple[int, os.stat_result]:
     """(fd, fstat) of `path` (as given, not its real path) opened for reading, if it and every
     directory walked through on the way are root's or this user's and writable by no one else, and
-    every link on the way lies in such a directory (core/files.open_trusted, the rule writes
+    every link on the way lies in such a directory (system/files.open_trusted, the rule writes
     outside the root follow too); ConfigError otherwise. The caller closes the fd. Without
     `open_it` (a program the file names: it may be execute-only), (-1, its lstat)."""
     def refused(reason: str) -> ConfigError:
@@ -402,11 +402,11 @@ MAX_CONFIG_DEPTH = 8  # a setting is at most [table] key = [list]: 3 levels; any
 
 def parse(path: str, data: bytes) -> dict[str, object]:
     """The settings the file holds, by setting name, each checked; ConfigError naming the key.
-    Bounded as a recipe is (core/boundedtoml, the one loader of both): at most MAX_CONFIG_BYTES,
+    Bounded as a recipe is (system/boundedtoml, the one loader of both): at most MAX_CONFIG_BYTES,
     nested at most MAX_CONFIG_DEPTH levels, keys of at most MAX_CONFIG_DEPTH dotted parts — a file
     nested deeper than the parser's recursion reaches is a ConfigError too, never a traceback — and
     so parsed in time linear in its size."""
-    from llmgw_store.core.boundedtoml import Limits, TomlRefused, loads
+    from llmgw_store.system.boundedtoml import Limits, TomlRefused, loads
 
     try:
         doc = loads(data, Limits(MAX_CONFIG_BYTES, MAX_CONFIG_DEPTH, MAX_CONFIG_DEPTH, "the config file"))
@@ -576,7 +576,7 @@ def remember(path: str, data: bytes, values: dict[str, object]) -> None:
     A file whose index URL or a substituter carries credentials is never copied (a token or a
     password stays where it was put): the fast path finds no entry and defers to the full command,
     which reads them from the file."""
-    from llmgw_store.core.credentials import auth_of
+    from llmgw_store.app.credentials import auth_of
 
     urls = [values.get("index_url"), *(values.get("substituters") or ())]  # type: ignore[misc]
     if any(isinstance(u, str) and auth_of(u) is not None for u in urls):
@@ -642,7 +642,7 @@ def read_cached(flag: str | None, environ: os._Environ | dict = os.environ) -> t
 
 def files_trusted(values: dict[str, object]) -> bool:
     """Whether every file the config's `values` name (`named_files`: uv, key files) still passes
-    the walk `parse` held it to (core/files.open_trusted): cached values were checked when they
+    the walk `parse` held it to (system/files.open_trusted): cached values were checked when they
     were parsed, and a directory can open up since. A missing file is left to the command that
     uses it, as `parse` leaves it."""
     for name, value in values.items():

@@ -35,8 +35,8 @@ import os
 import time
 from dataclasses import dataclass, field
 
-from llmgw_store.core import defaults
-from llmgw_store.core.keeper import own_cgroup
+from llmgw_store.base import defaults
+from llmgw_store.supervise.keeper import own_cgroup
 
 ENV = "LLMGW_STORE_CONTAINMENT"
 CHOSEN_ENV = "_LLMGW_STORE_CONTAINMENT"  # the CLI's effective `containment` setting (flag > ENV > config file)
@@ -186,7 +186,7 @@ def choose(kind: str) -> tuple[str, str]:
     $LLMGW_STORE_CONTAINMENT, which a config file's `containment` key can feed); what it got."""
     global _chosen
     if kind not in KINDS:
-        from llmgw_store.core.errors import UsageError
+        from llmgw_store.base.errors import UsageError
 
         raise UsageError(f"containment {kind[:40]!r}: use one of {', '.join(KINDS)}")
     _chosen = None

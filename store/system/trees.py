@@ -1,4 +1,6 @@
-"""Filesystem helpers: freezing a finished tree and removing trees that may be frozen."""
+"""Whole trees: freezing a finished tree, removing trees that may be frozen, walking a tree's
+regular files; and the two facts about a file system a tree needs (a file's sha256, the bytes free).
+(One file or one link at a time is system/files.py's.)"""
 
 from __future__ import annotations
 
@@ -39,7 +41,7 @@ def force_rmtree(root: Path) -> None:
         return
     import shutil
 
-    from llmgw_store.core.report import heartbeat
+    from llmgw_store.base.report import heartbeat
 
     with heartbeat(f"deleting {Path(root).name}"):  # a vLLM tree is 100k entries: seconds
         for dirpath, _, _ in os.walk(root):

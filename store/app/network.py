@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from llmgw_store.core.errors import OfflineError
+from llmgw_store.base.errors import OfflineError
 
 _offline = False
 

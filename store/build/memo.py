@@ -32,18 +32,7 @@ import os
 import stat
 import sys
 
-from llmgw_store.core.dirs import (  # noqa: F401  (NIX_BASE32, is_store_name: re-exported)
-    NAME_CHARS,
-    NIX_BASE32,
-    PRIVATE_DIR,
-    PUBLIC_DIR,
-    is_store_name,
-    own_dir,
-    private_dir,
-    read_private,
-    replace_private,
-)
-from llmgw_store.core.errors import UsageError
+from llmgw_store.core.dirs import is_store_name, open_var, private_dir, read_private, replace_private
 
 try:  # hashlib would load OpenSSL first (5 ms here); blake2b is built in
     from _blake2 import blake2b
@@ -80,8 +69,8 @@ KEY_OPTIONS = ("version", "variant", "as_of", "index_url", "uv", "python_prefere
 def memo_key(recipe_path: str, recipe_bytes: bytes, options: dict[str, object]) -> str:
     """The entry's file name: blake2b-256 over every input (`options`: KEY_OPTIONS' values), each
     length-prefixed (no two collide). The index URL enters without its userinfo, as it enters the
-    store key (core/credentials.py)."""
-    from llmgw_store.core.credentials import public_url
+    store key (app/credentials.py)."""
+    from llmgw_store.app.credentials import public_url
 
     h = blake2b(FORMAT.encode(), digest_size=32)
     index_url, uv = options["index_url"], options["uv"]
@@ -128,24 +117,6 @@ def index_epoch(root: str) -> str | None:
     epoch = int.from_bytes(header[68:72], "big")
     return f"epoch={epoch}" if epoch else None
 
-
-def open_var(root: str, create: bool = False) -> int | None:
-    """ROOT/var as a descriptor, if ROOT and var pass the store's directory check (core/dirs.py, the
-    full command's); else None."""
-    try:
-        root_fd = own_dir(root, PUBLIC_DIR, None, create=False, fix=False)
-    except UsageError:
-        return None  # a link, another user's: the full command refuses it, and says why
-    if root_fd is None:
-        return None
-    try:
-        if create:
-            return private_dir("var", root_fd, False)
-        return own_dir(os.path.join(root, "var"), PRIVATE_DIR, root_fd, create=False, fix=False)
-    except UsageError:
-        return None
-    finally:
-        os.close(root_fd)
 
 
 def read(root: str, digest: str) -> dict[str, str] | None:

@@ -5,11 +5,11 @@ started it (issue 12: a SIGKILLed build left uv and the bytecode compiler writin
                                     └─▶ the command  (PR_SET_PDEATHSIG(SIGKILL), bound to the keeper)
                                           └─▶ its children (uv's, the compile pool's workers) …
 
-`run` starts a *keeper*: a small program (core/keeper.py, run as a script by this interpreter
+`run` starts a *keeper*: a small program (supervise/keeper.py, run as a script by this interpreter
 with -I -S and the command's environment; it imports only C modules, so it costs an interpreter
 start per child) in a new session, so it leads a process group of its own, which the command and
 everything the command starts inherit — and, where the node allows one, in a cgroup v2 of its own
-(core/cgroups.py: a child cgroup, or a systemd scope), which the keeper joins before it starts the
+(supervise/cgroups.py: a child cgroup, or a systemd scope), which the keeper joins before it starts the
 command. The keeper forks and execs the command and waits. The store holds the other end of a
 socketpair; the keeper acts on its end:
 - the command exits: the keeper writes its exit status on the socket and keeps waiting;
@@ -85,12 +85,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from llmgw_store.core import cgroups, report
+from llmgw_store.base import report
+from llmgw_store.supervise import cgroups
 
 TOKEN_VAR = "LLMGW_STORE_BUILD"
 KILL_WAIT_S = 5.0
 
-# The keeper is a real module run as a script with -I -S (core/keeper.py): argv <socket fd>
+# The keeper is a real module run as a script with -I -S (supervise/keeper.py): argv <socket fd>
 # <cgroup to join> <executable> <argv0> <args…>. It imports no module of the store.
 KEEPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "keeper.py")
 
@@ -126,7 +127,7 @@ def run(argv: Sequence[str | os.PathLike], *, env: dict[str, str], cwd: str | os
     if record is not None:
         env[TOKEN_VAR] = record.token
     ours, theirs = socket.socketpair()  # both close-on-exec: only the keeper gets `theirs`
-    scope = cgroups.new_scope()  # this child's cgroup, if the node gives one (core/cgroups.py)
+    scope = cgroups.new_scope()  # this child's cgroup, if the node gives one (supervise/cgroups.py)
     with ours, tempfile.TemporaryFile() as out:
         try:
             keeper = subprocess.Popen(
@@ -328,11 +329,14 @@ def recording(path: Path) -> Iterator[str]:
     beside, after `reap(path)`. The file is removed when the block ends, however it ends (`run`
     returns only once a child's group is dead), so a file found by the next holder of the lock was
     left by a process that died holding it."""
-    from llmgw_store.core.files import write_atomic
-
     token = secrets.token_hex(16)
-    write_atomic(path, (json.dumps({"token": token, "pid": os.getpid(), "since": time.time()}) + "\n").encode(),
-                 mode=0o600, fsync=False)
+    # The first line in one write(2) of < 100 bytes to a new file in the lock's private directory:
+    # a crash leaves it whole or the file empty (no token: `reap` kills nothing, removes the file).
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        os.write(fd, (json.dumps({"token": token, "pid": os.getpid(), "since": time.time()}) + "\n").encode())
+    finally:
+        os.close(fd)
     record = _Record(path, token)
     with _lock:
         _records.append(record)

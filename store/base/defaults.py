@@ -10,9 +10,9 @@ PYTHON_PREFERENCES = ("only-managed", "managed", "system", "only-system")
 PYTHON_PREFERENCE = "managed"  # the host's interpreter before a download (issue 16)
 
 
-# --progress / LLMGW_STORE_PROGRESS (core/report.py renders each).
+# --progress / LLMGW_STORE_PROGRESS (base/report.py renders each).
 PROGRESS_MODES = ("auto", "tty", "plain", "json", "none")
-# How each child is contained (core/cgroups.py; docs/operations.md#containment-of-children).
+# How each child is contained (supervise/cgroups.py; docs/operations.md#containment-of-children).
 CONTAINMENTS = ("auto", "systemd-scope", "cgroup", "subreaper")
 
 # How long a command waits for a lock before it exits 75 (core/locks.py): a key is held for a whole

@@ -41,8 +41,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
 
-from llmgw_store.core.errors import NetworkError, UsageError
-from llmgw_store.core.report import say
+from llmgw_store.base.errors import NetworkError, UsageError
+from llmgw_store.base.report import say
 
 PROGRESS_BYTES = 64 << 10  # what a data transfer must receive per stall period to count as moving
 
@@ -55,7 +55,7 @@ class Transient(NetworkError):
         self.retry_after = retry_after
 
 
-# field -> environment variable; the config keys are `cache.<field>` (core/config.py; docs/fleet.md,
+# field -> environment variable; the config keys are `cache.<field>` (cli/config.py; docs/fleet.md,
 # "Retries and stalls").
 ENV = {
     "attempts": "LLMGW_STORE_CACHE_ATTEMPTS",

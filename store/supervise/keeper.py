@@ -1,4 +1,4 @@
-"""The keeper: the program between the store and every child it starts (core/procs.py says why).
+"""The keeper: the program between the store and every child it starts (supervise/procs.py says why).
 
 Run by the store's interpreter as a script, `python -I -S keeper.py FD CGROUP EXE ARGV0 ARGS...`,
 never imported: it must start fast (an interpreter start and C modules only: no `signal`, no

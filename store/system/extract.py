@@ -63,7 +63,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Literal
 
-from llmgw_store.core.errors import IntegrityError, StoreError
+from llmgw_store.base.errors import IntegrityError, StoreError
 
 MAX_NAME_BYTES = 4096
 MAX_COMPONENT_BYTES = 255

@@ -31,8 +31,8 @@ import os
 import sys
 import time
 
-from llmgw_store.core import defaults
-from llmgw_store.core.text import printable
+from llmgw_store.base import defaults
+from llmgw_store.base.text import printable
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -290,7 +290,7 @@ def _duration(seconds: float) -> str:
 
 def _amount(n: float, unit: str) -> str:
     if unit == "B":
-        from llmgw_store.core.units import human_size
+        from llmgw_store.base.text import human_size
 
         return human_size(n)
     return f"{int(n):,}" + (f" {unit}" if unit else "")

@@ -1,0 +1,1 @@
+"""Children: starting them, containing them, and killing what a dead parent left."""
