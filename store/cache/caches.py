@@ -69,7 +69,7 @@ class Caches:
             try:
                 result = op(self.backend(url))
             except (NetworkError, IntegrityError) as exc:
-                exc.cache = shown(url)  # type: ignore[attr-defined]
+                exc.cache = shown(url)
                 failure = exc
                 self._pass_over(url, exc)
                 continue
@@ -83,10 +83,8 @@ class Caches:
         if failure is not None:
             raise failure
         if not asked:  # every cache failed earlier in this command: its failure stands for this item too
-            url, exc = list(self._failed.items())[-1]
-            again = (IntegrityError if isinstance(exc, IntegrityError) else NetworkError)(str(exc))
-            again.cache = shown(url)  # type: ignore[attr-defined]
-            raise again
+            url, last = list(self._failed.items())[-1]
+            raise (IntegrityError if isinstance(last, IntegrityError) else NetworkError)(str(last), cache=shown(url))
         return None
 
     def _pass_over(self, url: str, exc: BaseException) -> None:
