@@ -65,6 +65,8 @@ from llmgw_store.core.fsutil import force_rmtree
 from llmgw_store.core.report import progress, say
 
 if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
+
     from llmgw_store.core.layout import Layout
 
 WHEEL_MTIME = 1  # every entry's time, as Nix gives store files: nothing of when or by whom it was made
@@ -617,6 +619,7 @@ def evict(layout: Layout, bad: dict[str, list[str]]) -> None:
     build with it: nothing half-linked is registered)."""
     from contextlib import nullcontext
 
+    lock: AbstractContextManager[None]
     try:
         lock = uv_cache_lock(layout.uv_cache, EVICT_LOCK_S)
         lock.__enter__()

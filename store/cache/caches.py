@@ -57,8 +57,8 @@ class Caches:
         for url in self.urls:
             self.backend(url)
 
-    def first(self, op: Callable[[Backend], T | None]) -> T | None:
-        """op(backend) for each cache still asked, in order, until one returns something."""
+    def first(self, op: Callable[[Backend], T]) -> T | None:
+        """op(backend) for each cache still asked, in order, until one returns something (not None)."""
         failure: BaseException | None = None
         asked = False
         for url in self.urls:
