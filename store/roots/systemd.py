@@ -126,7 +126,8 @@ class NodeDay:
             raise UsageError(f"{path}: [node] sets {roots[0].split('.')[1]} but not {missing}: push-roots needs both "
                              "(set both to publish this node's roots after each gc, or neither)")
         follows = []
-        for word in values.get("releases", ()) or ():  # PROFILE=RELEASE words (core/config.py)
+        words = values.get("releases")  # PROFILE=RELEASE words (core/config.py checked them: a tuple)
+        for word in words if isinstance(words, tuple) else ():
             profile, _, release = str(word).partition("=")
             follows.append(check_profile(profile))
             check_release_name(release)
@@ -359,4 +360,4 @@ def write_units(out_dir: str | Path, *, root: str | Path | None = None, policy: 
                  on_calendar=on_calendar, documentation=docs, then=then,
                  follow_service=str(out / FOLLOW_SERVICE) if followed else None,
                  follow_timer=str(out / FOLLOW_TIMER) if followed else None, follow=follow_lines,
-                 follow_every=follow_every(follow) if followed else None)
+                 follow_every=follow_every(follow) if follow is not None else None)
