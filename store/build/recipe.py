@@ -419,7 +419,7 @@ def _check_table(table: dict[str, Any], spec: dict[str, tuple[tuple[type, ...], 
         if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
             names = " or ".join(t.__name__ for t in types)
             raise RecipeError(file, f"{where}.{key}", f"must be {names}, not {type(value).__name__}")
-        if key in LIST_OF_STR and not (isinstance(value, list) and all(isinstance(v, str) and v for v in value)):
+        if key in LIST_OF_STR and isinstance(value, list) and not all(isinstance(v, str) and v for v in value):
             raise RecipeError(file, f"{where}.{key}", "must be a list of non-empty strings")
         if isinstance(value, str) and not value:
             raise RecipeError(file, f"{where}.{key}", "must not be empty")
