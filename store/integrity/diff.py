@@ -42,7 +42,8 @@ def diff(a: str, b: str, *, root: str | Path | None = None) -> Diff:
         ra, rb = reference(store, a), reference(store, b)
         pa = lock_pins(store.layout.path_of(ra.name))
         pb = lock_pins(store.layout.path_of(rb.name))
-    upgraded, downgraded = [], []
+    upgraded: list[dict[str, str]] = []
+    downgraded: list[dict[str, str]] = []
     for name in sorted(pa.keys() & pb.keys()):
         if pa[name] == pb[name]:
             continue
