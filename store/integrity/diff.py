@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypedDict
 
 from llmgw_store.build import lockfiles
 from llmgw_store.core import manifest
@@ -13,10 +14,15 @@ from llmgw_store.core.results import Result
 from llmgw_store.roots.resolve import reference
 
 
+class Side(TypedDict):  # one side of the diff: its store path name and size (bytes)
+    name: str
+    size: int
+
+
 @dataclass(frozen=True)
 class Diff(Result):
-    a: dict[str, str | int]  # name, size
-    b: dict[str, str | int]
+    a: Side
+    b: Side
     added: tuple[dict[str, str], ...]  # name, version
     removed: tuple[dict[str, str], ...]
     upgraded: tuple[dict[str, str], ...]  # name, from, to

@@ -59,7 +59,7 @@ class GcPolicy:
     when the timer runs it, as when it is run by hand."""
 
     delete_older_than: str | None = None
-    keep: int | None = None
+    keep: int | str | None = None  # a count, or its text as given (checked by args)
     min_free: str | None = None
     max_cache: str | None = None
     keep_dead_for: str | None = None
