@@ -526,8 +526,10 @@ def _names_of_generations(layout: Layout, generations: set[tuple[str, int]]) -> 
 
 
 def _due(memo: dict[str, Any] | None, every: float) -> bool:
+    if memo is None:
+        return True
     try:
-        return time.time() - float(memo["at"]) > every  # type: ignore[index]
+        return time.time() - float(memo["at"]) > every
     except (TypeError, KeyError, ValueError):
         return True
 

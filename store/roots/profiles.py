@@ -450,14 +450,18 @@ def generations(profile: str, *, root: str | Path | None = None, lock_timeout: f
         for number in sorted(set(gens) | set(recs)):
             rec = recs.get(number)
             linked = number in gens
-            name = gens[number] if linked else rec.name  # type: ignore[union-attr]
+            if linked:
+                name, created = gens[number], _time_of(links[number][1])
+            else:
+                assert rec is not None, "each number is a generation link's or a record's (the union above)"
+                name, created = rec.name, rec.created
             row = rows.get(name)
             if name not in seen:
                 seen[name] = (str(layout.path_of(name)), records.present(layout, name))
             path, hot = seen[name]
             out.append(Generation(
                 number=number, path=path, name=name,
-                created=_time_of(links[number][1]) if linked else rec.created,  # type: ignore[union-attr]
+                created=created,
                 current=number == current,
                 engine=row.engine if row else (rec.engine if rec else None),
                 version=row.version if row else (rec.version if rec else None),
