@@ -13,7 +13,7 @@
       # pyproject's `test` extra (moto's server mode needs flask and flask-cors), the uv module the tests
       # ask for the uv binary (python3Packages.uv finds nixpkgs' uv), and pip to install the project.
       testDeps = pkgs: ps: with ps; [
-        pytest boto3 moto flask flask-cors uv pip setuptools
+        pytest boto3 moto flask flask-cors uv pip setuptools mypy
         (toPythonModule pkgs.import-linter)
       ];
     in {
@@ -34,7 +34,7 @@
       });
 
       # `nix develop`, then `python -m pytest` (the README's test command; `-m "not system"` for the
-      # quick loop), `lint-imports`, `ruff check .`. Offline: the project is installed editable, without
+      # quick loop), `lint-imports`, `ruff check .`, `.ci/mypy`. Offline: the project is installed editable, without
       # dependencies, into .venv-nix, a venv that sees the packages below; `llmgw-store` is on PATH.
       # The suite's uv is nixpkgs' (python3Packages.uv), not the pinned 0.13.9: the one test that
       # asserts the pin's version (tests/test_build.py) says so.

@@ -133,7 +133,8 @@ def build_options(f):
 
 def _option_names(command: click.Command) -> tuple[set[str], set[str]]:
     """(options of `command` that take a value, those that do not), by every spelling."""
-    value, plain = set(), {"-h", "--help"}
+    value: set[str] = set()
+    plain = {"-h", "--help"}
     for p in command.params:
         if isinstance(p, click.Option):
             (plain if p.is_flag or p.count else value).update(p.opts + p.secondary_opts)

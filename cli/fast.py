@@ -28,6 +28,12 @@ from __future__ import annotations
 import os
 import sys
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
+if TYPE_CHECKING:
+    from types import ModuleType as _Module
+else:
+    _Module = type(sys)  # types.ModuleType, without importing types
+
 
 def main() -> None:
     """The console script: the fast path where it applies, else the click app."""
@@ -116,7 +122,7 @@ def defer(name: str) -> None:
         sys.modules[name] = _Deferred(name)
 
 
-class _Deferred(type(sys)):  # a module
+class _Deferred(_Module):
     def __getattr__(self, attr: str) -> object:
         if sys.modules.get(self.__name__) is self:
             del sys.modules[self.__name__]

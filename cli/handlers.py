@@ -90,7 +90,7 @@ def memo_answer(ctx, kw: dict) -> bool:
     path = os.path.join(root, "store", entry["name"])
     if ctx.verbose:
         ctx.progress(f"{entry['name']} is in the store (build memo)")
-    doc = {f: entry[f] for f in buildmemo.FIELDS}
+    doc: dict[str, object] = {f: entry[f] for f in buildmemo.FIELDS}
     doc["uv_version"] = doc.pop("uv")  # as BuildResult.to_json: the same document as the full command's
     doc.update(schema_version=1, path=path, how="hit", cache_hit=True, steps={}, seconds=round(time.monotonic() - ctx.started, 3))
     ctx.emit(doc, path)

@@ -120,7 +120,8 @@ def store_error(err: StoreError, as_json: bool, verbose: int) -> int:
     """A StoreError: its one line, its exit code (with -v, the failed command's output below it)."""
     tail = getattr(err, "output_tail", "") if verbose else ""
     detail = "\n".join(printable(ln) for ln in tail.splitlines()) if tail else ""
-    extra = {"log": str(err.log)} if getattr(err, "log", None) else {}
+    log = getattr(err, "log", None)  # a CommandError's
+    extra = {"log": str(log)} if log else {}
     extra.update(getattr(err, "details", None) or {})  # a NotSubstituted: its cause, the key's inputs, the caches'
     return fail(as_json, err.exit_code, kind_of(err), f"error: {err}", detail=detail, **extra)
 

@@ -263,7 +263,7 @@ def release_set(release: str, target: str, to: str, secret_key: str, *, trusted_
     with Store.open(root, create=True) as store:
         try:
             row = reference(store, target)
-            point = {"key": row.key, "name": row.name, "engine": row.engine, "version": row.version,
+            point: dict[str, str | None] = {"key": row.key, "name": row.name, "engine": row.engine, "version": row.version,
                      "variant": row.variant}
         except NotFoundError:
             if KEY_RE.match(target):

@@ -5,6 +5,7 @@ what the suite needs, and no artefact is committed."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -26,7 +27,8 @@ RUNTIME = {_name(r) for r in PYPROJECT["project"]["dependencies"]} - {"uv"}  # u
 TEST = {_name(r) for r in PYPROJECT["project"]["optional-dependencies"]["test"]}
 # What the devShell's Python holds for each of the test extra's requirements (and the uv module the
 # suite asks for its uv binary); ruff and import-linter are applications in nixpkgs.
-SHELL_PY = RUNTIME | {"pytest", "boto3", "moto", "flask", "flask-cors", "uv", "pip", "setuptools", "module:import-linter"}
+SHELL_PY = RUNTIME | {"pytest", "boto3", "moto", "flask", "flask-cors", "uv", "pip", "setuptools", "mypy",
+                      "module:import-linter"}
 SHELL_TOOLS = {"uv", "ruff", "nix"}
 
 STUB = """
@@ -81,7 +83,7 @@ def test_the_package_depends_on_exactly_pyprojects_dependencies(flake):
 def test_the_dev_shell_holds_what_the_suite_and_ci_run(flake):
     assert set(flake["shellPython"]) == SHELL_PY
     assert set(flake["shellTools"]) == SHELL_TOOLS
-    assert TEST == {"pytest", "boto3", "moto", "import-linter", "ruff"}  # each one mapped above
+    assert TEST == {"pytest", "boto3", "moto", "import-linter", "ruff", "mypy"}  # each one mapped above
 
 
 def test_no_artefacts_are_committed():
@@ -89,3 +91,18 @@ def test_no_artefacts_are_committed():
     assert not [f for f in files if f.endswith((".whl", ".tar.gz", ".pyc", ".so")) or f.startswith(".venv")]
     links = [f for f in files if (REPO / f).is_symlink()]
     assert links == [], f"links committed: {links}"
+
+
+def test_the_package_ships_its_type_marker():
+    """PEP 561: store/py.typed is in the wheel, so a user's type checker reads the annotations."""
+    assert (REPO / "store" / "py.typed").is_file()
+    assert "py.typed" in PYPROJECT["tool"]["setuptools"]["package-data"]["llmgw_store"]
+
+
+def test_ci_type_checks_before_the_suite():
+    """.ci/run runs .ci/mypy (which fails the run on any error) and ends with the test command, so
+    pytest's summary stays the last line."""
+    lines = [ln for ln in (REPO / ".ci" / "run").read_text().splitlines() if ln.strip() and not ln.startswith("#")]
+    assert any(ln.split("#")[0].strip() == ".ci/mypy" for ln in lines)
+    assert lines[-1] == ".venv/bin/python -m pytest"
+    assert os.access(REPO / ".ci" / "mypy", os.X_OK)

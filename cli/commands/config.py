@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import click
 from click.core import ParameterSource
@@ -33,7 +34,7 @@ def config_cmd(ctx: click.Context) -> None:
     loaded = group.meta.get("llmgw_store.config")
     values = loaded.values if loaded is not None else {}
     path, explicit = config.locate(group.params.get("config_file"))
-    settings = {}
+    settings: dict[str, dict[str, Any]] = {}  # name -> the --json document's entry
     for s in config.SETTINGS:
         flag = None
         if config.GLOBAL in s.commands and group.get_parameter_source(s.param) == ParameterSource.COMMANDLINE:

@@ -116,9 +116,9 @@ def push_roots(obj: Context, to: str | None, secret_key: str | None, node: str |
     """
     from llmgw_store.api import push_roots as do_push_roots
 
-    for value, flag, key in ((to, "--to", "roots_to"), (secret_key, "--secret-key", "secret_key")):
-        if value is None:
-            raise click.UsageError(f"Missing option '{flag}' (or `{key}` in the config file's [node] table).")
+    if to is None or secret_key is None:
+        flag, key = ("--to", "roots_to") if to is None else ("--secret-key", "secret_key")
+        raise click.UsageError(f"Missing option '{flag}' (or `{key}` in the config file's [node] table).")
     from llmgw_store.cli.handlers import followed
 
     r = do_push_roots(to, secret_key, node=node, root=obj.root, policy=policy, releases=followed(releases))

@@ -87,16 +87,16 @@ def generations(obj: Context, profile: str, delete: tuple[int, ...], older_than:
     if delete or older_than is not None or keep is not None or forget or keep_records is not None:
         from llmgw_store.app.units import parse_duration
 
-        r = profiles.delete_generations(profile, numbers=list(delete), keep=keep, dry_run=dry_run, root=obj.root,
+        d = profiles.delete_generations(profile, numbers=list(delete), keep=keep, dry_run=dry_run, root=obj.root,
                                         older_than=parse_duration(older_than) if older_than is not None else None,
                                         forget=list(forget), keep_records=keep_records, lock_timeout=lock_timeout)
         verb = "would delete" if dry_run else "deleted"
-        text = f"{profile}: {verb} generation(s) {', '.join(map(str, r.deleted)) or 'none'}"
-        if r.forgotten:
-            text += f"; {'would forget' if dry_run else 'forgot'} {', '.join(map(str, r.forgotten))}"
-        if r.records_dropped:
-            text += f"; dropped the records of {', '.join(map(str, r.records_dropped))}"
-        obj.emit(r.to_json(), text)
+        text = f"{profile}: {verb} generation(s) {', '.join(map(str, d.deleted)) or 'none'}"
+        if d.forgotten:
+            text += f"; {'would forget' if dry_run else 'forgot'} {', '.join(map(str, d.forgotten))}"
+        if d.records_dropped:
+            text += f"; dropped the records of {', '.join(map(str, d.records_dropped))}"
+        obj.emit(d.to_json(), text)
         return
     r = profiles.generations(profile, root=obj.root, lock_timeout=lock_timeout, substituters=tuple(substituters),
                              substitute_only=substitute_only)

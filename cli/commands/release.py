@@ -135,18 +135,22 @@ def fleet(obj: Context, from_: str, keep_from: tuple[str, ...], trusted_keys: tu
             by_key.setdefault(rel.key, []).append(rel.release)
     lines = []
     for rel in r.releases:
-        lines.append(f"release {rel.release}: refused: {rel.refused}" if rel.refused else
-                     f"release {rel.release} -> {rel.name}  (sequence {rel.seq}, {rel.signer}, {_ago(rel.time)})")
+        if rel.refused:
+            lines.append(f"release {rel.release}: refused: {rel.refused}")
+            continue
+        assert rel.time is not None, "a pointer that was not refused is signed with its time (cache/fleet.py)"
+        lines.append(f"release {rel.release} -> {rel.name}  (sequence {rel.seq}, {rel.signer}, {_ago(rel.time)})")
     for n in r.nodes:
         if n.refused:
             lines.append(f"node {n.node}: refused: {n.refused}")
             continue
+        assert n.time is not None, "a roots document that was not refused is signed with its time (cache/fleet.py)"
         lines.append(f"node {n.node}: published {_when(n.time)} ({_ago(n.time)}), {n.keys} store path(s)")
         for profile, key in sorted(n.profiles.items()):
-            rel = by_key.get(key)
+            named = by_key.get(key)
             follows = (f"  follows {n.releases[profile]}: {n.state.get(profile, 'unknown')}"
                        if profile in n.releases else "")
-            lines.append(f"  {profile} -> {key}" + (f"  (release {', '.join(rel)})" if rel else "") + follows)
+            lines.append(f"  {profile} -> {key}" + (f"  (release {', '.join(named)})" if named else "") + follows)
     if r.truncated:
         lines.append(f"(more than {len(r.nodes)} nodes or releases: the rest not shown)")
     obj.emit(r.to_json(), "\n".join(lines))

@@ -40,6 +40,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
+from typing import Any
 
 from llmgw_store.base.errors import NetworkError, UsageError
 from llmgw_store.base.report import say
@@ -94,10 +95,10 @@ class RetryPolicy:
     def from_env(cls, **given: float | int | str | None) -> RetryPolicy:
         """The policy for this process: each field from `given` (a command-line option, a library
         argument) when not None, else from its LLMGW_STORE_CACHE_* variable, else the default."""
-        values: dict[str, float | int] = {}
+        values: dict[str, Any] = {}  # per field: __post_init__ checks the numbers
         for f in fields(cls):
             if given.get(f.name) is not None:
-                values[f.name] = given[f.name]  # type: ignore[assignment]
+                values[f.name] = given[f.name]
                 continue
             var = ENV.get(f.name)
             text = os.environ.get(var, "").strip() if var else ""

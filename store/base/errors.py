@@ -38,6 +38,7 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (a hot pa
 
 if TYPE_CHECKING:
     from pathlib import Path
+    from typing import Literal
 
 EX_OK = 0
 EX_FAILED = 1
@@ -121,7 +122,12 @@ class LockTimeout(StoreError):
 
 
 class NetworkError(StoreError):
-    """An index or a download failed (unreachable, HTTP error, malformed answer)."""
+    """An index or a download failed (unreachable, HTTP error, malformed answer). `cache` is the
+    binary cache (as shown to a person) that failed, once cache/caches.py knows it."""
+
+    def __init__(self, message: str, *, cache: str | None = None):
+        self.cache = cache
+        super().__init__(message)
 
 
 class OfflineError(NetworkError):
@@ -170,7 +176,13 @@ class CacheDamaged(NotSubstituted):
 
 
 class IntegrityError(StoreError):
-    """Downloaded bytes did not match the digest published for them; nothing was installed."""
+    """Downloaded bytes did not match the digest published for them; nothing was installed.
+    `cache` is the binary cache (as shown) that served them, once cache/caches.py knows it;
+    `output_tail` what -v prints below the line (the hashes that differ)."""
+
+    def __init__(self, message: str, *, cache: str | None = None, output_tail: str = ""):
+        self.cache, self.output_tail = cache, output_tail
+        super().__init__(message)
 
 
 class UntrustedSignature(IntegrityError):
@@ -256,7 +268,7 @@ class translated:
     def __enter__(self) -> None:
         return None
 
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> bool:
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> Literal[False]:
         if isinstance(exc, OSError):
             err = from_os_error(exc)
             if err is not None:

@@ -36,6 +36,7 @@ from llmgw_store.base.text import printable
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    import threading
     from collections.abc import Callable
     from typing import IO
 
@@ -159,12 +160,12 @@ class heartbeat:
     line saying how long it took. Inside another heartbeat of the same thread it says nothing: the
     outer step speaks for it."""
 
-    def __init__(self, step: str, *, tail: Callable[[], str] | None = None, every: float = HEARTBEAT_S) -> None:
+    def __init__(self, step: str, *, tail: Callable[[], str | None] | None = None, every: float = HEARTBEAT_S) -> None:
         self.step, self.tail, self.every = step, tail, every
-        self.thread = None
+        self.thread: threading.Thread | None = None
 
     def __enter__(self) -> None:
-        if not _reporter.active or getattr(_beating, "depth", 0):
+        if not _reporter.active or getattr(_beating, "depth", 0) != 0:
             return
         import threading
 

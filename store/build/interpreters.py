@@ -41,8 +41,7 @@ from typing import TYPE_CHECKING
 
 from llmgw_store.base import defaults
 from llmgw_store.base.errors import CommandError, UsageError
-from llmgw_store.base.report import heartbeat, say
-from llmgw_store.build.uv import UvTool, clean_env, run
+from llmgw_store.build.uv import PendingUv, UvTool, clean_env, run
 from llmgw_store.core.index import file_stamp
 
 if TYPE_CHECKING:
@@ -64,7 +63,7 @@ class Interpreter:
         return {"request": request, "implementation": self.implementation, "version": self.version}
 
 
-def find(store: Store, uv: UvTool, request: str, preference: str, *, downloads: bool = True) -> Interpreter:
+def find(store: Store, uv: UvTool | PendingUv, request: str, preference: str, *, downloads: bool = True) -> Interpreter:
     """The interpreter for `request` under `preference`; `downloads` False (a --substitute-only
     node, which reaches nothing but its caches): only what is installed, never a download, nor the
     probe of the download host."""
@@ -90,12 +89,12 @@ _PYENV_HAS = re.compile(r"exists in these Python versions:\s*\n((?:[ \t]+[0-9A-Z
 MAX_SHIMS = 4
 
 
-def _discover(store: Store, uv: UvTool, request: str, preference: str, downloads: bool = True) -> Interpreter:
+def _discover(store: Store, uv: UvTool | PendingUv, request: str, preference: str, downloads: bool = True) -> Interpreter:
     with heartbeat(f"looking for a Python {request} (--python-preference {preference})"):
         return _discover_quietly(store, uv, request, preference, downloads)
 
 
-def _discover_quietly(store: Store, uv: UvTool, request: str, preference: str, downloads: bool = True) -> Interpreter:
+def _discover_quietly(store: Store, uv: UvTool | PendingUv, request: str, preference: str, downloads: bool = True) -> Interpreter:
     path, skipped = _uv_find(store, uv, request, preference)
     if path is None and preference in ("only-managed", "managed"):
         path = _install_managed(store, uv, request, preference, downloads)
@@ -131,7 +130,7 @@ def _probe(store: Store, path: str, request: str, preference: str) -> Interprete
 MAX_CANDIDATES = 16
 
 
-def _runnable_by_all(store: Store, uv: UvTool, request: str, preference: str,
+def _runnable_by_all(store: Store, uv: UvTool | PendingUv, request: str, preference: str,
                      downloads: bool = True) -> Interpreter | None:
     """An interpreter for `request` that every user can run: among the installations uv knows
     (`uv python list --only-installed`, in uv's order), else a managed one downloaded where the
@@ -220,7 +219,7 @@ def warn_if_private(layout, env: Path) -> str | None:
     return why
 
 
-def _install_managed(store: Store, uv: UvTool, request: str, preference: str, downloads: bool = True) -> str | None:
+def _install_managed(store: Store, uv: UvTool | PendingUv, request: str, preference: str, downloads: bool = True) -> str | None:
     """Download a managed interpreter into ROOT/python and find it; None (having said why) when the
     download host cannot be reached or the download fails (a usage error for `managed`: there is
     nothing else to fall back to after the host's own were looked at)."""
@@ -248,7 +247,7 @@ def _install_managed(store: Store, uv: UvTool, request: str, preference: str, do
     return _uv_find(store, uv, request, preference)[0]
 
 
-def _uv_find(store: Store, uv: UvTool, request: str, preference: str) -> tuple[str | None, list[str]]:
+def _uv_find(store: Store, uv: UvTool | PendingUv, request: str, preference: str) -> tuple[str | None, list[str]]:
     """(the interpreter uv finds, the failing shims passed over with what they said)."""
     env = _env(store, downloads="never")
     skipped: list[str] = []

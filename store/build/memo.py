@@ -74,8 +74,9 @@ def memo_key(recipe_path: str, recipe_bytes: bytes, options: dict[str, object]) 
 
     h = blake2b(FORMAT.encode(), digest_size=32)
     index_url, uv = options["index_url"], options["uv"]
+    assert uv is None or isinstance(uv, str | os.PathLike), "--uv is a path or nothing (BuildOptions.uv)"
     normal = {**options, "index_url": public_url(str(index_url)).rstrip("/"),
-              "uv": None if uv is None else os.path.abspath(os.fspath(uv))}  # type: ignore[arg-type]
+              "uv": None if uv is None else os.path.abspath(os.fspath(uv))}
     for part in (str(KEY_SCHEMA), host_facts(), os.path.abspath(recipe_path), blake2b(recipe_bytes).hexdigest(),
                  *(normal[k] for k in KEY_OPTIONS)):
         b = b"\xff" if part is None else str(part).encode("utf-8", "surrogateescape")

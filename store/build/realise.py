@@ -56,9 +56,9 @@ def realise(
     meta: dict[str, Any],
     make: Callable[[Path], dict[str, Any]],
     *,
-    verify: Callable[[Path], None] | None = None,
+    verify: Callable[[Path], object] | None = None,
     lock_timeout: float = DEFAULT_LOCK_TIMEOUT_S,
-    check: Callable[[], None] | None = None,
+    check: Callable[[], object] | None = None,
     substitute: Callable[[], bool] | None = None,
 ) -> tuple[Path, str]:
     """Return (path, how): how is "hit", "waited" (another process built it), "recovered" (complete on

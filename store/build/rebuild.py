@@ -83,6 +83,8 @@ def recorded_in_store(store: Store, row: RegisteredPath, *, need_lock: bool) -> 
     import json
 
     name = row.name
+    lock: str | None
+    fmt: str | None
     try:
         lock, fmt = proved_lock(store.layout.path_of(name), name, row.content_hash)
     except IntegrityError:
@@ -121,6 +123,7 @@ def plan_for(store: Store, rec: Recorded, *, uv_path: str | Path | None = None, 
                          f"pass --uv PATH to a uv {uv_version}")
     auth = credentials.for_index(index_url_recorded, index_url)
     uv = uvmod.resolve(store, uv_path, index_url_recorded, auth=auth)
+    assert isinstance(uv, uvmod.UvTool), "resolve waits for an --uv's version unless asked to answer later"
     if uv.version != uv_version:
         raise UsageError(f"rebuilding {what} needs uv {uv_version}, not {uv.version}: pass --uv PATH to a uv {uv_version}")
     interp = interpreters.find(store, uv, request, python_preference or interpreters.DEFAULT_PREFERENCE)
@@ -178,10 +181,15 @@ def rebuild(store: Store, rec: Recorded, into: str | Path, *, uv_path: str | Pat
 
     def attempt(p: builder.BuildPlan) -> str:
         deadline = builder.Deadline(p)
+
+        def verify(tree: Path) -> None:
+            builder.verify_env(store, p, tree, deadline)
+            expect(tree)
+
         return realise(
             store, p.key, p.name, p.inputs, p.meta,
             lambda partial: builder.make_env(store, p, partial, deadline),
-            verify=lambda tree: (builder.verify_env(store, p, tree, deadline), expect(tree)),
+            verify=verify,
             lock_timeout=lock_timeout, check=lambda: builder.check_requirements(p), substitute=substitute,
         )[1]
 

@@ -246,7 +246,7 @@ def parse(data: dict[str, Any], file: str | Path) -> Recipe:
     return Recipe(
         file=Path(file),
         name=engine["name"],
-        pypi=engine.get("pypi", engine["name"]),
+        pypi=engine["pypi"] if "pypi" in engine else engine["name"],
         binary=engine["binary"],
         engine=dict(engine),
         builds=parsed,
@@ -393,9 +393,9 @@ def _relative(value: str, file, field: str, inside: str, owned: bool = False) ->
     if len(value) > MAX_PATH_CHARS or len(parts) > MAX_PATH_DEPTH:
         raise RecipeError(file, field, f"is longer than {MAX_PATH_CHARS} characters or {MAX_PATH_DEPTH} components")
     if owned and (parts[0] in STORE_OWNED or (parts[0] == "bin" and (len(parts) == 1 or _reserved(parts[1])))):
-        owned = ", ".join(sorted(STORE_OWNED))
+        listed = ", ".join(sorted(STORE_OWNED))
         raise RecipeError(file, field, f"{value!r} is, or is under, what the store and uv venv own in every "
-                          f"environment ({owned}, bin itself, bin/python*, bin/activate* ...); choose another place")
+                          f"environment ({listed}, bin itself, bin/python*, bin/activate* ...); choose another place")
     for part in parts:
         if not COMPONENT_RE.fullmatch(part):
             raise RecipeError(file, field, f"{value!r}: {part!r} is not a plain name ({PLAIN})")
@@ -420,7 +420,7 @@ def _check_table(table: dict[str, Any], spec: dict[str, tuple[tuple[type, ...], 
         if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
             names = " or ".join(t.__name__ for t in types)
             raise RecipeError(file, f"{where}.{key}", f"must be {names}, not {type(value).__name__}")
-        if key in LIST_OF_STR and not all(isinstance(v, str) and v for v in value):
+        if key in LIST_OF_STR and isinstance(value, list) and not all(isinstance(v, str) and v for v in value):
             raise RecipeError(file, f"{where}.{key}", "must be a list of non-empty strings")
         if isinstance(value, str) and not value:
             raise RecipeError(file, f"{where}.{key}", "must not be empty")

@@ -66,6 +66,8 @@ from llmgw_store.system import files
 from llmgw_store.system.trees import force_rmtree
 
 if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
+
     from llmgw_store.core.layout import Layout
 
 WHEEL_MTIME = 1  # every entry's time, as Nix gives store files: nothing of when or by whom it was made
@@ -618,6 +620,7 @@ def evict(layout: Layout, bad: dict[str, list[str]]) -> None:
     build with it: nothing half-linked is registered)."""
     from contextlib import nullcontext
 
+    lock: AbstractContextManager[None]
     try:
         lock = uv_cache_lock(layout.uv_cache, EVICT_LOCK_S)
         lock.__enter__()

@@ -488,10 +488,10 @@ def gc(url: str, keep_from: list[str], *, grace: float, var: Path, release_keys:
                     from None
             refs = doc.get("references") if isinstance(doc, dict) else None
             for r in refs if isinstance(refs, list) else []:
-                k = key_of_name(r) if isinstance(r, str) else None
-                if k:
-                    todo.append(k)
-                    why.setdefault(k, f"referenced by {key}")
+                ref_key = key_of_name(r) if isinstance(r, str) else None
+                if ref_key:
+                    todo.append(ref_key)
+                    why.setdefault(ref_key, f"referenced by {key}")
             if isinstance(doc, dict) and doc.get("format") == 2:
                 held |= _blobs_of(backend, key, doc)
         live = reached

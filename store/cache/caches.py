@@ -57,8 +57,8 @@ class Caches:
         for url in self.urls:
             self.backend(url)
 
-    def first(self, op: Callable[[Backend], T | None]) -> T | None:
-        """op(backend) for each cache still asked, in order, until one returns something."""
+    def first(self, op: Callable[[Backend], T]) -> T | None:
+        """op(backend) for each cache still asked, in order, until one returns something (not None)."""
         failure: BaseException | None = None
         asked = False
         for url in self.urls:
@@ -69,7 +69,7 @@ class Caches:
             try:
                 result = op(self.backend(url))
             except (NetworkError, IntegrityError) as exc:
-                exc.cache = shown(url)  # type: ignore[attr-defined]
+                exc.cache = shown(url)
                 failure = exc
                 self._pass_over(url, exc)
                 continue
@@ -83,10 +83,8 @@ class Caches:
         if failure is not None:
             raise failure
         if not asked:  # every cache failed earlier in this command: its failure stands for this item too
-            url, exc = list(self._failed.items())[-1]
-            again = (IntegrityError if isinstance(exc, IntegrityError) else NetworkError)(str(exc))
-            again.cache = shown(url)  # type: ignore[attr-defined]
-            raise again
+            url, last = list(self._failed.items())[-1]
+            raise (IntegrityError if isinstance(last, IntegrityError) else NetworkError)(str(last), cache=shown(url))
         return None
 
     def _pass_over(self, url: str, exc: BaseException) -> None:

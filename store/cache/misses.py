@@ -128,7 +128,8 @@ def neighbours(caches: Caches, trusted: dict[str, bytes], name: str, inputs: dic
                 doc = _signed(backend, item.name, trusted)
                 if doc is None or doc["name"][33:] != suffix or doc["name"] == name:
                     continue
-                other = doc.get("inputs") if isinstance(doc.get("inputs"), dict) else {}
+                signed = doc.get("inputs")
+                other = signed if isinstance(signed, dict) else {}
                 found.append({"name": doc["name"], "key": doc["key"], "cache": shown(url),
                               "differs": differences(other, inputs)})
         except StoreError:

@@ -227,6 +227,7 @@ def _closure(caches: Caches, key: str, name: str | None, trusted: dict[str, byte
             order.append(k)
             continue
         ref_key = key_of_name(ref)
+        assert ref_key is not None, "references are store path names (_bind_name_and_references)"
         if ref == found[k].name:
             continue
         if ref_key in on_path:
@@ -566,6 +567,7 @@ def pull(target: str, from_: list[str], trusted: list[str], *, root: str | Path 
                         pulled.append(meta.name)
                         continue
                     local = _local_path(store, meta.key)
+            assert local is not None, "registered under its key's lock, and a temp root keeps gc from it"
             present.append(local.name)
         return PullResult(tuple(pulled), tuple(present), str(_local_path(store, key)), total.bytes_fetched,
                           total.bytes_reused, total.files, round(time.monotonic() - started, 3), total.phases,

@@ -195,7 +195,7 @@ def _push_v2(store: Store, backend, row: RegisteredPath, secret_key, lock_timeou
                              "`llmgw-store verify --repair` before pushing it")
     entries = manifest.parse_contents(listing)  # the very bytes just hashed
     blobs = make_plan(entries)
-    by_digest = {}
+    by_digest: dict[str, manifest.Entry] = {}
     for e in entries:
         if e.kind in "fx":
             by_digest.setdefault(e.digest, e)
@@ -204,7 +204,8 @@ def _push_v2(store: Store, backend, row: RegisteredPath, secret_key, lock_timeou
 
     def document(done: list[Blob]) -> tuple[bytes, list[tuple[str, bytes]]]:
         """The metadata this push writes for blobs of these sizes, and its small blobs (deterministic)."""
-        smalls, refs = [], []
+        smalls: list[tuple[str, bytes]] = []
+        refs: list[dict[str, Any]] = []  # the metadata's {digest, size, csize} of each small blob
         for data in (listing, plan_bytes(done), manifest_bytes):
             packed = zc.compress(data)
             smalls.append((digest_of(data), packed))
@@ -241,6 +242,7 @@ def _push_v2(store: Store, backend, row: RegisteredPath, secret_key, lock_timeou
                 progress.add(blob.size, len(blob.members))
                 return Blob(blob.digest, blob.members, blob.size, there)
             tmp = store.layout.tmp / f"push-{os.getpid()}-{threading.get_ident()}-{blob.digest[:16]}.zst"
+            data: bytes | Path
             try:
                 if blob.is_pack:
                     parts = [_read_verified(tree / by_digest[m].path, m, by_digest[m].size) for m in blob.members]

@@ -39,7 +39,7 @@ from llmgw_store.base.report import say
 from llmgw_store.base.text import shown
 from llmgw_store.cache.backends import Backend, RetryPolicy, backend_for
 from llmgw_store.cache.caches import Caches
-from llmgw_store.cache.signing import check_signature, load_secret, sign, signed_part, trusted_keys
+from llmgw_store.cache.signing import SecretKey, check_signature, load_secret, sign, signed_part, trusted_keys
 from llmgw_store.core.keys import KEY_RE, canonical_json, is_store_name, key_of_name
 
 RELEASE_FORMAT = "llmgw-release-1"
@@ -180,7 +180,7 @@ def read_listed(backend: Backend, item, trusted: dict[str, bytes]) -> Release:
     base = label[len("releases/"):]
     release = base[:-len(".json")] if label.startswith("releases/") and base.endswith(".json") else None
     try:
-        check_release_name(release)
+        release = check_release_name(release)
     except UsageError:
         raise _bad(label, "not a release pointer's name (releases/<name>.json)") from None
     if not item.regular:
@@ -242,7 +242,7 @@ class ReleaseSet(Result):
         return {**r, "previous": previous, "moved": self.moved}
 
 
-def write(url: str, release: str, target: dict[str, Any], secret_key: str, *, trusted: list[str] | tuple[str, ...] = (),
+def write(url: str, release: str, target: dict[str, Any], secret_key: SecretKey | str | Path, *, trusted: list[str] | tuple[str, ...] = (),
           var: Path | None = None, policy: RetryPolicy | None = None) -> ReleaseSet:
     """Point `release` in the cache `url` at `target` (key, name, engine, version, variant), signed
     with `secret_key`. The cache must hold the object (its metadata checked as a pull checks it,

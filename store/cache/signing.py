@@ -139,7 +139,7 @@ def _decode(text: str) -> tuple[str, bytes] | None:
         return None
 
 
-def load_secret(path: str | Path) -> SecretKey:
+def load_secret(path: SecretKey | str | Path) -> SecretKey:
     """The signing key in the file `path` (see the module docstring for the formats). A missing
     file, a public key, a key of any other shape, or a secret key whose two halves do not belong
     together is a UsageError (exit 2) naming the file, never showing its bytes."""

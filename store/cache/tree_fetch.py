@@ -124,7 +124,7 @@ class Progress:
                 f"files, {human_size(rate)}/s, ETA {eta:.0f}s")
 
 
-def _inflate(backend, ref: BlobRef, out: Callable[[bytes], None], label: str) -> int | None:
+def _inflate(backend, ref: BlobRef, out: Callable[[bytes], object], label: str) -> int | None:
     """Stream blobs/<digest> through zstd into `out`, at most ref.csize bytes in and ref.size out;
     the number of compressed bytes read, None when the cache lacks it. IntegrityError when
     oversized or not zstd."""
@@ -156,7 +156,7 @@ def _inflate(backend, ref: BlobRef, out: Callable[[bytes], None], label: str) ->
 
 
 
-def inflate(backend, ref: BlobRef, out: Callable[[bytes], None], label: str) -> int | None:
+def inflate(backend, ref: BlobRef, out: Callable[[bytes], object], label: str) -> int | None:
     """`_inflate` for other modules (push checks a blob of an unexpected size by inflating it)."""
     return _inflate(backend, ref, out, label)
 
@@ -423,7 +423,7 @@ def _link_local(src: LocalSource, tree: str, targets: list[Entry], digest: str, 
                 h.update(chunk)
             if h.hexdigest() != digest:
                 return None
-        proc_fd = dedupe.open_proc_fd() if own_proc_fd else dirs.proc_fd
+        proc_fd = dedupe.open_proc_fd() if dirs is None else dirs.proc_fd
         if st.st_nlink == 1:
             # Shared from now on: it enters the pool first, so it stays one of the store's own
             # inodes by `store_inode`'s test (EEXIST: the pool holds another copy; still fine).
@@ -732,8 +732,8 @@ def build_tree(caches, meta: MetaV2, store, tree: Path, resumed: Path | None = N
     meta_dir.mkdir(mode=0o755, exist_ok=True)
     for name, data in ((manifest.MANIFEST, manifest_bytes), (manifest.CONTENTS, listing)):
         fd = os.open(tree / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o444)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
     want = sorted((e.path, e.kind, e.size, e.digest if e.kind == "l" else "") for e in entries)
     if not any(e.path == MANIFEST_DIR for e in entries):
         want = sorted(want + [(MANIFEST_DIR, "d", 0, "")])

@@ -371,7 +371,7 @@ class Index:
                 for statement in steps[v]:
                     conn.execute(statement)
                 if v == 3 and self.store_dir is not None:
-                    self._backfill_references()
+                    self._backfill_references(self.store_dir)
             conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
             # PRAGMA foreign_keys cannot change inside a transaction, so each step ran with the keys
             # enforced; this also catches a row an older file held that no step above cleaned.
@@ -380,12 +380,12 @@ class Index:
                 raise IndexError_(f"cannot migrate the index {self.path}: {len(bad)} row(s) break its foreign keys; "
                                   "run `llmgw-store doctor --rebuild-index`")
 
-    def _backfill_references(self) -> None:
+    def _backfill_references(self, store_dir: Path) -> None:
         """Paths registered before references were recorded: read them from the trees, once."""
         from llmgw_store.core.manifest import references_of
 
         for (name,) in self.conn.execute("SELECT name FROM paths").fetchall():
-            for ref in references_of(self.store_dir / name, self.store_dir):
+            for ref in references_of(store_dir / name, store_dir):
                 self.conn.execute("INSERT OR IGNORE INTO refs VALUES (?, ?)", (name, ref))
 
     def close(self) -> None:

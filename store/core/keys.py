@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import Any, TypeGuard
 
 from blake3 import blake3
 
@@ -48,7 +48,7 @@ def path_name(key: str, engine: str, version: str, variant: str) -> str:
     return f"{key}-{engine}-{version}-{variant}"
 
 
-def is_store_name(name: object) -> bool:
+def is_store_name(name: object) -> TypeGuard[str]:
     """Whether `name` (from anywhere: a cache, a file, a user) is a well-formed store path name."""
     return isinstance(name, str) and len(name) <= STORE_NAME_MAX and STORE_NAME_RE.fullmatch(name) is not None
 

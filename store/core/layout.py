@@ -248,7 +248,7 @@ def malformed_name(name: object) -> IndexError_:
 def _checked_name(name: object) -> str:
     if not is_store_name(name):
         raise malformed_name(name)
-    return name  # type: ignore[return-value]
+    return name
 
 
 def _private_lock(dir_fd: int, path: Path) -> None:

@@ -102,6 +102,7 @@ class Store:
         final = self.layout.path_of(name)
         try:
             if replacing:
+                assert build_id is not None, "a repair is logged as a build (realise starts it)"
                 exchange(Path(tree), final)
                 # `tree` now holds the damaged tree: out of store/ first, then deleted.
                 trash = self.layout.trash / f"{name}.{os.getpid()}.{time.monotonic_ns()}"
@@ -176,6 +177,7 @@ class Store:
         ValueError when one is not a complete store path."""
         for ref in refs:
             if ref != name and self.index.path_by_name(ref) is None:
+                why: str | None
                 if ref in busy:
                     why = "another process is bringing it in"
                 elif ref in seen | {name}:

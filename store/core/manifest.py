@@ -191,9 +191,8 @@ def scan(root: Path, writable: list[str] | None = None, *, memo: dict | None = N
     0400 breaks the environment for the service users who run it while its bytes are right."""
     entries: list[Any] = []
     regular: list[tuple[int, str]] = []  # (index in entries, path) of every regular file
-    check_w = writable is not None
     root_st = os.lstat(root)
-    if check_w and root_st.st_mode & _WRITE:
+    if writable is not None and root_st.st_mode & _WRITE:
         writable.append(".")
     euid, xattrs_ok = os.geteuid(), [True]
 
@@ -209,7 +208,7 @@ def scan(root: Path, writable: list[str] | None = None, *, memo: dict | None = N
             return []
 
     def alien(rel: str, uid: int, names: list[str]) -> None:
-        if uid != euid or names:
+        if foreign is not None and (uid != euid or names):
             foreign.append({"path": rel, "uid": uid, "xattrs": sorted(names)})
 
     if foreign is not None:
@@ -229,7 +228,7 @@ def scan(root: Path, writable: list[str] | None = None, *, memo: dict | None = N
                 continue
             st = e.stat(follow_symlinks=False)
             mode = st.st_mode
-            if check_w and mode & _WRITE and not S_ISLNK(mode):
+            if writable is not None and mode & _WRITE and not S_ISLNK(mode):
                 writable.append(rel)
             if foreign is not None:
                 alien(rel, st.st_uid, xattrs_of(e.path))
@@ -289,7 +288,7 @@ def scan(root: Path, writable: list[str] | None = None, *, memo: dict | None = N
                 raise digest
         entries[i] = Entry(rel, kind, size, digest)
         hashed += size
-        if check_w and w:
+        if writable is not None and w:
             writable.append(rel)
         if foreign is not None and (uid != euid or names):
             foreign.append({"path": rel, "uid": uid, "xattrs": sorted(names)})

@@ -31,7 +31,7 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from llmgw_store.base.errors import (
     CommandError,
@@ -50,8 +50,13 @@ FIELDS = ("last_success", "last_failure", "successes", "failures", "damaged", "l
 CACHE_FIELDS = ("last_cache_contact", "bytes_fetched")  # pull.json's only
 CAUSES = ("miss", "unreachable", "untrusted", "damaged", "disk_full", "command", "other")
 MAX_BYTES = 4096
+class _Session(TypedDict):
+    contact: float  # when a cache last answered (time.time())
+    fetched: int  # bytes
+
+
 # What the running operation's cache layer reported (one operation at a time per process).
-_session = {"contact": 0.0, "fetched": 0}
+_session: _Session = {"contact": 0.0, "fetched": 0}
 
 
 def cache_answered() -> None:
@@ -88,7 +93,7 @@ def recorded(op: str) -> Callable:
         @functools.wraps(fn)
         def run(*args: Any, **kw: Any) -> Any:
             root = kw.get("root")
-            _session.update(contact=0.0, fetched=0)
+            _session.update({"contact": 0.0, "fetched": 0})
             try:
                 result = fn(*args, **kw)
             except (UsageError, LockTimeout):
@@ -127,7 +132,7 @@ def _open_dir(layout: Layout) -> int | None:
 def _cache_facts(root: str | Path | None) -> None:
     if _session["contact"] or _session["fetched"]:
         note(root, "pull", ok=None, contact=_session["contact"], fetched=_session["fetched"])
-        _session.update(contact=0.0, fetched=0)
+        _session.update({"contact": 0.0, "fetched": 0})
 
 
 def note(root: str | Path | None, op: str, *, ok: bool | None, damaged: int | None = None, at: float | None = None,
@@ -180,7 +185,7 @@ def _parse(raw: bytes) -> dict[str, Any]:
         return {"causes": {}}  # a write cut short: the counters start again (Prometheus sees a counter reset)
     if not isinstance(doc, dict):
         return {"causes": {}}
-    out = {k: v for k, v in doc.items() if k in FIELDS and isinstance(v, (int, float)) and not isinstance(v, bool)}
+    out: dict[str, Any] = {k: v for k, v in doc.items() if k in FIELDS and isinstance(v, (int, float)) and not isinstance(v, bool)}
     causes = doc.get("causes")
     out["causes"] = {c: n for c, n in causes.items() if c in CAUSES and isinstance(n, int) and not isinstance(n, bool)
                      } if isinstance(causes, dict) else {}

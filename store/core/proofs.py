@@ -23,6 +23,10 @@ import os
 
 from llmgw_store.system import files, jsontext
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (a switch's path)
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
 SECRET_FILE = "records.key"  # roots/records.py's SECRET_FILE: the same key seals records
 SECRET_BYTES = 32
 PROOFS_DIR = "lockproofs"
@@ -46,7 +50,7 @@ def secret(var_fd: int, make: bool = False) -> bytes | None:
     return key if len(key) == SECRET_BYTES else None
 
 
-def _mac(key: bytes, body: dict[str, object]) -> str:
+def _mac(key: bytes, body: Mapping[str, object]) -> str:
     from blake3 import blake3
 
     return blake3(TAG + jsontext.canonical(body), key=key).hexdigest()
@@ -105,14 +109,14 @@ def recall(var_fd: int, key: bytes, name: str, content_hash: str) -> dict[str, s
         return None
     try:
         doc = jsontext.loads(raw)
-        body = {k: doc[k] for k in _FIELDS}
-        mac = doc["mac"]
-    except (ValueError, KeyError, TypeError):
+    except ValueError:
         return None
-    if not isinstance(mac, str) or not _compare_digest(_mac(key, body), mac):
+    if not isinstance(doc, dict) or not all(isinstance(doc.get(k), str) for k in (*_FIELDS, "mac")):
         return None
-    if body["name"] != name or body["content_hash"] != content_hash or body["lock_format"] not in LOCK_FORMATS \
-            or not isinstance(body["lock_blake3"], str):
+    body: dict[str, str] = {k: doc[k] for k in _FIELDS}
+    if not _compare_digest(_mac(key, body), doc["mac"]):
+        return None
+    if body["name"] != name or body["content_hash"] != content_hash or body["lock_format"] not in LOCK_FORMATS:
         return None
     return body
 

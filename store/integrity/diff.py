@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypedDict
 
 from llmgw_store.app.results import Result
 from llmgw_store.build import lockfiles
@@ -13,10 +14,15 @@ from llmgw_store.core.local_store import Store
 from llmgw_store.roots.resolve import reference
 
 
+class Side(TypedDict):  # one side of the diff: its store path name and size (bytes)
+    name: str
+    size: int
+
+
 @dataclass(frozen=True)
 class Diff(Result):
-    a: dict[str, str | int]  # name, size
-    b: dict[str, str | int]
+    a: Side
+    b: Side
     added: tuple[dict[str, str], ...]  # name, version
     removed: tuple[dict[str, str], ...]
     upgraded: tuple[dict[str, str], ...]  # name, from, to
@@ -42,7 +48,8 @@ def diff(a: str, b: str, *, root: str | Path | None = None) -> Diff:
         ra, rb = reference(store, a), reference(store, b)
         pa = lock_pins(store.layout.path_of(ra.name))
         pb = lock_pins(store.layout.path_of(rb.name))
-    upgraded, downgraded = [], []
+    upgraded: list[dict[str, str]] = []
+    downgraded: list[dict[str, str]] = []
     for name in sorted(pa.keys() & pb.keys()):
         if pa[name] == pb[name]:
             continue

@@ -197,7 +197,7 @@ def _marker_env(doc: dict[str, Any]) -> dict[str, str]:
     key), with the interpreter's implementation and version from its manifest."""
     from packaging.markers import default_environment
 
-    env = dict(default_environment())
+    env = {k: str(v) for k, v in default_environment().items()}  # every value a string already
     python = (doc.get("inputs") or {}).get("python") or {}
     version = str(python.get("version") or "")
     if re.fullmatch(r"[0-9]+\.[0-9]+(\.[0-9]+)?", version):
@@ -237,7 +237,8 @@ def why(target: str, package: str, *, root: str | Path | None = None) -> Why:
     if wanted not in dists:
         raise NotFoundError(f"{package} is not installed in {p.name} (see `llmgw-store packages {p.name}`)")
     env = _marker_env(p.doc)
-    requirements = p.doc.get("requirements") if isinstance(p.doc.get("requirements"), list) else []
+    recorded = p.doc.get("requirements")
+    requirements = recorded if isinstance(recorded, list) else []
     starts = [e for e in (_edges(str(r), frozenset(), env) for r in requirements) if e is not None]
     chains: list[tuple[str, ...]] = []
     truncated = False

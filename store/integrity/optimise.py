@@ -173,6 +173,7 @@ def _share(path: Path, pool_entry: Path, e: manifest.Entry, run: _Run) -> tuple[
             if run.dry_run:
                 run.would_unlink[ident] = run.would_unlink.get(ident, 0) + 1
                 return 1, freed
+            assert pfd is not None, "only a dry run's pool entries are virtual (no descriptor)"
             _replace(path, pfd, pst, pool_entry, run)
             return 1, freed
         finally:

@@ -159,7 +159,8 @@ def verify(
             if not r["ok"] and repair:
                 r["repair"] = _repair(store, row, uv, python_preference, lock_timeout, index_url)
                 memo.clear()  # the repair made and deleted files: inode numbers may be reused
-                r["ok_after_repair"] = check_path(store, store.index.path_by_name(row.name))["ok"]
+                after = store.index.path_by_name(row.name)  # None: gone since (nothing to be ok)
+                r["ok_after_repair"] = after is not None and check_path(store, after)["ok"]
             results.append(r)
         progress("verifying", len(rows), len(rows), "paths")
         damaged = [r["name"] for r in results if not r["ok"] and not r.get("ok_after_repair")]

@@ -60,15 +60,15 @@ def remove_tree(path: str | os.PathLike) -> int:
         return on_disk(st) if st.st_nlink <= 1 else 0
     top = os.open(path.parent, _DIR_FLAGS)
     freed = 0
-    stack: list[tuple[int, object, int, str, os.stat_result]] = []
+    stack: list[tuple[int, os._ScandirIterator[str], int, str, os.stat_result]] = []
     try:
         fd = _open_dir(top, path.name, st, writable=True)
         stack.append((fd, os.scandir(fd), top, path.name, st))
         while stack:
             fd, it, parent, name, dst = stack[-1]
-            entry = next(it, None)  # type: ignore[call-overload]
+            entry = next(it, None)
             if entry is None:
-                it.close()  # type: ignore[attr-defined]
+                it.close()
                 os.close(fd)
                 stack.pop()
                 os.rmdir(name, dir_fd=parent)
@@ -87,7 +87,7 @@ def remove_tree(path: str | os.PathLike) -> int:
                 freed += on_disk(est) if est.st_nlink <= 1 else 0
     finally:
         for fd, it, *_ in stack:
-            it.close()  # type: ignore[attr-defined]
+            it.close()
             os.close(fd)
         os.close(top)
     return freed
@@ -103,15 +103,15 @@ def walk(path: str | os.PathLike):
     yield "", st
     if not stat.S_ISDIR(st.st_mode):
         return
-    stack: list[tuple[int, object, str]] = []
+    stack: list[tuple[int, os._ScandirIterator[str], str]] = []
     try:
         fd = _open_dir(None, path, st, writable=False)
         stack.append((fd, os.scandir(fd), ""))
         while stack:
             fd, it, rel = stack[-1]
-            entry = next(it, None)  # type: ignore[call-overload]
+            entry = next(it, None)
             if entry is None:
-                it.close()  # type: ignore[attr-defined]
+                it.close()
                 os.close(fd)
                 stack.pop()
                 continue
@@ -129,11 +129,11 @@ def walk(path: str | os.PathLike):
                 stack.append((cfd, os.scandir(cfd), sub))
     finally:
         for fd, it, _ in stack:
-            it.close()  # type: ignore[attr-defined]
+            it.close()
             os.close(fd)
 
 
-def inodes_of(directory: str | os.PathLike) -> dict[tuple[int, int], int]:
+def inodes_of(directory: str | os.PathLike[str]) -> dict[tuple[int, int], int]:
     """(st_dev, st_ino) -> st_nlink of the plain files directly in `directory` (optimise's pool)."""
     out = {}
     try:

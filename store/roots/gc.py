@@ -310,7 +310,7 @@ def collect(
                     pass  # a memo: the next gc walks the bytecode cache again
         if max_cache is not None and live is None:
             say("caches left alone: no roots were read (nothing to collect)")
-        elif max_cache is not None:
+        elif max_cache is not None and live is not None:
             # Only when asked to bound the caches: `uv cache prune` and its accounting walk the
             # whole uv cache, and what it removes (what nothing points at any more) is rare.
             report["freed"]["uv_cache"] = _prune_uv_cache(store, dry_run)
@@ -527,8 +527,10 @@ def _names_of_generations(layout: Layout, generations: set[tuple[str, int]]) -> 
 
 
 def _due(memo: dict[str, Any] | None, every: float) -> bool:
+    if memo is None:
+        return True
     try:
-        return time.time() - float(memo["at"]) > every  # type: ignore[index]
+        return time.time() - float(memo["at"]) > every
     except (TypeError, KeyError, ValueError):
         return True
 
@@ -661,7 +663,8 @@ def _choose(store: Store, live: set[str], budget: int | None, *, checked: bool =
     (as a gc last saw it, or a generation record says) or used less than that long ago is kept."""
     rows = {r.name: r for r in store.index.paths()}
     rooted = store.index.last_rooted() if keep_dead_for is not None else {}
-    leftovers, registered = [], []
+    leftovers: list[dict[str, Any]] = []  # the result's items: name, size, reason, last_used (freed added)
+    registered: list[dict[str, Any]] = []
     on_disk = set()
     for entry in os.scandir(store.layout.store):
         name = entry.name
@@ -875,6 +878,7 @@ def _prune_uv_cache(store: Store, dry_run: bool) -> int:
         say(f"uv's pointers to {gone} archive(s) no longer unpacked: freed {human_size(freed)}")
         return freed
     pinned = [r for r in store.index.paths() if r.engine == "uv" and r.version == uvmod.UV_VERSION]
+    binary: Path | None
     if pinned:
         binary = store.layout.path_of(pinned[0].name) / "bin" / "uv"
     else:

@@ -36,7 +36,7 @@ def holds_dir(layout: Layout) -> Path:
 class Hold(Result):
     profile: str
     name: str  # the store path name it is held at
-    key: str
+    key: str | None  # None: the hold's link names no store path (it was changed outside the store)
     path: str
     since: str | None = None  # when the hold was made (ISO, UTC)
     removed: bool = False

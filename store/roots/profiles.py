@@ -227,8 +227,11 @@ def activate(
                                  "use --check (the check then runs before the first switch)")
             number = max([*gens, *records.numbers(layout, profile), store.index.max_generation(profile), 0]) + 1
             symlink_atomically(f"../store/{name}", gen_link(layout, profile, number))
-            pending = {"argv": list(argv), "mode": "after", "result": "pending"} if then_check else None
-            activation = {"kind": "activate", "from": current, "check": before or pending}
+            pending = None
+            if then_check:
+                assert argv is not None, "--then-check without a check was refused above"
+                pending = {"argv": list(argv), "mode": "after", "result": "pending"}
+            activation: dict[str, Any] = {"kind": "activate", "from": current, "check": before or pending}
             # The record is on disk before the profile points at the generation.
             rec = records.write(layout, records.make(profile, number, described, activation))
             debug.pause("BEFORE_SWITCH")  # the new generation exists, the profile not yet switched
@@ -247,6 +250,8 @@ def activate(
             say(f"profile {profile}: generation {number} -> {name}")
             if not then_check:
                 return Switch(profile, number, current, str(env_dir), True, check=activation["check"])
+            assert argv is not None and current is not None, "--then-check was refused above without a check, " \
+                "or without a generation to go back to"
             try:
                 return _then_check(store, profile, rec, current, argv, env_dir, check_timeout, guard)
             finally:
@@ -293,7 +298,9 @@ def _settle_abandoned_check(layout: Layout, profile: str, current: int | None) -
         rec = records.load(layout, profile, current)
     except IntegrityError:
         return
-    check = rec.activation.get("check") if rec is not None else None
+    if rec is None:
+        return
+    check = rec.activation.get("check")
     if isinstance(check, dict) and check.get("result") == "pending":
         records.write(layout, records.with_activation(rec, {**rec.activation, "check": {**check, "result": "abandoned"}}))
         records.add_event(layout, profile, "check-abandoned", generation=current,
@@ -444,14 +451,18 @@ def generations(profile: str, *, root: str | Path | None = None, lock_timeout: f
         for number in sorted(set(gens) | set(recs)):
             rec = recs.get(number)
             linked = number in gens
-            name = gens[number] if linked else rec.name  # type: ignore[union-attr]
+            if linked:
+                name, created = gens[number], _time_of(links[number][1])
+            else:
+                assert rec is not None, "each number is a generation link's or a record's (the union above)"
+                name, created = rec.name, rec.created
             row = rows.get(name)
             if name not in seen:
                 seen[name] = (str(layout.path_of(name)), records.present(layout, name))
             path, hot = seen[name]
             out.append(Generation(
                 number=number, path=path, name=name,
-                created=_time_of(links[number][1]) if linked else rec.created,  # type: ignore[union-attr]
+                created=created,
                 current=number == current,
                 engine=row.engine if row else (rec.engine if rec else None),
                 version=row.version if row else (rec.version if rec else None),

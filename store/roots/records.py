@@ -78,7 +78,7 @@ SECRET_FILE = "records.key"  # in ROOT/var (private)
 # carry a token the check printed) is kept in them. profiles/ stays 0755 for the links.
 FILE_MODE = 0o600
 
-_FIELDS = {
+_FIELDS: dict[str, type | tuple[type, ...]] = {
     "format": int, "profile": str, "generation": int, "name": str, "key": str, "content_hash": str,
     "engine": str, "version": str, "variant": str, "inputs": dict, "requirements": list,
     "lock_format": (str, type(None)), "lock": (str, type(None)), "lock_blake3": (str, type(None)),
@@ -371,13 +371,13 @@ def _short(value: Any, what: str) -> str:
     return value
 
 
-def _checked(doc: Any, profile: str, number: int, key: bytes) -> Record:
+def _checked(doc: Any, profile: str, number: int, secret_key: bytes) -> Record:
     if not isinstance(doc, dict):
         raise _Bad("not a JSON object")
     # First, before any field is used: the keyed digest proves this store wrote these bytes.
     digest = doc.get("digest")
     body = {k: v for k, v in doc.items() if k != "digest"}
-    if not isinstance(digest, str) or not compare_digest(seal(key, body), digest):
+    if not isinstance(digest, str) or not compare_digest(seal(secret_key, body), digest):
         raise _Bad("its digest does not match its contents under the store's records key (it was changed, "
                    "or not written by this store)")
     unknown = set(doc) - set(_FIELDS)
@@ -459,7 +459,7 @@ def _check_lock_sources(lock: str, fmt: str) -> None:
                 files.append(p["sdist"])
             for f in files:
                 url = f.get("url") if isinstance(f, dict) else None
-                if not isinstance(url, str) or "path" in f or not re.match(r"https?://[^/@\s]+/", url):
+                if not isinstance(f, dict) or not isinstance(url, str) or "path" in f or not re.match(r"https?://[^/@\s]+/", url):
                     raise _Bad("its lock names a file that is not an http(s) URL of an index")
         return
     lines = lock.replace("\\\n", " ").splitlines()

@@ -598,7 +598,7 @@ def _activate_locked(dirs: _Dirs, index: _Index, key: bytes, profile: str, name:
     created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     body = {"format": RECORD_FORMAT, "profile": profile, "generation": number, **described, "created": created,
             "by": who(), "activation": activation}
-    body["lock_blake3"] = blake3(body["lock"].encode()).hexdigest()  # type: ignore[union-attr]
+    body["lock_blake3"] = blake3(body["lock"].encode()).hexdigest()
     digest = blake3(jsontext.canonical(body), key=key).hexdigest()
     data = jsontext.indented({**body, "digest": digest}).encode() + b"\n"
     # The index first: a write it refuses (a full disk, a lock held past the timeout) leaves the
@@ -666,13 +666,17 @@ def _raise_if_full(exc: Exception, root: str, timeout: float) -> None:
 
     if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
         raise exc
-    if type(exc).__module__ in ("sqlite3", "_sqlite3") and getattr(exc, "sqlite_errorcode", 0) & 0xFF == 13:
+    if type(exc).__module__ in ("sqlite3", "_sqlite3"):
+        import _sqlite3  # loaded already: exc is one of its errors
+
+        if not (isinstance(exc, _sqlite3.Error) and exc.sqlite_errorcode & 0xFF == 13):  # 13: SQLITE_FULL
+            return
         from pathlib import Path
 
         from llmgw_store.core.index import store_error
 
         db = Path(root) / "var" / "db.sqlite"
-        raise store_error(db, f"index {db}", exc, min(timeout, 30.0)) from exc  # 13: SQLITE_FULL
+        raise store_error(db, f"index {db}", exc, min(timeout, 30.0)) from exc
 
 
 def _hot(dirs: _Dirs, name: str) -> bool:

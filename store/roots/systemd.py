@@ -60,7 +60,7 @@ class GcPolicy:
     when the timer runs it, as when it is run by hand."""
 
     delete_older_than: str | None = None
-    keep: int | None = None
+    keep: int | str | None = None  # a count, or its text as given (checked by args)
     min_free: str | None = None
     max_cache: str | None = None
     keep_dead_for: str | None = None
@@ -127,7 +127,8 @@ class NodeDay:
             raise UsageError(f"{path}: [node] sets {roots[0].split('.')[1]} but not {missing}: push-roots needs both "
                              "(set both to publish this node's roots after each gc, or neither)")
         follows = []
-        for word in values.get("releases", ()) or ():  # PROFILE=RELEASE words (cli/config.py)
+        words = values.get("releases")  # PROFILE=RELEASE words (cli/config.py checked them: a tuple)
+        for word in words if isinstance(words, tuple) else ():
             profile, _, release = str(word).partition("=")
             follows.append(check_profile(profile))
             check_release_name(release)
@@ -360,4 +361,4 @@ def write_units(out_dir: str | Path, *, root: str | Path | None = None, policy: 
                  on_calendar=on_calendar, documentation=docs, then=then,
                  follow_service=str(out / FOLLOW_SERVICE) if followed else None,
                  follow_timer=str(out / FOLLOW_TIMER) if followed else None, follow=follow_lines,
-                 follow_every=follow_every(follow) if followed else None)
+                 follow_every=follow_every(follow) if follow is not None else None)

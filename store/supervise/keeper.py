@@ -26,10 +26,14 @@ import sys
 
 SIGKILL, SIGPIPE, SIGXFSZ = 9, 13, 25  # Linux's numbers (the store runs on Linux only)
 
-try:
-    import _signal
-except ImportError:
-    _signal = None
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
+if TYPE_CHECKING:  # typeshed types the signal module only; _signal is the same functions
+    import signal as _signal
+else:
+    try:
+        import _signal
+    except ImportError:
+        _signal = None
 
 
 def _prctl():
@@ -43,10 +47,10 @@ def _prctl():
             _flags_ = _ctypes.FUNCFLAG_CDECL | _ctypes.FUNCFLAG_USE_ERRNO
             _restype_ = _int
 
-        class _Libc:
-            _handle = _ctypes.dlopen(None)
+        class _Libc:  # what CFuncPtr reads of a CDLL: its handle (typeshed wants a path and a CDLL)
+            _handle = _ctypes.dlopen(None)  # type: ignore[arg-type]  # None: the program and its libc
 
-        return _Fn(("prctl", _Libc))
+        return _Fn(("prctl", _Libc))  # type: ignore[arg-type]
     except Exception:
         try:
             import ctypes
@@ -106,7 +110,8 @@ def kill_cgroup(cgroup):
 
 def descendants(keeper):
     """Live processes whose parent chain reaches the keeper (read from /proc/*/stat), zombies left out."""
-    parents, alive = {}, set()
+    parents: dict[int, list[int]] = {}
+    alive = set()
     for e in os.listdir("/proc"):
         if not e.isdigit():
             continue
@@ -121,7 +126,8 @@ def descendants(keeper):
         parents.setdefault(int(fields[1]), []).append(int(e))
         if fields[0] not in (b"Z", b"X"):
             alive.add(int(e))
-    out, todo = [], [keeper]
+    out: list[int] = []
+    todo = [keeper]
     while todo and len(out) < 100000:
         for child in parents.get(todo.pop(), ()):
             out.append(child)

@@ -181,7 +181,8 @@ class Heartbeat:
 
     def __init__(self, fd: int, step: str) -> None:
         self.fd, self.step, self.offset, self.started = fd, step, 0, time.monotonic()
-        self.done, self.total, self.unit, self.counted = 0, None, "", False
+        self.done, self.unit, self.counted = 0, "", False
+        self.total: int | None = None
         self.last = self.shown = b""
 
     def __call__(self) -> str | None:

@@ -61,7 +61,7 @@ import tarfile
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Literal
+from typing import BinaryIO, Literal, Self
 
 from llmgw_store.base.errors import IntegrityError, StoreError
 
@@ -108,34 +108,47 @@ def _quote(text: str) -> str:
     return repr(text) if len(text) <= QUOTE_CHARS else repr(text[:QUOTE_CHARS]) + f"... ({len(text)} characters)"
 
 
+_PAX = (tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE)
+_EXTENDED = (*_PAX, tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK)
+
+
+def _bounded_tarinfo() -> type[_BoundedTarInfo]:
+    """A TarInfo class of its own for one extraction (its `extended` total is that stream's)."""
+
+    class Bounded(_BoundedTarInfo):
+        extended = 0
+
+    return Bounded
+
+
 class _BoundedTarInfo(tarfile.TarInfo):
     """Refuses a pax (x/g) or GNU long-name/long-link (L/K) header whose declared size is over
     MAX_EXTENDED_HEADER before tarfile reads its data: tarfile reads such a header whole into memory
-    (204 KB of gzip declared 625 MB). `_proc_pax` and `_proc_gnulong` are private to tarfile but
-    have kept their name and signature from 3.8 to 3.13, and `_proc_member` dispatches to them for
-    exactly these types; tests/test_extract.py checks both hooks are still called."""
+    (204 KB of gzip declared 625 MB). Through tarfile's public hooks only: `tarinfo=` (the class
+    TarFile makes each header with) and the classmethod `frombuf`, which parses each 512-byte header
+    before anything reads the data it declares (TarInfo.fromtarfile); an extended header's data is
+    read, then the header after it through `frombuf` again, so a chain of extended headers before
+    one member is bounded as a whole. `extended` is that total, per extraction (_bounded_tarinfo),
+    reset by extract_tar before each member."""
 
-    def _check_extended(self, tf: tarfile.TarFile) -> None:
-        # The hooks recurse into the next header while holding this one's data, so a chain of
-        # extended headers before one member is bounded as a whole; extract_tar resets the total
-        # (an attribute of this stream's TarFile) before each member.
-        total = getattr(tf, EXTENDED_TOTAL, 0) + self.size
-        setattr(tf, EXTENDED_TOTAL, total)
-        if total > MAX_EXTENDED_HEADER:
-            pax = self.type in (tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE)
-            raise _Refused(f"{'pax' if pax else 'GNU long-name/long-link'} header(s) of {total} bytes before one "
-                           f"member (at most {MAX_EXTENDED_HEADER})")
+    extended: int
 
-    def _proc_gnulong(self, tarfile):
-        self._check_extended(tarfile)
-        return super()._proc_gnulong(tarfile)
-
-    def _proc_pax(self, tarfile):
-        self._check_extended(tarfile)
-        return super()._proc_pax(tarfile)
+    @classmethod
+    def frombuf(cls, buf: bytes | bytearray, encoding: str, errors: str) -> Self:
+        info = super().frombuf(buf, encoding, errors)
+        if info.type in _EXTENDED:
+            cls.extended += info.size
+            if cls.extended > MAX_EXTENDED_HEADER:
+                raise _Refused(f"{'pax' if info.type in _PAX else 'GNU long-name/long-link'} header(s) of "
+                               f"{cls.extended} bytes before one member (at most {MAX_EXTENDED_HEADER})")
+        return info
 
 
-EXTENDED_TOTAL = "_llmgw_extended_bytes"
+class _Reader(tarfile.TarFile):
+    """tarfile's stream reader, as it is; typed with the list of the headers it has read
+    (`members`, which typeshed leaves out), which extract_tar empties after each member."""
+
+    members: list[tarfile.TarInfo]
 
 
 def extract_tar(fileobj: BinaryIO, dest: Path, *, policy: Policy, max_bytes: int | None, max_members: int,
@@ -152,10 +165,11 @@ def extract_tar(fileobj: BinaryIO, dest: Path, *, policy: Policy, max_bytes: int
     try:
         x.top = x.root_parts("top", top)
         x.link_root = x.root_parts("link_root", link_root)
-        with tarfile.open(fileobj=fileobj, mode="r|*", tarinfo=_BoundedTarInfo) as tf:
+        bounded = _bounded_tarinfo()
+        with _Reader.open(fileobj=fileobj, mode="r|*", tarinfo=bounded) as tf:
             while True:
                 x.name = None  # a refused extended header belongs to no member yet
-                setattr(tf, EXTENDED_TOTAL, 0)
+                bounded.extended = 0
                 if (m := tf.next()) is None:
                     break
                 del tf.members[:]  # tarfile keeps every header it read; only the current one is needed
@@ -299,6 +313,7 @@ class _Extractor:
         fd = self.syscall(os.open, parts[-1], _NEW_FILE, 0o600, dir_fd=parent)
         try:
             src = tf.extractfile(m)
+            assert src is not None, "a regular file's member (member() checked) has its data"
             while chunk := src.read(CHUNK):
                 self.stats.bytes += len(chunk)
                 if limit is not None and self.stats.bytes > limit:

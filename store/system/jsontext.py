@@ -23,7 +23,7 @@ class _Context:
     parse_constant = _CONSTANTS.__getitem__
 
 
-_scan = _json.make_scanner(_Context())
+_scan = _json.make_scanner(_Context())  # type: ignore[arg-type]  # typeshed names the attributes' owner, not them
 _SPACE = " \t\n\r"
 
 
@@ -97,7 +97,7 @@ def _item(value: object, head: str, step: str, level: int, out: list[str]) -> No
     """`head`, then `value` one level below `level`: the leaves most documents are made of are
     written here, without a call into the encoder or a level of recursion."""
     t = type(value)
-    if t is str:
+    if type(value) is str:  # `t is str` does not narrow `value` for mypy
         out.append(head + _json.encode_basestring_ascii(value))
     elif value is None:
         out.append(head + "null")

@@ -20,11 +20,15 @@ the hot path.
 
 from __future__ import annotations
 
-import _signal as signal
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
+if TYPE_CHECKING:  # typeshed types the signal module only; _signal is the same functions
+    import signal
+else:
+    import _signal as signal
 
 ENDING = (signal.SIGTERM, signal.SIGHUP)
 SIGINT_EXIT = 128 + signal.SIGINT  # 130
-NAMES = {signal.SIGTERM: "SIGTERM", signal.SIGHUP: "SIGHUP", signal.SIGINT: "SIGINT"}
+NAMES: dict[int, str] = {signal.SIGTERM: "SIGTERM", signal.SIGHUP: "SIGHUP", signal.SIGINT: "SIGINT"}
 
 
 class Interrupted(KeyboardInterrupt):
@@ -72,7 +76,7 @@ class raising:
     (for library code that must clean up on SIGTERM even when no CLI installed the guard)."""
 
     def __enter__(self) -> None:
-        self.previous: dict[int, object] = {}
+        self.previous: dict[int, signal._HANDLER] = {}
         handler = _Raise()
         try:
             for s in ENDING:
@@ -82,7 +86,7 @@ class raising:
 
     def __exit__(self, *exc: object) -> None:
         for s, handler in self.previous.items():
-            signal.signal(s, handler)  # type: ignore[arg-type]
+            signal.signal(s, handler)
 
 
 class Window:
@@ -95,7 +99,7 @@ class Window:
 
     def __init__(self) -> None:
         self.handler = _Raise()
-        self.old: dict[int, object] = {}
+        self.old: dict[int, signal._HANDLER] = {}
         self.active = True
 
     def hold(self) -> None:
@@ -119,5 +123,5 @@ class Window:
     def restore(self) -> None:
         if self.active and self.old:
             for s, handler in self.old.items():
-                signal.signal(s, handler)  # type: ignore[arg-type]
+                signal.signal(s, handler)
             signal.pthread_sigmask(signal.SIG_UNBLOCK, ENDING)

@@ -161,12 +161,12 @@ def _allowed_origins(own: str, extra: str) -> frozenset[str]:
 
 def _proxy(url: str) -> tuple[str, int, str | None] | None:
     """(host, port, Proxy-Authorization) of the proxy the environment names for `url`, if any."""
-    from urllib.request import getproxies_environment, proxy_bypass_environment
+    from urllib.request import getproxies_environment, proxy_bypass  # on Linux: proxy_bypass_environment
 
     parts = urlsplit(url)
     proxies = getproxies_environment()
     proxy = proxies.get(parts.scheme) or proxies.get("all")
-    if not proxy or proxy_bypass_environment(parts.hostname or "", proxies):
+    if not proxy or proxy_bypass(parts.hostname or ""):
         return None
     p = urlsplit(proxy if "://" in proxy else f"http://{proxy}")
     if p.scheme != "http" or not p.hostname:
