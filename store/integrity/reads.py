@@ -19,11 +19,11 @@ from __future__ import annotations
 import os
 import stat
 
+from llmgw_store.core import indexsql
 from llmgw_store.core import locations as loc
 from llmgw_store.core.dirs import NIX_BASE32, is_store_name, own_dir
 from llmgw_store.system import files, jsontext
 
-SCHEMA_VERSION = 6  # core/index.py's (tests/test_reads.py checks they agree)
 # Layout.dir_modes, relative to ROOT, parents before children (tests/test_reads.py).
 DIRS = loc.DIRS
 # queries.PathRow's fields and index.BuildLogEntry's, in their order (tests/test_reads.py).
@@ -71,7 +71,7 @@ def _close(fds: dict[str, int]) -> None:
 
 
 def _connect(root: str, var_fd: int):
-    """The index opened as Index(readonly=True) opens it, at SCHEMA_VERSION; _Leave otherwise."""
+    """The index opened as Index(readonly=True) opens it, at indexsql.SCHEMA_VERSION; _Leave otherwise."""
     try:
         st = os.stat(loc.leaf(loc.DB), dir_fd=var_fd, follow_symlinks=False)
     except OSError:
@@ -79,23 +79,15 @@ def _connect(root: str, var_fd: int):
     path = loc.at(root, loc.DB)
     if not stat.S_ISREG(st.st_mode) or not set(path) <= _URI_SAFE:
         raise _Leave
-    from llmgw_store.roots.switch import sqlite_module
-
-    sqlite3 = sqlite_module()
+    sqlite3 = indexsql.sqlite_module()
     conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30.0, isolation_level=None)
     try:
-        if conn.execute("PRAGMA user_version").fetchone()[0] != SCHEMA_VERSION:
+        if conn.execute("PRAGMA user_version").fetchone()[0] != indexsql.SCHEMA_VERSION:
             raise _Leave
     except BaseException:
         conn.close()
         raise
     return conn
-
-
-def _rows(conn, sql: str, params: tuple = ()) -> list[dict]:
-    cur = conn.execute(sql, params)
-    names = [d[0] for d in cur.description]
-    return [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
 
 
 def _path_row(root: str, row: dict) -> dict:
@@ -128,7 +120,7 @@ def _answer(root: str, work):
 def list_paths(root: str) -> dict | None:
     """queries.list_paths(root).to_json(), or None to leave it to the full function."""
     def work(_fds, conn) -> dict:
-        rows = _rows(conn, "SELECT * FROM paths ORDER BY engine, version, variant, created")
+        rows = indexsql.rows(conn, indexsql.PATHS_IN_ORDER)
         return {"schema_version": 1, "paths": [_path_row(root, r) for r in rows]}
 
     return _answer(root, work)
@@ -141,7 +133,7 @@ def path_info(root: str, target: str) -> dict | None:
         if row is None:
             return None
         body = _path_row(root, row)
-        builds = _rows(conn, "SELECT * FROM builds WHERE key = ? ORDER BY id", (row["key"],))
+        builds = indexsql.rows(conn, indexsql.BUILDS_OF_KEY, (row["key"],))
         return {"schema_version": 1, **body, "manifest": _manifest(fds[loc.STORE], row["name"]),
                 "builds": [{f: b[f] for f in BUILD_FIELDS} for b in builds]}
 
@@ -171,7 +163,7 @@ def _manifest(store_fd: int, name: str) -> dict | None:
 
 
 def _one(conn, column: str, value: str) -> dict | None:
-    rows = _rows(conn, f"SELECT * FROM paths WHERE {column} = ?", (value,))
+    rows = indexsql.rows(conn, indexsql.PATH_BY[column], (value,))
     return rows[0] if rows else None
 
 

@@ -45,12 +45,11 @@ import time
 
 from llmgw_store.app import debug
 from llmgw_store.base.errors import StoreError
+from llmgw_store.core import indexsql, proofs
 from llmgw_store.core import locations as loc
-from llmgw_store.core import proofs
 from llmgw_store.core.dirs import NIX_BASE32, PRIVATE_DIR, PUBLIC_DIR, is_store_name, own_dir
 from llmgw_store.system import files, jsontext
 
-SCHEMA_VERSION = 6  # core/index.py's (tests/test_switch.py checks they agree)
 RECORD_FORMAT = 1  # roots/records.py's FORMAT
 RECORD_MAX = 32 << 20  # records.RECORD_MAX
 MANIFEST_MAX = 16 << 20  # manifest.MANIFEST_MAX
@@ -304,22 +303,9 @@ def now_iso() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t % 1 * 1e6):06d}Z"
 
 
-def _user() -> str:
-    """getpass.getuser, without getpass."""
-    user = next((os.environ[v] for v in ("LOGNAME", "USER", "LNAME", "USERNAME") if os.environ.get(v)), None)
-    if user is None:
-        try:
-            import pwd
-
-            user = pwd.getpwuid(os.getuid()).pw_name
-        except (KeyError, OSError):
-            user = str(os.getuid())
-    return user
-
-
 def who() -> dict[str, object]:
     """records.who."""
-    out: dict[str, object] = {"uid": os.getuid(), "user": _user()[:64]}
+    out: dict[str, object] = {"uid": os.getuid(), "user": indexsql.user()[:64]}
     sudo = os.environ.get("SUDO_USER")
     if sudo:
         out["sudo_user"] = sudo[:64]
@@ -384,41 +370,8 @@ def _health_recorded(inputs: object) -> bool:
 
 # --- the index ------------------------------------------------------------------------------------
 
-def _sqlite():
-    """SQLite's own module (`_sqlite3`: the classes and functions `sqlite3` re-exports), loaded as
-    a switch needs it. Not the `sqlite3` package, whose dbapi2.py adds only date and time adapters
-    and loads datetime for them (the index stores text). And without functools, which _sqlite3's
-    initialisation imports only to take `lru_cache` for its statement cache: functools and what it
-    brings (collections, operator, reprlib, keyword) cost a quarter of the interpreter's start, for
-    the handful of statements a switch runs once each. While _sqlite3 initialises, `functools` is a
-    stand-in whose `lru_cache` caches nothing (every statement is prepared when it runs), and is
-    gone again afterwards: the real functools is what anything else imports, now or later; only the
-    connections of this process go without the statement cache."""
-    import sys
-
-    if "_sqlite3" in sys.modules or "functools" in sys.modules:
-        import _sqlite3
-
-        return _sqlite3
-    stand_in = type(sys)("functools")
-    stand_in.lru_cache = _no_cache  # type: ignore[attr-defined]
-    sys.modules["functools"] = stand_in
-    try:
-        import _sqlite3
-    finally:
-        if sys.modules.get("functools") is stand_in:
-            del sys.modules["functools"]
-    return _sqlite3
-
-
-# What integrity/reads.py shares with the switch: the same names check, the same SQLite module.
+# What integrity/reads.py shares with the switch: the same names check.
 profile_ok = _profile_ok
-sqlite_module = _sqlite
-
-
-def _no_cache(maxsize: int = 128, typed: bool = False):
-    """functools.lru_cache(maxsize) as _sqlite3 calls it, caching nothing."""
-    return lambda function: function
 
 
 class _Index:
@@ -426,7 +379,7 @@ class _Index:
     schema version checked, the database file a private regular file of ours."""
 
     def __init__(self, root: str, var_fd: int, timeout: float):
-        sqlite3 = _sqlite()
+        sqlite3 = indexsql.sqlite_module()
 
         try:
             fd = os.open(loc.leaf(loc.DB), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=var_fd)
@@ -444,7 +397,7 @@ class _Index:
         self.conn = sqlite3.connect(self.path, timeout=self.timeout, isolation_level=None)
         try:
             if self.conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal" \
-                    or self.conn.execute("PRAGMA user_version").fetchone()[0] != SCHEMA_VERSION \
+                    or self.conn.execute("PRAGMA user_version").fetchone()[0] != indexsql.SCHEMA_VERSION \
                     or self.conn.execute("PRAGMA application_id").fetchone()[0] == 0:
                 raise _Leave
             self.conn.execute("PRAGMA synchronous=NORMAL")
@@ -454,7 +407,7 @@ class _Index:
             raise
 
     def row(self, column: str, value: str) -> dict | None:
-        cur = self.conn.execute(f"SELECT * FROM paths WHERE {column} = ?", (value,))
+        cur = self.conn.execute(indexsql.PATH_BY[column], (value,))
         found = cur.fetchone()
         if found is None:
             return None
@@ -463,13 +416,11 @@ class _Index:
 
     def generations(self, profile: str) -> dict[int, tuple[str, object]]:
         return {n: (name, deleted) for n, name, deleted in
-                self.conn.execute("SELECT number, name, deleted FROM generations WHERE profile = ?", (profile,))}
+                self.conn.execute(indexsql.GENERATIONS_OF, (profile,))}
 
     def record_generation(self, profile: str, number: int, name: str, created: str) -> None:
         """Index.record_generation (one statement, its own transaction)."""
-        whoami = f"{_user()}@{os.uname().nodename} pid {os.getpid()}"  # index._whoami
-        self.conn.execute("INSERT OR REPLACE INTO generations (profile, number, name, created, created_by, deleted) "
-                          "VALUES (?, ?, ?, ?, ?, NULL)", (profile, number, name, created, whoami))
+        self.conn.execute(indexsql.RECORD_GENERATION, (profile, number, name, created, indexsql.whoami()))
 
     def close(self) -> None:
         """Close without a WAL checkpoint: a read-only connection holds the database open while the
