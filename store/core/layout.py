@@ -6,10 +6,10 @@ Every directory under ROOT is on one filesystem, so `os.rename` between them is 
 Other local users can neither block nor redirect the store. `ensure` makes or checks every
 directory the store writes, walking from ROOT down with descriptors opened O_NOFOLLOW: each must
 be a real directory (never a symlink), owned by the running user or root, and writable by no group
-or other user; anything else is refused before a byte is written. Directories get their mode here:
-what holds locks, the index, temp roots, logs and caches is 0700 (no other user can open a lock
-file or the database, so none can hold one); store/, python/, profiles/ and gcroots/ stay 0755 so
-that every user can run the environments.
+or other user; anything else is refused before a byte is written. Directories get their mode from
+locations.DIRS: what holds locks, the index, temp roots, logs and caches is 0700 (no other user
+can open a lock file or the database, so none can hold one); store/, python/, profiles/ and
+gcroots/ stay 0755 so that every user can run the environments.
 """
 
 from __future__ import annotations
