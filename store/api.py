@@ -100,7 +100,7 @@ def push_roots(to: str, secret_key: str, *, node: str | None = None, root: str |
         names = store.index.closure(held)
         recorded = recorded_keys(store.layout)
         holds = tuple(sorted(list_holds(store.layout)))
-        counter = store.layout.var / "roots-seq"  # the last sequence number published (cache_gc.next_sequence)
+        counter = store.layout.roots_seq  # the last sequence number published (cache_gc.next_sequence)
     keys = {k for k in (key_of_name(n) for n in names) if k}
     running = {p.profile: key_of_name(Path(p.path).name) for p in list_profiles(root=root).profiles}
     return publish(sorted(keys | recorded.keys()), to, secret_key, node, counter=counter, policy=policy,

@@ -139,3 +139,19 @@ def test_below_the_store_model_two_levels_of_independent_floors():
     crossing = sorted((a, b) for a, b, _ in _imports(mods) if a.startswith(lower)
                       and _floor(b) not in (_floor(a), "llmgw_store.base"))
     assert crossing == []
+
+
+def test_sql_lives_in_the_index_modules_only():
+    """The index's statements are in core/index.py and, for those the fast paths run, core/indexsql.py."""
+    import re
+
+    statement = re.compile(r"\s*(SELECT|INSERT|UPDATE|DELETE|CREATE|DROP|ALTER|REPLACE|WITH)\s.*\b(FROM|INTO|SET|TABLE|"
+                           r"INDEX|VALUES)\b", re.S)
+    found = []
+    for mod, f in _modules().items():
+        if mod in ("llmgw_store.core.index", "llmgw_store.core.indexsql"):
+            continue
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and statement.match(node.value):
+                found.append(f"{mod}:{node.lineno}: {node.value[:60]!r}")
+    assert found == []

@@ -236,10 +236,9 @@ def test_a_switch_reads_the_kept_proof_not_the_listing(root, store):
 
 def test_the_switch_agrees_with_the_modules_it_stands_in_for():
     """The constants roots/switch.py repeats (it does not import those modules) are theirs."""
-    from llmgw_store.core import index, manifest, proofs
+    from llmgw_store.core import manifest, proofs
     from llmgw_store.roots import records, switch
 
-    assert switch.SCHEMA_VERSION == index.SCHEMA_VERSION
     assert switch.RECORD_FORMAT == records.FORMAT and switch.RECORD_MAX == records.RECORD_MAX
     assert switch.HISTORY_ROTATE_BYTES == records.HISTORY_ROTATE_BYTES and switch.FILE_MODE == records.FILE_MODE
     assert switch.MANIFEST_MAX == manifest.MANIFEST_MAX and switch.LIST_MAX == records._LIST_MAX

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING
 
 from llmgw_store.base import defaults
 from llmgw_store.base.errors import CommandError, UsageError
+from llmgw_store.base.report import heartbeat, say
 from llmgw_store.build.uv import PendingUv, UvTool, clean_env, run
 from llmgw_store.core.index import file_stamp
 

@@ -33,6 +33,7 @@ import stat
 import sys
 
 from llmgw_store.core.dirs import is_store_name, open_var, private_dir, read_private, replace_private
+from llmgw_store.core.locations import DB, MEMO, at, leaf
 
 try:  # hashlib would load OpenSSL first (5 ms here); blake2b is built in
     from _blake2 import blake2b
@@ -102,7 +103,7 @@ def index_epoch(root: str) -> str | None:
     without loading SQLite. None when there is no index, or it has no epoch (yet: one set on an
     older index reaches the header at SQLite's next checkpoint); no entry is written or read then."""
     try:
-        fd = os.open(os.path.join(root, "var", "db.sqlite"), FILE_FLAGS)
+        fd = os.open(at(root, DB), FILE_FLAGS)
     except OSError:
         return None
     try:
@@ -127,7 +128,7 @@ def read(root: str, digest: str) -> dict[str, str] | None:
     if var_fd is None:
         return None
     try:
-        memo_fd = private_dir("memo", var_fd, False)
+        memo_fd = private_dir(leaf(MEMO), var_fd, False)
     finally:
         os.close(var_fd)
     if memo_fd is None:
@@ -242,7 +243,7 @@ def write(root: str, digest: str, fields: dict[str, str], deps: list[str], expir
     if var_fd is None:
         return False
     try:
-        memo_fd = private_dir("memo", var_fd, True)
+        memo_fd = private_dir(leaf(MEMO), var_fd, True)
     finally:
         os.close(var_fd)
     if memo_fd is None:
@@ -259,7 +260,7 @@ def forget(root: str, digest: str) -> None:
     if var_fd is None:
         return
     try:
-        memo_fd = private_dir("memo", var_fd, False)
+        memo_fd = private_dir(leaf(MEMO), var_fd, False)
         if memo_fd is not None:
             try:
                 os.unlink(digest, dir_fd=memo_fd)

@@ -44,6 +44,7 @@ from llmgw_store.cache.tree_fetch import BlobRef, MetaV2, Stats, build_tree, sta
 from llmgw_store.core import locks, manifest, oplog
 from llmgw_store.core.keys import KEY_RE, is_store_name, key_of_name
 from llmgw_store.core.local_store import Store
+from llmgw_store.core.locations import TRASH, leaf
 from llmgw_store.core.oplog import recorded
 from llmgw_store.core.scratch import sweep_dead, to_trash
 from llmgw_store.core.temproots import TempRoots
@@ -487,7 +488,7 @@ def sweep_stale_pulls(tmp: Path) -> None:
     took within RESUME_KEEP_S. (A pull takes a resume tree under its key's lock by renaming it
     away first; a sweep that loses that race removes nothing of it, or a few files the pull then
     fetches.)"""
-    trash = tmp.parent / "trash"  # Layout.trash
+    trash = tmp.parent / leaf(TRASH)  # Layout.trash
     _salvage_dead(tmp)
     sweep_dead(tmp, SCRATCH_RE, MAX_STALE_SCAN, "a pull", trash)
     try:

@@ -14,6 +14,7 @@ import os
 import stat
 
 from llmgw_store.base.errors import AccessDeniedError, UsageError
+from llmgw_store.core.locations import VAR
 
 PUBLIC_DIR = 0o755
 PRIVATE_DIR = 0o700
@@ -112,8 +113,8 @@ def open_var(root: str, create: bool = False) -> int | None:
         return None
     try:
         if create:
-            return private_dir("var", root_fd, False)
-        return own_dir(os.path.join(root, "var"), PRIVATE_DIR, root_fd, create=False, fix=False)
+            return private_dir(VAR, root_fd, False)
+        return own_dir(os.path.join(root, VAR), PRIVATE_DIR, root_fd, create=False, fix=False)
     except UsageError:
         return None
     finally:

@@ -33,17 +33,24 @@ from typing import Any
 
 from llmgw_store.base.errors import DiskFullError, IndexError_, LockTimeout, ReadOnlyError, StoreError, from_os_error
 from llmgw_store.base.report import say
+from llmgw_store.core.indexsql import (
+    BUILDS_OF_KEY,
+    BUSY_TIMEOUT_S,
+    DB_MODE,
+    PATH_BY,
+    PATHS_IN_ORDER,
+    RECORD_GENERATION,
+    SCHEMA_VERSION,
+    whoami,
+)
 from llmgw_store.core.keys import is_store_name
 from llmgw_store.core.layout import malformed_name
 
-BUSY_TIMEOUT_S = 30.0
-DB_MODE = 0o600
 # What doctor copies from an old, possibly hostile, index file (copy_history_from).
 SALVAGE_MAX_ROWS = 200_000  # a table: far more history than a store keeps
 SALVAGE_MAX_BYTES = 256 << 20
 SALVAGE_DEADLINE_S = 60.0  # all tables together
 SCHEMA_FILE = Path(__file__).with_name("schema.sql")
-SCHEMA_VERSION = 6  # the last `-- version N` of schema.sql (tests/test_index.py checks they agree)
 VERSION_LINE = re.compile(r"-- version (\d+):")
 
 
@@ -405,18 +412,18 @@ class Index:
     # Every row handed out names a well-formed store path (keys.is_store_name): the index is a file
     # on disk, and a planted `../x` or `/x` row must never become a path (Layout.path_of refuses it too).
     def path_by_key(self, key: str) -> RegisteredPath | None:
-        row = self._sql("SELECT * FROM paths WHERE key = ?", (key,)).fetchone()
+        row = self._sql(PATH_BY["key"], (key,)).fetchone()
         return _well_formed(row) if row else None
 
     def path_by_name(self, name: str) -> RegisteredPath | None:
-        row = self._sql("SELECT * FROM paths WHERE name = ?", (name,)).fetchone()
+        row = self._sql(PATH_BY["name"], (name,)).fetchone()
         return _well_formed(row) if row else None
 
     def paths(self) -> list[RegisteredPath]:
         """Every row with a well-formed name; a malformed one is reported and left out (gc and
         verify never act on it; `doctor --rebuild-index` drops it)."""
         out = []
-        for r in self._sql("SELECT * FROM paths ORDER BY engine, version, variant, created"):
+        for r in self._sql(PATHS_IN_ORDER):
             if is_store_name(r["name"]):
                 out.append(_row(RegisteredPath, r))
             else:
@@ -617,7 +624,7 @@ class Index:
         if key is None:
             rows = self._sql("SELECT * FROM builds ORDER BY id")
         else:
-            rows = self._sql("SELECT * FROM builds WHERE key = ? ORDER BY id", (key,))
+            rows = self._sql(BUILDS_OF_KEY, (key,))
         return [_row(BuildLogEntry, r) for r in rows]
 
     # --- memos of slow facts -----------------------------------------------------------------
@@ -690,11 +697,7 @@ class Index:
         return row[0] or 0
 
     def record_generation(self, profile: str, number: int, name: str, created: str) -> None:
-        self._sql(
-            "INSERT OR REPLACE INTO generations (profile, number, name, created, created_by, deleted) "
-            "VALUES (?, ?, ?, ?, ?, NULL)",
-            (profile, number, name, created, _whoami()),
-        )
+        self._sql(RECORD_GENERATION, (profile, number, name, created, whoami()))
 
     def mark_generation_deleted(self, profile: str, number: int) -> None:
         self._sql("UPDATE generations SET deleted = ? WHERE profile = ? AND number = ?", (now_iso(), profile, number))
@@ -745,19 +748,6 @@ class Index:
 
     def forget_rooted(self, name: str) -> None:
         self._sql("DELETE FROM gc_rooted WHERE name = ?", (name,))
-
-
-def _whoami() -> str:
-    # getpass.getuser and socket.gethostname, without importing socket (an activation's hot path).
-    user = next((os.environ[v] for v in ("LOGNAME", "USER", "LNAME", "USERNAME") if os.environ.get(v)), None)
-    if user is None:
-        try:
-            import pwd
-
-            user = pwd.getpwuid(os.getuid()).pw_name
-        except (KeyError, OSError):
-            user = str(os.getuid())
-    return f"{user}@{os.uname().nodename} pid {os.getpid()}"
 
 
 def file_stamp(path: Path) -> str | None:

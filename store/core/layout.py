@@ -1,36 +1,15 @@
-"""Where a store keeps things on disk.
-
-    ROOT/store/<key>-<name>/            immutable environments (read-only once renamed into place)
-    ROOT/store/<key>-<name>.partial/    a build in progress; only the holder of the key's lock touches it
-    ROOT/store/.links/                  optimise's pool: one link per distinct file content (0755)
-    ROOT/store/.wheels/<id>/            the wheel home: unpacked wheels environments link from (0755,
-                                        uv's archive bucket: cache/uv/archive-v0 links here; build/wheelhome.py)
-    ROOT/var/wheels/<id>                what each sealed wheel home entry holds (its checked listing)
-    ROOT/var/db.sqlite                  the index (WAL)
-    ROOT/var/locks/                     one lock file per key (+ an .owner note saying who holds it,
-                                        and a .pgids record of the holder's children, see procs.py)
-    ROOT/var/log/                       full output of failed subprocesses
-    ROOT/var/trash/                     dead paths gc has renamed out of store/ and is deleting
-    ROOT/var/tmp/                       scratch space on the store's filesystem (renames stay atomic)
-    ROOT/var/temproots/<pid>            store paths a live process is building or using (gc keeps them)
-    ROOT/var/gc-reserve                 space kept for gc on a full disk (core/reserve.py)
-    ROOT/var/seen.json                  the high-water marks of the signed documents this host accepted
-                                        (release pointers, nodes' roots documents), per cache URL, kind
-                                        and name; locked by var/locks/seen.lock (cache/seen.py)
-    ROOT/profiles/<p> -> <p>-<N>-link -> ../store/<key>-<name>     generations of a profile
-    ROOT/gcroots/<pin> -> ../store/<key>-<name>                    pins
-    ROOT/python/                        interpreters uv manages for the store
-    ROOT/cache/{uv,pyc,downloads}       caches that gc may prune
+"""Where a store keeps things on disk: `Layout`, the Path view of the one table of locations
+(core/locations.py, which says what each one holds), and the checks of its directories.
 
 Every directory under ROOT is on one filesystem, so `os.rename` between them is atomic.
 
 Other local users can neither block nor redirect the store. `ensure` makes or checks every
 directory the store writes, walking from ROOT down with descriptors opened O_NOFOLLOW: each must
 be a real directory (never a symlink), owned by the running user or root, and writable by no group
-or other user; anything else is refused before a byte is written. Directories get their mode here:
-what holds locks, the index, temp roots, logs and caches is 0700 (no other user can open a lock
-file or the database, so none can hold one); store/, python/, profiles/ and gcroots/ stay 0755 so
-that every user can run the environments.
+or other user; anything else is refused before a byte is written. Directories get their mode from
+locations.DIRS: what holds locks, the index, temp roots, logs and caches is 0700 (no other user
+can open a lock file or the database, so none can hold one); store/, python/, profiles/ and
+gcroots/ stay 0755 so that every user can run the environments.
 """
 
 from __future__ import annotations
@@ -41,7 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from llmgw_store.base.errors import IndexError_
-from llmgw_store.core.dirs import PRIVATE_DIR, PUBLIC_DIR
+from llmgw_store.core import locations as loc
+from llmgw_store.core.dirs import PUBLIC_DIR
 from llmgw_store.core.dirs import own_dir as _own_dir
 from llmgw_store.core.dirs import refuse as _refuse
 from llmgw_store.core.keys import is_store_name
@@ -58,9 +38,19 @@ def default_root() -> Path:
     return Path(data) / "llmgw-store"
 
 
+class _At:
+    """A Layout attribute that is ROOT/<a location of core/locations.py>."""
+
+    def __init__(self, rel: str) -> None:
+        self.rel = rel
+
+    def __get__(self, layout: Layout, owner: object = None) -> Path:
+        return layout.of(self.rel)
+
+
 @dataclass(frozen=True)
 class Layout:
-    """Where the store rooted at `root` keeps each thing (see the module docstring)."""
+    """Where the store rooted at `root` keeps each thing: the Path view of core/locations.py's table."""
 
     root: Path
 
@@ -68,113 +58,53 @@ class Layout:
     def at(cls, root: str | Path | None) -> Layout:
         return cls(Path(root).absolute() if root is not None else default_root().absolute())
 
-    @property
-    def store(self) -> Path:
-        return self.root / "store"
+    def of(self, rel: str) -> Path:
+        """ROOT/rel for a location of core/locations.py."""
+        return self.root / rel if rel else self.root
 
-    @property
-    def var(self) -> Path:
-        return self.root / "var"
-
-    @property
-    def db(self) -> Path:
-        return self.var / "db.sqlite"
-
-    @property
-    def locks(self) -> Path:
-        return self.var / "locks"
-
-    @property
-    def logs(self) -> Path:
-        return self.var / "log"
-
-    @property
-    def tmp(self) -> Path:
-        return self.var / "tmp"
-
-    @property
-    def trash(self) -> Path:
-        return self.var / "trash"
-
-    @property
-    def temproots(self) -> Path:
-        return self.var / "temproots"
-
-    @property
-    def profiles(self) -> Path:
-        return self.root / "profiles"
-
-    @property
-    def gcroots(self) -> Path:
-        return self.root / "gcroots"
-
-    @property
-    def gc_reserve(self) -> Path:
-        """Blocks gc gives back first on a full disk (core/reserve.py)."""
-        return self.var / "gc-reserve"
+    store = _At(loc.STORE)
+    var = _At(loc.VAR)
+    db = _At(loc.DB)
+    locks = _At(loc.LOCKS)
+    logs = _At(loc.LOG)
+    tmp = _At(loc.TMP)
+    trash = _At(loc.TRASH)
+    temproots = _At(loc.TEMPROOTS)
+    profiles = _At(loc.PROFILES)
+    gcroots = _At(loc.GCROOTS)
+    holds = _At(loc.HOLDS)
+    gc_reserve = _At(loc.GC_RESERVE)
+    seen_marks = _At(loc.SEEN)
+    links_pool = _At(loc.LINKS_POOL)
+    wheel_home = _At(loc.WHEEL_HOME)
+    wheel_seals = _At(loc.WHEEL_SEALS)
+    memo = _At(loc.MEMO)
+    used = _At(loc.USED)
+    ops = _At(loc.OPS)
+    lockproofs = _At(loc.LOCKPROOFS)
+    roots_seq = _At(loc.ROOTS_SEQ)
+    records_key = _At(loc.RECORDS_KEY)
+    pyc_secret = _At(loc.PYC_KEY)
+    python_installs = _At(loc.PYTHON)
+    uv_cache = _At(loc.UV_CACHE)
+    pyc_cache = _At(loc.PYC_CACHE)
+    downloads = _At(loc.DOWNLOADS)
 
     @property
     def gc_lock(self) -> Path:
         return self.locks / "gc.lock"
 
     @property
-    def seen_marks(self) -> Path:
-        """The one record of the signed documents' high-water marks on this host (cache/seen.py)."""
-        return self.var / "seen.json"
-
-    @property
     def seen_lock(self) -> Path:
         return self.locks / "seen.lock"
 
-    @property
-    def links_pool(self) -> Path:
-        """optimise's pool of shared files: one link per distinct content, named by its hash."""
-        return self.store / ".links"
-
-    @property
-    def wheel_home(self) -> Path:
-        """The wheel home: unpacked wheels, sealed, that environments hard-link (build/wheelhome.py)."""
-        return self.store / ".wheels"
-
-    @property
-    def wheel_seals(self) -> Path:
-        """One record per sealed wheel home entry: the listing it was checked to hold."""
-        return self.var / "wheels"
-
-    @property
-    def python_installs(self) -> Path:
-        return self.root / "python"
-
-    @property
-    def uv_cache(self) -> Path:
-        return self.root / "cache" / "uv"
-
-    @property
-    def pyc_secret(self) -> Path:
-        """The secret that tags bytecode cache entries (bytecode.py): private, like all of var/."""
-        return self.var / "pyc-cache.key"
-
-    @property
-    def pyc_cache(self) -> Path:
-        return self.root / "cache" / "pyc"
-
-    @property
-    def downloads(self) -> Path:
-        return self.root / "cache" / "downloads"
+    def generation_link(self, profile: str, number: int) -> Path:
+        """ROOT/profiles/<p>-<N>-link."""
+        return self.profiles / loc.generation_link(profile, number)
 
     def dir_modes(self) -> list[tuple[Path, int]]:
-        """Every directory the store writes and its mode, parents before children."""
-        cache = self.root / "cache"
-        return [
-            (self.root, PUBLIC_DIR), (self.store, PUBLIC_DIR), (self.links_pool, PUBLIC_DIR), (self.wheel_home, PUBLIC_DIR),
-            (self.profiles, PUBLIC_DIR),
-            (self.gcroots, PUBLIC_DIR), (self.python_installs, PUBLIC_DIR),
-            (self.var, PRIVATE_DIR), (self.locks, PRIVATE_DIR), (self.temproots, PRIVATE_DIR),
-            (self.tmp, PRIVATE_DIR), (self.trash, PRIVATE_DIR), (self.logs, PRIVATE_DIR), (self.wheel_seals, PRIVATE_DIR),
-            # uv takes its cache lock in cache/uv: only the owner may open it.
-            (cache, PRIVATE_DIR), (self.uv_cache, PRIVATE_DIR), (self.pyc_cache, PRIVATE_DIR),
-            (self.downloads, PRIVATE_DIR),
-        ]
+        """Every directory the store writes and its mode, parents before children (locations.DIRS)."""
+        return [(self.of(rel), mode) for rel, mode in loc.DIRS]
 
     def check_readable(self) -> None:
         """Check the directories a reader uses (the root, store/, profiles/, gcroots/, python/),

@@ -16,11 +16,11 @@ import re
 from llmgw_store.base.errors import UsageError
 from llmgw_store.base.text import printable, shown  # noqa: F401  (re-exported: one escaping for every line shown)
 from llmgw_store.core.keys import KEY_RE, NAME_RE, STORE_NAME_MAX, STORE_NAME_RE
+from llmgw_store.core.locations import split_generation_link
 
 USER_NAME_MAX = 100
 GENERATION_MAX = 10**9
 SIGNING_KEY_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
-_GENERATION_LINK_RE = re.compile(r".*-\d+-link")
 
 
 def check(kind: str, text: object, pattern: re.Pattern[str] = NAME_RE, max_len: int = USER_NAME_MAX,
@@ -49,7 +49,7 @@ def check_variant(text: str) -> str:
 
 def check_profile(text: str) -> str:
     check("profile", text)
-    if _GENERATION_LINK_RE.fullmatch(text):
+    if split_generation_link(text) is not None:
         raise UsageError(f"{shown(text)} is not a profile name: it would look like one of its generations (-N-link)")
     return text
 

@@ -42,6 +42,7 @@ from llmgw_store.base.errors import (
     UntrustedSignature,
     UsageError,
 )
+from llmgw_store.core import locations
 from llmgw_store.core.dirs import open_var, private_dir
 from llmgw_store.core.layout import Layout
 
@@ -122,7 +123,7 @@ def _open_dir(layout: Layout) -> int | None:
     if var is None:
         return None
     try:
-        return private_dir("ops", var, True)
+        return private_dir(locations.leaf(locations.OPS), var, True)
     except OSError:
         return None
     finally:
@@ -199,7 +200,7 @@ def read_all(layout: Layout) -> dict[str, dict[str, Any]]:
     for op in OPS:
         state: dict[str, Any] = {}
         try:
-            fd = os.open(layout.var / "ops" / f"{op}.json", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            fd = os.open(layout.ops / f"{op}.json", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
             try:
                 state = _parse(os.read(fd, MAX_BYTES))
             finally:

@@ -21,15 +21,16 @@ from __future__ import annotations
 
 import os
 
+from llmgw_store.core.locations import LOCKPROOFS, RECORDS_KEY, leaf
 from llmgw_store.system import files, jsontext
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (a switch's path)
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-SECRET_FILE = "records.key"  # roots/records.py's SECRET_FILE: the same key seals records
+SECRET_FILE = leaf(RECORDS_KEY)  # roots/records.py's SECRET_FILE: the same key seals records
 SECRET_BYTES = 32
-PROOFS_DIR = "lockproofs"
+PROOFS_DIR = leaf(LOCKPROOFS)
 PROOF_MAX = 4096
 TAG = b"llmgw-store lock proof 1\x00"  # a proof's MAC is never a record's digest
 LOCK_FORMATS = ("requirements.lock", "pylock.toml")

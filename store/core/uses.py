@@ -21,8 +21,9 @@ import os
 import stat
 
 from llmgw_store.core.dirs import is_store_name, open_var, private_dir
+from llmgw_store.core.locations import USED, leaf
 
-USED_DIR = "used"
+USED_DIR = leaf(USED)
 FOLDING = ".fold-"
 MAX_STAMPS = 100_000
 

@@ -10,7 +10,6 @@ is in (missing, empty, truncated, not a database, a WAL of garbage), is moved as
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import sqlite3
 import stat
@@ -26,6 +25,7 @@ from llmgw_store.core import manifest
 from llmgw_store.core.index import Index
 from llmgw_store.core.layout import Layout
 from llmgw_store.core.local_store import Store
+from llmgw_store.core.locations import split_generation_link
 from llmgw_store.core.locks import LOCK_TIMEOUT_S
 from llmgw_store.core.temproots import gc_lock, read_all
 from llmgw_store.system.trees import force_rmtree
@@ -45,9 +45,9 @@ def _links(layout: Layout) -> tuple[dict[tuple[str, int], str], dict[str, str]]:
 
     gens = {}
     for e in os.scandir(layout.profiles):
-        m = re.fullmatch(r"(.+)-(\d+)-link", e.name)
-        if m and e.is_symlink():
-            gens[(m.group(1), int(m.group(2)))] = Path(os.readlink(e.path)).name
+        gen = split_generation_link(e.name)
+        if gen and e.is_symlink():
+            gens[gen] = Path(os.readlink(e.path)).name
     return gens, list_pins(layout)
 
 
@@ -170,7 +170,7 @@ def _rebuild(layout: Layout, backup: Path | None) -> dict[str, Any]:
         index = store.index
         gens, pins = _links(layout)
         for (profile, number), target in gens.items():
-            link = layout.profiles / f"{profile}-{number}-link"
+            link = layout.generation_link(profile, number)
             created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(os.lstat(link).st_mtime))
             if not index.has_generation(profile, number, target):
                 index.record_generation(profile, number, target, created)

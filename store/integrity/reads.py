@@ -19,16 +19,13 @@ from __future__ import annotations
 import os
 import stat
 
-from llmgw_store.core.dirs import NIX_BASE32, PRIVATE_DIR, PUBLIC_DIR, is_store_name, own_dir
+from llmgw_store.core import indexsql
+from llmgw_store.core import locations as loc
+from llmgw_store.core.dirs import NIX_BASE32, is_store_name, own_dir
 from llmgw_store.system import files, jsontext
 
-SCHEMA_VERSION = 6  # core/index.py's (tests/test_reads.py checks they agree)
-# core/layout.Layout.dir_modes, relative to ROOT, parents before children (tests/test_reads.py).
-DIRS = (("", PUBLIC_DIR), ("store", PUBLIC_DIR), ("store/.links", PUBLIC_DIR), ("store/.wheels", PUBLIC_DIR),
-        ("profiles", PUBLIC_DIR), ("gcroots", PUBLIC_DIR), ("python", PUBLIC_DIR), ("var", PRIVATE_DIR),
-        ("var/locks", PRIVATE_DIR), ("var/temproots", PRIVATE_DIR), ("var/tmp", PRIVATE_DIR),
-        ("var/trash", PRIVATE_DIR), ("var/log", PRIVATE_DIR), ("var/wheels", PRIVATE_DIR), ("cache", PRIVATE_DIR),
-        ("cache/uv", PRIVATE_DIR), ("cache/pyc", PRIVATE_DIR), ("cache/downloads", PRIVATE_DIR))
+# Layout.dir_modes, relative to ROOT, parents before children (tests/test_reads.py).
+DIRS = loc.DIRS
 # queries.PathRow's fields and index.BuildLogEntry's, in their order (tests/test_reads.py).
 PATH_FIELDS = ("name", "path", "key", "engine", "version", "variant", "as_of", "uv_version", "python", "inputs",
                "content_hash", "size", "files", "build_seconds", "created", "last_used")
@@ -56,7 +53,7 @@ def _checked(root: str) -> dict[str, int]:
                 continue  # its parent is missing
             fd = own_dir(f"{root}/{rel}" if rel else root, mode, parent, create=False, fix=False)
             if fd is None:
-                if not rel or rel in ("store", "var"):
+                if rel in (loc.ROOT, loc.STORE, loc.VAR):
                     raise _Leave  # no store here: the full function says so
                 continue
             fds[rel] = fd
@@ -74,31 +71,23 @@ def _close(fds: dict[str, int]) -> None:
 
 
 def _connect(root: str, var_fd: int):
-    """The index opened as Index(readonly=True) opens it, at SCHEMA_VERSION; _Leave otherwise."""
+    """The index opened as Index(readonly=True) opens it, at indexsql.SCHEMA_VERSION; _Leave otherwise."""
     try:
-        st = os.stat("db.sqlite", dir_fd=var_fd, follow_symlinks=False)
+        st = os.stat(loc.leaf(loc.DB), dir_fd=var_fd, follow_symlinks=False)
     except OSError:
         raise _Leave from None
-    path = root + "/var/db.sqlite"
+    path = loc.at(root, loc.DB)
     if not stat.S_ISREG(st.st_mode) or not set(path) <= _URI_SAFE:
         raise _Leave
-    from llmgw_store.roots.switch import sqlite_module
-
-    sqlite3 = sqlite_module()
+    sqlite3 = indexsql.sqlite_module()
     conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30.0, isolation_level=None)
     try:
-        if conn.execute("PRAGMA user_version").fetchone()[0] != SCHEMA_VERSION:
+        if conn.execute("PRAGMA user_version").fetchone()[0] != indexsql.SCHEMA_VERSION:
             raise _Leave
     except BaseException:
         conn.close()
         raise
     return conn
-
-
-def _rows(conn, sql: str, params: tuple = ()) -> list[dict]:
-    cur = conn.execute(sql, params)
-    names = [d[0] for d in cur.description]
-    return [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
 
 
 def _path_row(root: str, row: dict) -> dict:
@@ -118,7 +107,7 @@ def _answer(root: str, work):
         return None
     conn = None
     try:
-        conn = _connect(root, fds["var"])
+        conn = _connect(root, fds[loc.VAR])
         return work(fds, conn)
     except Exception:
         return None
@@ -131,7 +120,7 @@ def _answer(root: str, work):
 def list_paths(root: str) -> dict | None:
     """queries.list_paths(root).to_json(), or None to leave it to the full function."""
     def work(_fds, conn) -> dict:
-        rows = _rows(conn, "SELECT * FROM paths ORDER BY engine, version, variant, created")
+        rows = indexsql.rows(conn, indexsql.PATHS_IN_ORDER)
         return {"schema_version": 1, "paths": [_path_row(root, r) for r in rows]}
 
     return _answer(root, work)
@@ -140,12 +129,12 @@ def list_paths(root: str) -> dict | None:
 def path_info(root: str, target: str) -> dict | None:
     """queries.path_info(target, root).to_json(), or None to leave it to the full function."""
     def work(fds, conn) -> dict | None:
-        row = _resolve(root, fds.get("profiles"), conn, target)
+        row = _resolve(root, fds.get(loc.PROFILES), conn, target)
         if row is None:
             return None
         body = _path_row(root, row)
-        builds = _rows(conn, "SELECT * FROM builds WHERE key = ? ORDER BY id", (row["key"],))
-        return {"schema_version": 1, **body, "manifest": _manifest(fds["store"], row["name"]),
+        builds = indexsql.rows(conn, indexsql.BUILDS_OF_KEY, (row["key"],))
+        return {"schema_version": 1, **body, "manifest": _manifest(fds[loc.STORE], row["name"]),
                 "builds": [{f: b[f] for f in BUILD_FIELDS} for b in builds]}
 
     return _answer(root, work)
@@ -174,7 +163,7 @@ def _manifest(store_fd: int, name: str) -> dict | None:
 
 
 def _one(conn, column: str, value: str) -> dict | None:
-    rows = _rows(conn, f"SELECT * FROM paths WHERE {column} = ?", (value,))
+    rows = indexsql.rows(conn, indexsql.PATH_BY[column], (value,))
     return rows[0] if rows else None
 
 
@@ -198,7 +187,7 @@ def _resolve(root: str, profiles_fd: int | None, conn, target: str) -> dict | No
             if not _profile_ok(profile) or not (0 < len(number) <= 10 and number.isascii() and number.isdigit()) \
                     or not 1 <= int(number) <= 10**9:
                 return None
-            link = f"{profile}-{int(number)}-link"
+            link = loc.generation_link(profile, int(number))
         else:
             try:
                 if not stat.S_ISLNK(os.stat(target, dir_fd=profiles_fd, follow_symlinks=False).st_mode):
@@ -209,9 +198,8 @@ def _resolve(root: str, profiles_fd: int | None, conn, target: str) -> dict | No
             except OSError:
                 return None
             if link is not None:
-                n = link[len(target) + 1:-len("-link")]
-                if link != f"{target}-{n}-link" or not (0 < len(n) <= 10 and n.isascii() and n.isdigit()) \
-                        or n[0] == "0":
+                n = loc.generation_of(target, link)  # and written as the store writes it, 10 digits at most
+                if n is None or not 0 < n < 10**10 or link != loc.generation_link(target, n):
                     return None
         if link is not None:
             try:
@@ -236,7 +224,7 @@ def env_lines(root: str, target: str, path_env: str) -> dict | None:
     """runenv.env_lines(target, root=root).to_json() (`path_env`: $PATH), or None to leave it to the
     full function. A PROFILE gives the profile's link (a shell then follows later switches)."""
     def work(fds, conn) -> dict | None:
-        profiles = fds.get("profiles")
+        profiles = fds.get(loc.PROFILES)
         if profiles is not None and _profile_ok(target):
             try:
                 st = os.stat(target, dir_fd=profiles, follow_symlinks=False)

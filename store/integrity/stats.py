@@ -19,6 +19,7 @@ from llmgw_store.base.report import say
 from llmgw_store.core import oplog
 from llmgw_store.core.layout import Layout
 from llmgw_store.core.local_store import Store
+from llmgw_store.core.locations import is_generation_link
 from llmgw_store.core.names import check_profile
 from llmgw_store.roots.generations import current_generation, generation_target
 from llmgw_store.system.files import write_outside
@@ -93,8 +94,8 @@ def _count(store: Store) -> Stats:
     _, pyc_disk = _disk_usage(layout.pyc_cache, seen)
     _, dl_disk = _disk_usage(layout.downloads, seen)
     profiles = [e.name for e in os.scandir(layout.profiles)
-                if e.is_symlink() and not e.name.endswith("-link") and not e.name.startswith(".")]
-    generations = sum(1 for e in os.scandir(layout.profiles) if e.name.endswith("-link"))
+                if e.is_symlink() and not is_generation_link(e.name) and not e.name.startswith(".")]
+    generations = sum(1 for e in os.scandir(layout.profiles) if is_generation_link(e.name))
     result = Stats(
         root=str(layout.root), paths=len(rows), bytes_apparent=sum(r.size for r in rows),
         bytes_on_disk=store_disk, profiles=len(profiles), generations=generations, pins=len(index.pins()),

@@ -48,6 +48,7 @@ from llmgw_store.core.index import Index, ReferencedError, now_iso
 from llmgw_store.core.keys import NIX_BASE32, STORE_NAME_MAX, is_store_name
 from llmgw_store.core.layout import Layout
 from llmgw_store.core.local_store import Store
+from llmgw_store.core.locations import is_generation_link, split_generation_link
 from llmgw_store.core.locks import LOCK_TIMEOUT_S
 from llmgw_store.core.names import check_profile
 from llmgw_store.core.oplog import recorded
@@ -126,9 +127,6 @@ class Root:
         return {k: v for k, v in fields_of(self).items() if v is not None}
 
 
-_GENERATION_LINK = re.compile(r"(.+)-(\d+)-link")
-
-
 def roots(store: Store, excluded_generations: set[tuple[str, int]] | frozenset[tuple[str, int]] = frozenset(),
           temp: set[str] | None = None) -> list[Root]:
     """Every root and the store path names it holds directly. `temp`: the names live temp roots
@@ -140,10 +138,10 @@ def roots(store: Store, excluded_generations: set[tuple[str, int]] | frozenset[t
     layout = store.layout
     out: list[Root] = []
     for entry in sorted(os.scandir(layout.profiles) if layout.profiles.is_dir() else [], key=lambda e: e.name):
-        m = _GENERATION_LINK.fullmatch(entry.name)
-        if m and entry.is_symlink() and (m.group(1), int(m.group(2))) not in excluded_generations:
-            out.append(Root("generation", (os.readlink(entry.path).rpartition("/")[2],), profile=m.group(1),
-                            generation=int(m.group(2))))
+        gen = split_generation_link(entry.name)
+        if gen and entry.is_symlink() and gen not in excluded_generations:
+            out.append(Root("generation", (os.readlink(entry.path).rpartition("/")[2],), profile=gen[0],
+                            generation=gen[1]))
     for pin, name in sorted(list_pins(layout).items()):
         out.append(Root("pin", (name,), pin=pin))
     for profile, name in sorted(list_holds(layout).items()):
@@ -520,7 +518,7 @@ def _names_of_generations(layout: Layout, generations: set[tuple[str, int]]) -> 
     out = set()
     for profile, number in generations:
         try:
-            out.add(Path(os.readlink(layout.profiles / f"{profile}-{number}-link")).name)
+            out.add(Path(os.readlink(layout.generation_link(profile, number))).name)
         except OSError:
             continue  # deleted already (not a dry run): the generation record says when
     return out
@@ -743,7 +741,7 @@ def _prune_generations(store: Store, older_than, keep, dry_run, lock_timeout, re
 
     excluded = set()
     for entry in sorted(os.scandir(store.layout.profiles), key=lambda e: e.name):
-        if entry.name.startswith(".") or entry.name.endswith("-link") or not entry.is_symlink():
+        if entry.name.startswith(".") or is_generation_link(entry.name) or not entry.is_symlink():
             continue
         profile = entry.name
         try:

@@ -12,10 +12,11 @@ from pathlib import Path
 
 from llmgw_store.base.errors import NotFoundError, UsageError
 from llmgw_store.core.layout import Layout
+from llmgw_store.core.locations import generation_of
 
 
 def gen_link(layout: Layout, profile: str, number: int) -> Path:
-    return layout.profiles / f"{profile}-{number}-link"
+    return layout.generation_link(profile, number)
 
 
 def scan_profile(layout: Layout, profile: str) -> tuple[dict[int, tuple[str, float]], list[int]]:
@@ -23,7 +24,6 @@ def scan_profile(layout: Layout, profile: str) -> tuple[dict[int, tuple[str, flo
     its link's mtime), the numbers that have a record file, ascending). The same names as
     disk_generations and records.numbers read, read once: a profile of 1,000 generations is 2,000
     entries, and every lookup per generation (a second scan, an lstat) is what makes a listing grow."""
-    link = re.compile(rf"{re.escape(profile)}-(\d+)-link")
     record = re.compile(rf"\.{re.escape(profile)}-(\d{{1,10}})\.record")
     links: dict[int, tuple[str, float]] = {}
     numbers = []
@@ -33,24 +33,23 @@ def scan_profile(layout: Layout, profile: str) -> tuple[dict[int, tuple[str, flo
             m = record.fullmatch(name)
             if m and 1 <= int(m.group(1)) <= 10**9:
                 numbers.append(int(m.group(1)))
-        elif (m := link.fullmatch(name)) and entry.is_symlink():
+        elif (number := generation_of(profile, name)) is not None and entry.is_symlink():
             try:
                 target = os.readlink(entry.path)
                 mtime = entry.stat(follow_symlinks=False).st_mtime
             except FileNotFoundError:
                 continue  # deleted meanwhile
-            links[int(m.group(1))] = (target.rpartition("/")[2], mtime)
+            links[number] = (target.rpartition("/")[2], mtime)
     return dict(sorted(links.items())), sorted(numbers)
 
 
 def disk_generations(layout: Layout, profile: str) -> dict[int, str]:
     """number -> store path name, read from the generation links."""
-    pat = re.compile(rf"^{re.escape(profile)}-(\d+)-link$")
     out = {}
     for entry in os.scandir(layout.profiles) if layout.profiles.is_dir() else []:
-        m = pat.match(entry.name)
-        if m and entry.is_symlink():
-            out[int(m.group(1))] = Path(os.readlink(entry.path)).name
+        number = generation_of(profile, entry.name)
+        if number is not None and entry.is_symlink():
+            out[number] = Path(os.readlink(entry.path)).name
     return dict(sorted(out.items()))
 
 
@@ -60,10 +59,10 @@ def current_generation(layout: Layout, profile: str) -> int:
         target = os.readlink(link)
     except FileNotFoundError:
         raise NotFoundError(f"no profile {profile!r} in {layout.profiles} (see `llmgw-store list-profiles`)") from None
-    m = re.fullmatch(rf"{re.escape(profile)}-(\d+)-link", target)
-    if not m:
+    number = generation_of(profile, target)
+    if number is None:
         raise UsageError(f"{link} points at {target!r}, which is not one of its generations")
-    return int(m.group(1))
+    return number
 
 
 def generation_target(layout: Layout, profile: str, number: int) -> str:

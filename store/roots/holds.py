@@ -21,6 +21,7 @@ from llmgw_store.core import locks
 from llmgw_store.core.keys import key_of_name
 from llmgw_store.core.layout import Layout
 from llmgw_store.core.local_store import Store
+from llmgw_store.core.locations import profile_lock_name
 from llmgw_store.core.names import check_profile
 from llmgw_store.core.temproots import TempRoots
 from llmgw_store.roots.generations import current_generation
@@ -29,7 +30,7 @@ from llmgw_store.system.files import symlink_atomically
 
 
 def holds_dir(layout: Layout) -> Path:
-    return layout.root / "holds"
+    return layout.holds
 
 
 @dataclass(frozen=True)
@@ -78,7 +79,7 @@ def hold(profile: str, target: str | None = None, *, root: str | Path | None = N
         link = folder / profile
         # Under the profile's lock (roots/profiles.profile_lock): a follow checks for a hold under it
         # before it switches, so a hold made while a follow runs is seen by it.
-        with locks.hold(layout.locks, f"profile-{profile}", f"changing profile {profile}", lock_timeout):
+        with locks.hold(layout.locks, profile_lock_name(profile), f"changing profile {profile}", lock_timeout):
             if target is None and reference(store, profile).name != name:
                 raise LockTimeout(f"profile {profile} switched while it was being held: nothing held; hold it again")
             symlink_atomically(f"../store/{name}", link)

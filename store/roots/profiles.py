@@ -47,6 +47,7 @@ from llmgw_store.base.report import say
 from llmgw_store.core import locks
 from llmgw_store.core.layout import Layout
 from llmgw_store.core.local_store import Store
+from llmgw_store.core.locations import LINK_SUFFIX, generation_link, is_generation_link, profile_lock_name
 from llmgw_store.core.names import check_generation, check_profile
 from llmgw_store.core.temproots import TempRoots
 from llmgw_store.roots import health, holds, records
@@ -142,11 +143,11 @@ class ProfileList(Result):
 
 def profile_lock(store: Store, profile: str, timeout: float = locks.LOCK_TIMEOUT_S):
     """The profile's lock: held for every change to its links, so two changes serialise."""
-    return locks.hold(store.layout.locks, f"profile-{profile}", f"changing profile {profile}", timeout)
+    return locks.hold(store.layout.locks, profile_lock_name(profile), f"changing profile {profile}", timeout)
 
 
 def _switch(store: Store, profile: str, number: int) -> None:
-    symlink_atomically(f"{profile}-{number}-link", store.layout.profiles / profile)
+    symlink_atomically(generation_link(profile, number), store.layout.profiles / profile)
     debug.pause("AFTER_SWITCH")  # switched, index not yet told
 
 
@@ -573,7 +574,7 @@ def list_profiles(*, root: str | Path | None = None) -> ProfileList:
     with Store.open(root, readonly=True) as store:
         out = []
         for entry in sorted(os.scandir(store.layout.profiles), key=lambda e: e.name):
-            if entry.name.startswith(".") or entry.name.endswith("-link") or not entry.is_symlink():
+            if entry.name.startswith(".") or is_generation_link(entry.name) or not entry.is_symlink():
                 continue
             current = current_generation(store.layout, entry.name)
             gens = disk_generations(store.layout, entry.name)
@@ -602,7 +603,7 @@ def _sync_index(store: Store, profile: str, gens: dict[int, str], *, write: bool
 
 def _clear_temporaries(layout: Layout, profile: str) -> None:
     """Temporary links and records left by a change that was killed (we hold the profile's lock)."""
-    pat = re.compile(rf"^\.{re.escape(profile)}(-\d+-link)?\.tmp-\d+$")
+    pat = re.compile(rf"^\.{re.escape(profile)}(-\d+{LINK_SUFFIX})?\.tmp-\d+$")
     for entry in os.scandir(layout.profiles):
         if pat.match(entry.name):
             os.unlink(entry.path)

@@ -58,6 +58,7 @@ from llmgw_store.core import manifest, proofs
 from llmgw_store.core.index import RegisteredPath, now_iso
 from llmgw_store.core.keys import KEY_RE, canonical_json, is_store_name, path_name, store_key
 from llmgw_store.core.layout import Layout
+from llmgw_store.core.locations import RECORDS_KEY, history_file, is_generation_link, leaf, record_file
 from llmgw_store.core.names import check_generation, check_profile
 from llmgw_store.roots import summary
 from llmgw_store.system import files
@@ -73,7 +74,7 @@ HEX64 = re.compile(r"[0-9a-f]{64}")
 _SHORT = 200  # bound on the free-text strings of a record (dates, user names, check results)
 _LIST_MAX = 10_000  # bound on lists (requirements, argv)
 SECRET_BYTES = 32
-SECRET_FILE = "records.key"  # in ROOT/var (private)
+SECRET_FILE = leaf(RECORDS_KEY)  # in ROOT/var (private)
 # Records and the history are the store owner's alone: a check's output (its last lines, which may
 # carry a token the check printed) is kept in them. profiles/ stays 0755 for the links.
 FILE_MODE = 0o600
@@ -136,14 +137,6 @@ def who() -> dict[str, Any]:
 
 
 # --- file names ------------------------------------------------------------------------------
-
-def record_file(profile: str, number: int) -> str:
-    return f".{profile}-{number}.record"
-
-
-def history_file(profile: str) -> str:
-    return f".{profile}.history"
-
 
 def temporary_pattern(profile: str) -> re.Pattern[str]:
     """Temporary files a killed writer of this profile's records left (removed under its lock)."""
@@ -239,7 +232,7 @@ def secret(layout: Layout) -> bytes:
     (system/files.private_secret: 0600, whole or absent, never through a link), as the bytecode
     secret is. A key file that is not the store owner's private 32-byte regular file with one link
     is refused (IntegrityError): no record is then written or trusted."""
-    path = layout.var / SECRET_FILE
+    path = layout.records_key
     try:
         return files.private_secret(path, SECRET_BYTES)
     except files.FileRefused:
@@ -597,7 +590,7 @@ def recorded_keys(layout: Layout) -> dict[str, str]:
         return out
     for entry in sorted(os.scandir(layout.profiles), key=lambda e: e.name):
         name = entry.name
-        if name.startswith(".") or name.endswith("-link") or not entry.is_symlink():
+        if name.startswith(".") or is_generation_link(name) or not entry.is_symlink():
             continue
         good, _ = load_all(layout, name)
         for n, rec in good.items():

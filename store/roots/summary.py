@@ -34,15 +34,12 @@ from _operator import _compare_digest as compare_digest  # hmac's, without OpenS
 
 from blake3 import blake3
 
+from llmgw_store.core.locations import record_file, summary_file
 from llmgw_store.system import files, jsontext
 
 FORMAT = 1
 SUMMARY_MAX = 64 << 20  # 1,000 entries with full check tails are ~10 MB
 _FIELDS = ("name", "created", "engine", "version", "variant", "rebuildable", "check", "rolled_back_to")
-
-
-def summary_file(profile: str) -> str:
-    return f".{profile}.summary"
 
 
 def stamp(st: os.stat_result) -> list[int]:
@@ -115,7 +112,7 @@ def note(dir_fd: int, profile: str, key: bytes, number: int, body: dict | None, 
     if entries is None and not first:
         return
     entries = entries or {}
-    st = record_stamp(dir_fd, f".{profile}-{number}.record") if body is not None else None
+    st = record_stamp(dir_fd, record_file(profile, number)) if body is not None else None
     if st is None:
         entries.pop(number, None)
     else:

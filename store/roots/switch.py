@@ -45,11 +45,11 @@ import time
 
 from llmgw_store.app import debug
 from llmgw_store.base.errors import StoreError
-from llmgw_store.core import proofs
+from llmgw_store.core import indexsql, proofs
+from llmgw_store.core import locations as loc
 from llmgw_store.core.dirs import NIX_BASE32, PRIVATE_DIR, PUBLIC_DIR, is_store_name, own_dir
 from llmgw_store.system import files, jsontext
 
-SCHEMA_VERSION = 6  # core/index.py's (tests/test_switch.py checks they agree)
 RECORD_FORMAT = 1  # roots/records.py's FORMAT
 RECORD_MAX = 32 << 20  # records.RECORD_MAX
 MANIFEST_MAX = 16 << 20  # manifest.MANIFEST_MAX
@@ -108,11 +108,11 @@ class _Dirs:
         self.fds: list[int] = []
         try:
             r = self._open(root, PUBLIC_DIR, None)
-            self.store = self._open(root + "/store", PUBLIC_DIR, r)
-            self.profiles = self._open(root + "/profiles", PUBLIC_DIR, r)
-            self.var = self._open(root + "/var", PRIVATE_DIR, r)
-            self.locks = self._open(root + "/var/locks", PRIVATE_DIR, self.var)
-            self.temproots = self._open(root + "/var/temproots", PRIVATE_DIR, self.var)
+            self.store = self._open(loc.at(root, loc.STORE), PUBLIC_DIR, r)
+            self.profiles = self._open(loc.at(root, loc.PROFILES), PUBLIC_DIR, r)
+            self.var = self._open(loc.at(root, loc.VAR), PRIVATE_DIR, r)
+            self.locks = self._open(loc.at(root, loc.LOCKS), PRIVATE_DIR, self.var)
+            self.temproots = self._open(loc.at(root, loc.TEMPROOTS), PRIVATE_DIR, self.var)
         except BaseException:
             self.close()
             raise
@@ -158,7 +158,7 @@ class _ProfileLock:
     """var/locks/profile-<p>.lock held exclusively, with its owner note (locks.flock)."""
 
     def __init__(self, dirs: _Dirs, profile: str):
-        self.dirs, self.name = dirs, f"profile-{profile}"
+        self.dirs, self.name = dirs, loc.profile_lock_name(profile)
         self.fd = _flock(dirs.locks, self.name + ".lock", shared=False)
         note = jsontext.line({"pid": os.getpid(), "host": os.uname().nodename, "what": f"changing profile {profile}",
                            "since": time.time()})
@@ -215,8 +215,8 @@ class _Scan:
         with os.scandir(dirs.profiles) as it:
             for entry in it:
                 n = entry.name
-                if n.startswith(link_head) and n.endswith("-link"):
-                    number = _number(n[len(link_head):-5])
+                if n.startswith(link_head) and n.endswith(loc.LINK_SUFFIX):
+                    number = _number(n[len(link_head):-len(loc.LINK_SUFFIX)])
                     if number is not None and entry.is_symlink():
                         self.gens[number] = os.readlink(n, dir_fd=dirs.profiles).rpartition("/")[2]
                 elif n.startswith("." + profile) or n.startswith(".." + profile):
@@ -238,7 +238,8 @@ def _current(dirs: _Dirs, profile: str) -> int | None:
     except OSError:
         raise _Leave from None
     head = profile + "-"
-    number = _number(target[len(head):-5]) if target.startswith(head) and target.endswith("-link") else None
+    number = _number(target[len(head):-len(loc.LINK_SUFFIX)]) \
+        if target.startswith(head) and target.endswith(loc.LINK_SUFFIX) else None
     if number is None:
         raise _Leave
     return number
@@ -250,7 +251,7 @@ def _no_pending_check(dirs: _Dirs, profile: str, current: int | None) -> None:
     if current is None:
         return
     try:
-        raw = files.read_bounded(f".{profile}-{current}.record", RECORD_MAX, dir_fd=dirs.profiles, owner=os.geteuid(),
+        raw = files.read_bounded(loc.record_file(profile, current), RECORD_MAX, dir_fd=dirs.profiles, owner=os.geteuid(),
                                  deny_mode=0o022, one_link=True, tighten=0o044)
     except FileNotFoundError:
         return
@@ -265,7 +266,7 @@ def _history_checked(dirs: _Dirs, profile: str) -> None:
     to others and not due for rotation (else _Leave: the full function's add_event fixes its mode,
     or rotates it). Nothing is created here."""
     try:
-        st = os.lstat(f".{profile}.history", dir_fd=dirs.profiles)
+        st = os.lstat(loc.history_file(profile), dir_fd=dirs.profiles)
     except FileNotFoundError:
         return
     if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077 or st.st_nlink != 1 \
@@ -278,9 +279,9 @@ def _event(dirs: _Dirs, profile: str, event: str, **fields: object) -> None:
     from llmgw_store.base.report import said
 
     entry = {"event": event, "at": now_iso(), "by": who(), **fields}
-    shown = f"{dirs.root}/profiles/.{profile}.history"
+    shown = loc.at(dirs.root, loc.PROFILES) + "/" + loc.history_file(profile)
     try:
-        fd = os.open(f".{profile}.history", os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+        fd = os.open(loc.history_file(profile), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
                      | os.O_CLOEXEC, FILE_MODE, dir_fd=dirs.profiles)
     except OSError as exc:
         said(f"cannot record the event in {shown}: {exc.strerror}")
@@ -302,22 +303,9 @@ def now_iso() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t % 1 * 1e6):06d}Z"
 
 
-def _user() -> str:
-    """getpass.getuser, without getpass."""
-    user = next((os.environ[v] for v in ("LOGNAME", "USER", "LNAME", "USERNAME") if os.environ.get(v)), None)
-    if user is None:
-        try:
-            import pwd
-
-            user = pwd.getpwuid(os.getuid()).pw_name
-        except (KeyError, OSError):
-            user = str(os.getuid())
-    return user
-
-
 def who() -> dict[str, object]:
     """records.who."""
-    out: dict[str, object] = {"uid": os.getuid(), "user": _user()[:64]}
+    out: dict[str, object] = {"uid": os.getuid(), "user": indexsql.user()[:64]}
     sudo = os.environ.get("SUDO_USER")
     if sudo:
         out["sudo_user"] = sudo[:64]
@@ -382,41 +370,8 @@ def _health_recorded(inputs: object) -> bool:
 
 # --- the index ------------------------------------------------------------------------------------
 
-def _sqlite():
-    """SQLite's own module (`_sqlite3`: the classes and functions `sqlite3` re-exports), loaded as
-    a switch needs it. Not the `sqlite3` package, whose dbapi2.py adds only date and time adapters
-    and loads datetime for them (the index stores text). And without functools, which _sqlite3's
-    initialisation imports only to take `lru_cache` for its statement cache: functools and what it
-    brings (collections, operator, reprlib, keyword) cost a quarter of the interpreter's start, for
-    the handful of statements a switch runs once each. While _sqlite3 initialises, `functools` is a
-    stand-in whose `lru_cache` caches nothing (every statement is prepared when it runs), and is
-    gone again afterwards: the real functools is what anything else imports, now or later; only the
-    connections of this process go without the statement cache."""
-    import sys
-
-    if "_sqlite3" in sys.modules or "functools" in sys.modules:
-        import _sqlite3
-
-        return _sqlite3
-    stand_in = type(sys)("functools")
-    stand_in.lru_cache = _no_cache  # type: ignore[attr-defined]
-    sys.modules["functools"] = stand_in
-    try:
-        import _sqlite3
-    finally:
-        if sys.modules.get("functools") is stand_in:
-            del sys.modules["functools"]
-    return _sqlite3
-
-
-# What integrity/reads.py shares with the switch: the same names check, the same SQLite module.
+# What integrity/reads.py shares with the switch: the same names check.
 profile_ok = _profile_ok
-sqlite_module = _sqlite
-
-
-def _no_cache(maxsize: int = 128, typed: bool = False):
-    """functools.lru_cache(maxsize) as _sqlite3 calls it, caching nothing."""
-    return lambda function: function
 
 
 class _Index:
@@ -424,10 +379,10 @@ class _Index:
     schema version checked, the database file a private regular file of ours."""
 
     def __init__(self, root: str, var_fd: int, timeout: float):
-        sqlite3 = _sqlite()
+        sqlite3 = indexsql.sqlite_module()
 
         try:
-            fd = os.open("db.sqlite", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=var_fd)
+            fd = os.open(loc.leaf(loc.DB), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=var_fd)
         except OSError:
             raise _Leave from None
         try:
@@ -437,12 +392,12 @@ class _Index:
         if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
             raise _Leave
         self.sqlite3 = sqlite3
-        self.path = root + "/var/db.sqlite"
+        self.path = loc.at(root, loc.DB)
         self.timeout = min(timeout, 30.0)
         self.conn = sqlite3.connect(self.path, timeout=self.timeout, isolation_level=None)
         try:
             if self.conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal" \
-                    or self.conn.execute("PRAGMA user_version").fetchone()[0] != SCHEMA_VERSION \
+                    or self.conn.execute("PRAGMA user_version").fetchone()[0] != indexsql.SCHEMA_VERSION \
                     or self.conn.execute("PRAGMA application_id").fetchone()[0] == 0:
                 raise _Leave
             self.conn.execute("PRAGMA synchronous=NORMAL")
@@ -452,7 +407,7 @@ class _Index:
             raise
 
     def row(self, column: str, value: str) -> dict | None:
-        cur = self.conn.execute(f"SELECT * FROM paths WHERE {column} = ?", (value,))
+        cur = self.conn.execute(indexsql.PATH_BY[column], (value,))
         found = cur.fetchone()
         if found is None:
             return None
@@ -461,13 +416,11 @@ class _Index:
 
     def generations(self, profile: str) -> dict[int, tuple[str, object]]:
         return {n: (name, deleted) for n, name, deleted in
-                self.conn.execute("SELECT number, name, deleted FROM generations WHERE profile = ?", (profile,))}
+                self.conn.execute(indexsql.GENERATIONS_OF, (profile,))}
 
     def record_generation(self, profile: str, number: int, name: str, created: str) -> None:
         """Index.record_generation (one statement, its own transaction)."""
-        whoami = f"{_user()}@{os.uname().nodename} pid {os.getpid()}"  # index._whoami
-        self.conn.execute("INSERT OR REPLACE INTO generations (profile, number, name, created, created_by, deleted) "
-                          "VALUES (?, ?, ?, ?, ?, NULL)", (profile, number, name, created, whoami))
+        self.conn.execute(indexsql.RECORD_GENERATION, (profile, number, name, created, indexsql.whoami()))
 
     def close(self) -> None:
         """Close without a WAL checkpoint: a read-only connection holds the database open while the
@@ -500,7 +453,7 @@ def _resolve(dirs: _Dirs, index: _Index, target: str) -> dict | None:
         if not _profile_ok(profile) or n is None:
             return None
         try:
-            name = os.readlink(f"{profile}-{n}-link", dir_fd=dirs.profiles).rpartition("/")[2]
+            name = os.readlink(loc.generation_link(profile, n), dir_fd=dirs.profiles).rpartition("/")[2]
         except OSError:
             return None
         return index.row("name", name) if is_store_name(name) else None
@@ -514,7 +467,7 @@ def _resolve(dirs: _Dirs, index: _Index, target: str) -> dict | None:
                 return None
             current = _current(dirs, target)
             try:
-                name = os.readlink(f"{target}-{current}-link", dir_fd=dirs.profiles).rpartition("/")[2]
+                name = os.readlink(loc.generation_link(target, current), dir_fd=dirs.profiles).rpartition("/")[2]
             except OSError:
                 return None
             return index.row("name", name) if is_store_name(name) else None
@@ -593,7 +546,7 @@ def _activate_locked(dirs: _Dirs, index: _Index, key: bytes, profile: str, name:
         return None  # records to prune: the full function's
     number = max([*scan.gens, *scan.records, *rows, 0]) + 1
     _history_checked(dirs, profile)
-    link = f"{profile}-{number}-link"
+    link = loc.generation_link(profile, number)
     activation = {"kind": "activate", "from": current, "check": None}
     created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     body = {"format": RECORD_FORMAT, "profile": profile, "generation": number, **described, "created": created,
@@ -609,8 +562,8 @@ def _activate_locked(dirs: _Dirs, index: _Index, key: bytes, profile: str, name:
     started.changing = True
     _symlink(dirs, f"../store/{name}", link)
     # The record is on disk before the profile points at the generation (records.write).
-    files.write_atomic(f".{profile}-{number}.record", data, dir_fd=dirs.profiles, mode=FILE_MODE, fsync=False)
-    _fsync_record(dirs, f".{profile}-{number}.record")
+    files.write_atomic(loc.record_file(profile, number), data, dir_fd=dirs.profiles, mode=FILE_MODE, fsync=False)
+    _fsync_record(dirs, loc.record_file(profile, number))
     from llmgw_store.roots import summary
 
     summary.note(dirs.profiles, profile, key, number, body, first=not scan.records)  # as records.write does
@@ -675,8 +628,8 @@ def _raise_if_full(exc: Exception, root: str, timeout: float) -> None:
 
         from llmgw_store.core.index import store_error
 
-        db = Path(root) / "var" / "db.sqlite"
-        raise store_error(db, f"index {db}", exc, min(timeout, 30.0)) from exc
+        db = Path(loc.at(root, loc.DB))
+        raise store_error(db, f"index {db}", exc, min(timeout, 30.0)) from exc  # 13: SQLITE_FULL
 
 
 def _hot(dirs: _Dirs, name: str) -> bool:
@@ -709,7 +662,7 @@ def _rollback_locked(dirs: _Dirs, profile: str, to: int | None, started: _Starte
         return _result(profile, to, current, path, False)
     _history_checked(dirs, profile)
     started.changing = True
-    _symlink(dirs, f"{profile}-{to}-link", profile)
+    _symlink(dirs, loc.generation_link(profile, to), profile)
     os.fsync(dirs.profiles)
     debug.pause("AFTER_SWITCH")
     _event(dirs, profile, "rollback", **{"from": current}, to=to, name=name, cold=False)
