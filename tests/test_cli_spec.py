@@ -19,7 +19,7 @@ from pathlib import Path
 import click
 import pytest
 
-from llmgw_store.build.builder import BuildOptions
+from llmgw_store.build.plan import BuildOptions
 from llmgw_store.cli import spec
 from llmgw_store.cli.main import cli
 from llmgw_store.core import buildmemo, config

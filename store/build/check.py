@@ -31,9 +31,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from llmgw_store.build import builder, rebuild
+from llmgw_store.build import rebuild
 from llmgw_store.build import recipe as recipes
-from llmgw_store.build.builder import BuildOptions
+from llmgw_store.build.plan import BuildOptions, plan_build
 from llmgw_store.core import manifest
 from llmgw_store.core.errors import NotFoundError
 from llmgw_store.core.fsutil import force_rmtree
@@ -74,7 +74,7 @@ def check(recipe_file: str | Path, options: BuildOptions | None = None, *,
     if options.as_of is not None:
         recipes.past_time(options.as_of)
     with Store.open(root, options.lock_timeout) as store:
-        plan = builder.plan_build(store, recipe, chosen, options)
+        plan = plan_build(store, recipe, chosen, options)
         layout = store.layout
         final = layout.path_of(plan.name)
         row = store.index.path_by_key(plan.key)
