@@ -35,7 +35,9 @@ Invariants that keep one environment from poisoning another through this cache:
   the module compiled again. So a damaged entry is never used, and neither is one planted by
   someone who can write the cache but not read the secret: the tag binds the bytes to the source
   they were compiled from, which a plain hash of the bytes would not. The secret reaches the
-  compile script in its environment (readable only by the store's user), never on a command line. Entries are made by writing a temporary file and renaming it to
+  compile script in its environment (readable only by the store's user), never on a command line;
+  the script runs with -I -S, so no `.pth` file a wheel installs runs beside it (`site` would run
+  one at the interpreter's start). Entries are made by writing a temporary file and renaming it to
   its final name (atomic in one directory), so a reader sees a complete entry or none;
 - nothing under the cache is followed if it is a symlink (every open is O_NOFOLLOW, relative to a
   directory descriptor), and only names matching ENTRY are read, at most MAX_ENTRIES_PER_KEY per key.
