@@ -14,7 +14,7 @@ import time
 
 def options_from(kw: dict):
     """The BuildOptions a build's parameters give (their names are BuildOptions' fields)."""
-    from llmgw_store.build.builder import BuildOptions
+    from llmgw_store.build.plan import BuildOptions
 
     return BuildOptions(version=kw["version"], variant=kw["variant"], as_of=kw["as_of"], index_url=kw["index_url"],
                         uv=kw["uv"], python_preference=kw["python_preference"], lock_timeout=kw["lock_timeout"],

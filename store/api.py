@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING
 from llmgw_store.core import locks
 
 if TYPE_CHECKING:
-    from llmgw_store.build.builder import BuildOptions, BuildResult
+    from llmgw_store.build.builder import BuildResult
+    from llmgw_store.build.plan import BuildOptions
     from llmgw_store.cache.push import PushResult
     from llmgw_store.roots.profiles import Switch
     from llmgw_store.roots.records import Record
@@ -31,8 +32,8 @@ def build(recipe: str | Path, options: BuildOptions | None = None, *, substitute
     (only them with `options.substitute_only`; only the file:// ones with `options.offline`).
     `cache_network`: RetryPolicy's fields (attempts, stall, ...) for talking to them."""
     from llmgw_store.app import retry
-    from llmgw_store.build.builder import BuildOptions
     from llmgw_store.build.builder import build as build_recipe
+    from llmgw_store.build.plan import BuildOptions
 
     options = options or BuildOptions()
     # The index's client (build/pypi.py) runs under the same policy as the substituters.
@@ -89,8 +90,8 @@ def push_roots(to: str, secret_key: str, *, node: str | None = None, root: str |
     from llmgw_store.core.keys import key_of_name
     from llmgw_store.core.local_store import Store
     from llmgw_store.core.names import check_profile
-    from llmgw_store.roots.gc import held_names, roots
     from llmgw_store.roots.holds import list_holds
+    from llmgw_store.roots.marking import held_names, roots
     from llmgw_store.roots.profiles import list_profiles
     from llmgw_store.roots.records import recorded_keys
 

@@ -93,9 +93,9 @@ def test_the_checks_see_imports_inside_functions(tmp_path):
     """The walker above must see a function-level import, or it could pass on a cycle it cannot see."""
     mods = _modules()
     found = {(a, b) for a, b, _ in _imports(mods)}
-    # api imports the builder at module level; gc imports uv inside a function
+    # api imports the builder at module level; gc's marking imports uv inside a function
     assert ("llmgw_store.api", "llmgw_store.build.builder") in found
-    assert ("llmgw_store.roots.gc", "llmgw_store.build.uv") in found
+    assert ("llmgw_store.roots.marking", "llmgw_store.build.uv") in found
 
 
 def test_layers_contract_holds():

@@ -99,3 +99,37 @@ def test_link_cache_refuses_what_the_list_should_not_name(tmp_path):
     os.chmod(entry, 0o644)
     entry.write_bytes(b"other")
     assert link_cache(cache, env, tmp_path / "links") == 0 and entry.read_bytes() == b"other"
+
+
+def test_the_compiler_runs_nothing_the_environment_installs(tmp_path):
+    """The compiler holds the secret that tags bytecode cache entries. It runs in the environment's
+    own interpreter, whose site-packages any wheel may put a .pth in (code run at every start with
+    `site`): run with -I -S (bytecode.WORKER), none of it runs, so no wheel can read the secret and
+    tag a poisoned entry for the next build. The modules are still compiled and cached."""
+    import subprocess
+    import sys
+    import sysconfig
+
+    from llmgw_store.build import bytecode
+
+    env = tmp_path / "env"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True)
+    site = env / sysconfig.get_path("purelib", vars={"base": str(env)}).removeprefix(str(env) + "/")
+    leak = tmp_path / "leak"
+    (site / "zz-evil.pth").write_text(
+        f"import os; s = os.environ.get({bytecode.SECRET_ENV!r}); s and open({str(leak)!r}, 'w').write(s)\n")
+    (site / "mod.py").write_text("x = 1\n")
+    secret = os.urandom(bytecode.SECRET_BYTES)
+    (tmp_path / "cache").mkdir()
+
+    def run(argv, what):
+        return subprocess.run([str(a) for a in argv], env={**os.environ, bytecode.SECRET_ENV: secret.hex()},
+                              capture_output=True, text=True, check=True).stdout
+
+    modules, failed, reused = bytecode.compile_tree(env / "bin" / "python", env, tmp_path / "cache", run)
+    assert not leak.exists()
+    assert (modules, failed, reused) == (1, 0, 0) and list(site.glob("__pycache__/mod.*.pyc"))
+    assert list((tmp_path / "cache").rglob("*.pyc"))  # the secret reached the compiler: the cache is used
+    # the same .pth does run in a plain start of that interpreter: the attack is real
+    subprocess.run([env / "bin" / "python", "-c", "pass"], env={**os.environ, bytecode.SECRET_ENV: "ab"}, check=True)
+    assert leak.read_text() == "ab"

@@ -20,7 +20,7 @@ import click
 import pytest
 
 from llmgw_store.build import memo as buildmemo
-from llmgw_store.build.builder import BuildOptions
+from llmgw_store.build.plan import BuildOptions
 from llmgw_store.cli import config, spec
 from llmgw_store.cli.main import cli
 

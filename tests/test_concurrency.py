@@ -122,8 +122,8 @@ def _uv_installing(root: Path):
 
 
 def _compile_workers(root: Path):
-    # ProcessPoolExecutor forks: the script and its worker share the `python -c SCRIPT` command line.
-    found = [p for p in procscan.mentioning(str(root)) if "ProcessPoolExecutor" in p.cmdline]
+    # ProcessPoolExecutor forks: the compiler and its pool workers share its command line.
+    found = [p for p in procscan.mentioning(str(root)) if "bytecode_worker.py" in p.cmdline]
     return found if len(found) >= 2 else None
 
 

@@ -201,7 +201,7 @@ def test_compile_workers_die_with_the_compile_script_alone(tmp_path, mark):
     (env_dir / "lib" / "m.py").write_text("x = 1\n")
     gate = Barrier(tmp_path)
     script = subprocess.Popen(
-        [sys.executable, "-c", bytecode.SCRIPT, env_dir, env_dir / "lib", tmp_path / "cache"],
+        [sys.executable, "-I", "-S", bytecode.WORKER, env_dir, env_dir / "lib", tmp_path / "cache"],
         env=env_with(mark, **gate.env("COMPILE_PAUSE")), start_new_session=True,
     )
     held = gate.reached("COMPILE_PAUSE", script)

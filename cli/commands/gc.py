@@ -38,7 +38,9 @@ def gc(obj: Context, dry_run: bool, delete_older_than: str | None, keep: int | N
     from llmgw_store.roots import gc as gcmod
 
     if print_roots:
-        held = gcmod.print_roots(root=obj.root, lock_timeout=lock_timeout)
+        from llmgw_store.roots.marking import print_roots as held_roots
+
+        held = held_roots(root=obj.root, lock_timeout=lock_timeout)
         obj.emit(held.to_json(), "\n".join(f"{r.description}: {', '.join(r.paths)}" for r in held.roots))
         return
     def limit(value: str | None, parse):

@@ -34,9 +34,9 @@ from typing import Any
 from llmgw_store.app.results import Result
 from llmgw_store.base.errors import NotFoundError
 from llmgw_store.base.report import say
-from llmgw_store.build import builder, rebuild
+from llmgw_store.build import rebuild
 from llmgw_store.build import recipe as recipes
-from llmgw_store.build.builder import BuildOptions
+from llmgw_store.build.plan import BuildOptions, plan_build
 from llmgw_store.core import manifest
 from llmgw_store.core.local_store import Store
 from llmgw_store.core.scratch import sweep_dead
@@ -74,7 +74,7 @@ def check(recipe_file: str | Path, options: BuildOptions | None = None, *,
     if options.as_of is not None:
         recipes.past_time(options.as_of)
     with Store.open(root, options.lock_timeout) as store:
-        plan = builder.plan_build(store, recipe, chosen, options)
+        plan = plan_build(store, recipe, chosen, options)
         layout = store.layout
         final = layout.path_of(plan.name)
         row = store.index.path_by_key(plan.key)

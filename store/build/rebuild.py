@@ -32,10 +32,12 @@ from typing import Any
 from llmgw_store.app import credentials
 from llmgw_store.base.errors import CommandError, IntegrityError, NotFoundError, RecipeError, UsageError
 from llmgw_store.base.report import say
-from llmgw_store.build import builder, interpreters
+from llmgw_store.build import interpreters
 from llmgw_store.build import recipe as recipes
 from llmgw_store.build import uv as uvmod
 from llmgw_store.build.lockproof import proved_lock
+from llmgw_store.build.make import Deadline, make_env, verify_env
+from llmgw_store.build.plan import BuildPlan, check_requirements
 from llmgw_store.core import locks, manifest
 from llmgw_store.core.index import RegisteredPath
 from llmgw_store.core.keys import store_key
@@ -96,7 +98,7 @@ def recorded_in_store(store: Store, row: RegisteredPath, *, need_lock: bool) -> 
 
 
 def plan_for(store: Store, rec: Recorded, *, uv_path: str | Path | None = None, python_preference: str | None = None,
-             private: Path | None = None, offline: bool = False, index_url: str | None = None) -> builder.BuildPlan:
+             private: Path | None = None, offline: bool = False, index_url: str | None = None) -> BuildPlan:
     """The build plan that gives `rec` back: its recorded inputs, lock, uv and interpreter."""
     what, inputs = rec.shown, rec.inputs
     if not isinstance(inputs, dict) or not isinstance(inputs.get("build"), dict):
@@ -130,7 +132,7 @@ def plan_for(store: Store, rec: Recorded, *, uv_path: str | Path | None = None, 
     if (interp.implementation, interp.version) != (implementation, version):
         raise NotFoundError(f"rebuilding {what} needs {implementation} {version}; found "
                             f"{interp.implementation} {interp.version}")
-    return builder.BuildPlan(
+    return BuildPlan(
         key=rec.key, name=rec.name, inputs=inputs, version=rec.version, fields=inputs["build"], uv=uv,
         interpreter=interp, index_url=index_url_recorded,
         meta={"engine": rec.engine, "version": rec.version, "variant": rec.variant, "binary": inputs.get("binary")},
@@ -155,14 +157,14 @@ def rebuild(store: Store, rec: Recorded, into: str | Path, *, uv_path: str | Pat
     plan = plan_for(store, rec, uv_path=uv_path, python_preference=python_preference, private=private,
                     offline=offline, index_url=index_url)
     if isinstance(into, Path):
-        builder.make_env(store, plan, into, builder.Deadline(plan))
+        make_env(store, plan, into, Deadline(plan))
         freeze(into)
         return Rebuilt("rebuilt", None)
     if into == REPLACE:
-        deadline = builder.Deadline(plan)
+        deadline = Deadline(plan)
         doc = replace(store, plan.key, plan.name, plan.inputs, plan.meta,
-                      lambda partial: builder.make_env(store, plan, partial, deadline),
-                      expect=rec.content_hash, verify=lambda tree: builder.verify_env(store, plan, tree, deadline),
+                      lambda partial: make_env(store, plan, partial, deadline),
+                      expect=rec.content_hash, verify=lambda tree: verify_env(store, plan, tree, deadline),
                       lock_timeout=lock_timeout)
         return Rebuilt("repaired", doc["content_hash"])
     if into != STORE:
@@ -179,18 +181,13 @@ def rebuild(store: Store, rec: Recorded, into: str | Path, *, uv_path: str | Pat
             err.output_tail = f"rebuilt: {got}\nrecorded: {rec.content_hash}"
             raise err
 
-    def attempt(p: builder.BuildPlan) -> str:
-        deadline = builder.Deadline(p)
-
-        def verify(tree: Path) -> None:
-            builder.verify_env(store, p, tree, deadline)
-            expect(tree)
-
+    def attempt(p: BuildPlan) -> str:
+        deadline = Deadline(p)
         return realise(
             store, p.key, p.name, p.inputs, p.meta,
-            lambda partial: builder.make_env(store, p, partial, deadline),
-            verify=verify,
-            lock_timeout=lock_timeout, check=lambda: builder.check_requirements(p), substitute=substitute,
+            lambda partial: make_env(store, p, partial, deadline),
+            verify=lambda tree: (verify_env(store, p, tree, deadline), expect(tree)),
+            lock_timeout=lock_timeout, check=lambda: check_requirements(p), substitute=substitute,
         )[1]
 
     try:

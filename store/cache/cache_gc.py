@@ -380,6 +380,158 @@ def _read_releases(backend, url: str, listed, keys: dict[str, bytes], var: Path)
     return out
 
 
+@dataclass
+class _Listing:
+    """What the cache holds, listed once after the marker is written and before anything is read.
+    Anything but a regular file under an object's name (a link, a FIFO: file:// only) is never
+    deleted; under roots/ and releases/ it stops the gc (_read_roots, releases.read_listed)."""
+    top: list[Any]
+    pending: list[Any]
+    root_docs: list[Any]
+    pointers: list[Any]
+    blobs: list[Any]
+    gc_markers: list[Any]
+
+
+def _list_cache(backend) -> _Listing:
+    return _Listing(top=[i for i in backend.list("") if i.regular],
+                    pending=[i for i in backend.list("pending") if i.regular],
+                    root_docs=backend.list("roots"),
+                    pointers=backend.list("releases"),
+                    blobs=[i for i in backend.list("blobs") if i.regular],
+                    gc_markers=[i for i in backend.list("gc") if i.regular])
+
+
+@dataclass
+class _Documents:
+    """The roots documents and release pointers gc trusts, each checked (signature, shape, not older
+    than this host's high-water mark); `accepted`: the marks raised from them before the first delete."""
+    docs: list[tuple[str, RootsDoc]]
+    pointed: list[releases.Release]
+    accepted: list[Seen]
+
+
+def _read_documents(backend, url: str, listing: _Listing, trusted: dict[str, bytes],
+                    release_keys: list[str] | tuple[str, ...], var: Path) -> _Documents:
+    """Every roots document and release pointer of `listing`, checked; IntegrityError (the gc stops,
+    nothing deleted) for any that is not to be trusted."""
+    last_seen = seen.marks(var, url, ROOTS_KIND)
+    docs = [(item.name, _read_roots(backend, item, trusted)) for item in listing.root_docs]
+    _check_newest(url, docs, last_seen)
+    _check_present(docs, last_seen, trusted)
+    for label, doc in docs:  # older ones are named above; this is one number on two documents
+        try:
+            seen.check_mark(last_seen.get(doc.node), doc.seq, doc.digest, label)
+        except IntegrityError as exc:
+            raise IntegrityError(f"{exc} (gc stopped, nothing deleted)") from None
+    accepted = [Seen(ROOTS_KIND, doc.node, doc.seq, doc.digest, doc.time, label) for label, doc in docs]
+    pointed = _read_releases(backend, url, listing.pointers, {**trusted_keys(_key_values(release_keys)), **trusted},
+                             var) if listing.pointers else []
+    accepted += [Seen(releases.KIND, r.release, r.seq, r.digest, r.time, releases.object_of(r.release),
+                      scope=seen.ANY_CACHE) for r in pointed]
+    return _Documents(docs, pointed, accepted)
+
+
+@dataclass
+class _Kept:
+    """What gc keeps: the live keys, each with the first reason found for it, and the blobs held."""
+    live: set[str] = field(default_factory=set)
+    why: dict[str, str] = field(default_factory=dict)
+    blobs: set[str] = field(default_factory=set)
+
+    def keep(self, key: str, reason: str) -> None:
+        self.live.add(key)
+        self.why.setdefault(key, reason)
+
+
+def _held_by_documents(documents: _Documents, top: list[Any], cutoff: float, grace: float,
+                       kept: _Kept) -> dict[str, int]:
+    """Keep what the roots documents and release pointers hold; the number of keys per node. A
+    document signed longer ago than the grace while an object it does not hold was pushed after it
+    stops the gc (_check_recent)."""
+    roots: dict[str, int] = {}
+    holders: dict[str, list[str]] = {}
+    pushed = {m.group(1): i.mtime for i in top if (m := _OBJECT.fullmatch(i.name)) and i.name.endswith(".json")}
+    for label, doc in documents.docs:
+        _check_recent(label, doc, cutoff, grace, pushed)
+        roots[doc.node] = len(doc.keys)
+        kept.live.update(doc.keys)
+        for k in doc.keys:
+            holders.setdefault(k, []).append(doc.node)
+    for k, nodes in holders.items():
+        kept.why[k] = f"held by the roots of {', '.join(sorted(nodes))}"
+    for k, reason in _held_by_releases(documents.pointed).items():
+        kept.live.add(k)
+        kept.why[k] = f"{kept.why[k]}; {reason}" if k in kept.why else reason
+    return roots
+
+
+def _objects_by_key(top: list[Any]) -> dict[str, list[Any]]:
+    objects: dict[str, list[Any]] = {}
+    for item in top:
+        m = _OBJECT.fullmatch(item.name)
+        if m:
+            objects.setdefault(m.group(1), []).append(item)
+    return objects
+
+
+def _keep_young(objects: dict[str, list[Any]], cutoff: float, now: float, kept: _Kept) -> None:
+    for key, items in objects.items():
+        young = [i.mtime for i in items if i.name.endswith(".json") and i.mtime > cutoff]
+        if young:  # young: a push may not have published its roots yet
+            kept.keep(key, f"younger than the grace (written {_ago(now - max(young))} ago)")
+
+
+def _keep_pending(backend, listing: _Listing, marker: str, now: float, kept: _Kept) -> list[Any]:
+    """Keep what the pushes in progress name (the key and the blobs of each pending marker younger
+    than PENDING_STALE); the stale markers, pushes' and other gcs', to delete."""
+    stale_markers = []
+    for item in listing.pending:
+        if item.mtime < now - PENDING_STALE:
+            stale_markers.append(item)
+            continue
+        data = backend.get(item.name, max_bytes=PENDING_MAX_BYTES)
+        try:
+            doc = json.loads(data) if data else {}
+            kept.blobs.update(d for d in doc.get("blobs", []) if isinstance(d, str) and HEX64.fullmatch(d))
+            if isinstance(doc.get("key"), str) and KEY_RE.match(doc["key"]):
+                kept.keep(doc["key"], f"a push in progress ({item.name})")
+        except (ValueError, AttributeError):
+            continue
+    for item in listing.gc_markers:
+        if item.name != marker and item.mtime < now - 2 * GC_MAX_SECONDS:
+            stale_markers.append(item)
+    return stale_markers
+
+
+def _close_over_references(backend, kept: _Kept) -> None:
+    """The closure of what is live, over the references the metadata declare; the blobs of each
+    format-2 object reached are held. A kept object whose metadata is not JSON stops the gc."""
+    todo, reached = list(kept.live), set()
+    while todo:
+        key = todo.pop()
+        if key in reached:
+            continue
+        reached.add(key)
+        data = backend.get(f"{key}.json", max_bytes=METADATA_MAX_BYTES)
+        if data is None:
+            continue  # a root naming a key never pushed here holds nothing
+        try:
+            doc = json.loads(data)
+        except ValueError:
+            raise IntegrityError(f"{key}.json: a kept object that is not JSON; gc stopped, nothing deleted") \
+                from None
+        refs = doc.get("references") if isinstance(doc, dict) else None
+        for r in refs if isinstance(refs, list) else []:
+            k = key_of_name(r) if isinstance(r, str) else None
+            if k:
+                todo.append(k)
+                kept.why.setdefault(k, f"referenced by {key}")
+        if isinstance(doc, dict) and doc.get("format") == 2:
+            kept.blobs |= _blobs_of(backend, key, doc)
+    kept.live = reached
+
+
 def gc(url: str, keep_from: list[str], *, grace: float, var: Path, release_keys: list[str] | tuple[str, ...] = (),
        dry_run: bool = False, allow_no_roots: bool = False, policy: RetryPolicy | None = None) -> CacheGcResult:
     """Collect the cache `url` (see the module docstring). `var`: this host's ROOT/var, whose record
@@ -397,114 +549,31 @@ def gc(url: str, keep_from: list[str], *, grace: float, var: Path, release_keys:
         # From here until the marker is removed, a push waits before it trusts what the cache holds.
         backend.put(marker, canonical_json({"time": now, "expires": now + GC_MAX_SECONDS}))
     try:
-        # Anything but a regular file under an object's name (a link, a FIFO: file:// only) is
-        # never deleted; under roots/ it stops the gc (_read_roots).
-        top = [i for i in backend.list("") if i.regular]
-        pending = [i for i in backend.list("pending") if i.regular]
-        root_docs = backend.list("roots")
-        pointers = backend.list("releases")
-        blobs = [i for i in backend.list("blobs") if i.regular]
-        gc_markers = [i for i in backend.list("gc") if i.regular]
-
-        roots: dict[str, int] = {}
-        live: set[str] = set()
-        why: dict[str, str] = {}
-        holders: dict[str, list[str]] = {}
-        last_seen = seen.marks(var, url, ROOTS_KIND)
-        docs = [(item.name, _read_roots(backend, item, trusted)) for item in root_docs]
-        _check_newest(url, docs, last_seen)
-        _check_present(docs, last_seen, trusted)
-        for label, doc in docs:  # older ones are named above; this is one number on two documents
-            try:
-                seen.check_mark(last_seen.get(doc.node), doc.seq, doc.digest, label)
-            except IntegrityError as exc:
-                raise IntegrityError(f"{exc} (gc stopped, nothing deleted)") from None
-        accepted = [Seen(ROOTS_KIND, doc.node, doc.seq, doc.digest, doc.time, label) for label, doc in docs]
-        pointed = _read_releases(backend, url, pointers, {**trusted_keys(_key_values(release_keys)), **trusted}, var) \
-            if pointers else []
-        accepted += [Seen(releases.KIND, r.release, r.seq, r.digest, r.time, releases.object_of(r.release),
-                          scope=seen.ANY_CACHE) for r in pointed]
-        pushed = {m.group(1): i.mtime for i in top if (m := _OBJECT.fullmatch(i.name)) and i.name.endswith(".json")}
-        for label, doc in docs:
-            _check_recent(label, doc, cutoff, grace, pushed)
-            roots[doc.node] = len(doc.keys)
-            live.update(doc.keys)
-            for k in doc.keys:
-                holders.setdefault(k, []).append(doc.node)
-        for k, nodes in holders.items():
-            why[k] = f"held by the roots of {', '.join(sorted(nodes))}"
-        for k, reason in _held_by_releases(pointed).items():
-            live.add(k)
-            why[k] = f"{why[k]}; {reason}" if k in why else reason
+        listing = _list_cache(backend)
+        documents = _read_documents(backend, url, listing, trusted, release_keys, var)
+        kept = _Kept()
+        roots = _held_by_documents(documents, listing.top, cutoff, grace, kept)
         if not roots and not allow_no_roots:
             # No node's roots: every object past the grace would go. That is a wrong URL, a wrong
             # --keep-from, or roots never published far more often than an intended wipe.
             raise StoreError(f"cache gc: no roots document found in {url[:200]} (roots/<node>.json, published by "
                              "push-roots); refusing to delete everything older than the grace (nothing deleted; "
                              "--allow-no-roots to do it)")
-        objects: dict[str, list[Any]] = {}
-        for item in top:
-            m = _OBJECT.fullmatch(item.name)
-            if m:
-                objects.setdefault(m.group(1), []).append(item)
-        for key, items in objects.items():
-            young = [i.mtime for i in items if i.name.endswith(".json") and i.mtime > cutoff]
-            if young:
-                live.add(key)  # young: a push may not have published its roots yet
-                why.setdefault(key, f"younger than the grace (written {_ago(now - max(young))} ago)")
-        held: set[str] = set()
-        stale_markers = []
-        for item in pending:
-            if item.mtime < now - PENDING_STALE:
-                stale_markers.append(item)
-                continue
-            data = backend.get(item.name, max_bytes=PENDING_MAX_BYTES)
-            try:
-                doc = json.loads(data) if data else {}
-                held.update(d for d in doc.get("blobs", []) if isinstance(d, str) and HEX64.fullmatch(d))
-                if isinstance(doc.get("key"), str) and KEY_RE.match(doc["key"]):
-                    live.add(doc["key"])
-                    why.setdefault(doc["key"], f"a push in progress ({item.name})")
-            except (ValueError, AttributeError):
-                continue
-        for item in gc_markers:
-            if item.name != marker and item.mtime < now - 2 * GC_MAX_SECONDS:
-                stale_markers.append(item)
-
-        # The closure of what is live, over the references the metadata declare.
-        todo, reached = list(live), set()
-        while todo:
-            key = todo.pop()
-            if key in reached:
-                continue
-            reached.add(key)
-            data = backend.get(f"{key}.json", max_bytes=METADATA_MAX_BYTES)
-            if data is None:
-                continue  # a root naming a key never pushed here holds nothing
-            try:
-                doc = json.loads(data)
-            except ValueError:
-                raise IntegrityError(f"{key}.json: a kept object that is not JSON; gc stopped, nothing deleted") \
-                    from None
-            refs = doc.get("references") if isinstance(doc, dict) else None
-            for r in refs if isinstance(refs, list) else []:
-                ref_key = key_of_name(r) if isinstance(r, str) else None
-                if ref_key:
-                    todo.append(ref_key)
-                    why.setdefault(ref_key, f"referenced by {key}")
-            if isinstance(doc, dict) and doc.get("format") == 2:
-                held |= _blobs_of(backend, key, doc)
-        live = reached
+        objects = _objects_by_key(listing.top)
+        _keep_young(objects, cutoff, now, kept)
+        stale_markers = _keep_pending(backend, listing, marker, now, kept)
+        _close_over_references(backend, kept)
+        live, blobs = kept.live, listing.blobs
 
         doomed_objects = [i for key, items in objects.items() if key not in live for i in items if i.mtime <= cutoff]
-        doomed_blobs = [b for b in blobs if b.name[len("blobs/"):] not in held and b.mtime <= cutoff]
+        doomed_blobs = [b for b in blobs if b.name[len("blobs/"):] not in kept.blobs and b.mtime <= cutoff]
         debug.pause("CACHE_GC_PAUSE")
         freed = sum(i.size for i in doomed_objects) + sum(b.size for b in doomed_blobs)
         verb = "would delete" if dry_run else "deleting"
         say(f"{verb} {len(doomed_objects)} object file(s) and {len(doomed_blobs)} blob(s), {human_size(freed)}; "
-            f"keeping {len(live & objects.keys())} object(s) held by {len(roots)} node(s), {len(pointed)} release(s) "
-            "or younger than the grace")
-        why_kept = {f"{k}.json": why.get(k, "kept") for k in sorted(live & objects.keys())}
+            f"keeping {len(live & objects.keys())} object(s) held by {len(roots)} node(s), "
+            f"{len(documents.pointed)} release(s) or younger than the grace")
+        why_kept = {f"{k}.json": kept.why.get(k, "kept") for k in sorted(live & objects.keys())}
         if dry_run:
             for name, reason in why_kept.items():
                 say(f"keeping {name}: {reason}")
@@ -512,7 +581,7 @@ def gc(url: str, keep_from: list[str], *, grace: float, var: Path, release_keys:
             # Before any delete, on this host, checked again under its lock (another gc or reader
             # may have seen newer documents meanwhile): a replay of an older one is refused from now on.
             try:
-                seen.accept_all(var, url, accepted)
+                seen.accept_all(var, url, documents.accepted)
             except IntegrityError as exc:
                 raise IntegrityError(f"{exc} (gc stopped, nothing deleted)") from None
             # Metadata before archives and blobs: an object is gone before any of its bytes are.

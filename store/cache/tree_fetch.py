@@ -546,13 +546,9 @@ def _resumed_sources(resumed: Path | None, targets: dict[str, list[Entry]]) -> d
     return found
 
 
-def build_tree(caches, meta: MetaV2, store, tree: Path, resumed: Path | None = None) -> tuple[dict[str, Any], Stats]:
-    """Fill the new directory `tree` with the object's files (steps 1-5 above); its manifest.
-    Each blob is asked of every cache of `caches` (cache/caches.py) in order until one serves it
-    whole and checked. `resumed`: the tree a pull of the same key left when it failed on the
-    network; the files in it that still hash right are taken instead of fetched."""
-    label = f"{meta.key}.json"
-    stats = Stats()
+def _fetch_metadata(caches, meta: MetaV2, label: str, stats: Stats) -> tuple[bytes, list[Entry], list[Blob], bytes]:
+    """Steps 1-2: the listing (hashing to the signed content hash), its entries, the plan's blobs and
+    the manifest's bytes, each fetched from the first cache of `caches` that serves it checked."""
     t0 = time.monotonic()
 
     def small(ref: BlobRef) -> bytes:
@@ -573,158 +569,175 @@ def build_tree(caches, meta: MetaV2, store, tree: Path, resumed: Path | None = N
         manifest_bytes = manifest_f.result()
     stats.bytes_fetched += meta.listing.csize + meta.plan.csize + meta.manifest.csize
     stats.phases["metadata"] = time.monotonic() - t0
+    return listing, entries, blobs, manifest_bytes
 
-    t0 = time.monotonic()
-    tree_s = os.fspath(tree)
-    targets: dict[str, list[Entry]] = {}
-    for e in entries:
-        if e.kind == "d":
-            os.mkdir(f"{tree_s}/{e.path}", 0o755)
-        elif e.kind in "fx":
-            targets.setdefault(e.digest, []).append(e)
-    for e in targets.pop(EMPTY, []):  # an empty file needs no blob
-        _Writer(tree_s, [e], EMPTY, 0, label).close()
-    sizes = {d: es[0].size for d, es in targets.items()}
-    progress = Progress(meta.name, meta.size, len(entries))
-    stats.phases["mkdir"] = time.monotonic() - t0
 
-    have: set[str] = set()
-    lock = threading.Lock()
+class _Fill:
+    """The files of one tree being filled: the paths of each digest (`targets`), its size, and which
+    digests the tree has already (`have`). The workers of every phase share it; `lock` guards `have`
+    and `stats`."""
 
-    # 3a. what a failed pull of this key fetched and checked already
-    t0 = time.monotonic()
-    kept = _resumed_sources(resumed, targets)
+    def __init__(self, tree_s: str, entries: list[Entry], label: str, stats: Stats, progress: Progress) -> None:
+        self.tree_s, self.label, self.stats, self.progress = tree_s, label, stats, progress
+        self.targets: dict[str, list[Entry]] = {}
+        for e in entries:
+            if e.kind == "d":
+                os.mkdir(f"{tree_s}/{e.path}", 0o755)
+            elif e.kind in "fx":
+                self.targets.setdefault(e.digest, []).append(e)
+        for e in self.targets.pop(EMPTY, []):  # an empty file needs no blob
+            _Writer(tree_s, [e], EMPTY, 0, label).close()
+        self.sizes = {d: es[0].size for d, es in self.targets.items()}
+        self.have: set[str] = set()
+        self.lock = threading.Lock()
 
-    def resume(digest: str) -> None:
-        if _take_resumed(kept[digest], tree_s, targets[digest], digest, sizes[digest]):
-            with lock:
-                have.add(digest)
-                stats.bytes_resumed += sizes[digest] * len(targets[digest])
-            progress.add(sizes[digest], len(targets[digest]))
+    def resume(self, resumed: Path | None, name: str) -> None:
+        """Step 3a: what a failed pull of this key fetched and checked already (in `resumed`)."""
+        t0 = time.monotonic()
+        stats = self.stats
+        kept = _resumed_sources(resumed, self.targets)
+        if not kept:
+            return
 
-    if kept:
+        def resume(digest: str) -> None:
+            if _take_resumed(kept[digest], self.tree_s, self.targets[digest], digest, self.sizes[digest]):
+                with self.lock:
+                    self.have.add(digest)
+                    stats.bytes_resumed += self.sizes[digest] * len(self.targets[digest])
+                self.progress.add(self.sizes[digest], len(self.targets[digest]))
+
         with ThreadPoolExecutor(THREADS) as pool:
             list(pool.map(resume, kept))
-        say(f"resuming {meta.name}: {len(have)} file(s), {human_size(stats.bytes_resumed)} fetched and checked by "
+        say(f"resuming {name}: {len(self.have)} file(s), {human_size(stats.bytes_resumed)} fetched and checked by "
             "a pull that did not finish")
         stats.phases["resume"] = time.monotonic() - t0
 
-    # 3b. what this node holds already
-    t0 = time.monotonic()
-    sources = {d: p for d, p in local_sources(store, set(targets) - have).items() if d not in have}
-    stats.phases["local-scan"] = time.monotonic() - t0
-    t0 = time.monotonic()
-    known = Stamps(store.index, sources) if sources else None
+    def reuse(self, store) -> None:
+        """Step 3b: what this node holds already, linked under the sharing rule or copied."""
+        t0 = time.monotonic()
+        have, stats = self.have, self.stats
+        sources = {d: p for d, p in local_sources(store, set(self.targets) - have).items() if d not in have}
+        stats.phases["local-scan"] = time.monotonic() - t0
+        t0 = time.monotonic()
+        known = Stamps(store.index, sources) if sources else None
+        dirs = _LocalDirs()
+        try:
+            with ThreadPoolExecutor(THREADS) as pool:
+                list(pool.map(lambda digest: self._reuse_one(sources[digest], digest, known, dirs), sources))
+        finally:
+            dirs.close()
+        stats.phases["local-copy"] = time.monotonic() - t0
 
-    def copy(digest: str) -> None:
-        linked = _link_local(sources[digest], tree_s, targets[digest], digest, sizes[digest], known, dirs)
+    def _reuse_one(self, source: LocalSource, digest: str, known: Stamps | None, dirs: _LocalDirs) -> None:
+        targets, size, stats = self.targets[digest], self.sizes[digest], self.stats
+        linked = _link_local(source, self.tree_s, targets, digest, size, known, dirs)
         if linked is not None:
             st, stamped = linked
-            with lock:
-                have.add(digest)
-                stats.bytes_reused += sizes[digest] * len(targets[digest])
-                stats.bytes_reused_stamped += sizes[digest] * len(targets[digest]) if stamped else 0
+            with self.lock:
+                self.have.add(digest)
+                stats.bytes_reused += size * len(targets)
+                stats.bytes_reused_stamped += size * len(targets) if stamped else 0
                 stats.checked[(st.st_dev, st.st_ino)] = st.st_mtime_ns
-            progress.add(sizes[digest], len(targets[digest]))
+            self.progress.add(size, len(targets))
             return
-        w = _Writer(tree_s, targets[digest], digest, sizes[digest], label)
-        if _copy_local(sources[digest], w, dirs):
+        w = _Writer(self.tree_s, targets, digest, size, self.label)
+        if _copy_local(source, w, dirs):
             w.close()
-            with lock:
-                have.add(digest)
-                stats.bytes_reused += w.size * len(targets[digest])
-            progress.add(w.size, len(targets[digest]))
+            with self.lock:
+                self.have.add(digest)
+                stats.bytes_reused += w.size * len(targets)
+            self.progress.add(w.size, len(targets))
         else:
-            w.discard(tree_s)
+            w.discard(self.tree_s)
 
-    dirs = _LocalDirs()
-    try:
+    def fetch(self, caches, blobs: list[Blob]) -> None:
+        """Step 4: the blobs still needed, each from the first cache that serves it checked."""
+        t0 = time.monotonic()
+        needed = [b for b in blobs if not all(m in self.have for m in b.members)]
         with ThreadPoolExecutor(THREADS) as pool:
-            list(pool.map(copy, sources))
-    finally:
-        dirs.close()
-    stats.phases["local-copy"] = time.monotonic() - t0
+            # Largest first: a big file's stream starts at once and the small ones fill the other workers.
+            futures = [pool.submit(self._fetch_one, caches, b) for b in sorted(needed, key=lambda b: -b.size)]
+            try:
+                for f in futures:
+                    f.result()
+            except BaseException:
+                for f in futures:  # the first refusal ends the pull: nothing more is fetched
+                    f.cancel()
+                raise
+        self.stats.phases["fetch+inflate+write"] = time.monotonic() - t0
 
-    # 4. the blobs still needed, each from the first cache that serves it checked
-    t0 = time.monotonic()
-    needed = [b for b in blobs if not all(m in have for m in b.members)]
+    def _fetch_one(self, caches, blob: Blob) -> None:
+        got = caches.first(lambda backend: self._fetch_from(backend, blob))
+        if got is None:
+            raise _lacking(self.label, blob.digest)
+        n, written, nfiles = got
+        self.progress.add(0, nfiles)
+        with self.lock:
+            self.stats.bytes_fetched += n
+            self.stats.bytes_written += written
+            self.stats.blobs_fetched += 1
+        debug.pause("PULL_BLOB_WRITTEN")  # tests: a pull killed while its partial tree fills
 
-    def fetch_from(backend, blob: Blob) -> tuple[int, int, int] | None:
+    def _fetch_from(self, backend, blob: Blob) -> tuple[int, int, int] | None:
         """(compressed bytes read, file bytes written, files made) of `blob` from one cache; None
         when it lacks the blob. Whatever a refused attempt wrote is removed first, so the next
         cache starts clean."""
         ref = BlobRef(blob.digest, blob.size, blob.csize)
         if not blob.is_pack and blob.size > ONE_SHOT:
-            w = _Writer(tree_s, targets[blob.digest], blob.digest, blob.size, label)
-            written = 0
-
-            def out(data: bytes) -> None:
-                nonlocal written
-                w.write(data)
-                written += len(data)
-                progress.add(len(data))
-
-            try:
-                n = _inflate(backend, ref, out, label)
-                if n is not None:
-                    w.close()
-            except BaseException:
-                w.discard(tree_s)
-                progress.add(-written)
-                raise
-            if n is None:
-                w.discard(tree_s)
-                return None
-            return n, blob.size * len(targets[blob.digest]), len(targets[blob.digest])
+            return self._stream(backend, blob, ref)
         # Checked before written: each file's bytes hash to its digest, then go to its paths.
-        got = inflate_whole(backend, ref, label)
+        got = inflate_whole(backend, ref, self.label)
         if got is None:
             return None
         raw, n = got
         view, at, parts = memoryview(raw), 0, []
         for m in blob.members:
-            part = view[at:at + sizes[m]]
-            at += sizes[m]
-            if m in have:
+            part = view[at:at + self.sizes[m]]
+            at += self.sizes[m]
+            if m in self.have:
                 continue
             if blake3(part).hexdigest() != m:
-                raise IntegrityError(f"{label}: blob {blob.digest[:16]}… holds bytes that do not hash to "
+                raise IntegrityError(f"{self.label}: blob {blob.digest[:16]}… holds bytes that do not hash to "
                                      f"their signed digest {m[:16]}…; refusing it")
             parts.append((m, part))
         written = nfiles = 0
         for m, part in parts:
-            _put(tree_s, targets[m], part)  # hashed just above: not again
-            written += sizes[m] * len(targets[m])
-            nfiles += len(targets[m])
-        progress.add(written)
+            _put(self.tree_s, self.targets[m], part)  # hashed just above: not again
+            written += self.sizes[m] * len(self.targets[m])
+            nfiles += len(self.targets[m])
+        self.progress.add(written)
         return n, written, nfiles
 
-    def fetch(blob: Blob) -> None:
-        got = caches.first(lambda backend: fetch_from(backend, blob))
-        if got is None:
-            raise _lacking(label, blob.digest)
-        n, written, nfiles = got
-        progress.add(0, nfiles)
-        with lock:
-            stats.bytes_fetched += n
-            stats.bytes_written += written
-            stats.blobs_fetched += 1
-        debug.pause("PULL_BLOB_WRITTEN")  # tests: a pull killed while its partial tree fills
+    def _stream(self, backend, blob: Blob, ref: BlobRef) -> tuple[int, int, int] | None:
+        """A large single file, written while it is inflated and hashed (_Writer checks it on close)."""
+        targets = self.targets[blob.digest]
+        w = _Writer(self.tree_s, targets, blob.digest, blob.size, self.label)
+        written = 0
 
-    with ThreadPoolExecutor(THREADS) as pool:
-        # Largest first: a big file's stream starts at once and the small ones fill the other workers.
-        futures = [pool.submit(fetch, b) for b in sorted(needed, key=lambda b: -b.size)]
+        def out(data: bytes) -> None:
+            nonlocal written
+            w.write(data)
+            written += len(data)
+            self.progress.add(len(data))
+
         try:
-            for f in futures:
-                f.result()
+            n = _inflate(backend, ref, out, self.label)
+            if n is not None:
+                w.close()
         except BaseException:
-            for f in futures:  # the first refusal ends the pull: nothing more is fetched
-                f.cancel()
+            w.discard(self.tree_s)
+            self.progress.add(-written)
             raise
-    stats.phases["fetch+inflate+write"] = time.monotonic() - t0
+        if n is None:
+            w.discard(self.tree_s)
+            return None
+        return n, blob.size * len(targets), len(targets)
 
-    # 5. links, modes, the structural check
-    t0 = time.monotonic()
+
+def _finish_tree(tree: Path, meta: MetaV2, entries: list[Entry], listing: bytes, manifest_bytes: bytes) -> None:
+    """Step 5: links (last: no file is ever written below a link the object makes), the manifest
+    and listing, the structural check against the signed listing, then the frozen modes."""
+    tree_s = os.fspath(tree)
     for e in entries:
         if e.kind == "l":
             os.symlink(e.digest, f"{tree_s}/{e.path}")
@@ -744,10 +757,10 @@ def build_tree(caches, meta: MetaV2, store, tree: Path, resumed: Path | None = N
             os.chmod(f"{tree_s}/{e.path}", 0o555)
     os.chmod(meta_dir, 0o555)
     os.chmod(tree, 0o555)
-    stats.phases["links+check"] = time.monotonic() - t0
-    stats.files = len(entries)
-    stats.entries = entries
 
+
+def _checked_manifest(manifest_bytes: bytes, meta: MetaV2) -> dict[str, Any]:
+    """The manifest, which must name the signed key, name and content hash."""
     import json
 
     try:
@@ -757,7 +770,31 @@ def build_tree(caches, meta: MetaV2, store, tree: Path, resumed: Path | None = N
     if not isinstance(doc, dict) or doc.get("content_hash") != meta.content_hash or doc.get("key") != meta.key \
             or doc.get("name") != meta.name:
         raise IntegrityError(f"{meta.name}: its manifest does not match the signed metadata; refusing it")
-    return doc, stats
+    return doc
+
+
+def build_tree(caches, meta: MetaV2, store, tree: Path, resumed: Path | None = None) -> tuple[dict[str, Any], Stats]:
+    """Fill the new directory `tree` with the object's files (steps 1-5 above); its manifest.
+    Each blob is asked of every cache of `caches` (cache/caches.py) in order until one serves it
+    whole and checked. `resumed`: the tree a pull of the same key left when it failed on the
+    network; the files in it that still hash right are taken instead of fetched."""
+    label = f"{meta.key}.json"
+    stats = Stats()
+    listing, entries, blobs, manifest_bytes = _fetch_metadata(caches, meta, label, stats)
+
+    t0 = time.monotonic()
+    fill = _Fill(os.fspath(tree), entries, label, stats, Progress(meta.name, meta.size, len(entries)))
+    stats.phases["mkdir"] = time.monotonic() - t0
+    fill.resume(resumed, meta.name)
+    fill.reuse(store)
+    fill.fetch(caches, blobs)
+
+    t0 = time.monotonic()
+    _finish_tree(tree, meta, entries, listing, manifest_bytes)
+    stats.phases["links+check"] = time.monotonic() - t0
+    stats.files = len(entries)
+    stats.entries = entries
+    return _checked_manifest(manifest_bytes, meta), stats
 
 
 def stamp_tree(store, path: Path, stats: Stats) -> None:

@@ -166,6 +166,113 @@ class _BigFiles:
         return self.digests
 
 
+class _Sinks:
+    """What scan's optional out-lists ask of each entry (`writable`, `foreign`, `modes`; see scan),
+    and whether the filesystem has extended attributes at all: one listxattr per entry until it
+    says it has none (ENOTSUP), then none for the rest of the tree. `xattrs_ok` is a one-item list
+    shared with _hash_files, which clears it the same way."""
+
+    def __init__(self, writable: list[str] | None, foreign: list[dict[str, Any]] | None,
+                 modes: list[tuple[str, int]] | None) -> None:
+        self.writable, self.foreign, self.modes = writable, foreign, modes
+        self.euid, self.xattrs_ok = os.geteuid(), [True]
+
+    def xattrs_of(self, target: str | int) -> list[str]:
+        if not self.xattrs_ok[0]:
+            return []
+        try:
+            return os.listxattr(target, follow_symlinks=False) if isinstance(target, str) else os.listxattr(target)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOTSUP, errno.EOPNOTSUPP):
+                raise
+            self.xattrs_ok[0] = False
+            return []
+
+    def alien(self, rel: str, uid: int, names: list[str]) -> None:
+        if self.foreign is not None and (uid != self.euid or names):
+            self.foreign.append({"path": rel, "uid": uid, "xattrs": sorted(names)})
+
+    def root(self, root: Path, st: os.stat_result) -> None:
+        if self.writable is not None and st.st_mode & _WRITE:
+            self.writable.append(".")
+        if self.foreign is not None:
+            self.alien(".", st.st_uid, self.xattrs_of(os.fspath(root)))
+        if self.modes is not None and not st.st_mode & _WRITE and stat.S_IMODE(st.st_mode) != 0o555:
+            self.modes.append((".", stat.S_IMODE(st.st_mode)))
+
+    def listed(self, rel: str, path: str, st: os.stat_result) -> None:
+        """An entry the walk stat-ed (anything its directory entry did not say is a regular file)."""
+        mode = st.st_mode
+        if self.writable is not None and mode & _WRITE and not stat.S_ISLNK(mode):
+            self.writable.append(rel)
+        if self.foreign is not None:
+            self.alien(rel, st.st_uid, self.xattrs_of(path))
+        if self.modes is not None and not mode & _WRITE and (stat.S_ISREG(mode) or stat.S_ISDIR(mode)) \
+                and stat.S_IMODE(mode) != (0o555 if stat.S_ISDIR(mode) or mode & stat.S_IXUSR else 0o444):
+            self.modes.append((rel, stat.S_IMODE(mode)))
+
+    def hashed(self, rel: str, kind: str, writable: bool, uid: int, names: list[str], mode: int) -> None:
+        """A file, as _hash_files saw it by its descriptor."""
+        if self.writable is not None and writable:
+            self.writable.append(rel)
+        self.alien(rel, uid, names)
+        if self.modes is not None and not writable and mode != (0o555 if kind == "x" else 0o444):
+            self.modes.append((rel, mode))
+
+
+def _walk(dir_path: str, prefix: str, entries: list[Any], regular: list[tuple[int, str]], sinks: _Sinks) -> None:
+    """Append the entries under `dir_path` to `entries` in canonical order (a depth-first walk over
+    sorted names); a regular file's slot holds its path, and (its index, its path) goes to
+    `regular`, until it is hashed. A file's kind is taken from its directory entry: no stat for it;
+    nothing is followed (a link is listed by its target, read with readlink)."""
+    with os.scandir(dir_path) as it:
+        children = sorted(it, key=lambda e: e.name)
+    for e in children:
+        rel = prefix + e.name
+        if e.is_file(follow_symlinks=False) and rel not in _EXCLUDED:
+            regular.append((len(entries), e.path))
+            entries.append(rel)  # filled in once the file is hashed
+            continue
+        st = e.stat(follow_symlinks=False)
+        sinks.listed(rel, e.path, st)
+        if rel in _EXCLUDED:
+            continue
+        mode = st.st_mode
+        if stat.S_ISDIR(mode):
+            entries.append(Entry(rel, "d", 0, ""))
+            _walk(e.path, rel + "/", entries, regular, sinks)
+        elif stat.S_ISLNK(mode):
+            entries.append(Entry(rel, "l", 0, os.readlink(e.path)))
+        elif stat.S_ISREG(mode):  # a regular file its directory entry did not say was one
+            regular.append((len(entries), e.path))
+            entries.append(rel)
+        else:
+            entries.append(Entry(rel, "o", 0, ""))
+
+
+def _hash_regular(regular: list[tuple[int, str]], memo: dict | None, want_xattrs: list[bool] | None,
+                  big: _BigFiles, step: str) -> tuple[list[tuple], dict[int, str | OSError]]:
+    """_hash_files' rows for every file of `regular`, and the digests `big` computed (it is
+    finished here). A large tree's files are shared with one forked helper (every other file): the
+    Python around each small file is most of their cost, and one process holds one core (threads
+    would contend for the GIL). The helper hashes its large files itself, in one thread; when it
+    fails, its share is hashed here."""
+    child = _fork_helper(regular[1::2], memo, want_xattrs) if len(regular) >= FORK_MIN_FILES and CORES > 1 else None
+    mine = regular[0::2] if child is not None else regular
+    try:
+        results = _hash_files(mine, memo, want_xattrs, big, step)
+    finally:
+        digests = big.finish()
+        theirs = _helper_results(child) if child is not None else []
+    if theirs is None:  # the helper failed: its share is hashed here
+        again = _BigFiles()
+        try:
+            theirs = _hash_files(regular[1::2], memo, want_xattrs, again, step)
+        finally:
+            digests.update(again.finish())
+    return results + theirs, digests
+
+
 def scan(root: Path, writable: list[str] | None = None, *, memo: dict | None = None,
          foreign: list[dict[str, Any]] | None = None, modes: list[tuple[str, int]] | None = None) -> list[Entry]:
     """Every entry under `root` (manifest and listing excluded), in canonical order, files hashed.
@@ -191,96 +298,25 @@ def scan(root: Path, writable: list[str] | None = None, *, memo: dict | None = N
     0400 breaks the environment for the service users who run it while its bytes are right."""
     entries: list[Any] = []
     regular: list[tuple[int, str]] = []  # (index in entries, path) of every regular file
-    root_st = os.lstat(root)
-    if writable is not None and root_st.st_mode & _WRITE:
-        writable.append(".")
-    euid, xattrs_ok = os.geteuid(), [True]
-
-    def xattrs_of(target: str | int) -> list[str]:
-        if not xattrs_ok[0]:
-            return []
-        try:
-            return os.listxattr(target, follow_symlinks=False) if isinstance(target, str) else os.listxattr(target)
-        except OSError as exc:
-            if exc.errno not in (errno.ENOTSUP, errno.EOPNOTSUPP):
-                raise
-            xattrs_ok[0] = False
-            return []
-
-    def alien(rel: str, uid: int, names: list[str]) -> None:
-        if foreign is not None and (uid != euid or names):
-            foreign.append({"path": rel, "uid": uid, "xattrs": sorted(names)})
-
-    if foreign is not None:
-        alien(".", root_st.st_uid, xattrs_of(os.fspath(root)))
-    S_ISREG, S_ISDIR, S_ISLNK, S_IXUSR = stat.S_ISREG, stat.S_ISDIR, stat.S_ISLNK, stat.S_IXUSR
-    if modes is not None and not root_st.st_mode & _WRITE and stat.S_IMODE(root_st.st_mode) != 0o555:
-        modes.append((".", stat.S_IMODE(root_st.st_mode)))
-
-    def walk(dir_path: str, prefix: str) -> None:
-        with os.scandir(dir_path) as it:
-            children = sorted(it, key=lambda e: e.name)
-        for e in children:
-            rel = prefix + e.name
-            if e.is_file(follow_symlinks=False) and rel not in _EXCLUDED:
-                regular.append((len(entries), e.path))
-                entries.append(rel)  # filled in once the file is hashed
-                continue
-            st = e.stat(follow_symlinks=False)
-            mode = st.st_mode
-            if writable is not None and mode & _WRITE and not S_ISLNK(mode):
-                writable.append(rel)
-            if foreign is not None:
-                alien(rel, st.st_uid, xattrs_of(e.path))
-            if modes is not None and not mode & _WRITE and (S_ISREG(mode) or S_ISDIR(mode)) \
-                    and stat.S_IMODE(mode) != (0o555 if S_ISDIR(mode) or mode & S_IXUSR else 0o444):
-                modes.append((rel, stat.S_IMODE(mode)))
-            if rel in _EXCLUDED:
-                continue
-            if S_ISDIR(mode):
-                entries.append(Entry(rel, "d", 0, ""))
-                walk(e.path, rel + "/")
-            elif S_ISLNK(mode):
-                entries.append(Entry(rel, "l", 0, os.readlink(e.path)))
-            elif S_ISREG(mode):  # a regular file its directory entry did not say was one
-                regular.append((len(entries), e.path))
-                entries.append(rel)
-            else:
-                entries.append(Entry(rel, "o", 0, ""))
-
+    sinks = _Sinks(writable, foreign, modes)
+    sinks.root(root, os.lstat(root))
     big = _BigFiles()
     try:
-        walk(os.fspath(root), "")
+        _walk(os.fspath(root), "", entries, regular, sinks)
     except BaseException:
         big.finish()
         raise
     debug.pause("HASH_WALKED")  # tests: every entry listed, none hashed (then HASH_PAUSE)
     debug.pause("HASH_PAUSE")
     step = f"hashing {root.name}"
-    want_xattrs = xattrs_ok if foreign is not None else None
-    # A large tree's files are shared with one forked helper (every other file): the Python
-    # around each small file is most of their cost, and one process holds one core (threads would
-    # contend for the GIL). The helper hashes its large files itself, in one thread.
-    child = _fork_helper(regular[1::2], memo, want_xattrs) if len(regular) >= FORK_MIN_FILES and CORES > 1 else None
-    mine = regular[0::2] if child is not None else regular
-    try:
-        results = _hash_files(mine, memo, want_xattrs, big, step)
-    finally:
-        digests = big.finish()
-        theirs = _helper_results(child) if child is not None else []
-    if theirs is None:  # the helper failed: its share is hashed here
-        again = _BigFiles()
-        try:
-            theirs = _hash_files(regular[1::2], memo, want_xattrs, again, step)
-        finally:
-            digests.update(again.finish())
-    errors = [r for r in results + theirs if r[0] == "err"]
+    rows, digests = _hash_regular(regular, memo, sinks.xattrs_ok if foreign is not None else None, big, step)
+    errors = [r for r in rows if r[0] == "err"]
     if errors:
         _, _, no, why, path = min(errors, key=lambda r: r[1])
         raise OSError(no, why, path)
     pending: list[tuple[int, tuple]] = []  # inodes with other links hashed here, for the memo
     hashed = 0
-    for _, i, kind, size, digest, w, uid, names, ident, mode in sorted(results + theirs, key=lambda r: r[1]):
+    for _, i, kind, size, digest, w, uid, names, ident, mode in sorted(rows, key=lambda r: r[1]):
         rel = entries[i]
         if digest is None:  # a large file, hashed by _BigFiles
             digest = digests[i]
@@ -288,12 +324,7 @@ def scan(root: Path, writable: list[str] | None = None, *, memo: dict | None = N
                 raise digest
         entries[i] = Entry(rel, kind, size, digest)
         hashed += size
-        if writable is not None and w:
-            writable.append(rel)
-        if foreign is not None and (uid != euid or names):
-            foreign.append({"path": rel, "uid": uid, "xattrs": sorted(names)})
-        if modes is not None and not w and mode != (0o555 if kind == "x" else 0o444):
-            modes.append((rel, mode))
+        sinks.hashed(rel, kind, w, uid, names, mode)
         if ident is not None:
             pending.append((i, ident))
     if memo is not None:

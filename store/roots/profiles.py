@@ -506,11 +506,43 @@ def delete_generations(
 
 def delete_generations_locked(store: Store, profile: str, numbers, older_than, keep, dry_run, *,
                               forget: list[int] | None = None, keep_records: int | None = None) -> DeletedGenerations:
-    """Called with the profile's lock held (also by gc --delete-older-than)."""
+    """Called with the profile's lock held (also by gc --delete-older-than): the generations chosen
+    (every refusal raised before anything changes), then their links removed and their records
+    written or removed."""
     layout = store.layout
     current = current_generation(layout, profile)
     gens = disk_generations(layout, profile)
     have_records = set(records.numbers(layout, profile))
+    doomed, forgotten = _chosen_for_deletion(layout, profile, gens, current, have_records, numbers, forget,
+                                             older_than, keep)
+    if not dry_run:
+        records.remove_temporaries(layout, profile)
+    for n in sorted(doomed):
+        say(f"{'would remove' if dry_run else 'removing'} generation {n} of {profile} ({gens[n]})"
+            + ("" if n in forgotten else "; its record stays (cold)"))
+        if not dry_run:
+            if n not in forgotten and n not in have_records:
+                _record_existing(store, profile, n, gens[n])
+            os.unlink(gen_link(layout, profile, n))
+            store.index.mark_generation_deleted(profile, n)
+    for n in sorted(forgotten):
+        say(f"{'would forget' if dry_run else 'forgetting'} generation {n} of {profile}: its record goes too")
+        if not dry_run:
+            records.remove(layout, profile, n)
+    dropped: list[int] = []
+    if keep_records is not None and not dry_run:
+        dropped = records.prune(layout, profile, keep_records, disk_generations(layout, profile))
+    if not dry_run and (doomed or forgotten or dropped):
+        records.add_event(layout, profile, "delete", deleted=sorted(doomed), forgotten=sorted(forgotten),
+                          records_dropped=dropped)
+    return DeletedGenerations(profile, tuple(sorted(doomed)), dry_run, current, tuple(sorted(forgotten)), tuple(dropped))
+
+
+def _chosen_for_deletion(layout: Layout, profile: str, gens: dict[int, str], current: int, have_records: set[int],
+                         numbers, forget, older_than, keep) -> tuple[set[int], set[int]]:
+    """(generations whose links go, generations whose records go too). Never the current one: a
+    number asked for that is current, or that the profile does not have, is refused here, before
+    anything is changed."""
     doomed: set[int] = set()
     for n in numbers or []:
         if n not in gens:
@@ -535,27 +567,7 @@ def delete_generations_locked(store: Store, profile: str, numbers, older_than, k
             raise UsageError("--keep must be at least 1")
         newest = sorted(gens, reverse=True)[:keep]
         doomed |= {n for n in gens if n not in newest and n != current}
-    if not dry_run:
-        records.remove_temporaries(layout, profile)
-    for n in sorted(doomed):
-        say(f"{'would remove' if dry_run else 'removing'} generation {n} of {profile} ({gens[n]})"
-            + ("" if n in forgotten else "; its record stays (cold)"))
-        if not dry_run:
-            if n not in forgotten and n not in have_records:
-                _record_existing(store, profile, n, gens[n])
-            os.unlink(gen_link(layout, profile, n))
-            store.index.mark_generation_deleted(profile, n)
-    for n in sorted(forgotten):
-        say(f"{'would forget' if dry_run else 'forgetting'} generation {n} of {profile}: its record goes too")
-        if not dry_run:
-            records.remove(layout, profile, n)
-    dropped: list[int] = []
-    if keep_records is not None and not dry_run:
-        dropped = records.prune(layout, profile, keep_records, disk_generations(layout, profile))
-    if not dry_run and (doomed or forgotten or dropped):
-        records.add_event(layout, profile, "delete", deleted=sorted(doomed), forgotten=sorted(forgotten),
-                          records_dropped=dropped)
-    return DeletedGenerations(profile, tuple(sorted(doomed)), dry_run, current, tuple(sorted(forgotten)), tuple(dropped))
+    return doomed, forgotten
 
 
 def _record_existing(store: Store, profile: str, number: int, name: str) -> None:

@@ -2,7 +2,7 @@
 
 Both work for any user who can read the store, not only its owner (an engine runs as a service
 user): they open the store as a reader (core/diskview.py), write nothing and take no temp root.
-A running engine is kept from gc by its profile and by gc's scan of /proc (roots/gc.py)."""
+A running engine is kept from gc by its profile and by gc's scan of /proc (roots/liveroots.py)."""
 
 from __future__ import annotations
 
