@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ from llmgw_store.base.errors import DiskFullError, NoStoreError
 from llmgw_store.base.report import say
 from llmgw_store.core.keys import is_store_name
 from llmgw_store.core.local_store import Store
+from llmgw_store.core.locations import split_generation_link
 from llmgw_store.core.locks import LOCK_TIMEOUT_S
 from llmgw_store.core.temproots import gc_lock, read_all
 from llmgw_store.roots.liveroots import runtime_roots
@@ -50,7 +50,6 @@ class Root:
         return {k: v for k, v in fields_of(self).items() if v is not None}
 
 
-_GENERATION_LINK = re.compile(r"(.+)-(\d+)-link")
 
 
 def roots(store: Store, excluded_generations: set[tuple[str, int]] | frozenset[tuple[str, int]] = frozenset(),
@@ -64,10 +63,10 @@ def roots(store: Store, excluded_generations: set[tuple[str, int]] | frozenset[t
     layout = store.layout
     out: list[Root] = []
     for entry in sorted(os.scandir(layout.profiles) if layout.profiles.is_dir() else [], key=lambda e: e.name):
-        m = _GENERATION_LINK.fullmatch(entry.name)
-        if m and entry.is_symlink() and (m.group(1), int(m.group(2))) not in excluded_generations:
-            out.append(Root("generation", (os.readlink(entry.path).rpartition("/")[2],), profile=m.group(1),
-                            generation=int(m.group(2))))
+        gen = split_generation_link(entry.name)
+        if gen and entry.is_symlink() and gen not in excluded_generations:
+            out.append(Root("generation", (os.readlink(entry.path).rpartition("/")[2],), profile=gen[0],
+                            generation=gen[1]))
     for pin, name in sorted(list_pins(layout).items()):
         out.append(Root("pin", (name,), pin=pin))
     for profile, name in sorted(list_holds(layout).items()):

@@ -148,7 +148,7 @@ def _names_of_generations(layout: Layout, generations: set[tuple[str, int]]) -> 
     out = set()
     for profile, number in generations:
         try:
-            out.add(Path(os.readlink(layout.profiles / f"{profile}-{number}-link")).name)
+            out.add(Path(os.readlink(layout.generation_link(profile, number))).name)
         except OSError:
             continue  # deleted already (not a dry run): the generation record says when
     return out
