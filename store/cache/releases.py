@@ -26,7 +26,6 @@ import json
 import re
 import time
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +41,7 @@ from llmgw_store.cache.pointer import (  # noqa: F401  (HISTORY_MAX, RELEASE_NAM
     _bad,
     _int,
     check_release_name,
+    iso,
 )
 from llmgw_store.cache.signing import load_secret, sign, trusted_keys
 from llmgw_store.core.credentials import public_url
@@ -83,11 +83,6 @@ class Release(Result):
         out["time"] = iso(self.time)
         out["history"] = [{**e, "time": iso(e["time"])} for e in self.history]
         return out
-
-
-def iso(t: float | None) -> str | None:
-    """A signed time (seconds since the epoch) as `--json` documents give times (docs/json.md)."""
-    return None if t is None else datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def parse(data: bytes, release: str, trusted: dict[str, bytes], label: str) -> Release:

@@ -12,13 +12,9 @@ from __future__ import annotations
 import binascii
 import os
 import stat
-from typing import TYPE_CHECKING
 
 from llmgw_store.core import jsontext
 from llmgw_store.core.errors import IntegrityError, UntrustedSignature, UsageError
-
-if TYPE_CHECKING:
-    from typing import Any
 
 MAX_SIGNATURES = 16
 PUBLIC_BYTES = 32  # an ed25519 verify key
@@ -26,7 +22,7 @@ KEY_FILE_MAX = 4096  # a key file is one short line: more is not a key file
 _SHOWN_SIGNER = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._@+-")
 
 
-def signed_part(meta: dict[str, Any]) -> bytes:
+def signed_part(meta: dict[str, object]) -> bytes:
     return jsontext.canonical({k: v for k, v in meta.items() if k != "signatures"})
 
 
@@ -46,7 +42,7 @@ def _shown_signer(name: str) -> str:
     return name if 1 <= len(name) <= 64 and set(name) <= _SHOWN_SIGNER else "?"
 
 
-def check_signature(meta: dict[str, Any], trusted: dict[str, bytes], label: str) -> str:
+def check_signature(meta: dict[str, object], trusted: dict[str, bytes], label: str) -> str:
     """The name of the trusted key that signed `meta`; IntegrityError when none did. `label` (the
     object asked for) names it in messages: nothing unsigned is printed but signer names that look
     like key names."""
