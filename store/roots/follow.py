@@ -50,12 +50,13 @@ def noop(root: str, profile: str, release: str, *, substituters: tuple[str, ...]
     urls = [u for u in substituters if u.startswith("file://")] if offline else list(substituters)
     if not urls:
         return None
-    keys = plain_trusted_keys(trusted, environ)
-    if not keys:
+    try:
+        keys = plain_trusted_keys(trusted, environ)
+        if not keys or os.path.lexists(f"{root}/holds/{profile}"):  # held: the full command says so
+            return None
+        mark = _mark(root, release)
+    except Exception:  # anything not plain here is the full command's to say
         return None
-    if os.path.lexists(f"{root}/holds/{profile}"):
-        return None  # held: the full command says so, reading nothing
-    mark = _mark(root, release)
     if mark is None:
         return None
     url = urls[0]
