@@ -217,3 +217,35 @@ def test_a_first_follow_and_a_missing_mark_are_the_full_commands(world, tmp_path
     proc, fast = f.follow()
     assert proc.returncode == 0 and not fast and "already at generation 1" in proc.stdout
     assert (f.node / "var" / "seen.json").exists() and f.follow()[1]
+
+
+def test_the_lean_name_checks_are_the_regular_expressions():
+    """cache/pointer.py checks names and words without `re` (it is on the follow's path): the same
+    answers as the expressions releases.py and its history checks used, on names near every edge."""
+    import random
+    import re
+
+    from llmgw_store.cache import pointer
+
+    rules = [(re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*"), lambda s: pointer._chars(s, pointer._NAME_CHARS, 64), 64),
+             (re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}"), pointer._signer, 1 << 30),
+             (re.compile(r"[A-Za-z0-9][A-Za-z0-9._+!-]{0,199}"), pointer._word, 1 << 30)]
+    alphabet = "aZ09._-+!/ \n\u00e9\u0661:"
+    rng = random.Random(35)
+    words = ["", "a", "-a", ".a", "a..b", "a\n", "\u0661", "a" * 64, "a" * 65, "a" * 100, "a" * 101, "a" * 200,
+             "a" * 201] + ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 8))) for _ in range(3000)]
+    for expr, lean, most in rules:
+        for w in words:
+            assert lean(w) == (bool(expr.fullmatch(w)) and len(w) <= most), (expr.pattern, w)
+    for w in words:
+        assert pointer.release_name_ok(w) == (bool(rules[0][0].fullmatch(w)) and len(w) <= 64 and ".." not in w), w
+
+
+def test_malformed_json_is_a_value_error_before_json_is_loaded():
+    """core/jsontext reads var/seen.json and the pointer on the follow's path, where the json package
+    is not loaded: a malformed document is still a ValueError (json's own), never an internal error."""
+    code = ("import sys\nfrom llmgw_store.core import jsontext\nassert 'json.decoder' not in sys.modules\n"
+            "for text in ('{not json', '{\"a\": [1, }', '[1,', ''):\n"
+            "    try:\n        jsontext.loads(text)\n    except ValueError as exc:\n        print(type(exc).__name__)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0 and len(proc.stdout.split()) == 4, proc.stderr
