@@ -85,6 +85,22 @@ def _public(text: str) -> tuple[str, bytes] | None:
     return (name, raw) if len(raw) == PUBLIC_BYTES else None
 
 
+def key_file_text(fd: int, st: os.stat_result, label: str) -> str:
+    """The one line of the key file open at `fd` (`st`: its fstat): a regular file of at most
+    KEY_FILE_MAX ASCII bytes, stripped. UsageError starting with `label` (what the file is, and
+    which) otherwise. The one reader of key files (cache/signing.py's two ways of naming one, and
+    `plain_trusted_keys`); the caller opened `fd` and closes it."""
+    if not stat.S_ISREG(st.st_mode):
+        raise UsageError(f"{label} is not a regular file")
+    data = os.read(fd, KEY_FILE_MAX + 1)
+    if len(data) > KEY_FILE_MAX:
+        raise UsageError(f"{label} is larger than a key file ({KEY_FILE_MAX} bytes)")
+    try:
+        return data.decode("ascii").strip()
+    except UnicodeDecodeError:
+        raise UsageError(f"{label} is not a key file (name:base64)") from None
+
+
 def plain_trusted_keys(values: tuple[str, ...] | list[str], environ) -> dict[str, bytes] | None:
     """signing.trusted_keys where every value is plain — a public key inline (name:base64 of 32
     bytes) or the absolute path of a public key file that core/files.open_trusted takes — else None,
@@ -104,12 +120,12 @@ def plain_trusted_keys(values: tuple[str, ...] | list[str], environ) -> dict[str
             except OSError:  # FileRefused among them
                 return None
             try:
-                data = os.read(fd, KEY_FILE_MAX + 1) if stat.S_ISREG(st.st_mode) else b""
+                text = key_file_text(fd, st, value)
+            except UsageError:
+                return None
             finally:
                 os.close(fd)
-            if not data or len(data) > KEY_FILE_MAX or not data.isascii():
-                return None
-            key = _public(data.decode("ascii"))
+            key = _public(text)
             if key is None:
                 return None
         out[key[0]] = key[1]

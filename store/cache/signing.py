@@ -23,7 +23,6 @@ from __future__ import annotations
 import base64
 import os
 import re
-import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +30,7 @@ from typing import Any
 from llmgw_store.cache.signatures import (
     MAX_SIGNATURES,
     check_signature,  # noqa: F401  (re-exported; checking is lean there)
+    key_file_text,
 )
 from llmgw_store.cache.signatures import signatures_of as _signatures
 from llmgw_store.core.errors import IntegrityError, UsageError
@@ -42,7 +42,6 @@ from llmgw_store.core.results import Result
 METADATA_MAX_BYTES = 1 << 20
 PUBLIC_BYTES = 32  # an ed25519 verify key
 SECRET_BYTES = 64  # seed + verify key, as libsodium's crypto_sign secret key and Nix's key files
-KEY_FILE_MAX = 4096  # a key file is one short line: more is not a key file
 
 
 @dataclass(frozen=True)
@@ -111,7 +110,7 @@ def keygen(name: str, out_dir: str | Path) -> KeyPair:
 
 def _read_key_file(path: str | Path, what: str) -> str:
     """A key file's one line: a regular file (a link to one is followed: secrets are often mounted
-    that way), at most KEY_FILE_MAX bytes. UsageError naming the file otherwise."""
+    that way), read by signatures.key_file_text. UsageError naming the file otherwise."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
@@ -119,17 +118,9 @@ def _read_key_file(path: str | Path, what: str) -> str:
     except OSError as exc:
         raise UsageError(f"{what} {_where(path)}: {exc.strerror}") from None
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise UsageError(f"{what} {_where(path)} is not a regular file")
-        data = os.read(fd, KEY_FILE_MAX + 1)
+        return key_file_text(fd, os.fstat(fd), f"{what} {_where(path)}")
     finally:
         os.close(fd)
-    if len(data) > KEY_FILE_MAX:
-        raise UsageError(f"{what} {_where(path)} is larger than a key file ({KEY_FILE_MAX} bytes)")
-    try:
-        return data.decode("ascii").strip()
-    except UnicodeDecodeError:
-        raise UsageError(f"{what} {_where(path)} is not a key file (name:base64)") from None
 
 
 def _decode(text: str) -> tuple[str, bytes] | None:
@@ -202,17 +193,9 @@ def key_text(value: str, what: str | None = None) -> str:
     except OSError as exc:
         raise UsageError(f"{what}: {exc.strerror or exc}") from None
     try:
-        if not stat.S_ISREG(st.st_mode):
-            raise UsageError(f"{what} is not a regular file")
-        data = os.read(fd, KEY_FILE_MAX + 1)
+        return key_file_text(fd, st, what)
     finally:
         os.close(fd)
-    if len(data) > KEY_FILE_MAX:
-        raise UsageError(f"{what} is larger than a key file ({KEY_FILE_MAX} bytes)")
-    try:
-        return data.decode("ascii").strip()
-    except UnicodeDecodeError:
-        raise UsageError(f"{what} is not a key file (name:base64)") from None
 
 
 def parse_key(text: str, what: str) -> tuple[str, bytes]:
