@@ -78,11 +78,11 @@ def iso(t: float | None) -> str | None:
     return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def _bad(label: str, problem: str) -> IntegrityError:
+def refusal(label: str, problem: str) -> IntegrityError:
     return IntegrityError(f"{label}: {problem}; refusing it")
 
 
-def _int(value: object) -> bool:
+def seq_ok(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= SEQ_MAX
 
 
@@ -105,7 +105,7 @@ def _store_pointer(key: object, name: object) -> bool:
 
 
 def _entry_ok(e: object) -> bool:
-    return (isinstance(e, dict) and set(e) == _ENTRY and _int(e["seq"]) and _when(e["time"])
+    return (isinstance(e, dict) and set(e) == _ENTRY and seq_ok(e["seq"]) and _when(e["time"])
             and _store_pointer(e["key"], e["name"]) and _signer(e["signer"]))
 
 
@@ -115,33 +115,33 @@ def check(data: bytes, release: str, trusted: dict[str, bytes], label: str) -> d
     (the same document, the same digest: what cache/seen.py marks). IntegrityError for anything but
     a pointer of that release a trusted key signed."""
     if len(data) > RELEASE_MAX_BYTES:
-        raise _bad(label, f"larger than a release pointer ({RELEASE_MAX_BYTES} bytes)")
+        raise refusal(label, f"larger than a release pointer ({RELEASE_MAX_BYTES} bytes)")
     try:
         doc = jsontext.loads(data)
         jsontext.canonical(doc)  # what parses must re-encode (for the signature) without recursing out
     except (ValueError, RecursionError):
-        raise _bad(label, "not valid JSON") from None
+        raise refusal(label, "not valid JSON") from None
     if not isinstance(doc, dict):
-        raise _bad(label, "not a release pointer")
+        raise refusal(label, "not a release pointer")
     signer = check_signature(doc, trusted, label)
     # Signed by a trusted key: now its fields, each before it is used.
     if set(doc) != _FIELDS or doc["format"] != RELEASE_FORMAT:
-        raise _bad(label, f"not a release pointer of format {RELEASE_FORMAT}")
+        raise refusal(label, f"not a release pointer of format {RELEASE_FORMAT}")
     if doc["release"] != release:
         from llmgw_store.core.names import shown
 
-        raise _bad(label, f"it is signed for another release ({shown(doc['release'])})")
+        raise refusal(label, f"it is signed for another release ({shown(doc['release'])})")
     if not _store_pointer(doc["key"], doc["name"]):
-        raise _bad(label, "its key and name are not a store key and a store path name of it")
+        raise refusal(label, "its key and name are not a store key and a store path name of it")
     if not all(_word(doc[f]) for f in ("engine", "version", "variant")):
-        raise _bad(label, "its engine, version or variant is not a short word")
+        raise refusal(label, "its engine, version or variant is not a short word")
     if doc["signer"] != signer:
-        raise _bad(label, f"its signer field is not {signer}, the key that signed it")
-    if not _int(doc["seq"]) or not _when(doc["time"]):
-        raise _bad(label, f"its sequence number or time is not a number from 1 to {SEQ_MAX}")
+        raise refusal(label, f"its signer field is not {signer}, the key that signed it")
+    if not seq_ok(doc["seq"]) or not _when(doc["time"]):
+        raise refusal(label, f"its sequence number or time is not a number from 1 to {SEQ_MAX}")
     history = doc["history"]
     if not isinstance(history, list) or len(history) > HISTORY_MAX or not all(_entry_ok(e) for e in history):
-        raise _bad(label, f"its history is not a list of at most {HISTORY_MAX} earlier pointers")
+        raise refusal(label, f"its history is not a list of at most {HISTORY_MAX} earlier pointers")
     out = {f: doc[f] for f in ("release", "key", "name", "engine", "version", "variant", "signer", "seq")}
     out.update(time=float(doc["time"]), history=tuple(history), digest=sha256_hex(signed_part(doc)))
     return out

@@ -38,10 +38,10 @@ from llmgw_store.cache.pointer import (  # noqa: F401  (HISTORY_MAX, RELEASE_NAM
     RELEASE_MAX_BYTES,
     RELEASE_NAME_MAX,
     SEQ_MAX,
-    _bad,
-    _int,
     check_release_name,
     iso,
+    refusal,
+    seq_ok,
 )
 from llmgw_store.cache.signing import load_secret, sign, trusted_keys
 from llmgw_store.core.credentials import public_url
@@ -111,12 +111,12 @@ def read_listed(backend: Backend, item, trusted: dict[str, bytes]) -> Release:
     try:
         check_release_name(release)
     except UsageError:
-        raise _bad(label, "not a release pointer's name (releases/<name>.json)") from None
+        raise refusal(label, "not a release pointer's name (releases/<name>.json)") from None
     if not item.regular:
-        raise _bad(label, "not a regular file (a link?)")
+        raise refusal(label, "not a regular file (a link?)")
     r = fetch(backend, release, trusted)
     if r is None:
-        raise _bad(label, "listed, but could not be read")
+        raise refusal(label, "listed, but could not be read")
     return r
 
 
@@ -207,7 +207,7 @@ def write(url: str, release: str, target: dict[str, Any], secret_key: str, *, tr
             say(f"{label}: the current pointer fails its checks ({exc}); writing a new one without its history")
             try:
                 raw = json.loads(data).get("seq")
-                floor = raw if _int(raw) else 0
+                floor = raw if seq_ok(raw) else 0
             except (ValueError, AttributeError, RecursionError):
                 floor = 0
     if var is not None:
