@@ -17,6 +17,9 @@ click app with argv untouched, which then does it all and says what is wrong.
 An `activate` or a `rollback` is answered first by the switch's own path (roots/switch.py, through
 handlers.switch_answer: a registered store path, a hot generation, no check), which loads none of
 the library's other layers; what it leaves (nothing changed) runs the click command's body here.
+A follow (`activate PROFILE --release NAME`, or `activate PROFILE` with the config file's
+`releases`) of a release that has not moved is answered by roots/follow.py the same way: the
+node's mark of the release, one read of the pointer and its checks, the profile's generation.
 
 `list`, `info` and `env` are answered by integrity/reads.py (through handlers.read_answer) in the
 common case, with the same lines and document; what it leaves (nothing printed) goes to the click

@@ -251,7 +251,11 @@ def switch_answer(ctx, command: str, kw: dict) -> bool:
     profile = kw["profile"]
     if command == "activate":
         target = kw["target"]
-        if kw["check"] is not None or kw["then_check"] or kw.get("release") or not target or target.endswith(".toml"):
+        if kw["check"] is not None or kw["then_check"]:
+            return False
+        if kw.get("release") is not None or not target:
+            return _follow_answer(ctx, root, kw)
+        if target.endswith(".toml"):
             return False
         done = switch.activate(root, profile, target, lock_timeout=kw["lock_timeout"], no_check=kw["no_check"],
                                keep_records=kw["keep_records"])
@@ -263,6 +267,38 @@ def switch_answer(ctx, command: str, kw: dict) -> bool:
     if doc is None:
         return False
     ctx.emit(doc, _rolled_back(profile, doc))
+    return True
+
+
+def _follow_answer(ctx, root: str, kw: dict) -> bool:
+    """Answer a follow of a release that has not moved from roots/follow.py (one read of the
+    pointer, checked, against this node's mark and the profile's generation): print what
+    _activate_release prints for it and return True; False (nothing printed, nothing changed)
+    otherwise, and the full command follows."""
+    profile, release = kw["profile"], kw.get("release")
+    if kw["target"]:
+        return False  # with --release: the full command's usage error
+    if release is None:
+        try:
+            release = followed(kw.get("releases") or ()).get(profile)
+        except Exception:  # a malformed word: the full command's usage error
+            return False
+        if release is None:
+            return False
+    from llmgw_store.roots import follow
+
+    done = follow.noop(root, profile, release, substituters=tuple(kw["substituters"]),
+                       trusted=tuple(kw["trusted_keys"]), environ=os.environ, offline=kw["offline"],
+                       no_check=kw["no_check"], cache_network=cache_network(kw))
+    if done is None:
+        return False
+    doc, pointer = done
+    from llmgw_store.cache.pointer import iso
+
+    entry = {f: pointer[f] for f in ("seq", "time", "key", "name", "signer")}
+    doc["release"] = {"release": release, "cache": pointer["cache"], **entry, "time": iso(pointer["time"])}
+    ctx.emit(doc, f"{profile}: already at generation {doc['generation']} -> {doc['path']} (release {release}, "
+                  f"sequence {pointer['seq']})")
     return True
 
 

@@ -268,13 +268,16 @@ def parse(argv: list[str]) -> Parsed | None:
     if command is None:
         return None
     args = [p for p in COMMANDS[command] if p.argument]
-    if len(positionals) != len(args):
+    required = [p for p in args if p.default is None]  # click's: an argument with a default may be left out
+    if not len(required) <= len(positionals) <= len(args) or args[:len(required)] != required:
         return None
-    for p, value in zip(args, positionals, strict=True):
+    for p, value in zip(args, positionals, strict=False):
         try:
             given[p.name] = convert(p, value)
         except ValueError:
             return None
+    for p in args[len(positionals):]:
+        given[p.name] = p.default
     return Parsed(command, given)
 
 

@@ -221,6 +221,8 @@ def test_both_parsers_agree_on_random_command_lines(monkeypatch, tmp_path, with_
     ["activate", "p", "/x/y", "--check", "true", "--check-timeout", "5", "--progress", "none"],
     ["rollback", "p", "--to", "3", "--lock-timeout", "0", "--substituter", "a", "--substituter", "b"],
     ["activate", "--", "p", "t.toml"],
+    ["activate", "p"],  # the follow of the config file's `releases`: TARGET left out
+    ["--json", "activate", "p", "--release", "prod", "--substituter", "file:///c"],
     ["build", "r.toml", "--index-url", "http://flag/simple/", "--uv", "/usr/bin/true"],
 ], ids=lambda a: " ".join(a))
 @pytest.mark.parametrize("env", [{}, {k: v[0] for k, v in ENV_VALUES.items()}], ids=["no-env", "env"])

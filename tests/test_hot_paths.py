@@ -2,7 +2,10 @@
 loads none of click, SQLite, re, pathlib, typing or dataclasses; a switch (`activate`, `rollback`)
 loads no click, no inspect (cli/fast.py defers it: every dataclass a switch makes has a
 docstring), no OpenSSL and no child-process machinery; neither parses a config file it has seen (tomllib). Each of
-those is milliseconds on a path whose whole budget is a few times the interpreter's start.
+those is milliseconds on a path whose whole budget is a few times the interpreter's start. A follow
+of a release that has not moved (roots/follow.py) loads what a switch does not load, but not the
+library's cache stack (releases, backends, signing), the store as the library opens it, json,
+pathlib or dataclasses: the pointer's checks (cache/pointer.py, cache/signatures.py) and PyNaCl.
 The figures themselves are taken by bench/ and quoted in docs/architecture.md ("Figures")."""
 
 from __future__ import annotations
@@ -49,6 +52,13 @@ SWITCH_NEVER = {"click", "inspect", "ast", "tomllib", "_hashlib", "hmac", "secre
                 "llmgw_store.supervise.procs", "llmgw_store.build.builder"}
 
 
+FOLLOW_NEVER = SWITCH_NEVER | {"llmgw_store.cache.releases", "llmgw_store.cache.signing", "llmgw_store.cache.backends",
+                               "llmgw_store.cache.pull", "llmgw_store.core.local_store", "llmgw_store.core.index",
+                               "json", "pathlib", "dataclasses"}
+FOLLOW_LOADS = {"llmgw_store.roots.follow", "llmgw_store.cache.pointer", "llmgw_store.cache.signatures",
+                "llmgw_store.roots.switch", "nacl.signing"}
+
+
 def test_a_cache_hit_loads_little(root, store):
     proc, names = loaded(root, "build", str(store["recipe"]), env=store["env"])
     assert proc.returncode == 0 and proc.stdout == store["a"] + "\n"
@@ -90,3 +100,19 @@ def test_every_dataclass_of_the_library_has_a_docstring_where_a_switch_loads_it(
         for node in ast.walk(tree):
             if isinstance(node, ast.ClassDef) and any("dataclass" in ast.unparse(d) for d in node.decorator_list):
                 assert ast.get_docstring(node), f"store/{rel}: {node.name} needs a one-line docstring"
+
+
+def test_a_follow_of_a_release_that_has_not_moved_loads_what_it_needs_only(root, store, tmp_path):
+    keys = tmp_path / "keys"
+    run_cli(root, "keygen", "builder", "--out", str(keys), check=True)
+    cache, secret = f"file://{tmp_path / 'bcache'}", str(keys / "builder.secret")
+    run_cli(root, "push", store["a"], "--to", cache, "--secret-key", secret, check=True)
+    run_cli(root, "release", "set", "prod", store["a"], "--to", cache, "--secret-key", secret, check=True)
+    node = tmp_path / "node"
+    follow = ["activate", "svc", "--release", "prod", "--substituter", cache, "--trusted-key", str(keys / "builder.public")]
+    run_cli(node, *follow, env=store["env"], check=True)  # the first follow: the full command, the mark recorded
+    for args in (follow, ["--json", *follow]):
+        proc, names = loaded(node, *args, env=store["env"])
+        assert proc.returncode == 0 and ('"changed": false' in proc.stdout or "already at" in proc.stdout), proc.stderr
+        assert FOLLOW_LOADS <= names and not names & FOLLOW_NEVER, (args, FOLLOW_LOADS - names,
+                                                                     sorted(names & FOLLOW_NEVER))

@@ -27,17 +27,37 @@ def release() -> None:
     """Signed release pointers: what the fleet runs, set by the builder, followed by nodes."""
 
 
+def _writes_pointer(to_help: str, trusted_help: str):
+    """The options of a command that writes a release pointer (`set`, `promote`): the cache, the
+    signing key, the keys whose signatures it also accepts, the network settings."""
+    options = (click.option("--to", "to", required=True, help=to_help),
+               click.option("--secret-key", required=True, envvar="LLMGW_STORE_SECRET_KEY",
+                            help="Signing key file (from keygen)."),
+               setting_option("trusted_keys", help=trusted_help), cache_network_options, click.pass_obj)
+
+    def wrap(f):
+        for option in reversed(options):
+            f = option(f)
+        return f
+
+    return wrap
+
+
+def _write_pointer(obj: Context, write, *args: str, to: str, secret_key: str, trusted_keys: tuple[str, ...],
+                   policy) -> None:
+    """Run the library call that writes the pointer (api.release_set, api.release_promote) and
+    print its one line."""
+    r = write(*args, to, secret_key, trusted_keys=tuple(trusted_keys), root=obj.root, policy=policy)
+    obj.emit(r.to_json(), _line(r.release))
+
+
 @release.command("set")
 @click.argument("name")
 @click.argument("target")
-@click.option("--to", "to", required=True, help="Cache URL: file:///dir, http(s)://host/prefix or s3://bucket/prefix.")
-@click.option("--secret-key", required=True, envvar="LLMGW_STORE_SECRET_KEY", help="Signing key file (from keygen).")
-@setting_option("trusted_keys", help="Another key whose signatures on the object (or the current pointer) this "
-                                     "signer accepts (its own is always accepted); repeatable.")
-@cache_network_options
-@click.pass_obj
-def release_set(obj: Context, name: str, target: str, to: str, secret_key: str, trusted_keys: tuple[str, ...],
-                policy) -> None:
+@_writes_pointer("Cache URL: file:///dir, http(s)://host/prefix or s3://bucket/prefix.",
+                 "Another key whose signatures on the object (or the current pointer) this signer accepts (its own "
+                 "is always accepted); repeatable.")
+def release_set(obj: Context, name: str, target: str, **kw) -> None:
     """Point the release NAME at TARGET (PROFILE, PROFILE@N, a store path, its name or key), which
     the cache must hold (push it first). Setting an older TARGET again is a fleet-wide rollback.
 
@@ -47,21 +67,15 @@ def release_set(obj: Context, name: str, target: str, to: str, secret_key: str, 
     """
     from llmgw_store.api import release_set as do_set
 
-    r = do_set(name, target, to, secret_key, trusted_keys=tuple(trusted_keys), root=obj.root, policy=policy)
-    obj.emit(r.to_json(), _line(r.release))
+    _write_pointer(obj, do_set, name, target, **kw)
 
 
 @release.command("promote")
 @click.argument("source")
 @click.argument("dest")
-@click.option("--to", "to", required=True, help="Cache URL holding both releases.")
-@click.option("--secret-key", required=True, envvar="LLMGW_STORE_SECRET_KEY", help="Signing key file (from keygen).")
-@setting_option("trusted_keys", help="A key whose signature on SOURCE is accepted (the signer's own always is); "
-                                     "repeatable.")
-@cache_network_options
-@click.pass_obj
-def release_promote(obj: Context, source: str, dest: str, to: str, secret_key: str, trusted_keys: tuple[str, ...],
-                    policy) -> None:
+@_writes_pointer("Cache URL holding both releases.",
+                 "A key whose signature on SOURCE is accepted (the signer's own always is); repeatable.")
+def release_promote(obj: Context, source: str, dest: str, **kw) -> None:
     """Point the release DEST at what the release SOURCE points at (vllm-canary -> vllm-prod).
 
     \b
@@ -70,8 +84,7 @@ def release_promote(obj: Context, source: str, dest: str, to: str, secret_key: s
     """
     from llmgw_store.api import release_promote as do_promote
 
-    r = do_promote(source, dest, to, secret_key, trusted_keys=tuple(trusted_keys), root=obj.root, policy=policy)
-    obj.emit(r.to_json(), _line(r.release))
+    _write_pointer(obj, do_promote, source, dest, **kw)
 
 
 @release.command("show")

@@ -6,8 +6,8 @@ grows, and the pointers it replaced (newest first, at most HISTORY_MAX), signed 
 key. A node that follows a release pulls exactly that key: it computes nothing (no recipe, no
 interpreter, no index).
 
-A reader takes the document as hostile until checked, in this order, before any field is used:
-its size (at most RELEASE_MAX_BYTES, the read stops there), JSON, a trusted signature (over the
+A reader takes the document as hostile until checked (cache/pointer.py, which the no-op follow
+runs too), in this order, before any field is used: its size (at most RELEASE_MAX_BYTES, the read stops there), JSON, a trusted signature (over the
 canonical JSON without `signatures`), then its shape — every field's type and bound, the release
 name the one asked for, the key a store key, the store name one of that key. Then the replay rule
 (cache/seen.py): a pointer whose sequence number is older than the newest this reader has seen for
@@ -22,13 +22,10 @@ more than the current one and than any this root has seen, so a clock set back s
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
-import math
 import re
 import time
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -36,33 +33,25 @@ from llmgw_store.app.credentials import public_url
 from llmgw_store.app.results import Result, fields_of
 from llmgw_store.base.errors import IntegrityError, UsageError
 from llmgw_store.base.report import say
-from llmgw_store.base.text import shown
+from llmgw_store.cache import pointer
 from llmgw_store.cache.backends import Backend, RetryPolicy, backend_for
 from llmgw_store.cache.caches import Caches
-from llmgw_store.cache.signing import SecretKey, check_signature, load_secret, sign, signed_part, trusted_keys
-from llmgw_store.core.keys import KEY_RE, canonical_json, is_store_name, key_of_name
+from llmgw_store.cache.pointer import (  # noqa: F401  (HISTORY_MAX, RELEASE_NAME_MAX: named here too)
+    HISTORY_MAX,
+    RELEASE_FORMAT,
+    RELEASE_MAX_BYTES,
+    RELEASE_NAME_MAX,
+    SEQ_MAX,
+    check_release_name,
+    iso,
+    refusal,
+    seq_ok,
+)
+from llmgw_store.cache.signing import SecretKey, load_secret, sign, trusted_keys
+from llmgw_store.core.keys import canonical_json
 
-RELEASE_FORMAT = "llmgw-release-1"
-RELEASE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
-RELEASE_NAME_MAX = 64
-RELEASE_MAX_BYTES = 64 << 10  # a pointer and 16 earlier ones are about 5 KiB
-HISTORY_MAX = 16
-SEQ_MAX = (1 << 63) - 1
-FIELD_MAX = 200  # engine, version, variant, signer: short words
+RELEASE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # pointer.release_name_ok's, for those that match
 KIND = "release"  # the kind of document in cache/seen.py
-_SIGNER_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
-_WORD_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+!-]{0,199}")
-
-
-def check_release_name(name: object) -> str:
-    """A release name: [A-Za-z0-9._-], starting with a letter or digit, at most 64, no '..' (it
-    names a cache object, `releases/<name>.json`, and a mark in ROOT/var/seen.json)."""
-    if not isinstance(name, str) or not RELEASE_RE.fullmatch(name) or ".." in name:
-        raise UsageError(f"{shown(name)} is not a release name: use [A-Za-z0-9._-], starting with a letter or digit, "
-                         "no '/' or '..'")
-    if len(name) > RELEASE_NAME_MAX:
-        raise UsageError(f"{shown(name)} is not a release name: at most {RELEASE_NAME_MAX} characters")
-    return name
 
 
 def object_of(release: str) -> str:
@@ -96,73 +85,13 @@ class Release(Result):
         return out
 
 
-def iso(t: float | None) -> str | None:
-    """A signed time (seconds since the epoch) as `--json` documents give times (docs/json.md)."""
-    return None if t is None else datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def _bad(label: str, problem: str) -> IntegrityError:
-    return IntegrityError(f"{label}: {problem}; refusing it")
-
-
-def _int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= SEQ_MAX
-
-
-def _when(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
-
-
-def _word(value: object) -> bool:
-    return value is None or (isinstance(value, str) and bool(_WORD_RE.fullmatch(value)))
-
-
-def _store_pointer(key: object, name: object) -> bool:
-    return isinstance(key, str) and bool(KEY_RE.match(key)) and is_store_name(name) and key_of_name(name) == key
-
-
-def _entry_ok(e: object) -> bool:
-    return (isinstance(e, dict) and set(e) == {"seq", "time", "key", "name", "signer"} and _int(e["seq"])
-            and _when(e["time"]) and _store_pointer(e["key"], e["name"]) and isinstance(e["signer"], str)
-            and bool(_SIGNER_RE.fullmatch(e["signer"])))
-
-
-_FIELDS = {"format", "release", "key", "name", "engine", "version", "variant", "signer", "time", "seq", "history",
-           "signatures"}
-
-
 def parse(data: bytes, release: str, trusted: dict[str, bytes], label: str) -> Release:
     """The checked pointer of `release` in `data` (at most RELEASE_MAX_BYTES, read by the caller
-    with that cap). IntegrityError for anything but a pointer of that release a trusted key signed."""
-    if len(data) > RELEASE_MAX_BYTES:
-        raise _bad(label, f"larger than a release pointer ({RELEASE_MAX_BYTES} bytes)")
-    try:
-        doc = json.loads(data)
-        json.dumps(doc)  # what parses must re-encode (for the signature) without recursing out
-    except (ValueError, RecursionError):
-        raise _bad(label, "not valid JSON") from None
-    if not isinstance(doc, dict):
-        raise _bad(label, "not a release pointer")
-    signer = check_signature(doc, trusted, label)
-    # Signed by a trusted key: now its fields, each before it is used.
-    if set(doc) != _FIELDS or doc["format"] != RELEASE_FORMAT:
-        raise _bad(label, f"not a release pointer of format {RELEASE_FORMAT}")
-    if doc["release"] != release:
-        raise _bad(label, f"it is signed for another release ({shown(doc['release'])})")
-    if not _store_pointer(doc["key"], doc["name"]):
-        raise _bad(label, "its key and name are not a store key and a store path name of it")
-    if not all(_word(doc[f]) for f in ("engine", "version", "variant")):
-        raise _bad(label, "its engine, version or variant is not a short word")
-    if doc["signer"] != signer:
-        raise _bad(label, f"its signer field is not {signer}, the key that signed it")
-    if not _int(doc["seq"]) or not _when(doc["time"]):
-        raise _bad(label, f"its sequence number or time is not a number from 1 to {SEQ_MAX}")
-    history = doc["history"]
-    if not isinstance(history, list) or len(history) > HISTORY_MAX or not all(_entry_ok(e) for e in history):
-        raise _bad(label, f"its history is not a list of at most {HISTORY_MAX} earlier pointers")
-    return Release(release, doc["key"], doc["name"], doc["engine"], doc["version"], doc["variant"], signer,
-                   float(doc["time"]), doc["seq"], tuple(history),
-                   digest=hashlib.sha256(signed_part(doc)).hexdigest())
+    with that cap). IntegrityError for anything but a pointer of that release a trusted key signed
+    (cache/pointer.py: the checks, which the no-op follow runs too)."""
+    doc = pointer.check(data, release, trusted, label)
+    return Release(release, doc["key"], doc["name"], doc["engine"], doc["version"], doc["variant"], doc["signer"],
+                   doc["time"], doc["seq"], doc["history"], digest=doc["digest"])
 
 
 def fetch(backend: Backend, release: str, trusted: dict[str, bytes]) -> Release | None:
@@ -182,12 +111,12 @@ def read_listed(backend: Backend, item, trusted: dict[str, bytes]) -> Release:
     try:
         release = check_release_name(release)
     except UsageError:
-        raise _bad(label, "not a release pointer's name (releases/<name>.json)") from None
+        raise refusal(label, "not a release pointer's name (releases/<name>.json)") from None
     if not item.regular:
-        raise _bad(label, "not a regular file (a link?)")
+        raise refusal(label, "not a regular file (a link?)")
     r = fetch(backend, release, trusted)
     if r is None:
-        raise _bad(label, "listed, but could not be read")
+        raise refusal(label, "listed, but could not be read")
     return r
 
 
@@ -278,7 +207,7 @@ def write(url: str, release: str, target: dict[str, Any], secret_key: SecretKey 
             say(f"{label}: the current pointer fails its checks ({exc}); writing a new one without its history")
             try:
                 raw = json.loads(data).get("seq")
-                floor = raw if _int(raw) else 0
+                floor = raw if seq_ok(raw) else 0
             except (ValueError, AttributeError, RecursionError):
                 floor = 0
     if var is not None:

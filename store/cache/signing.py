@@ -23,14 +23,19 @@ from __future__ import annotations
 import base64
 import os
 import re
-import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from llmgw_store.app.results import Result
-from llmgw_store.base.errors import IntegrityError, UntrustedSignature, UsageError
+from llmgw_store.base.errors import IntegrityError, UsageError
 from llmgw_store.base.text import shown
+from llmgw_store.cache.signatures import (
+    MAX_SIGNATURES,
+    check_signature,  # noqa: F401  (re-exported; checking is lean there)
+    key_file_text,
+)
+from llmgw_store.cache.signatures import signatures_of as _signatures
 from llmgw_store.core.keys import canonical_json
 from llmgw_store.core.names import check_signing_key_name, inline_key
 from llmgw_store.system.files import FileRefused, open_trusted, write_outside
@@ -38,7 +43,6 @@ from llmgw_store.system.files import FileRefused, open_trusted, write_outside
 METADATA_MAX_BYTES = 1 << 20
 PUBLIC_BYTES = 32  # an ed25519 verify key
 SECRET_BYTES = 64  # seed + verify key, as libsodium's crypto_sign secret key and Nix's key files
-KEY_FILE_MAX = 4096  # a key file is one short line: more is not a key file
 
 
 @dataclass(frozen=True)
@@ -107,7 +111,7 @@ def keygen(name: str, out_dir: str | Path) -> KeyPair:
 
 def _read_key_file(path: str | Path, what: str) -> str:
     """A key file's one line: a regular file (a link to one is followed: secrets are often mounted
-    that way), at most KEY_FILE_MAX bytes. UsageError naming the file otherwise."""
+    that way), read by signatures.key_file_text. UsageError naming the file otherwise."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
@@ -115,17 +119,9 @@ def _read_key_file(path: str | Path, what: str) -> str:
     except OSError as exc:
         raise UsageError(f"{what} {_where(path)}: {exc.strerror}") from None
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise UsageError(f"{what} {_where(path)} is not a regular file")
-        data = os.read(fd, KEY_FILE_MAX + 1)
+        return key_file_text(fd, os.fstat(fd), f"{what} {_where(path)}")
     finally:
         os.close(fd)
-    if len(data) > KEY_FILE_MAX:
-        raise UsageError(f"{what} {_where(path)} is larger than a key file ({KEY_FILE_MAX} bytes)")
-    try:
-        return data.decode("ascii").strip()
-    except UnicodeDecodeError:
-        raise UsageError(f"{what} {_where(path)} is not a key file (name:base64)") from None
 
 
 def _decode(text: str) -> tuple[str, bytes] | None:
@@ -198,17 +194,9 @@ def key_text(value: str, what: str | None = None) -> str:
     except OSError as exc:
         raise UsageError(f"{what}: {exc.strerror or exc}") from None
     try:
-        if not stat.S_ISREG(st.st_mode):
-            raise UsageError(f"{what} is not a regular file")
-        data = os.read(fd, KEY_FILE_MAX + 1)
+        return key_file_text(fd, st, what)
     finally:
         os.close(fd)
-    if len(data) > KEY_FILE_MAX:
-        raise UsageError(f"{what} is larger than a key file ({KEY_FILE_MAX} bytes)")
-    try:
-        return data.decode("ascii").strip()
-    except UnicodeDecodeError:
-        raise UsageError(f"{what} is not a key file (name:base64)") from None
 
 
 def parse_key(text: str, what: str) -> tuple[str, bytes]:
@@ -249,20 +237,7 @@ def sign(meta: dict[str, Any], secret: SecretKey | str | Path) -> None:
     meta.setdefault("signatures", []).append({"key": key.name, "sig": base64.b64encode(sig).decode()})
 
 
-MAX_SIGNATURES = 16
 _SHOWN_SIGNER_RE = re.compile(r"[A-Za-z0-9._@+-]{1,64}")
-
-
-def _signatures(meta: object, label: str) -> list[dict[str, str]]:
-    """The metadata's signatures, if they have the one shape a signer writes: a short list of
-    {key: str, sig: str}. Anything else is refused before a signature is looked at."""
-    sigs = meta.get("signatures") if isinstance(meta, dict) else None
-    if (not isinstance(sigs, list) or len(sigs) > MAX_SIGNATURES
-            or not all(isinstance(s, dict) and isinstance(s.get("key"), str) and isinstance(s.get("sig"), str)
-                       for s in sigs)):
-        raise IntegrityError(f"{label}: its signatures are not a list of at most {MAX_SIGNATURES} "
-                             "{key, sig} objects; refusing it")
-    return sigs
 
 
 def _parsed(data: bytes | None) -> dict[str, Any] | None:
@@ -329,34 +304,3 @@ def signs_same(written: bytes, current: bytes | None, key_name: str) -> bool:
     mine = [s for s in new.get("signatures") or [] if isinstance(s, dict) and s.get("key") == key_name]
     sigs = old.get("signatures")
     return len(mine) == 1 and isinstance(sigs, list) and mine[0] in sigs
-
-
-def check_signature(meta: dict[str, Any], trusted: dict[str, bytes], label: str) -> str:
-    """The name of the trusted key that signed `meta`; IntegrityError when none did. `label` (the
-    object asked for) names it in messages: nothing unsigned is printed but signer names that look
-    like key names."""
-    from nacl.exceptions import BadSignatureError
-    from nacl.signing import VerifyKey
-
-    if not trusted:
-        raise UsageError("no trusted public keys: pass --trusted-key (name:base64 or a .public file)")
-    sigs = _signatures(meta, label)
-    body = signed_part(meta)
-    forged = False  # a signature naming a trusted key that does not verify: damaged, not untrusted
-    for s in sigs:
-        key = trusted.get(s["key"])
-        if key is None:
-            continue
-        try:
-            sig = base64.b64decode(s["sig"], validate=True)
-            if len(sig) == 64:
-                VerifyKey(key).verify(body, sig)
-                return s["key"]
-        except (BadSignatureError, ValueError):
-            pass
-        forged = True
-    signers = ", ".join(s["key"] if _SHOWN_SIGNER_RE.fullmatch(s["key"]) else "?" for s in sigs) or "nobody"
-    if forged:
-        raise IntegrityError(f"{label}: not signed by a trusted key: a signature naming one does not verify, "
-                             f"the metadata was changed after signing (signed by: {signers}); refusing it")
-    raise UntrustedSignature(f"{label}: not signed by a trusted key (signed by: {signers}); refusing it")

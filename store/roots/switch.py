@@ -526,6 +526,57 @@ def activate(root: str, profile: str, target: str, *, lock_timeout: float, no_ch
         dirs.close()
 
 
+def unchanged(root: str, profile: str, name: str, *, no_check: bool, unless_held: bool) -> dict[str, object] | None:
+    """profiles.activate(profile, name)'s answer when `name` is the profile's current generation
+    already (no generation made, no check run): its result document, checked under the profile's
+    lock as that function checks it — the index agrees with the links, no temporaries, no pending
+    `--then-check`, `name` registered and on disk, and (`unless_held`) the profile not held — and
+    its one line when the recipe has a `health` command (unless `no_check`). None otherwise,
+    nothing changed: the full function decides (and repairs what it repairs)."""
+    if not _profile_ok(profile) or not is_store_name(name):
+        return None
+    try:
+        dirs = _Dirs(root)
+    except _Leave:
+        return None
+    index = None
+    try:
+        index = _Index(root, dirs.var, 30.0)
+        row = index.row("name", name)
+        if row is None or row["key"] != name[:32] or not _hot(dirs, name) or os.path.islink(f"{root}/store/{name}"):
+            return None
+        lock = _ProfileLock(dirs, profile)
+        try:
+            if unless_held and os.path.lexists(f"{root}/holds/{profile}"):
+                return None  # held: the full function says so
+            scan = _Scan(dirs, profile)
+            rows = index.generations(profile)
+            if any(n not in rows or rows[n][1] is not None or rows[n][0] != g for n, g in scan.gens.items()) \
+                    or any(n not in scan.gens and deleted is None for n, (_, deleted) in rows.items()):
+                return None
+            current = _current(dirs, profile)
+            _no_pending_check(dirs, profile, current)
+            if current is None or scan.gens.get(current) != name:
+                return None
+            if not no_check and _health_recorded(jsontext.loads(row["inputs"]) if isinstance(row["inputs"], str)
+                                                 else None):
+                from llmgw_store.base.report import said
+
+                said(f"check: the health command of {name}'s recipe")  # as profiles.activate says it, unrun
+            return _result(profile, current, current, f"{root}/store/{name}", False)
+        finally:
+            lock.release()
+    except _Leave:
+        return None
+    except Exception as exc:
+        _raise_if_full(exc, root, 30.0)
+        return None
+    finally:
+        if index is not None:
+            index.close()
+        dirs.close()
+
+
 def _activate_locked(dirs: _Dirs, index: _Index, key: bytes, profile: str, name: str, described: dict,
                      keep_records: int, started: _Started) -> tuple[dict[str, object], str] | None:
     from blake3 import blake3

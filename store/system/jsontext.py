@@ -36,6 +36,12 @@ def loads(text: str | bytes) -> object:
         value, end = _scan(s, 0)
     except StopIteration:
         raise ValueError("not a JSON value") from None
+    except SystemError:
+        # _json raises a malformed value's error as json.decoder's JSONDecodeError, which it takes
+        # from sys.modules only: with json not loaded it fails without saying why. Loaded, it says.
+        import json.decoder  # noqa: F401
+
+        value, end = _scan(s, 0)
     if end != len(s):
         raise ValueError("extra data after the JSON value")
     return value
