@@ -90,7 +90,7 @@ def test_a_fleet_follows_its_releases_through_the_documented_nginx(world, start_
     (ngx.files / "releases" / "prod.json").write_bytes(forward)
     first = exec_argvs(units["node-1"][1])[0]
     proc = subprocess.run(first, capture_output=True, text=True, check=False, env=clean_env(), timeout=300)
-    assert proc.returncode == 1 and "replayed" in proc.stderr and "refusing it" in proc.stderr, proc.stderr
+    assert proc.returncode == 65 and "replayed" in proc.stderr and "refusing it" in proc.stderr, proc.stderr
     assert runs("node-1") == one
     assert fleet() == {"node-1": "unknown", "node-2": "unknown", "node-3": "in_sync"}
     doc = json.loads(builder("--json", "fleet", "--from", ngx.url, "--keep-from", str(keys),

@@ -139,7 +139,7 @@ def test_a_replayed_older_pointer_is_refused_by_the_fast_path_too(world, tmp_pat
     assert f.current() == a
     obj.write_bytes(old)  # the replay
     proc, fast = f.follow()
-    assert proc.returncode == 1 and not fast, (proc.stdout, proc.stderr)
+    assert proc.returncode == 65 and not fast, (proc.stdout, proc.stderr)
     assert "is older than" in proc.stderr and "refusing it" in proc.stderr and proc.stdout == ""
     assert f.current() == a
 
@@ -159,7 +159,7 @@ def test_a_tampered_pointer_or_a_key_no_longer_trusted_is_refused_by_the_fast_pa
     doc["signatures"][0]["sig"] = base64.b64encode(bytes(sig)).decode()
     obj.write_text(json.dumps(doc))
     proc, fast = f.follow()
-    assert proc.returncode == 1 and not fast and "does not verify" in proc.stderr, proc.stderr
+    assert proc.returncode == 65 and not fast and "does not verify" in proc.stderr, proc.stderr
     obj.write_bytes(good)
     assert f.follow()[1]
     # The builder's key no longer trusted (the intruder's instead): nothing the old key signed is taken.
@@ -249,3 +249,30 @@ def test_malformed_json_is_a_value_error_before_json_is_loaded():
             "    try:\n        jsontext.loads(text)\n    except ValueError as exc:\n        print(type(exc).__name__)\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 0 and len(proc.stdout.split()) == 4, proc.stderr
+
+
+def test_a_cache_that_fails_is_asked_once_by_the_fast_path_then_by_the_full_command(world, tmp_path):
+    """The fast path makes one attempt and leaves a failing cache to the full command's retries: a
+    follow against a cache that answers 503 fails after the full command's attempts plus one, not
+    twice as many (which would double the time a node takes to say the cache is unreachable)."""
+    from tests.support.fault_server import FaultyCache
+
+    w, (a, _) = world, world["names"]
+    f, _ = _file_fleet(w, tmp_path)
+    f.set(a)
+    srv = FaultyCache(tmp_path / "cache")
+    try:
+        f.conf = node_config(tmp_path / "node-http.toml", w["keys"], srv.url, node=False)
+        first, fast = f.follow()
+        assert first.returncode == 0 and not fast, first.stderr
+        proc, fast = f.follow()
+        assert proc.returncode == 0 and fast, proc.stderr  # the positive case: answered fast over HTTP
+        srv.rules.append([__import__("re").compile(r"/releases/prod\.json$"), "503", None])
+        srv.requests.clear()
+        f.env = f.env | {"LLMGW_STORE_CACHE_ATTEMPTS": "3"}
+        proc, _ = f.follow()
+        assert proc.returncode == 69, (proc.returncode, proc.stderr)
+        asked = [p for _, p in srv.requests if p.endswith("/releases/prod.json")]
+        assert len(asked) == 1 + 3, srv.requests
+    finally:
+        srv.stop()

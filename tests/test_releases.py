@@ -114,7 +114,7 @@ def test_a_node_follows_the_release_forward_back_and_refuses_a_replay(world, tmp
     # A replay: the older pointer's genuine bytes put back. Refused, the node stays where it is.
     pointer.write_bytes(old_bytes)
     proc = _follow(w, env)
-    assert proc.returncode == 1, proc.stderr
+    assert proc.returncode == 65, proc.stderr
     line = _one_error(proc)
     assert f"sequence {second['seq']} is older than {third['seq']}" in line and "replayed" in line, line
     assert _current(w) == (3, a)
@@ -267,7 +267,7 @@ def test_promote_show_and_one_view_of_the_fleet(world, tmp_path):
     assert shown.stdout.startswith(f"prod -> {b}  tinyengine 1.0 (cpu)") and f"  was {a}" in shown.stdout
     untrusted = run_cli(w["node"], "release", "show", "prod", "--from", cache, "--trusted-key",
                         str(w["keys"] / "intruder.public"))
-    assert untrusted.returncode == 1 and "not signed by a trusted key" in _one_error(untrusted)
+    assert untrusted.returncode == 77 and "not signed by a trusted key" in _one_error(untrusted)
 
     # A node follows prod and publishes its roots; the fleet view shows what it runs, and which release that is.
     env = _node_env(w, cache)

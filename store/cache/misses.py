@@ -38,7 +38,7 @@ from llmgw_store.core.keys import is_store_name
 MAX_NEIGHBOURS = 64  # objects' metadata read per cache to explain a miss (newest first)
 MAX_SHOWN = 3  # neighbours named in the line (the JSON has them all)
 _RANK = {"untrusted": 0, "damaged": 1, "unreachable": 2, "miss": 3}
-_ERRORS: dict[str, type[NotSubstituted]] = {"untrusted": CacheUntrusted, "damaged": CacheDamaged,
+ERRORS: dict[str, type[NotSubstituted]] = {"untrusted": CacheUntrusted, "damaged": CacheDamaged,
                                             "unreachable": CacheUnreachable, "miss": CacheMiss}
 # The key inputs a person sets, with the words a message uses for them.
 _WORDS = {"python": "interpreter", "uv": "uv", "platform": "platform", "index_url": "index", "as_of": "as-of",
@@ -102,7 +102,7 @@ def refusal(caches: Caches, trusted: dict[str, bytes], key: str, name: str, inpu
                      + ": give this node the builder's settings for those key inputs, or push it from a builder")
         else:
             text += "push it from a builder, or drop --substitute-only to build here"
-    return _ERRORS[cause](text, details=details)
+    return ERRORS[cause](text, details=details)
 
 
 def _said(candidate: dict[str, Any]) -> str:

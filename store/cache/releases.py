@@ -31,7 +31,7 @@ from typing import Any
 
 from llmgw_store.app.credentials import public_url
 from llmgw_store.app.results import Result, fields_of
-from llmgw_store.base.errors import IntegrityError, UsageError
+from llmgw_store.base.errors import IntegrityError, NetworkError, NotSubstituted, UsageError
 from llmgw_store.base.report import say
 from llmgw_store.cache import pointer
 from llmgw_store.cache.backends import Backend, RetryPolicy, backend_for
@@ -152,11 +152,28 @@ def read(urls: list[str] | tuple[str, ...], release: str, trusted: list[str] | t
                 seen.check(var, seen.ANY_CACHE, KIND, release, r.seq, r.digest, where)
         return url, r
 
-    found = caches.first(one)
+    try:
+        found = caches.first(one)
+    except (NetworkError, IntegrityError) as exc:
+        raise _not_read(release, label, exc) from exc
     if found is None:
         raise NotFoundError(f"no binary cache given has the release {release} ({label}; asked: "
                             f"{' '.join(public_url(u) for u in urls)})")
     return _with_cache(found[1], found[0])
+
+
+def _not_read(release: str, label: str, exc: NetworkError | IntegrityError) -> NotSubstituted:
+    """The error of a pointer no cache served: typed by its cause as a pull's is (cache/misses.py:
+    exit 69 unreachable, 77 untrusted, 65 damaged or replayed), with the action in its line."""
+    from llmgw_store.cache.misses import ERRORS, cause_of
+
+    cause = cause_of(exc)
+    action = {"unreachable": "bring the cache back or fix this node's route to it, then run this again",
+              "untrusted": "add the builder's public key to trusted_keys (--trusted-key)",
+              "damaged": "set the release again from the builder (`llmgw-store release set`)"}[cause]
+    where = exc.cache or "the binary cache"
+    return ERRORS[cause](f"the release {release} ({label}) could not be read from {where} ({exc}): {action}",
+                         details={"cause": cause, "release": release})
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ import stat
 
 from llmgw_store.cache import pointer
 from llmgw_store.cache.signatures import plain_trusted_keys
+from llmgw_store.core import locations as loc
 from llmgw_store.roots import switch
 from llmgw_store.system import files, jsontext
 
@@ -52,7 +53,7 @@ def noop(root: str, profile: str, release: str, *, substituters: tuple[str, ...]
         return None
     try:
         keys = plain_trusted_keys(trusted, environ)
-        if not keys or os.path.lexists(f"{root}/holds/{profile}"):  # held: the full command says so
+        if not keys or os.path.lexists(f"{loc.at(root, loc.HOLDS)}/{profile}"):  # held: the full command says so
             return None
         mark = _mark(root, release)
     except Exception:  # anything not plain here is the full command's to say
@@ -82,7 +83,7 @@ def _mark(root: str, release: str) -> tuple[int, str] | None:
     """(sequence, digest) of this node's mark of `release` (cache/seen.py's record, read as it reads
     it: bounded, never through a link); None without one, or for a record seen.py would refuse."""
     try:
-        raw = files.read_bounded(f"{root}/var/seen.json", SEEN_MAX_BYTES)
+        raw = files.read_bounded(loc.at(root, loc.SEEN), SEEN_MAX_BYTES)
         doc = jsontext.loads(raw)
     except (OSError, ValueError):
         return None
@@ -107,7 +108,10 @@ def _read(url: str, label: str, cache_network: dict) -> bytes | None:
     if not url.startswith("file://"):
         from llmgw_store.cache.backends import RetryPolicy, backend_for
 
-        return backend_for(url, RetryPolicy.from_env(**cache_network)).get(label, max_bytes=cap)
+        # One attempt: a cache that fails now is left to the full command, whose retries then run
+        # once (a fast path that retried too would double the time a follow takes to fail).
+        policy = RetryPolicy.from_env(**{**cache_network, "attempts": 1})
+        return backend_for(url, policy).get(label, max_bytes=cap)
     root = os.open(url[len("file://"):], _DIR)
     try:
         folder = os.open("releases", _DIR, dir_fd=root)
