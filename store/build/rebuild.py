@@ -183,10 +183,15 @@ def rebuild(store: Store, rec: Recorded, into: str | Path, *, uv_path: str | Pat
 
     def attempt(p: BuildPlan) -> str:
         deadline = Deadline(p)
+
+        def verify(tree: Path) -> None:
+            verify_env(store, p, tree, deadline)
+            expect(tree)
+
         return realise(
             store, p.key, p.name, p.inputs, p.meta,
             lambda partial: make_env(store, p, partial, deadline),
-            verify=lambda tree: (verify_env(store, p, tree, deadline), expect(tree)),
+            verify=verify,
             lock_timeout=lock_timeout, check=lambda: check_requirements(p), substitute=substitute,
         )[1]
 

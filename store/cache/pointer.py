@@ -37,10 +37,10 @@ def sha256_hex(data: bytes) -> str:
     """hashlib.sha256(data).hexdigest(), from the interpreter's own sha256 where it has one (hashlib
     loads OpenSSL's, 2 ms of a follow that costs 30)."""
     try:
-        from _sha2 import sha256  # Python 3.12 and later
+        from _sha2 import sha256  # type: ignore[import-not-found]  # Python 3.12 and later (no stub)
     except ImportError:
         try:
-            from _sha256 import sha256  # 3.11
+            from _sha256 import sha256  # type: ignore[import-not-found]  # 3.11 (no stub)
         except ImportError:
             from hashlib import sha256
     return sha256(data).hexdigest()

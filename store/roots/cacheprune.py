@@ -124,6 +124,7 @@ def prune_uv_cache(store: Store, dry_run: bool) -> int:
         say(f"uv's pointers to {gone} archive(s) no longer unpacked: freed {human_size(freed)}")
         return freed
     pinned = [r for r in store.index.paths() if r.engine == "uv" and r.version == uvmod.UV_VERSION]
+    binary: Path | None
     if pinned:
         binary = store.layout.path_of(pinned[0].name) / "bin" / "uv"
     else:

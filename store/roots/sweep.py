@@ -172,7 +172,8 @@ def _choose(store: Store, live: set[str], budget: int | None, *, checked: bool =
     (as a gc last saw it, or a generation record says) or used less than that long ago is kept."""
     rows = {r.name: r for r in store.index.paths()}
     rooted = store.index.last_rooted() if keep_dead_for is not None else {}
-    leftovers, registered = [], []
+    leftovers: list[dict[str, Any]] = []  # the result's items: name, size, reason, last_used (freed added)
+    registered: list[dict[str, Any]] = []
     on_disk = set()
     for entry in os.scandir(store.layout.store):
         name = entry.name

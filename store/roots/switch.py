@@ -466,6 +466,8 @@ def _resolve(dirs: _Dirs, index: _Index, target: str) -> dict | None:
             if not stat.S_ISLNK(st.st_mode):
                 return None
             current = _current(dirs, target)
+            if current is None:  # gone since the lstat: the full command says what is there
+                return None
             try:
                 name = os.readlink(loc.generation_link(target, current), dir_fd=dirs.profiles).rpartition("/")[2]
             except OSError:
