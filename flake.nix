@@ -7,7 +7,7 @@
     let
       systems = [ "x86_64-linux" "aarch64-linux" ];
       forAll = f: nixpkgs.lib.genAttrs systems (system: f nixpkgs.legacyPackages.${system});
-      # pyproject.toml's [project] dependencies, one for one (tests/test_repository.py compares them),
+      # pyproject.toml's [project] dependencies, one for one (tests/repo/test_repository.py compares them),
       # but uv: the store runs it as a binary, nixpkgs' on PATH instead of the pinned wheel.
       runtimeDeps = ps: with ps; [ httpx blake3 click packaging zstandard pynacl ];
       # pyproject's `test` extra (moto's server mode needs flask and flask-cors), the uv module the tests
@@ -37,7 +37,7 @@
       # quick loop), `lint-imports`, `ruff check .`, `.ci/mypy`. Offline: the project is installed editable, without
       # dependencies, into .venv-nix, a venv that sees the packages below; `llmgw-store` is on PATH.
       # The suite's uv is nixpkgs' (python3Packages.uv), not the pinned 0.13.9: the one test that
-      # asserts the pin's version (tests/test_build.py) says so.
+      # asserts the pin's version (tests/build/test_build.py) says so.
       devShells = forAll (pkgs: {
         default = pkgs.mkShell {
           packages = [
@@ -50,7 +50,7 @@
             if [ ! -x .venv-nix/bin/llmgw-store ]; then
               python -m venv --system-site-packages .venv-nix
               .venv-nix/bin/pip install -q --no-deps --no-build-isolation -e .
-              # tests/test_architecture.py runs lint-imports from beside the interpreter
+              # tests/repo/test_architecture.py runs lint-imports from beside the interpreter
               printf '#!%s\nimport sys\nfrom importlinter.cli import lint_imports_command\nsys.exit(lint_imports_command())\n' \
                 "$PWD/.venv-nix/bin/python" > .venv-nix/bin/lint-imports
               chmod +x .venv-nix/bin/lint-imports

@@ -539,7 +539,7 @@ class Bench:
         """Alternate `subject` and `baselines` in fresh processes; one row per baseline (named
         `names[i]`, else `row` + ' vs ' + its name). `goal`: one for every row, or a list with one
         (or None) per baseline. `built`: the store path name of the built environment the row
-        measures (a row on a real environment says which; tests/test_bench.py checks it)."""
+        measures (a row on a real environment says which; tests/repo/test_bench.py checks it)."""
         sides = [subject, *baselines]
         if warmup and not self.quick:  # the page cache and bytecode warm for every side alike
             for s in sides:

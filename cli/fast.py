@@ -6,8 +6,8 @@ options, environment variables, the config file's values, defaults), and the com
 body the click command runs (cli/handlers.py), printing through the same renderer (cli/output.py:
 result, progress, one escaped error line, the JSON error document, exit codes) under the same signal
 guard (system/signals.py: 130, 143, 129). So an answer of this path is the full command's answer:
-tests/test_cli_spec.py checks the two parsers against each other, option by option and variable by
-variable, and tests/test_fastpath_parity.py runs both on the cases where they once differed.
+tests/cli/test_cli_spec.py checks the two parsers against each other, option by option and variable by
+variable, and tests/cli/test_fastpath_parity.py runs both on the cases where they once differed.
 
 A `build` runs here only when the build memo answers it (build/memo.py: a cache hit, in a few
 milliseconds); anything else — a miss, `--check`, another command, `--help`, an option this parser
@@ -23,7 +23,7 @@ node's mark of the release, one read of the pointer and its checks, the profile'
 
 `list`, `info` and `env` are answered by integrity/reads.py (through handlers.read_answer) in the
 common case, with the same lines and document; what it leaves (nothing printed) goes to the click
-app (tests/test_reads.py runs both ways and compares).
+app (tests/integrity/test_reads.py runs both ways and compares).
 """
 
 from __future__ import annotations
@@ -118,7 +118,7 @@ def defer(name: str) -> None:
     (as importlib.util.LazyLoader means to, whose module Python 3.11's `import` statement loads at
     once). For `inspect`: `dataclasses` imports it at its top (10 ms here, a third of a switch) only
     to write a docstring for a dataclass that has none, and every dataclass a switch loads has one
-    (tests/test_hot_paths.py checks that a switch loads no inspect). Only when the import happens
+    (tests/cli/test_hot_paths.py checks that a switch loads no inspect). Only when the import happens
     changes: the first use of any of its names imports the real module, which then takes its
     place in sys.modules."""
     if name not in sys.modules:

@@ -4,7 +4,7 @@ click's options (cli/app.py) and the fast path's parser (`parse` and `resolve` b
 cli/fast.py) are both made from these declarations, and the settings among them come from
 cli/config.py (flag, environment variable, config key and default in one place). So the fast path
 cannot know an option the click command lacks, or read a variable click does not:
-tests/test_cli_spec.py walks every click parameter and `envvar` of the group and of each command
+tests/cli/test_cli_spec.py walks every click parameter and `envvar` of the group and of each command
 here (`build`, `activate`, `rollback`, and the reads `list`, `info`, `env`) and fails on one not declared here, and runs both parsers on the same argv,
 environment and config file and compares what each gives the command.
 

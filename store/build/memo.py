@@ -4,7 +4,7 @@
 
 The memo key is everything a build's store key follows from that can be known without the index:
 the recipe's bytes and absolute path, every build option that enters the key (KEY_OPTIONS: the
-parameters cli/spec.py declares with hit="key", which tests/test_cli_spec.py keeps equal), this
+parameters cli/spec.py declares with hit="key", which tests/cli/test_cli_spec.py keeps equal), this
 machine's platform facts and the key schema. The
 facts the key takes from the index (the uv version, the interpreter, the latest version, the
 publication time) are fixed by the files they were learnt from: the entry lists those files (the uv
@@ -40,7 +40,7 @@ try:  # hashlib would load OpenSSL first (5 ms here); blake2b is built in
 except ImportError:  # pragma: no cover - an interpreter built without it
     from hashlib import blake2b
 
-# Must equal keys.SCHEMA_VERSION (tests/test_fastpath.py checks): a new key schema gives new memo
+# Must equal keys.SCHEMA_VERSION (tests/cli/test_fastpath.py checks): a new key schema gives new memo
 # keys, so no entry written for the old one is ever read. Imported keys would load blake3 and json.
 KEY_SCHEMA = 1
 FORMAT = "llmgw-store build memo 1"

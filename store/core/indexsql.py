@@ -5,13 +5,13 @@ imported, and SQLite itself when a connection is opened (`sqlite_module`).
 
 Every statement a fast path runs is here, those the full index (core/index.py) runs too among
 them; what only the full index runs stays there (the schema is schema.sql). No other module holds
-SQL (tests/test_architecture.py)."""
+SQL (tests/repo/test_architecture.py)."""
 
 from __future__ import annotations
 
 import os
 
-SCHEMA_VERSION = 6  # the last `-- version N` of schema.sql (tests/test_index.py checks they agree)
+SCHEMA_VERSION = 6  # the last `-- version N` of schema.sql (tests/core/test_index.py checks they agree)
 BUSY_TIMEOUT_S = 30.0
 DB_MODE = 0o600
 

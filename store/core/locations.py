@@ -5,7 +5,7 @@ The names below are paths relative to ROOT, as plain strings; `at(root, rel)` jo
 imported: the fast paths (build/memo.py, roots/switch.py, integrity/reads.py) use this module
 before the library loads, and `Layout` (core/layout.py) is the Path view of the same table. A new
 location is a line here (and, for a directory, its mode in DIRS, so that `Layout.ensure` checks
-it); README.md's "On disk" lists exactly the table's locations (tests/test_locations.py).
+it); README.md's "On disk" lists exactly the table's locations (tests/core/test_locations.py).
 
 Every directory under ROOT is on one file system, so a rename between them is atomic.
 """

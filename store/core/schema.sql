@@ -4,7 +4,7 @@
 -- version or the next, never between. A released step is never edited: a change is a new step at the
 -- end (and a fixture of the old schema in tests/support/old_indexes/). Plain SQL, statement by
 -- statement; every name is quoted as the first steps' statements (made by sqlite-utils) quoted it,
--- so a new database and a migrated one hold the same schema text (tests/test_index.py compares them).
+-- so a new database and a migrated one hold the same schema text (tests/core/test_index.py compares them).
 
 -- version 1: store paths, the build log, publication and tool memos
 CREATE TABLE "paths" (

@@ -11,7 +11,7 @@ anything else, having printed and changed nothing: no store at the root, a direc
 the full function would refuse or complain of, a malformed row (the full `list` says it skips
 it), a target this module cannot resolve, a manifest that is not plain JSON in a plain file, any
 error. The caller then runs the full function, which does it all and says what is wrong.
-tests/test_reads.py runs both ways on a real store and compares their output byte for byte.
+tests/integrity/test_reads.py runs both ways on a real store and compares their output byte for byte.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from llmgw_store.core import locations as loc
 from llmgw_store.core.dirs import NIX_BASE32, is_store_name, own_dir
 from llmgw_store.system import files, jsontext
 
-# Layout.dir_modes, relative to ROOT, parents before children (tests/test_reads.py).
+# Layout.dir_modes, relative to ROOT, parents before children (tests/integrity/test_reads.py).
 DIRS = loc.DIRS
-# queries.PathRow's fields and index.BuildLogEntry's, in their order (tests/test_reads.py).
+# queries.PathRow's fields and index.BuildLogEntry's, in their order (tests/integrity/test_reads.py).
 PATH_FIELDS = ("name", "path", "key", "engine", "version", "variant", "as_of", "uv_version", "python", "inputs",
                "content_hash", "size", "files", "build_seconds", "created", "last_used")
 BUILD_FIELDS = ("id", "key", "name", "pid", "host", "started", "finished", "outcome", "seconds", "error")
@@ -248,7 +248,7 @@ _SHELL_SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ012
 
 
 def shell_quoted(s: str) -> str:
-    """shlex.quote(s), without `re` (tests/test_reads.py compares them)."""
+    """shlex.quote(s), without `re` (tests/integrity/test_reads.py compares them)."""
     if not s:
         return "''"
     if set(s) <= _SHELL_SAFE:

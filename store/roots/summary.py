@@ -19,7 +19,7 @@ Invariants:
 - Written atomically (tmp + rename, 0600, no fsync: a summary lost or torn by a crash is rebuilt)
   by every change of a record (records.write/remove, the switch fast path) under the profile's
   lock; a listing only looks (it reads the records whose entries are stale, and writes nothing:
-  tests/test_readonly.py). Each entry carries the stamp of the record it came from, so a summary
+  tests/integrity/test_readonly.py). Each entry carries the stamp of the record it came from, so a summary
   written from an older state is never believed for a newer record. Writing it is best-effort: a
   failure leaves the records, the truth, as they are.
 - Imports only os, stat, blake3 and system/files, system/jsontext: roots/switch.py keeps it on its

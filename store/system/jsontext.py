@@ -1,7 +1,7 @@
 """JSON through the interpreter's C codec (`_json`), without the `json` package, which loads `re`
 (and with it enum, functools, collections: as much as the interpreter's whole start) for the
 pure-Python fallbacks a switch never uses. The same bytes as `json.dumps`/`json.loads` with the
-arguments named below (tests/test_switch.py compares them); what only the `json` package can say
+arguments named below (tests/roots/test_switch.py compares them); what only the `json` package can say
 (an error's position) is left to it: `loads` raises ValueError, json's own when there is one.
 On a switch's path (roots/switch.py, core/proofs.py)."""
 

@@ -45,6 +45,6 @@ def cache(request, tmp_path, monkeypatch):
 
 def push(root, name, cache, secret, format="1"):
     """Push as format 1 (one archive) unless told: the v1 tests here and in test_cache_trust keep
-    the monolithic path covered; tests/test_fleet_delta.py covers format 2."""
+    the monolithic path covered; tests/cache/test_fleet_delta.py covers format 2."""
     return json.loads(run_cli(root, "--json", "push", str(root / "store" / name), "--to", cache,
                               "--secret-key", str(secret), "--format", format, check=True).stdout)

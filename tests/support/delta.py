@@ -1,6 +1,6 @@
 """Two neighbouring environments built from wheels with a blob-sized file (format-2 cache objects:
 blobs, packs, delta pulls), a builder store with keys, and pushing and pulling them in format 2:
-fixtures for tests/test_fleet_delta.py and tests/test_cache_gc.py; and a minor upgrade of a package
+fixtures for tests/cache/test_fleet_delta.py and tests/cache/test_cache_gc.py; and a minor upgrade of a package
 of many small files (`upgrade_world`: what content-defined packs are for)."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """A builder root that built two pinned tinyengine recipes and pushed them, signed, to a file://
 cache, with the package index stopped before a node does anything: the `fleet` fixture of the
-node tests (tests/test_node.py, tests/test_node_causes.py, tests/test_metrics.py)."""
+node tests (tests/fleet/test_node.py, tests/cache/test_node_causes.py, tests/integrity/test_metrics.py)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Nodes that follow releases by their config file alone, and the follow units run as systemd runs
-them: helpers of tests/test_release_follow.py and tests/test_release_fleet.py."""
+them: helpers of tests/fleet/test_release_follow.py and tests/fleet/test_release_fleet.py."""
 
 from __future__ import annotations
 

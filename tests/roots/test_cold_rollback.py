@@ -318,7 +318,7 @@ def _doc_blocks(*sections: str) -> list[str]:
     """The ```sh blocks of these sections of docs/profiles.md, in order."""
     import re
 
-    text = (Path(__file__).resolve().parent.parent / "docs" / "profiles.md").read_text()
+    text = (Path(__file__).resolve().parents[2] / "docs" / "profiles.md").read_text()
     blocks = []
     for section in sections:
         body = text.split(f"\n## {section}\n", 1)[1].split("\n## ", 1)[0]

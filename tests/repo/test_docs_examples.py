@@ -86,8 +86,8 @@ def blocks(page: Path) -> list[tuple[int, str]]:
 
 
 # A walk-through that needs a setup of its own (store paths of given versions, a profile's history)
-# is run by the test named on its first line, `# run by tests/test_X.py`, against that setup.
-RUN_BY = re.compile(r"# run by (tests/test_\w+\.py)\b.*")
+# is run by the test named on its first line, `# run by tests/<layer>/test_<name>.py`, against that setup.
+RUN_BY = re.compile(r"# run by (tests/(?:\w+/)*test_\w+\.py)\b.*")
 
 
 OUTPUT = re.compile(r"^```sh\n((?:(?!```).)*?)^```\n\n?```output\n((?:(?!```).)*?)^```", re.DOTALL | re.MULTILINE)

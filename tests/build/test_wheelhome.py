@@ -24,11 +24,11 @@ import pytest
 
 from llmgw_store.core import manifest
 from tests.conftest import RELEASE_DATES, build_json, cli_cmd, real_uv, run_cli, run_in_env, start_index, write_recipe
+from tests.core.test_dedupe import tamper_in_place
+from tests.core.test_local_safety import as_intruder, intruder, shared  # noqa: F401 - fixtures
 from tests.support.barrier import Barrier
 from tests.support.index_server import PackageIndex
 from tests.support.wheels import build_wheel
-from tests.test_dedupe import tamper_in_place
-from tests.test_local_safety import as_intruder, intruder, shared  # noqa: F401 - fixtures
 
 EARLY, LATE = "2024-02-02", "2024-06-02"  # tinyengine 1.0 with tinydep 1.0, then with tinydep 2.0
 ENV = {"LLMGW_STORE_PYTHON_PREFERENCE": "only-system"}

@@ -61,7 +61,7 @@ def test_push_again_rewrites_garbage_metadata(world, tmp_path):
 
 def test_push_again_with_a_new_key_signs_with_it(world, tmp_path):
     """docs/fleet.md "Key rotation": push again signed by builder-2 (builder-1's signature stays until
-    --drop-signature: tests/test_key_rotation.py), then nodes trust builder-2 only."""
+    --drop-signature: tests/cache/test_key_rotation.py), then nodes trust builder-2 only."""
     w, (a, _) = world, world["names"]
     run_cli(w["root"], "keygen", "builder-2", "--out", str(w["keys"]), check=True)
     cache, url = _setup(w, tmp_path)

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli.test_fastpath_parity import full, traced
 from tests.conftest import build_json, run_cli
-from tests.test_fastpath_parity import full, traced
-from tests.test_switch import SWITCH_NEVER, loaded, regular  # noqa: F401  (regular: a fixture)
+from tests.roots.test_switch import SWITCH_NEVER, loaded, regular  # noqa: F401  (regular: a fixture)
 
 READ_NEVER = SWITCH_NEVER | {"llmgw_store.integrity.queries", "llmgw_store.app.units", "json"}
 

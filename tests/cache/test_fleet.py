@@ -190,7 +190,7 @@ def test_gc_racing_a_push_keeps_the_path_being_pushed(builder, tmp_path):
 
 # --- the documented builder's and node's config files ask for one key ----------------------------
 
-DOCS = Path(__file__).resolve().parent.parent / "docs"
+DOCS = Path(__file__).resolve().parents[2] / "docs"
 # The settings that enter a key (with the recipe, the host's interpreter and platform, the as-of).
 KEY_SETTINGS = ("index_url", "uv", "python_preference")
 

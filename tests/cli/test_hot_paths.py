@@ -69,7 +69,7 @@ def test_a_switch_loads_what_it_needs_only(root, store):
     for args in (["activate", "p", store["b"]], ["rollback", "p"], ["--json", "activate", "p", store["b"]]):
         proc, names = loaded(root, *args, env=store["env"])
         assert proc.returncode == 0, proc.stderr
-        # roots/switch.py answers (tests/test_switch.py checks what else it leaves out, from a regular layout too).
+        # roots/switch.py answers (tests/roots/test_switch.py checks what else it leaves out, from a regular layout too).
         assert "llmgw_store.roots.switch" in names and not names & SWITCH_NEVER, (args, sorted(names & SWITCH_NEVER))
     # A check runs a child: then procs comes (and threads for its output).
     proc, names = loaded(root, "activate", "p", store["a"], "--check", "true", env=store["env"])

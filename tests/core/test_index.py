@@ -86,7 +86,7 @@ def test_latest_memo_expires(tmp_path):
 
 # --- the schema: one SQL file, migrated in one transaction from every version in the wild --------
 
-OLD = Path(__file__).parent / "support" / "old_indexes"
+OLD = Path(__file__).resolve().parents[1] / "support" / "old_indexes"
 A = "a" * 32 + "-tinyengine-1.0-cpu"  # the rows of tests/support/old_indexes/*.sql
 B = "b" * 32 + "-tinyengine-1.1-cpu"
 GONE = "c" * 32 + "-tinyengine-0.9-cpu"

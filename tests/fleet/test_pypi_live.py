@@ -44,7 +44,7 @@ def test_example_builds_from_real_pypi(tmp_path, monkeypatch):
                                           ("build.md", "build examples/black.toml --as-of")])
 def test_the_docs_black_examples_run_against_real_pypi(tmp_path, page, marker):
     """The pages' black examples as written, with the real examples/black.toml, the real PyPI and
-    the store's own uv (tests/test_docs_examples.py runs them against stand-ins): their pinned
+    the store's own uv (tests/repo/test_docs_examples.py runs them against stand-ins): their pinned
     date must be after black 24.4.2's last upload (2024-04-26T00:45Z), or the build finds no
     such release."""
     import os

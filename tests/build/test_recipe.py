@@ -117,7 +117,7 @@ def test_bad_requirement_is_refused_before_anything_is_built(tmp_path, index, uv
     assert sqlite3.connect(root / "var" / "db.sqlite").execute("SELECT count(*) FROM builds").fetchone()[0] == 0
 
 
-# --- every path a build names stays inside its tree (see also tests/test_recipe_attacks.py) --------
+# --- every path a build names stays inside its tree (see also tests/build/test_recipe_attacks.py) --------
 
 SOURCE = '\n[build.source]\nurl = "https://example.org/s.tar.gz"\nsha256 = "' + "0" * 64 + '"\n'
 

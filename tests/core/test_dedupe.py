@@ -44,7 +44,7 @@ def du(path: Path) -> int:
 
 def engine_module(path: Path) -> Path:
     """The engine module's bytecode: compiled by each build (a file of its own, where the module's
-    source is linked from the wheel home, tests/test_wheelhome.py), identical in every path."""
+    source is linked from the wheel home, tests/build/test_wheelhome.py), identical in every path."""
     return next(next(path.glob("lib/python3*/site-packages")).glob("tinyengine/__pycache__/__init__.*.pyc"))
 
 

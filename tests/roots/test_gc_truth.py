@@ -246,7 +246,7 @@ def test_remove_tree_empties_frozen_directories_as_a_plain_user(request):
         os.chmod(d, 0o555)
     expected = sum(os.lstat(p).st_blocks * 512 for p in (tree / "a" / "b" / "f", tree / "a" / "g",
                                                           tree / "a" / "b", tree / "a", tree))
-    repo = str(Path(__file__).resolve().parent.parent)
+    repo = str(Path(__file__).resolve().parents[2])
     script = (f"import sys; sys.path.insert(0, {repo!r}); from llmgw_store.roots.accounting import remove_tree; "
               f"print(remove_tree({str(tree)!r}))")
     done = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c", script],

@@ -17,7 +17,7 @@ from blake3 import blake3
 from llmgw_store.core import manifest
 from tests.support.barrier import Barrier
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

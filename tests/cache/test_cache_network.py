@@ -15,12 +15,12 @@ import subprocess
 
 import pytest
 
+from tests.cache.test_fleet_delta import _plan
 from tests.conftest import cli_cmd, run_cli, run_in_env
 from tests.support.barrier import Barrier
 from tests.support.delta import delta_wheels, push2, template, world  # noqa: F401  (fixtures)
 from tests.support.fault_server import FaultyCache
 from tests.support.retrylog import waits_until
-from tests.test_fleet_delta import _plan
 
 # Small clocks, so that a test waits seconds, not minutes: the defaults are a 30 s stall and a 5 s
 # metadata timeout (and retries for 30 s without progress, no count).

@@ -12,7 +12,7 @@ import pytest
 from llmgw_store.system.boundedtoml import Limits, TomlRefused, loads, shape_problem
 
 LIMITS = Limits(1 << 16, 8, 8, "the file")
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 DOTTED = "a" + ".a" * 29_999
 
 

@@ -1,6 +1,6 @@
 """gc's /proc scan holds a store path that a running process names through any prefix: the root
 bind-mounted elsewhere in a container's own mount namespace, or reached through a symlinked parent.
-(The positive case with the literal store path: tests/test_gc.py::test_running_process_keeps_its_environment.)"""
+(The positive case with the literal store path: tests/roots/test_gc.py::test_running_process_keeps_its_environment.)"""
 
 from __future__ import annotations
 

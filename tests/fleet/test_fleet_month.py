@@ -28,7 +28,7 @@ from tests.support.retrylog import waits_until
 
 pytestmark = needs_nginx
 MONTH_NODES = {n: NODES[n] for n in ("node-1", "node-2")}  # the month's two nodes, of the password file's
-OPERATIONS = Path(__file__).resolve().parent.parent / "docs" / "operations.md"
+OPERATIONS = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
 EXE = Path(sys.executable).with_name("llmgw-store")
 WEEK1 = 'version = "1.0"\nas_of = "2024-02-02T00:00:00Z"'    # tinyengine 1.0, tinydep 1.0
 WEEK2 = 'version = "1.1"\nas_of = "2024-08-01T00:00:00Z"'    # tinyengine 1.1, tinydep 2.0
