@@ -14,13 +14,9 @@ import pytest
 from llmgw_store.cache.backends import backend_for
 from tests.conftest import cli_cmd, run_cli, run_in_env
 from tests.support.barrier import Barrier
+from tests.support.cachegc import cache_gc, fleet, names_in, publish_roots  # noqa: F401  (fleet: a fixture)
 from tests.support.caches import cache, s3_server  # noqa: F401  (fixtures: the three real backends)
 from tests.support.delta import delta_wheels, push2, template, world  # noqa: F401  (fixtures)
-
-
-def names_in(url: str) -> set[str]:
-    b = backend_for(url)
-    return {i.name for folder in ("", "blobs", "roots") for i in b.list(folder)}
 
 
 def blobs_of(url: str, key: str) -> set[str]:
@@ -32,27 +28,6 @@ def blobs_of(url: str, key: str) -> set[str]:
     plan = json.loads(zstandard.ZstdDecompressor().decompress(b.get(f"blobs/{meta['plan']['digest']}")))
     return {f"blobs/{d}" for d in [meta["content_hash"], meta["plan"]["digest"], meta["manifest"]["digest"],
                                    *(x["d"] for x in plan["blobs"])]}
-
-
-@pytest.fixture
-def fleet(world):
-    """The builder has pushed nothing yet; node-1 has a key of its own."""
-    run_cli(world["root"], "keygen", "node-1", "--out", str(world["keys"]), check=True)
-    return world
-
-
-def publish_roots(w, url, *targets, signer="node-1", keys=None):
-    """node-1 holds `targets` in a profile and publishes its roots (signed by the key `signer`)."""
-    for t in targets:
-        run_cli(w["root"], "activate", "app", t, check=True)
-    return json.loads(run_cli(w["root"], "--json", "push-roots", "--to", url, "--secret-key",
-                              str((keys or w["keys"]) / f"{signer}.secret"), check=True).stdout)
-
-
-def cache_gc(w, url, *extra, check=True):
-    proc = run_cli(w["root"], "--json", "cache", "gc", url, "--keep-from", str(w["keys"] / "node-1.public"), *extra,
-                   check=check)
-    return json.loads(proc.stdout) if check else proc
 
 
 def test_gc_deletes_exactly_what_no_root_holds(fleet, cache):

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import json
 
-from tests.cache.test_cache_gc import cache_gc, fleet, names_in, publish_roots  # noqa: F401  (fixtures)
 from tests.conftest import run_cli
+from tests.support.cachegc import cache_gc, fleet, names_in, publish_roots  # noqa: F401  (fixtures)
 from tests.support.delta import delta_wheels, push2, template, world  # noqa: F401  (fixtures)
 
 

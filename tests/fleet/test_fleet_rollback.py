@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.cache.test_cache_gc import fleet  # noqa: F401  (fixture)
 from tests.conftest import copy_store, real_uv, run_cli
+from tests.support.cachegc import fleet  # noqa: F401  (fixture)
 from tests.support.delta import delta_wheels, push2, template, world  # noqa: F401  (fixtures)
 
 

@@ -106,3 +106,19 @@ def test_ci_type_checks_before_the_suite():
     assert any(ln.split("#")[0].strip() == ".ci/mypy" for ln in lines)
     assert lines[-1] == ".venv/bin/python -m pytest"
     assert os.access(REPO / ".ci" / "mypy", os.X_OK)
+
+
+# A test file named as evidence (docs, README, the benches, CI, comments in the code) by its path.
+TEST_PATH = re.compile(r"(?<![\w.])tests/(?:\w+/)*test_\w+\.py\b")
+
+
+def test_every_test_file_named_by_path_exists():
+    named = {}
+    for top in ("README.md", "docs", "bench", ".ci", "flake.nix", "pyproject.toml", "cli", "store", "tests"):
+        for f in [REPO / top] if (REPO / top).is_file() else sorted((REPO / top).rglob("*")):
+            if f.is_file() and "old_indexes" not in f.parts and f.suffix in ("", ".md", ".py", ".nix", ".toml", ".sql"):
+                for path in TEST_PATH.findall(f.read_text(errors="replace")):
+                    named.setdefault(path, f.relative_to(REPO))
+    assert len(named) > 20  # the pattern still finds the docs' references
+    missing = {p: str(f) for p, f in named.items() if not (REPO / p).is_file()}
+    assert missing == {}, f"named but not there (test path: where named): {missing}"
