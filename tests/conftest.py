@@ -33,11 +33,13 @@ signal.signal(signal.SIGINT, signal.default_int_handler)
 # --- the quick loop: `pytest -m "not system"` ------------------------------------------------------
 # A test is `system` when it takes a fixture that builds or serves (the package index, the wheels,
 # uv, a store root, a binary cache) or when it, a fixture it takes, or a helper of the tests either
-# calls, runs the CLI, a build or another process. Decided from the fixtures it takes and the names
-# their code uses, so a new test is classified without anyone remembering to mark it.
+# calls, runs the CLI, a build or other processes (Popen; multiprocessing's Process), or when it needs
+# the real PyPI (`pypi`). Decided from the fixtures it takes and the names their code uses, so a new
+# test is classified without anyone remembering to mark it. A stress loop marks its repetitions past
+# the first few `system` itself (test_containment.py): the quick loop runs a few, the suite all.
 SYSTEM_FIXTURES = frozenset({"index", "wheels", "uv_bin", "root", "recipe", "delta_wheels", "cache", "s3_server"})
 SYSTEM_CALLS = frozenset({"run_cli", "cli_cmd", "build_json", "build_store", "copy_store", "real_uv", "start_index",
-                          "CliRunner", "Popen"})
+                          "CliRunner", "Popen", "Process"})
 
 
 def _uses_system(fn, seen: set) -> bool:
@@ -77,7 +79,7 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         fn = getattr(item, "function", None)
         seen: set = set()
-        if SYSTEM_FIXTURES & set(getattr(item, "fixturenames", ())) or \
+        if SYSTEM_FIXTURES & set(getattr(item, "fixturenames", ())) or item.get_closest_marker("pypi") or \
                 any(_uses_system(f, seen) for f in ([fn] if fn is not None else []) + _fixture_functions(item)):
             item.add_marker(pytest.mark.system)
 
