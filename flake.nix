@@ -13,7 +13,7 @@
       # pyproject's `test` extra (moto's server mode needs flask and flask-cors), the uv module the tests
       # ask for the uv binary (python3Packages.uv finds nixpkgs' uv), and pip to install the project.
       testDeps = pkgs: ps: with ps; [
-        pytest boto3 moto flask flask-cors uv pip setuptools mypy
+        pytest pytest-xdist boto3 moto flask flask-cors uv pip setuptools mypy
         (toPythonModule pkgs.import-linter)
       ];
     in {

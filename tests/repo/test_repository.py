@@ -27,7 +27,7 @@ RUNTIME = {_name(r) for r in PYPROJECT["project"]["dependencies"]} - {"uv"}  # u
 TEST = {_name(r) for r in PYPROJECT["project"]["optional-dependencies"]["test"]}
 # What the devShell's Python holds for each of the test extra's requirements (and the uv module the
 # suite asks for its uv binary); ruff and import-linter are applications in nixpkgs.
-SHELL_PY = RUNTIME | {"pytest", "boto3", "moto", "flask", "flask-cors", "uv", "pip", "setuptools", "mypy",
+SHELL_PY = RUNTIME | {"pytest", "pytest-xdist", "boto3", "moto", "flask", "flask-cors", "uv", "pip", "setuptools", "mypy",
                       "module:import-linter"}
 SHELL_TOOLS = {"uv", "ruff", "nix"}
 
@@ -83,7 +83,7 @@ def test_the_package_depends_on_exactly_pyprojects_dependencies(flake):
 def test_the_dev_shell_holds_what_the_suite_and_ci_run(flake):
     assert set(flake["shellPython"]) == SHELL_PY
     assert set(flake["shellTools"]) == SHELL_TOOLS
-    assert TEST == {"pytest", "boto3", "moto", "import-linter", "ruff", "mypy"}  # each one mapped above
+    assert TEST == {"pytest", "pytest-xdist", "boto3", "moto", "import-linter", "ruff", "mypy"}  # each one mapped above
 
 
 def test_no_artefacts_are_committed():
