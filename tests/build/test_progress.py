@@ -94,10 +94,12 @@ def test_a_childs_escape_sequences_never_reach_the_terminal(tmp_path, index, uv_
     # window, clear the screen. The heartbeat shows its last line as detail, escaped.
     hostile = write_recipe(tmp_path, r"printf '\033]0;owned\007\033[2Jevil\n'; sleep 2; tinyengine", "hostile.toml")
     for mode in ("plain", "tty"):
+        # A terminal of 120 columns: the live line is cut to the terminal's width, which is COLUMNS
+        # when set (80 under pytest-xdist's workers, too narrow to reach the detail).
         proc = run_cli(tmp_path / f"root-{mode}", f"--progress={mode}", "build", str(hostile), "--index-url",
-                       index.url, "--uv", str(uv_bin))
+                       index.url, "--uv", str(uv_bin), env={"COLUMNS": "120"})
         assert proc.returncode == 0, proc.stderr
-        # shown escaped (the live line is cut to the terminal's width)
+        # shown escaped
         assert ("\\x1b]0;ow" if mode == "tty" else "\\x1b]0;owned\\x07\\x1b[2Jevil") in proc.stderr, proc.stderr
         assert "\x07" not in proc.stderr and "\x1b]" not in proc.stderr and "\x1b[2J" not in proc.stderr
         if mode == "tty":  # the live line is rewritten in place, and cleared before the result
