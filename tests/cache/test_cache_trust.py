@@ -515,7 +515,7 @@ def test_http_redirect_is_followed_and_a_cut_body_is_an_error():
             return
         _answer(h, b'{"there": 1}')
 
-    from llmgw_store.core.retry import RetryPolicy
+    from llmgw_store.app.retry import RetryPolicy
 
     srv, url = _serve_script(script)
     try:
