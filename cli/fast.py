@@ -18,9 +18,11 @@ An `activate` or a `rollback` is answered first by the switch's own path (roots/
 handlers.switch_answer: a registered store path, a hot generation, no check), which loads none of
 the library's other layers; what it leaves (nothing changed) runs the click command's body here.
 
-`list`, `info` and `env` are answered by integrity/reads.py (through handlers.read_answer) in the
-common case, with the same lines and document; what it leaves (nothing printed) goes to the click
-app (tests/test_reads.py runs both ways and compares).
+`list`, `info`, `env` and the listing of `generations` are answered by integrity/reads.py (through
+handlers.read_answer) in the common case, with the same lines and document; what it leaves
+(nothing printed) goes to the click app (tests/test_reads.py runs both ways and compares).
+`config` is answered here from the declarations and the config file's cached values
+(handlers.config_answer: the same function the click command prints with).
 """
 
 from __future__ import annotations
@@ -88,7 +90,10 @@ def run(argv: list[str], started: float) -> int | None:
         read = [False]
 
         def answer() -> None:
-            read[0] = handlers.read_answer(ctx, command, params)
+            if command == "config":
+                read[0] = handlers.config_answer(ctx, params, parsed.sources, parsed.file, os.environ)  # type: ignore[attr-defined]
+            else:
+                read[0] = handlers.read_answer(ctx, command, params)
 
         code = output.run(ctx, answer)
         return code if read[0] or code != 0 else None

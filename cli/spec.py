@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from llmgw_store.core import config, defaults
 
-FAST_COMMANDS = ("build", "activate", "rollback", "list", "info", "env")
+FAST_COMMANDS = ("build", "activate", "rollback", "list", "info", "env", "generations", "config")
 # What a parameter of `build` does to a memo answer (core/config.HIT_ROLES), or `miss`: set, the
 # build is never answered from the memo (`--check` rebuilds).
 MISS = "miss"
@@ -27,7 +27,7 @@ MAX_CHECK_TIMEOUT_S = 86400.0
 
 
 class Param:
-    """One option or argument. `kind`: text, path, choice, list, flag, count, seconds, int,
+    """One option or argument. `kind`: text, path, choice, list, ints (a repeatable int), flag, count, seconds, int,
     positive (an int of at least 1), timeout (seconds, more than 0, at most a day), or a setting's
     kind; `setting`: the core/config Setting it is (its env variable and config key with it)."""
 
@@ -166,7 +166,33 @@ COMMANDS: dict[str, tuple[Param, ...]] = {
     "list": (),
     "info": (argument("path"),),
     "env": (argument("target", metavar="PROFILE|PATH"),),
+    # A listing of generations is answered by integrity/reads.py; deleting some (any of the options
+    # from --delete to --keep-records) is the click command's alone.
+    "generations": (
+        argument("profile"),
+        Param("delete", ("--delete",), "ints", (), "Delete generation N (repeatable). Never the current one. "
+              "Its record stays: the generation becomes cold."),
+        Param("older_than", ("--older-than",), "text", None, "Delete generations older than this (30d, 12h, ...), "
+              "except the current one."),
+        Param("keep", ("--keep",), "int", None, "Keep the newest N generations (and the current one), delete the "
+              "rest."),
+        Param("forget", ("--forget",), "ints", (), "Delete generation N and its record too: it can no longer be "
+              "rolled back to (repeatable)."),
+        Param("keep_records", ("--keep-records",), "positive", None, "Drop the oldest records of cold generations "
+              "beyond N."),
+        Param("history", ("--history",), "flag", False, "Also print the profile's recent events (switches, checks, "
+              "rollbacks)."),
+        Param("dry_run", ("--dry-run",), "flag", False, "Say what would be deleted, delete nothing."),
+        setting("substituters", help="Binary cache a rollback would pull a cold generation from (the listing says "
+                "where each comes from); repeatable."),
+        setting("substitute_only"),
+        setting("lock_timeout", defaults.LOCK_TIMEOUT_S, "Seconds to wait for the profile's lock; then exit 75 naming the "
+                "holder."),
+    ),
+    "config": (),
 }
+# What `generations` deletes with: given any of them, the click command runs it.
+GENERATIONS_CHANGES = ("delete", "older_than", "keep", "forget", "keep_records")
 
 
 # -- values -----------------------------------------------------------------------------------------
@@ -184,7 +210,7 @@ def convert(p: Param, value: str) -> object:
     refuse it, or where this parser is not sure to agree (click decides then)."""
     if p.setting is not None:
         return config.convert(p.setting, value)
-    if p.kind == "int":
+    if p.kind in ("int", "ints"):
         return int(value)
     if p.kind == "positive":
         n = int(value)
@@ -205,12 +231,13 @@ class Parsed:
     """A command line as parsed: the command, and every parameter's given value (`given`: name →
     value from argv) and effective value with its source (`params`, after `resolve`)."""
 
-    __slots__ = ("command", "given", "params", "sources")
+    __slots__ = ("command", "file", "given", "params", "sources")
 
     def __init__(self, command: str, given: dict[str, object]):
         self.command, self.given = command, given
         self.params: dict[str, object] = {}
         self.sources: dict[str, str] = {}
+        self.file: dict[str, object] = {}  # the config file's values (`resolve`)
 
 
 def _by_flag(params: tuple[Param, ...]) -> dict[str, Param]:
@@ -291,6 +318,12 @@ def _give(given: dict[str, object], p: Param, value: str | None) -> bool:
     if p.kind == "list":
         given[p.name] = (*given.get(p.name, ()), value)  # type: ignore[misc]
         return True
+    if p.kind == "ints":
+        try:
+            given[p.name] = (*given.get(p.name, ()), int(value))  # type: ignore[misc, arg-type]
+        except ValueError:
+            return False
+        return True
     if p.name in given:
         return False
     try:
@@ -304,6 +337,7 @@ def resolve(parsed: Parsed, environ, file: dict[str, object]) -> bool:
     """Fill `parsed.params` with every parameter's value as click would give it: from argv, else
     the environment variable, else the config file's `file` values, else the default. False when a
     value is one click would refuse (click then says so)."""
+    parsed.file = file
     for p in (*GROUP, *COMMANDS[parsed.command]):
         if p.argument:
             parsed.params[p.name] = parsed.given[p.name]

@@ -36,6 +36,10 @@ def loads(text: str | bytes) -> object:
         value, end = _scan(s, 0)
     except StopIteration:
         raise ValueError("not a JSON value") from None
+    except SystemError:
+        # The C scanner raises json.decoder.JSONDecodeError only when that module is loaded already
+        # (3.11 looks it up in sys.modules); without it an error (an unterminated string) is this.
+        raise ValueError("not a JSON value") from None
     if end != len(s):
         raise ValueError("extra data after the JSON value")
     return value
