@@ -78,6 +78,8 @@ def click_param(p: spec.Param):
     """The click option or argument of a declared parameter."""
     if p.argument:
         kw: dict[str, Any] = {"metavar": p.metavar} if p.metavar else {}
+        if p.kind == "list":
+            kw["nargs"] = -1
         if p.default is not None:
             kw.update(required=False, default=p.default)
         return click.argument(p.name, type=_type(p), **kw)

@@ -72,7 +72,7 @@ def run(argv: list[str], started: float) -> int | None:
         return None
     params = parsed.params  # type: ignore[attr-defined]
     command = parsed.command  # type: ignore[attr-defined]
-    if command == "build" and params["check"]:
+    if (command == "build" and params["check"]) or (command == "verify" and params["repair"]):
         return None
     from llmgw_store.cli import handlers, output
 

@@ -452,5 +452,31 @@ def config_answer(ctx, kw: dict, sources: dict, file_values: dict, environ) -> b
     return True
 
 
-HANDLERS = {"build": build, "activate": activate, "rollback": rollback}
+# -- verify -----------------------------------------------------------------------------------------
+
+
+def verify(ctx, kw: dict) -> None:
+    from llmgw_store.integrity.verify import verify as do_verify
+
+    r = do_verify(list(kw["paths"]) or None, root=ctx.root, repair=kw["repair"], uv=kw["uv"],
+                  python_preference=kw["python_preference"], lock_timeout=kw["lock_timeout"],
+                  index_url=kw["index_url"])
+    lines = []
+    for p in r.paths:
+        state = "ok" if p["ok"] else ("repaired" if p.get("ok_after_repair") else "DAMAGED")
+        lines.append(f"{state:8s} {p['path']}")
+        for kind in ("modified", "missing", "extra", "writable"):
+            lines += [f"           {kind}: {quoted(f)}" for f in p[kind]]
+        lines += [f"           foreign: {quoted(f['path'])} (owner uid {f['uid']}"
+                  + (f", xattrs {', '.join(map(quoted, f['xattrs']))}" if f["xattrs"] else "") + ")"
+                  for f in p.get("foreign", [])]
+        lines += [f"           mode: {quoted(f['path'])} is {f['mode']}, not the store's 0444/0555"
+                  for f in p.get("modes", [])]
+        lines += [f"           {msg}" for msg in p["problems"]]
+    ctx.emit(r.to_json(), "\n".join(lines))
+    if r.damaged:
+        ctx.exit(1)
+
+
+HANDLERS = {"build": build, "activate": activate, "rollback": rollback, "verify": verify}
 READS = ("list", "info", "env", "generations", "config")

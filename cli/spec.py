@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from llmgw_store.core import config, defaults
 
-FAST_COMMANDS = ("build", "activate", "rollback", "list", "info", "env", "generations", "config")
+FAST_COMMANDS = ("build", "activate", "rollback", "list", "info", "env", "generations", "config", "verify")
 # What a parameter of `build` does to a memo answer (core/config.HIT_ROLES), or `miss`: set, the
 # build is never answered from the memo (`--check` rebuilds).
 MISS = "miss"
@@ -190,6 +190,18 @@ COMMANDS: dict[str, tuple[Param, ...]] = {
                 "holder."),
     ),
     "config": (),
+    # A check that only looks is the library's verify without click; --repair is the click command's.
+    "verify": (
+        argument("paths", kind="list"),  # nargs=-1: none, one or many
+        Param("repair", ("--repair",), "flag", False, "Rebuild each damaged path from its recorded inputs and swap it "
+              "in if the result checks out."),
+        setting("uv", help="uv for --repair (must be the version the path was built with)."),
+        setting("python_preference", help="For --repair: where the interpreter may come from."),
+        setting("lock_timeout", defaults.BUILD_LOCK_TIMEOUT_S, "Seconds to wait for each lock --repair takes (the gc "
+                "lock, the key's); then exit 75 naming the holder."),
+        setting("index_url", config.NO_DEFAULT, "For --repair: the configured index URL, whose credentials (if any) "
+                "are sent to the index a path records, when it is that index."),
+    ),
 }
 # What `generations` deletes with: given any of them, the click command runs it.
 GENERATIONS_CHANGES = ("delete", "older_than", "keep", "forget", "keep_records")
@@ -294,6 +306,12 @@ def parse(argv: list[str]) -> Parsed | None:
     if command is None:
         return None
     args = [p for p in COMMANDS[command] if p.argument]
+    if args and args[-1].kind == "list":  # nargs=-1 (the last one): what the others leave
+        variadic = args.pop()
+        if len(positionals) < len(args):
+            return None
+        given[variadic.name] = tuple(positionals[len(args):])
+        positionals = positionals[:len(args)]
     if len(positionals) != len(args):
         return None
     for p, value in zip(args, positionals, strict=True):

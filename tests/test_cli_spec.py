@@ -24,7 +24,7 @@ from llmgw_store.cli import spec
 from llmgw_store.cli.main import cli
 from llmgw_store.core import buildmemo, config
 
-FAST = ("build", "activate", "rollback", "list", "info", "env", "generations", "config")
+FAST = ("build", "activate", "rollback", "list", "info", "env", "generations", "config", "verify")
 
 
 def _click_params(command: click.Command) -> dict[str, click.Parameter]:
@@ -147,7 +147,7 @@ TOKENS = ["build", "activate", "rollback", "r.toml", "p", "/x/y.toml", "--json",
           "--progress", "json", "bogus", "--substituter", "s1", "--trusted-key", "k:x", "--version", "1.0",
           "--variant", "cpu", "--as-of", "2024-01-01", "--python-preference", "only-system", "--then-check",
           "--no-check", "--keep-records", "2", "--help", "-h", "--frob", "--verbose", "--quiet", "-", "list",
-          "generations", "config", "--delete", "--forget", "--keep", "--older-than", "30d", "--history", "--dry-run"]
+          "generations", "config", "verify", "--repair", "--delete", "--forget", "--keep", "--older-than", "30d", "--history", "--dry-run"]
 
 
 @pytest.fixture(autouse=True)
@@ -168,7 +168,7 @@ def config_file(tmp_path, monkeypatch):
 VALUES = ["R", "/tmp", "/usr/bin/true", "/no/such", "", "5", "-1", "0", "nan", "x", "json", "only-system", "2",
           "http://i/simple/", "--json", "-v", "cpu", "2024-01-01", "true --x"]
 POSITIONAL = {"build": ["r.toml"], "activate": ["p", "/x/y"], "rollback": ["p"], "list": [], "info": ["p@1"],
-              "env": ["p"], "generations": ["p"], "config": []}
+              "env": ["p"], "generations": ["p"], "config": [], "verify": ["p", "q@2"]}
 
 
 def _random_line(rng: random.Random) -> list[str]:
@@ -226,6 +226,9 @@ def test_both_parsers_agree_on_random_command_lines(monkeypatch, tmp_path, with_
     ["generations", "p", "--history", "--substituter", "a", "--substitute-only"],
     ["generations", "p", "--delete", "3", "--delete", "4", "--dry-run", "--keep-records", "2"],
     ["--json", "config", "--root", "R"],
+    ["verify"],
+    ["verify", "p", "q@1", "--", "-x", "--repair"],
+    ["-v", "verify", "--repair", "p", "--uv", "/usr/bin/true", "--lock-timeout", "3"],
     ["build", "r.toml", "--index-url", "http://flag/simple/", "--uv", "/usr/bin/true"],
 ], ids=lambda a: " ".join(a))
 @pytest.mark.parametrize("env", [{}, {k: v[0] for k, v in ENV_VALUES.items()}], ids=["no-env", "env"])
