@@ -19,6 +19,10 @@ from __future__ import annotations
 
 from llmgw_store.core import config, defaults
 
+TYPE_CHECKING = False  # typing's, without importing typing (the fast path loads this module)
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
 FAST_COMMANDS = ("build", "activate", "rollback", "list", "info", "env", "generations", "config", "verify")
 # What a parameter of `build` does to a memo answer (core/config.HIT_ROLES), or `miss`: set, the
 # build is never answered from the memo (`--check` rebuilds).
@@ -97,41 +101,47 @@ GROUP: tuple[Param, ...] = (
 # How the --substituter caches are talked to (core/config.py `cache.*`; docs/fleet.md, "Networks
 # that fail"): handed to api.py as `cache_network`, a RetryPolicy's fields.
 CACHE_NETWORK = ("attempts", "retry_for", "stall", "metadata_timeout", "deadline", "redirects_to")
-_CACHE = tuple(setting(f"cache.{name}") for name in CACHE_NETWORK)
 
-_BUILD = (
-    Param("version", ("--version",), "text", None, "Engine version to build (default: the recipe's, else the latest "
-          "release).", hit="key"),
-    Param("variant", ("--variant",), "text", None, "Which [[build]] of the recipe (default: the first).", hit="key"),
-    Param("as_of", ("--as-of",), "text", None, "Resolve as the index stood at this ISO 8601 time (default: the "
-          "recipe's as_of, else publication + 24 h).", hit="key"),
-    setting("index_url"),
-    setting("uv"),
-    Param("python", ("--python",), "text", None, "Use this interpreter (an absolute path) or version request (3.12) "
-          "instead of the recipe's build.python; it enters the key as the recipe's field would (such a build is "
-          "never answered from the build memo).", hit=MISS, env="LLMGW_STORE_PYTHON", metavar="PATH|VERSION"),
-    setting("python_preference"),
-    setting("lock_timeout", defaults.BUILD_LOCK_TIMEOUT_S, "Seconds to wait for each lock (another process building "
-            "the same key, a gc, the profile); then exit 75 naming the holder."),
-    setting("substituters"),
-    setting("trusted_keys"),
-    setting("substitute_only"),
-    setting("offline"),
-    *_CACHE,
-)
 
-COMMANDS: dict[str, tuple[Param, ...]] = {
-    "build": (
+def _cache() -> tuple[Param, ...]:
+    return tuple(setting(f"cache.{name}") for name in CACHE_NETWORK)
+
+
+def _build() -> tuple[Param, ...]:
+    return (
+        Param("version", ("--version",), "text", None, "Engine version to build (default: the recipe's, else the latest "
+              "release).", hit="key"),
+        Param("variant", ("--variant",), "text", None, "Which [[build]] of the recipe (default: the first).", hit="key"),
+        Param("as_of", ("--as-of",), "text", None, "Resolve as the index stood at this ISO 8601 time (default: the "
+              "recipe's as_of, else publication + 24 h).", hit="key"),
+        setting("index_url"),
+        setting("uv"),
+        Param("python", ("--python",), "text", None, "Use this interpreter (an absolute path) or version request (3.12) "
+              "instead of the recipe's build.python; it enters the key as the recipe's field would (such a build is "
+              "never answered from the build memo).", hit=MISS, env="LLMGW_STORE_PYTHON", metavar="PATH|VERSION"),
+        setting("python_preference"),
+        setting("lock_timeout", defaults.BUILD_LOCK_TIMEOUT_S, "Seconds to wait for each lock (another process building "
+                "the same key, a gc, the profile); then exit 75 naming the holder."),
+        setting("substituters"),
+        setting("trusted_keys"),
+        setting("substitute_only"),
+        setting("offline"),
+        *_cache(),
+    )
+
+
+_DECLARE: dict[str, Callable[[], tuple[Param, ...]]] = {
+    "build": lambda: (
         argument("recipe", kind="path"),
-        *_BUILD,
+        *_build(),
         Param("check", ("--check",), "flag", False, "Rebuild RECIPE's store path (it must exist) into a temporary tree "
               "from its recorded lock and compare file by file; exit 1 naming the files that differ. The store path "
               "is never changed.", hit=MISS),
     ),
-    "activate": (
+    "activate": lambda: (
         argument("profile"),
         argument("target", default=""),  # "": none, --release names what to activate
-        *_BUILD,
+        *_build(),
         Param("release", ("--release",), "text", None, "Activate what the release NAME in the binary caches "
               "(--substituter) points at, signed by a trusted key: pulled as it is, nothing computed or built "
               "(instead of TARGET).", metavar="NAME"),
@@ -146,7 +156,7 @@ COMMANDS: dict[str, tuple[Param, ...]] = {
         Param("keep_records", ("--keep-records",), "positive", 100, "Records of generations kept for this profile (the "
               "oldest cold ones are dropped beyond it).", show_default=True),
     ),
-    "rollback": (
+    "rollback": lambda: (
         argument("profile"),
         Param("to", ("--to",), "int", None, "Generation number to switch to (default: the previous one). A cold "
               "generation is rebuilt from its record (or pulled) first."),
@@ -160,15 +170,15 @@ COMMANDS: dict[str, tuple[Param, ...]] = {
         setting("offline"),
         setting("index_url", config.NO_DEFAULT, "The configured index URL: its credentials (if any) are sent to the "
                 "index a cold generation records, when it is that index."),
-        *_CACHE,
+        *_cache(),
     ),
     # The reads the fast path answers (integrity/reads.py): only the group's options.
-    "list": (),
-    "info": (argument("path"),),
-    "env": (argument("target", metavar="PROFILE|PATH"),),
+    "list": lambda: (),
+    "info": lambda: (argument("path"),),
+    "env": lambda: (argument("target", metavar="PROFILE|PATH"),),
     # A listing of generations is answered by integrity/reads.py; deleting some (any of the options
     # from --delete to --keep-records) is the click command's alone.
-    "generations": (
+    "generations": lambda: (
         argument("profile"),
         Param("delete", ("--delete",), "ints", (), "Delete generation N (repeatable). Never the current one. "
               "Its record stays: the generation becomes cold."),
@@ -189,9 +199,9 @@ COMMANDS: dict[str, tuple[Param, ...]] = {
         setting("lock_timeout", defaults.LOCK_TIMEOUT_S, "Seconds to wait for the profile's lock; then exit 75 naming the "
                 "holder."),
     ),
-    "config": (),
+    "config": lambda: (),
     # A check that only looks is the library's verify without click; --repair is the click command's.
-    "verify": (
+    "verify": lambda: (
         argument("paths", kind="list"),  # nargs=-1: none, one or many
         Param("repair", ("--repair",), "flag", False, "Rebuild each damaged path from its recorded inputs and swap it "
               "in if the result checks out."),
@@ -203,6 +213,39 @@ COMMANDS: dict[str, tuple[Param, ...]] = {
                 "are sent to the index a path records, when it is that index."),
     ),
 }
+
+
+class _Declared(dict):
+    """command -> its parameters, each command's made when it is first asked for (a run parses one
+    command: the others' declarations cost it nothing); otherwise a dict of every command."""
+
+    def __missing__(self, name: str) -> tuple[Param, ...]:
+        params = self[name] = _DECLARE[name]()
+        return params
+
+    def __contains__(self, name: object) -> bool:
+        return name in _DECLARE
+
+    def __iter__(self):
+        return iter(_DECLARE)
+
+    def __len__(self) -> int:
+        return len(_DECLARE)
+
+    def keys(self):  # type: ignore[override]
+        return _DECLARE.keys()
+
+    def values(self):  # type: ignore[override]
+        return [self[n] for n in _DECLARE]
+
+    def items(self):  # type: ignore[override]
+        return [(n, self[n]) for n in _DECLARE]
+
+    def get(self, name: str, default: object = None):  # type: ignore[override]
+        return self[name] if name in _DECLARE else default
+
+
+COMMANDS: dict[str, tuple[Param, ...]] = _Declared()
 # What `generations` deletes with: given any of them, the click command runs it.
 GENERATIONS_CHANGES = ("delete", "older_than", "keep", "forget", "keep_records")
 

@@ -90,3 +90,33 @@ def test_every_dataclass_of_the_library_has_a_docstring_where_a_switch_loads_it(
         for node in ast.walk(tree):
             if isinstance(node, ast.ClassDef) and any("dataclass" in ast.unparse(d) for d in node.decorator_list):
                 assert ast.get_docstring(node), f"store/{rel}: {node.name} needs a one-line docstring"
+
+
+def test_a_switch_makes_no_error_class_it_does_not_raise(root, store):
+    """core/errors.py makes the classes raised only on failure on first use: a switch that succeeds
+    makes none of them (each class statement is instructions on every deploy)."""
+    code = ("import atexit, sys\n"
+            "def made():\n"
+            "    errors = sys.modules['llmgw_store.core.errors']\n"
+            "    print('made' if 'CacheMiss' in vars(errors) else 'none', file=sys.stderr)\n"
+            "atexit.register(made)\n"
+            "sys.argv = ['llmgw-store', '--root', sys.argv[1], 'activate', 'p', sys.argv[2]]\n"
+            "from llmgw_store.cli import main\nmain()\n")
+    proc = subprocess.run([sys.executable, "-c", code, str(root), store["b"]], capture_output=True, text=True,
+                          timeout=120, check=False, env={**os.environ, **store["env"]})
+    assert proc.returncode == 0 and proc.stderr.splitlines()[-1] == "none", proc.stderr
+
+
+def test_the_error_classes_made_on_first_use_are_the_module_s_own():
+    code = ("import pickle, sys\nfrom llmgw_store.core import errors\n"
+            "assert 'LockTimeout' not in vars(errors)\n"
+            "from llmgw_store.core.errors import CacheMiss, LockTimeout, NotSubstituted, StoreError\n"
+            "assert errors.CacheMiss is CacheMiss and issubclass(CacheMiss, NotSubstituted)\n"
+            "assert issubclass(NotSubstituted, StoreError) and LockTimeout.exit_code == 75\n"
+            "assert CacheMiss.__qualname__ == 'CacheMiss' and CacheMiss.__module__ == 'llmgw_store.core.errors'\n"
+            "e = pickle.loads(pickle.dumps(LockTimeout('held')))\n"
+            "assert type(e) is LockTimeout and str(e) == 'held'\n"
+            "assert type(errors.from_os_error(OSError(28, 'full', '/x'))).__name__ == 'DiskFullError'\n"
+            "try:\n    errors.Nope\nexcept AttributeError:\n    print('ok')\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    assert proc.stdout == "ok\n", proc.stderr
