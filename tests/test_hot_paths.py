@@ -46,7 +46,7 @@ def store(tmp_path, root, recipe, index, uv_bin):
 HIT_NEVER = {"click", "_sqlite3", "re", "pathlib", "typing", "dataclasses", "inspect", "tomllib", "json", "threading",
              "hashlib", "contextlib", "enum", "importlib.util"}
 SWITCH_NEVER = {"click", "inspect", "ast", "tomllib", "_hashlib", "hmac", "secrets", "shlex",
-                "llmgw_store.core.procs", "llmgw_store.build.builder"}
+                "llmgw_store.core.debug", "llmgw_store.core.procs", "llmgw_store.build.builder"}
 
 
 def test_a_cache_hit_loads_little(root, store):
