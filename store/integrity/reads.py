@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import stat
+import time
 
 from llmgw_store.core import files, jsontext
 from llmgw_store.core.dirs import NIX_BASE32, PRIVATE_DIR, PUBLIC_DIR, is_store_name, own_dir
@@ -279,6 +280,7 @@ COMES_FROM = {
 }
 HISTORY_LAST = 50  # profiles.generations lists the last 50 events
 HISTORY_MAX_BYTES = 8 << 20  # records.HISTORY_MAX_BYTES
+_NONE = {"engine": None, "version": None, "variant": None}  # neither an index row nor a record
 _SHOWN = ("name", "created", "engine", "version", "variant", "rebuildable", "check", "rolled_back_to")
 
 
@@ -321,17 +323,17 @@ def generations(root: str, profile: str, substituters: tuple[str, ...], substitu
             rec = shown.get(number)
             linked = number in links
             name = links[number][0] if linked else rec["name"]  # type: ignore[index]
-            if not is_store_name(name):
-                return None  # layout.path_of refuses it: the full function says so
-            if name not in seen:
-                seen[name] = os.path.isdir(f"{root}/store/{name}")
-            hot = seen[name]
-            row = paths.get(name)
+            hot = seen.get(name)
+            if hot is None:  # once per store path, not per generation
+                if not is_store_name(name):
+                    return None  # layout.path_of refuses it: the full function says so
+                hot = seen[name] = os.path.isdir(f"{root}/store/{name}")
+            facts = paths.get(name) or rec or _NONE
             out.append({
                 "number": number, "path": f"{root}/store/{name}", "name": name,
                 "created": _utc(links[number][1]) if linked else rec["created"],  # type: ignore[index]
                 "current": number == current,
-                **{f: row[f] if row else (rec[f] if rec else None) for f in ("engine", "version", "variant")},
+                "engine": facts["engine"], "version": facts["version"], "variant": facts["variant"],
                 "state": "hot" if hot else "cold", "record": rec is not None, "linked": linked,
                 "check": rec["check"] if rec else None, "rolled_back_to": rec["rolled_back_to"] if rec else None,
                 "comes_from": None if hot else _comes_from(rec, substituters, substitute_only),
@@ -406,7 +408,7 @@ def _summarised(var: int, profiles: int, profile: str, numbers: list[int]) -> di
         entry = known.get(n)
         if entry is None or summary.record_stamp(profiles, f".{profile}-{n}.record") != entry["stamp"]:
             return None
-        out[n] = {f: entry[f] for f in _SHOWN}
+        out[n] = entry  # its _SHOWN fields (summary.read checked they are there) and its stamp
     return out
 
 
@@ -424,8 +426,6 @@ def _held(root: str, profile: str) -> bool:
 def _utc(mtime: float) -> str:
     """profiles._time_of: datetime.fromtimestamp(mtime, UTC) (its microseconds rounded half to
     even, a carry into the second) as %Y-%m-%dT%H:%M:%SZ, without datetime."""
-    import time
-
     if mtime < 0:
         raise _Leave
     seconds = int(mtime)
