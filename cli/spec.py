@@ -5,7 +5,8 @@ cli/fast.py) are both made from these declarations, and the settings among them 
 core/config.py (flag, environment variable, config key and default in one place). So the fast path
 cannot know an option the click command lacks, or read a variable click does not:
 tests/test_cli_spec.py walks every click parameter and `envvar` of the group and of each command
-here (`build`, `activate`, `rollback`, and the reads `list`, `info`, `env`) and fails on one not declared here, and runs both parsers on the same argv,
+here (`build`, `activate`, `rollback`, the reads `list`, `info`, `env`, `generations`, `config`, and
+`verify`) and fails on one not declared here, and runs both parsers on the same argv,
 environment and config file and compares what each gives the command.
 
 `parse` takes what click would take, as click takes it: global options before or after the
@@ -31,9 +32,10 @@ MAX_CHECK_TIMEOUT_S = 86400.0
 
 
 class Param:
-    """One option or argument. `kind`: text, path, choice, list, ints (a repeatable int), flag, count, seconds, int,
-    positive (an int of at least 1), timeout (seconds, more than 0, at most a day), or a setting's
-    kind; `setting`: the core/config Setting it is (its env variable and config key with it)."""
+    """One option or argument. `kind`: text, path, choice, list (an argument: nargs=-1), ints (a
+    repeatable int), flag, count, seconds, int, positive (an int of at least 1), timeout (seconds,
+    more than 0, at most a day), or a setting's kind; `setting`: the core/config Setting it is (its
+    env variable and config key with it)."""
 
     __slots__ = (
         "argument",
