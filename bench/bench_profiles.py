@@ -10,7 +10,8 @@ Two small environments A and B are built from a package index on 127.0.0.1 (offl
              Nix's `nix-env -p PROFILE --set PATH` (a new generation of a Nix profile every run);
   rollback   `llmgw-store rollback p --to 1` from B, against the same bare starts and
              `nix-env -p PROFILE --switch-generation 1`;
-  list, info `llmgw-store list` and `llmgw-store info p`, against the bare start.
+  list, info, env, generations, config
+             `llmgw-store list`, `info p`, `env p`, `generations p`, `config`, against the bare start.
 Each store run is checked (the profile link points where it should). Nix is Debian's `nix-bin` (as
 root it writes /nix/store); without it the Nix rows are skipped and the document says so.
 These are hot-path rows: from an editable install they are refused (or, with --allow-editable and
@@ -126,7 +127,8 @@ def main() -> None:
                       bare_sides() + nix_switch, goal=goals, hot=True, note=flag)
         # The reads the fast path answers (integrity/reads.py): <= 3x the bare start each.
         for what, argv in (("list", cli(root, "list")), ("info", cli(root, "info", "p")),
-                           ("env", cli(root, "env", "p"))):
+                           ("env", cli(root, "env", "p")), ("generations", cli(root, "generations", "p")),
+                           ("config", cli(root, "config"))):
             bench.compare(what, Side(f"llmgw-store {what}", argv), bare_sides()[:1], goal=[("<=", 3.0)], hot=True,
                           note=flag)
         bench.finish()

@@ -56,7 +56,7 @@ def _type(p: spec.Param) -> Any:
         return click.FloatRange(min=0)
     if p.kind == "positive":
         return click.IntRange(min=1)
-    if p.kind == "int":
+    if p.kind in ("int", "ints"):
         return int
     if p.kind == "timeout":
         return float
@@ -78,6 +78,8 @@ def click_param(p: spec.Param):
     """The click option or argument of a declared parameter."""
     if p.argument:
         kw: dict[str, Any] = {"metavar": p.metavar} if p.metavar else {}
+        if p.kind == "list":
+            kw["nargs"] = -1
         if p.default is not None:
             kw.update(required=False, default=p.default)
         return click.argument(p.name, type=_type(p), **kw)
@@ -88,9 +90,9 @@ def click_param(p: spec.Param):
         kw["count"] = True
     else:
         kw["type"] = _type(p)
-        if p.kind == "list":
+        if p.kind in ("list", "ints"):
             kw["multiple"] = True
-        if p.default is not None and p.kind != "list":
+        if p.default is not None and p.kind not in ("list", "ints"):
             kw["default"] = p.default
             kw["show_default"] = p.show_default
     if p.env:

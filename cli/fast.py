@@ -21,9 +21,11 @@ A follow (`activate PROFILE --release NAME`, or `activate PROFILE` with the conf
 `releases`) of a release that has not moved is answered by roots/follow.py the same way: the
 node's mark of the release, one read of the pointer and its checks, the profile's generation.
 
-`list`, `info` and `env` are answered by integrity/reads.py (through handlers.read_answer) in the
-common case, with the same lines and document; what it leaves (nothing printed) goes to the click
-app (tests/integrity/test_reads.py runs both ways and compares).
+`list`, `info`, `env` and the listing of `generations` are answered by integrity/reads.py (through
+handlers.read_answer) in the common case, with the same lines and document; what it leaves
+(nothing printed) goes to the click app (tests/integrity/test_reads.py runs both ways and compares).
+`config` is answered here from the declarations and the config file's cached values
+(handlers.config_answer: the same function the click command prints with).
 """
 
 from __future__ import annotations
@@ -78,7 +80,7 @@ def run(argv: list[str], started: float) -> int | None:
         return None
     params = parsed.params  # type: ignore[attr-defined]
     command = parsed.command  # type: ignore[attr-defined]
-    if command == "build" and params["check"]:
+    if (command == "build" and params["check"]) or (command == "verify" and params["repair"]):
         return None
     from llmgw_store.cli import handlers, output
 
@@ -96,7 +98,10 @@ def run(argv: list[str], started: float) -> int | None:
         read = [False]
 
         def answer() -> None:
-            read[0] = handlers.read_answer(ctx, command, params)
+            if command == "config":
+                read[0] = handlers.config_answer(ctx, params, parsed.sources, parsed.file, os.environ)  # type: ignore[attr-defined]
+            else:
+                read[0] = handlers.read_answer(ctx, command, params)
 
         code = output.run(ctx, answer)
         return code if read[0] or code != 0 else None

@@ -345,7 +345,7 @@ def described(doc: dict) -> str:
 
 
 def read_answer(ctx, command: str, kw: dict) -> bool:
-    """Answer `list`, `info` or `env` from integrity/reads.py when it is the common case: print what the
+    """Answer `list`, `info`, `env` or a `generations` listing from integrity/reads.py when it is the common case: print what the
     full command would print and return True; False (nothing printed) otherwise, and the full
     command runs."""
     from llmgw_store.integrity import reads
@@ -365,6 +365,16 @@ def read_answer(ctx, command: str, kw: dict) -> bool:
             return False
         ctx.emit(doc, "\n".join(f"export {k}={reads.shell_quoted(v)}" for k, v in doc["variables"].items()))
         return True
+    if command == "generations":
+        from llmgw_store.cli.spec import GENERATIONS_CHANGES
+
+        if any(kw[n] not in (None, ()) for n in GENERATIONS_CHANGES):
+            return False  # a deletion: the click command's
+        doc = reads.generations(root, kw["profile"], tuple(kw["substituters"]), kw["substitute_only"])
+        if doc is None:
+            return False
+        ctx.emit(doc, generations_text(kw["profile"], doc, kw["history"]))
+        return True
     doc = reads.path_info(root, kw["path"])
     if doc is None:
         return False
@@ -372,5 +382,139 @@ def read_answer(ctx, command: str, kw: dict) -> bool:
     return True
 
 
-HANDLERS = {"build": build, "activate": activate, "rollback": rollback}
-READS = ("list", "info", "env")
+def generations_text(profile: str, doc: dict, history: bool) -> str:
+    """The lines `generations PROFILE` prints for its result document (`history`: --history)."""
+    from llmgw_store.base.text import printable
+    from llmgw_store.integrity.reads import COMES_FROM
+
+    def check_note(g: dict) -> str:
+        if g["rolled_back_to"] is not None:
+            return f"  (check failed: rolled back to {g['rolled_back_to']})"
+        return f"  (check {g['check']['result']})" if g["check"] else ""
+
+    lines = [
+        f"{g['number']:5d}  {g['created'][:20]}  {g['state']:4s}  {g['engine'] or '?'} {g['version'] or '?'} "
+        f"({g['variant'] or '?'})  {g['path']}{'  (current)' if g['current'] else ''}{check_note(g)}"
+        + (f"  (way back: {COMES_FROM[g['comes_from']]})" if g["comes_from"] else "")
+        for g in doc["generations"]
+    ]
+    held = doc["held"]
+    if held:
+        lines.append(f"held at {held['name']} since {held['since']}: its release is not followed "
+                     f"(`llmgw-store unhold {profile}`)")
+    if history:
+        lines.append("history:")
+        lines += [f"  {str(e.get('at', '?'))[:19]}Z  {e.get('event')}  {_event_text(e)}" for e in doc["history"]]
+    # One line per generation or event, whatever a check's argv or a hand-edited history holds.
+    return "\n".join(printable(line) for line in lines)
+
+
+def _event_text(e: dict) -> str:
+    by = e.get("by") or {}
+    parts = [f"{k} {e[k]}" for k in ("from", "to", "generation", "name") if e.get(k) is not None]
+    check = e.get("check")
+    if isinstance(check, dict):
+        argv = check.get("argv")
+        parts.append(f"check `{' '.join(map(str, argv)) if isinstance(argv, list) else '?'}` {check.get('result')}")
+    by = by if isinstance(by, dict) else {}
+    who = str(by.get("user", "?")) + (f" (sudo by {by['sudo_user']})" if by.get("sudo_user") else "")
+    return ", ".join(parts) + f"  by {who}"
+
+
+# -- config -----------------------------------------------------------------------------------------
+
+
+def config_shown(loaded: str | None, values: dict, config_flag: str | None, flags: dict, environ) -> tuple[dict, str]:
+    """`config`'s document and lines: every setting in effect and where it comes from. `loaded`:
+    the config file read (None: none), `values` its values, `config_flag` --config as given,
+    `flags` the group's settings given on the command line (param -> value)."""
+    from llmgw_store.app.credentials import public_url
+    from llmgw_store.cli import config
+
+    def public(value: object) -> object:
+        return public_url(value) if isinstance(value, str) else value
+
+    path, explicit = config.locate(config_flag, environ)
+    settings: dict[str, dict[str, object]] = {}  # name -> the --json document's entry
+    for s in config.SETTINGS:
+        try:
+            value, source = config.effective(s, flags.get(s.param), environ, values)
+        except ValueError:
+            value, source = environ[s.env], "env (not a valid value: the commands that take it refuse it)"
+        # Shown without credentials (an index token, a cache's password): both outputs are for eyes and logs.
+        value = [public(v) for v in value] if isinstance(value, (tuple, list)) else public(value)
+        settings[s.name] = {"value": value, "source": source,
+                            "flag": s.flag, "env": s.env, "key": s.name,
+                            "commands": ["(every command)"] if config.GLOBAL in s.commands or "*" in s.commands
+                            else list(s.commands)}
+    file_line = (loaded if loaded is not None else
+                 f"none ({path} does not exist)" if path is not None and not explicit else "none")
+    width = max(len(n) for n in settings)
+    lines = [f"config file: {file_line}"]
+    for name, d in settings.items():
+        v = d["value"]
+        shown = (" ".join(map(str, v)) or "(none)") if isinstance(v, list) else (
+            _unset(name) if v is None else str(v))
+        source = str(d["source"])
+        where = {"flag": str(d["flag"]), "env": f"env {d['env']}", "file": "config file"}.get(source, source)
+        lines.append(f"{name:<{width}}  {shown:<40}  {where}")
+    return {"schema_version": 1, "config_file": loaded, "settings": settings}, "\n".join(lines)
+
+
+def _unset(name: str) -> str:
+    if name == "root":
+        return default_root()
+    if name == "uv":
+        return "(the store's pinned uv)"
+    if name == "lock_timeout":
+        return "(each command's own: see its --help)"
+    return "(none)"
+
+
+def config_answer(ctx, kw: dict, sources: dict, file_values: dict, environ) -> bool:
+    """`config` from the fast path: the config file's values as the fast path read them (cached
+    values of a file the full command parsed), the group's settings given as flags by their source."""
+    from llmgw_store.cli import config
+
+    path, explicit = config.locate(kw["config_file"], environ)
+    loaded = None
+    if path is not None:
+        try:
+            if config.read(path, explicit) is not None:
+                loaded = path
+        except (config.ConfigError, OSError):
+            return False
+    flags = {s.param: kw[s.param] for s in config.SETTINGS
+             if config.GLOBAL in s.commands and sources.get(s.param) == "flag"}
+    ctx.emit(*config_shown(loaded, file_values, kw["config_file"], flags, environ))
+    return True
+
+
+# -- verify -----------------------------------------------------------------------------------------
+
+
+def verify(ctx, kw: dict) -> None:
+    from llmgw_store.integrity.verify import verify as do_verify
+
+    r = do_verify(list(kw["paths"]) or None, root=ctx.root, repair=kw["repair"], uv=kw["uv"],
+                  python_preference=kw["python_preference"], lock_timeout=kw["lock_timeout"],
+                  index_url=kw["index_url"])
+    lines = []
+    for p in r.paths:
+        state = "ok" if p["ok"] else ("repaired" if p.get("ok_after_repair") else "DAMAGED")
+        lines.append(f"{state:8s} {p['path']}")
+        for kind in ("modified", "missing", "extra", "writable"):
+            lines += [f"           {kind}: {quoted(f)}" for f in p[kind]]
+        lines += [f"           foreign: {quoted(f['path'])} (owner uid {f['uid']}"
+                  + (f", xattrs {', '.join(map(quoted, f['xattrs']))}" if f["xattrs"] else "") + ")"
+                  for f in p.get("foreign", [])]
+        lines += [f"           mode: {quoted(f['path'])} is {f['mode']}, not the store's 0444/0555"
+                  for f in p.get("modes", [])]
+        lines += [f"           {msg}" for msg in p["problems"]]
+    ctx.emit(r.to_json(), "\n".join(lines))
+    if r.damaged:
+        ctx.exit(1)
+
+
+HANDLERS = {"build": build, "activate": activate, "rollback": rollback, "verify": verify}
+READS = ("list", "info", "env", "generations", "config")

@@ -5,7 +5,8 @@ cli/fast.py) are both made from these declarations, and the settings among them 
 cli/config.py (flag, environment variable, config key and default in one place). So the fast path
 cannot know an option the click command lacks, or read a variable click does not:
 tests/cli/test_cli_spec.py walks every click parameter and `envvar` of the group and of each command
-here (`build`, `activate`, `rollback`, and the reads `list`, `info`, `env`) and fails on one not declared here, and runs both parsers on the same argv,
+here (`build`, `activate`, `rollback`, the reads `list`, `info`, `env`, `generations`, `config`, and
+`verify`) and fails on one not declared here, and runs both parsers on the same argv,
 environment and config file and compares what each gives the command.
 
 `parse` takes what click would take, as click takes it: global options before or after the
@@ -20,7 +21,11 @@ from __future__ import annotations
 from llmgw_store.base import defaults
 from llmgw_store.cli import config
 
-FAST_COMMANDS = ("build", "activate", "rollback", "list", "info", "env")
+TYPE_CHECKING = False  # typing's, without importing typing (the fast path loads this module)
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+FAST_COMMANDS = ("build", "activate", "rollback", "list", "info", "env", "generations", "config", "verify")
 # What a parameter of `build` does to a memo answer (cli/config.HIT_ROLES), or `miss`: set, the
 # build is never answered from the memo (`--check` rebuilds).
 MISS = "miss"
@@ -28,9 +33,10 @@ MAX_CHECK_TIMEOUT_S = 86400.0
 
 
 class Param:
-    """One option or argument. `kind`: text, path, choice, list, flag, count, seconds, int,
-    positive (an int of at least 1), timeout (seconds, more than 0, at most a day), or a setting's
-    kind; `setting`: the cli/config Setting it is (its env variable and config key with it)."""
+    """One option or argument. `kind`: text, path, choice, list (an argument: nargs=-1), ints (a
+    repeatable int), flag, count, seconds, int, positive (an int of at least 1), timeout (seconds,
+    more than 0, at most a day), or a setting's kind; `setting`: the cli/config Setting it is (its
+    env variable and config key with it)."""
 
     __slots__ = (
         "argument",
@@ -98,41 +104,47 @@ GROUP: tuple[Param, ...] = (
 # How the --substituter caches are talked to (cli/config.py `cache.*`; docs/fleet.md, "Networks
 # that fail"): handed to api.py as `cache_network`, a RetryPolicy's fields.
 CACHE_NETWORK = ("attempts", "retry_for", "stall", "metadata_timeout", "deadline", "redirects_to")
-_CACHE = tuple(setting(f"cache.{name}") for name in CACHE_NETWORK)
 
-_BUILD = (
-    Param("version", ("--version",), "text", None, "Engine version to build (default: the recipe's, else the latest "
-          "release).", hit="key"),
-    Param("variant", ("--variant",), "text", None, "Which [[build]] of the recipe (default: the first).", hit="key"),
-    Param("as_of", ("--as-of",), "text", None, "Resolve as the index stood at this ISO 8601 time (default: the "
-          "recipe's as_of, else publication + 24 h).", hit="key"),
-    setting("index_url"),
-    setting("uv"),
-    Param("python", ("--python",), "text", None, "Use this interpreter (an absolute path) or version request (3.12) "
-          "instead of the recipe's build.python; it enters the key as the recipe's field would (such a build is "
-          "never answered from the build memo).", hit=MISS, env="LLMGW_STORE_PYTHON", metavar="PATH|VERSION"),
-    setting("python_preference"),
-    setting("lock_timeout", defaults.BUILD_LOCK_TIMEOUT_S, "Seconds to wait for each lock (another process building "
-            "the same key, a gc, the profile); then exit 75 naming the holder."),
-    setting("substituters"),
-    setting("trusted_keys"),
-    setting("substitute_only"),
-    setting("offline"),
-    *_CACHE,
-)
 
-COMMANDS: dict[str, tuple[Param, ...]] = {
-    "build": (
+def _cache() -> tuple[Param, ...]:
+    return tuple(setting(f"cache.{name}") for name in CACHE_NETWORK)
+
+
+def _build() -> tuple[Param, ...]:
+    return (
+        Param("version", ("--version",), "text", None, "Engine version to build (default: the recipe's, else the latest "
+              "release).", hit="key"),
+        Param("variant", ("--variant",), "text", None, "Which [[build]] of the recipe (default: the first).", hit="key"),
+        Param("as_of", ("--as-of",), "text", None, "Resolve as the index stood at this ISO 8601 time (default: the "
+              "recipe's as_of, else publication + 24 h).", hit="key"),
+        setting("index_url"),
+        setting("uv"),
+        Param("python", ("--python",), "text", None, "Use this interpreter (an absolute path) or version request (3.12) "
+              "instead of the recipe's build.python; it enters the key as the recipe's field would (such a build is "
+              "never answered from the build memo).", hit=MISS, env="LLMGW_STORE_PYTHON", metavar="PATH|VERSION"),
+        setting("python_preference"),
+        setting("lock_timeout", defaults.BUILD_LOCK_TIMEOUT_S, "Seconds to wait for each lock (another process building "
+                "the same key, a gc, the profile); then exit 75 naming the holder."),
+        setting("substituters"),
+        setting("trusted_keys"),
+        setting("substitute_only"),
+        setting("offline"),
+        *_cache(),
+    )
+
+
+_DECLARE: dict[str, Callable[[], tuple[Param, ...]]] = {
+    "build": lambda: (
         argument("recipe", kind="path"),
-        *_BUILD,
+        *_build(),
         Param("check", ("--check",), "flag", False, "Rebuild RECIPE's store path (it must exist) into a temporary tree "
               "from its recorded lock and compare file by file; exit 1 naming the files that differ. The store path "
               "is never changed.", hit=MISS),
     ),
-    "activate": (
+    "activate": lambda: (
         argument("profile"),
         argument("target", default=""),  # "": none, --release names what to activate
-        *_BUILD,
+        *_build(),
         Param("release", ("--release",), "text", None, "Activate what the release NAME in the binary caches "
               "(--substituter) points at, signed by a trusted key: pulled as it is, nothing computed or built "
               "(instead of TARGET).", metavar="NAME"),
@@ -147,7 +159,7 @@ COMMANDS: dict[str, tuple[Param, ...]] = {
         Param("keep_records", ("--keep-records",), "positive", 100, "Records of generations kept for this profile (the "
               "oldest cold ones are dropped beyond it).", show_default=True),
     ),
-    "rollback": (
+    "rollback": lambda: (
         argument("profile"),
         Param("to", ("--to",), "int", None, "Generation number to switch to (default: the previous one). A cold "
               "generation is rebuilt from its record (or pulled) first."),
@@ -161,13 +173,84 @@ COMMANDS: dict[str, tuple[Param, ...]] = {
         setting("offline"),
         setting("index_url", config.NO_DEFAULT, "The configured index URL: its credentials (if any) are sent to the "
                 "index a cold generation records, when it is that index."),
-        *_CACHE,
+        *_cache(),
     ),
     # The reads the fast path answers (integrity/reads.py): only the group's options.
-    "list": (),
-    "info": (argument("path"),),
-    "env": (argument("target", metavar="PROFILE|PATH"),),
+    "list": lambda: (),
+    "info": lambda: (argument("path"),),
+    "env": lambda: (argument("target", metavar="PROFILE|PATH"),),
+    # A listing of generations is answered by integrity/reads.py; deleting some (any of the options
+    # from --delete to --keep-records) is the click command's alone.
+    "generations": lambda: (
+        argument("profile"),
+        Param("delete", ("--delete",), "ints", (), "Delete generation N (repeatable). Never the current one. "
+              "Its record stays: the generation becomes cold."),
+        Param("older_than", ("--older-than",), "text", None, "Delete generations older than this (30d, 12h, ...), "
+              "except the current one."),
+        Param("keep", ("--keep",), "int", None, "Keep the newest N generations (and the current one), delete the "
+              "rest."),
+        Param("forget", ("--forget",), "ints", (), "Delete generation N and its record too: it can no longer be "
+              "rolled back to (repeatable)."),
+        Param("keep_records", ("--keep-records",), "positive", None, "Drop the oldest records of cold generations "
+              "beyond N."),
+        Param("history", ("--history",), "flag", False, "Also print the profile's recent events (switches, checks, "
+              "rollbacks)."),
+        Param("dry_run", ("--dry-run",), "flag", False, "Say what would be deleted, delete nothing."),
+        setting("substituters", help="Binary cache a rollback would pull a cold generation from (the listing says "
+                "where each comes from); repeatable."),
+        setting("substitute_only"),
+        setting("lock_timeout", defaults.LOCK_TIMEOUT_S, "Seconds to wait for the profile's lock; then exit 75 naming the "
+                "holder."),
+    ),
+    "config": lambda: (),
+    # A check that only looks is the library's verify without click; --repair is the click command's.
+    "verify": lambda: (
+        argument("paths", kind="list"),  # nargs=-1: none, one or many
+        Param("repair", ("--repair",), "flag", False, "Rebuild each damaged path from its recorded inputs and swap it "
+              "in if the result checks out."),
+        setting("uv", help="uv for --repair (must be the version the path was built with)."),
+        setting("python_preference", help="For --repair: where the interpreter may come from."),
+        setting("lock_timeout", defaults.BUILD_LOCK_TIMEOUT_S, "Seconds to wait for each lock --repair takes (the gc "
+                "lock, the key's); then exit 75 naming the holder."),
+        setting("index_url", config.NO_DEFAULT, "For --repair: the configured index URL, whose credentials (if any) "
+                "are sent to the index a path records, when it is that index."),
+    ),
 }
+
+
+class _Declared(dict):
+    """command -> its parameters, each command's made when it is first asked for (a run parses one
+    command: the others' declarations cost it nothing); otherwise a dict of every command."""
+
+    def __missing__(self, name: str) -> tuple[Param, ...]:
+        params = self[name] = _DECLARE[name]()
+        return params
+
+    def __contains__(self, name: object) -> bool:
+        return name in _DECLARE
+
+    def __iter__(self):
+        return iter(_DECLARE)
+
+    def __len__(self) -> int:
+        return len(_DECLARE)
+
+    def keys(self):
+        return _DECLARE.keys()
+
+    def values(self):
+        return [self[n] for n in _DECLARE]
+
+    def items(self):
+        return [(n, self[n]) for n in _DECLARE]
+
+    def get(self, name: str, default: object = None):
+        return self[name] if name in _DECLARE else default
+
+
+COMMANDS: dict[str, tuple[Param, ...]] = _Declared()
+# What `generations` deletes with: given any of them, the click command runs it.
+GENERATIONS_CHANGES = ("delete", "older_than", "keep", "forget", "keep_records")
 
 
 # -- values -----------------------------------------------------------------------------------------
@@ -185,7 +268,7 @@ def convert(p: Param, value: str) -> object:
     refuse it, or where this parser is not sure to agree (click decides then)."""
     if p.setting is not None:
         return config.convert(p.setting, value)
-    if p.kind == "int":
+    if p.kind in ("int", "ints"):
         return int(value)
     if p.kind == "positive":
         n = int(value)
@@ -206,12 +289,13 @@ class Parsed:
     """A command line as parsed: the command, and every parameter's given value (`given`: name →
     value from argv) and effective value with its source (`params`, after `resolve`)."""
 
-    __slots__ = ("command", "given", "params", "sources")
+    __slots__ = ("command", "file", "given", "params", "sources")
 
     def __init__(self, command: str, given: dict[str, object]):
         self.command, self.given = command, given
         self.params: dict[str, object] = {}
         self.sources: dict[str, str] = {}
+        self.file: dict[str, object] = {}  # the config file's values (`resolve`)
 
 
 def _by_flag(params: tuple[Param, ...]) -> dict[str, Param]:
@@ -268,6 +352,12 @@ def parse(argv: list[str]) -> Parsed | None:
     if command is None:
         return None
     args = [p for p in COMMANDS[command] if p.argument]
+    if args and args[-1].kind == "list":  # nargs=-1 (the last one): what the others leave
+        variadic = args.pop()
+        if len(positionals) < len(args):
+            return None
+        given[variadic.name] = tuple(positionals[len(args):])
+        positionals = positionals[:len(args)]
     required = [p for p in args if p.default is None]  # click's: an argument with a default may be left out
     if not len(required) <= len(positionals) <= len(args) or args[:len(required)] != required:
         return None
@@ -295,6 +385,12 @@ def _give(given: dict[str, object], p: Param, value: str | None) -> bool:
     if p.kind == "list":
         given[p.name] = (*given.get(p.name, ()), value)  # type: ignore[misc]
         return True
+    if p.kind == "ints":
+        try:
+            given[p.name] = (*given.get(p.name, ()), int(value))  # type: ignore[misc, arg-type]
+        except ValueError:
+            return False
+        return True
     if p.name in given:
         return False
     try:
@@ -308,6 +404,7 @@ def resolve(parsed: Parsed, environ, file: dict[str, object]) -> bool:
     """Fill `parsed.params` with every parameter's value as click would give it: from argv, else
     the environment variable, else the config file's `file` values, else the default. False when a
     value is one click would refuse (click then says so)."""
+    parsed.file = file
     for p in (*GROUP, *COMMANDS[parsed.command]):
         if p.argument:
             parsed.params[p.name] = parsed.given[p.name]

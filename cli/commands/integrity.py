@@ -4,22 +4,15 @@ from __future__ import annotations
 
 import click
 
-from llmgw_store.cli import config
-from llmgw_store.cli.app import Context, cli, lock_timeout_option, quoted, setting_option
+from llmgw_store.cli import handlers
+from llmgw_store.cli.app import Context, cli, lock_timeout_option, setting_option, spec_params
 from llmgw_store.core import locks
 
 
 @cli.command()
-@click.argument("paths", nargs=-1)
-@click.option("--repair", is_flag=True, help="Rebuild each damaged path from its recorded inputs and swap it in if the result checks out.")
-@setting_option("uv", help="uv for --repair (must be the version the path was built with).")
-@setting_option("python_preference", help="For --repair: where the interpreter may come from.")
-@lock_timeout_option(locks.BUILD_LOCK_TIMEOUT_S, "each lock --repair takes (the gc lock, the key's)")
-@setting_option("index_url", config.NO_DEFAULT, "For --repair: the configured index URL, whose credentials (if any) "
-                "are sent to the index a path records, when it is that index.")
+@spec_params("verify")
 @click.pass_obj
-def verify(obj: Context, paths: tuple[str, ...], repair: bool, uv: str | None, python_preference: str,
-           lock_timeout: float, index_url: str | None) -> None:
+def verify(obj: Context, **kw) -> None:
     """Recompute the content hash of PATHS (store paths, names, keys, PROFILE or PROFILE@N; default:
     every store path) and compare with the manifest
     and the index; name modified, missing, extra and writable files. Exit 1 if any path is damaged.
@@ -29,25 +22,7 @@ def verify(obj: Context, paths: tuple[str, ...], repair: bool, uv: str | None, p
       llmgw-store verify
       llmgw-store verify vllm@7 --repair
     """
-    from llmgw_store.integrity.verify import verify as do_verify
-
-    r = do_verify(list(paths) or None, root=obj.root, repair=repair, uv=uv,
-                  python_preference=python_preference, lock_timeout=lock_timeout, index_url=index_url)
-    lines = []
-    for p in r.paths:
-        state = "ok" if p["ok"] else ("repaired" if p.get("ok_after_repair") else "DAMAGED")
-        lines.append(f"{state:8s} {p['path']}")
-        for kind in ("modified", "missing", "extra", "writable"):
-            lines += [f"           {kind}: {quoted(f)}" for f in p[kind]]
-        lines += [f"           foreign: {quoted(f['path'])} (owner uid {f['uid']}"
-                  + (f", xattrs {', '.join(map(quoted, f['xattrs']))}" if f["xattrs"] else "") + ")"
-                  for f in p.get("foreign", [])]
-        lines += [f"           mode: {quoted(f['path'])} is {f['mode']}, not the store's 0444/0555"
-                  for f in p.get("modes", [])]
-        lines += [f"           {msg}" for msg in p["problems"]]
-    obj.emit(r.to_json(), "\n".join(lines))
-    if r.damaged:
-        obj.exit(1)
+    handlers.verify(obj, kw)
 
 
 @cli.command()

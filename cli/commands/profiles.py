@@ -6,9 +6,8 @@ from __future__ import annotations
 import click
 
 from llmgw_store.cli import handlers
-from llmgw_store.cli.app import Context, cli, lock_timeout_option, setting_option, spec_params
+from llmgw_store.cli.app import Context, cli, lock_timeout_option, spec_params
 from llmgw_store.core import locks
-from llmgw_store.core.names import printable
 
 
 @cli.command()
@@ -51,20 +50,7 @@ def rollback(obj: Context, **kw) -> None:
 
 
 @cli.command()
-@click.argument("profile")
-@click.option("--delete", "delete", type=int, multiple=True, help="Delete generation N (repeatable). Never the current "
-                                                                 "one. Its record stays: the generation becomes cold.")
-@click.option("--older-than", help="Delete generations older than this (30d, 12h, ...), except the current one.")
-@click.option("--keep", type=int, help="Keep the newest N generations (and the current one), delete the rest.")
-@click.option("--forget", "forget", type=int, multiple=True,
-              help="Delete generation N and its record too: it can no longer be rolled back to (repeatable).")
-@click.option("--keep-records", type=click.IntRange(min=1), help="Drop the oldest records of cold generations beyond N.")
-@click.option("--history", is_flag=True, help="Also print the profile's recent events (switches, checks, rollbacks).")
-@click.option("--dry-run", is_flag=True, help="Say what would be deleted, delete nothing.")
-@setting_option("substituters", help="Binary cache a rollback would pull a cold generation from (the listing says "
-                "where each comes from); repeatable.")
-@setting_option("substitute_only")
-@lock_timeout_option(locks.LOCK_TIMEOUT_S, "the profile's lock")
+@spec_params("generations")
 @click.pass_obj
 def generations(obj: Context, profile: str, delete: tuple[int, ...], older_than: str | None, keep: int | None,
                 forget: tuple[int, ...], keep_records: int | None, history: bool, dry_run: bool,
@@ -105,37 +91,9 @@ def generations(obj: Context, profile: str, delete: tuple[int, ...], older_than:
     for line in r.records_refused:
         obj.progress(f"record refused: {line}")
 
-    def check_note(g) -> str:
-        if g.rolled_back_to is not None:
-            return f"  (check failed: rolled back to {g.rolled_back_to})"
-        return f"  (check {g.check['result']})" if g.check else ""
+    doc = r.to_json()
+    obj.emit(doc, handlers.generations_text(profile, doc, history))
 
-    lines = [
-        f"{g.number:5d}  {g.created[:20]}  {g.state:4s}  {g.engine or '?'} {g.version or '?'} ({g.variant or '?'})  "
-        f"{g.path}{'  (current)' if g.current else ''}{check_note(g)}"
-        + (f"  (way back: {profiles.COMES_FROM[g.comes_from]})" if g.comes_from else "")
-        for g in r.generations
-    ]
-    if r.held:
-        lines.append(f"held at {r.held['name']} since {r.held['since']}: its release is not followed "
-                     f"(`llmgw-store unhold {profile}`)")
-    if history:
-        lines.append("history:")
-        lines += [f"  {str(e.get('at', '?'))[:19]}Z  {e.get('event')}  {_event_text(e)}" for e in r.history]
-    # One line per generation or event, whatever a check's argv or a hand-edited history holds.
-    obj.emit(r.to_json(), "\n".join(printable(line) for line in lines))
-
-
-def _event_text(e: dict) -> str:
-    by = e.get("by") or {}
-    parts = [f"{k} {e[k]}" for k in ("from", "to", "generation", "name") if e.get(k) is not None]
-    check = e.get("check")
-    if isinstance(check, dict):
-        argv = check.get("argv")
-        parts.append(f"check `{' '.join(map(str, argv)) if isinstance(argv, list) else '?'}` {check.get('result')}")
-    by = by if isinstance(by, dict) else {}
-    who = str(by.get("user", "?")) + (f" (sudo by {by['sudo_user']})" if by.get("sudo_user") else "")
-    return ", ".join(parts) + f"  by {who}"
 
 
 @cli.command(name="list-profiles")

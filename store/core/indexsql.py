@@ -18,6 +18,7 @@ DB_MODE = 0o600
 PATH_BY = {"key": "SELECT * FROM paths WHERE key = ?", "name": "SELECT * FROM paths WHERE name = ?"}
 PATHS_IN_ORDER = "SELECT * FROM paths ORDER BY engine, version, variant, created"
 BUILDS_OF_KEY = "SELECT * FROM builds WHERE key = ? ORDER BY id"
+PATH_KINDS = "SELECT name, engine, version, variant FROM paths"  # what `generations` says of each path
 GENERATIONS_OF = "SELECT number, name, deleted FROM generations WHERE profile = ?"  # a switch's look
 RECORD_GENERATION = ("INSERT OR REPLACE INTO generations (profile, number, name, created, created_by, deleted) "
                      "VALUES (?, ?, ?, ?, ?, NULL)")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import stat
+import time
 
 from llmgw_store.core import indexsql
 from llmgw_store.core import locations as loc
@@ -254,3 +255,206 @@ def shell_quoted(s: str) -> str:
     if set(s) <= _SHELL_SAFE:
         return s
     return "'" + s.replace("'", "'\"'\"'") + "'"
+
+
+# -- generations PROFILE -----------------------------------------------------------------------------
+
+# profiles.COMES_FROM (tests/integrity/test_reads.py checks they agree): a cold generation's way back.
+COMES_FROM = {
+    "caches": "the configured caches only",
+    "caches, else record": "the configured caches, else rebuilt from its record",
+    "record": "rebuilt from its record (no cache configured)",
+    "nowhere": "none: no cache configured, and no rebuild (substitute-only, or no lock recorded)",
+}
+HISTORY_LAST = 50  # profiles.generations lists the last 50 events
+HISTORY_MAX_BYTES = 8 << 20  # records.HISTORY_MAX_BYTES
+_NONE = {"engine": None, "version": None, "variant": None}  # neither an index row nor a record
+_SHOWN = ("name", "created", "engine", "version", "variant", "rebuildable", "check", "rolled_back_to")
+
+
+def generations(root: str, profile: str, substituters: tuple[str, ...], substitute_only: bool) -> dict | None:
+    """profiles.generations(profile, root=root, ...).to_json(), or None to leave it to the full
+    function: a profile whose links, records, index rows and summary agree (the full function
+    then says nothing on stderr), every record's summary entry current (roots/summary.py: its
+    stamp the record file's, its digest the records key's), no hold, a history of ours closed to
+    others. Reads one summary file, not a record per generation; writes nothing."""
+    from llmgw_store.roots.switch import profile_ok
+
+    if not profile_ok(profile):
+        return None
+
+    def work(fds, conn) -> dict | None:
+        profiles = fds.get("profiles")
+        if profiles is None:
+            return None
+        try:
+            target = os.readlink(profile, dir_fd=profiles)
+        except OSError:
+            return None  # no such profile (the full function says so), or not a link
+        current = _link_number(target, profile)
+        if current is None:
+            return None
+        links, numbers = _scan(profiles, profile)
+        rows = {n: (name, deleted) for n, name, deleted in
+                conn.execute(indexsql.GENERATIONS_OF, (profile,))}
+        if any(n not in rows or rows[n][1] or rows[n][0] != name for n, (name, _) in links.items()) \
+                or any(n not in links and not deleted for n, (_, deleted) in rows.items()):
+            return None  # the index differs from the links: the full function says where
+        shown = _summarised(fds["var"], profiles, profile, numbers)
+        if shown is None or _held(root, profile):
+            return None
+        paths = {r["name"]: r for r in indexsql.rows(conn, indexsql.PATH_KINDS)}
+        if not all(map(is_store_name, paths)):
+            return None  # the full function skips a malformed row and says so
+        out: list[dict] = []
+        seen: dict[str, bool] = {}
+        for number in sorted(set(links) | set(shown)):
+            rec = shown.get(number)
+            linked = number in links
+            name = links[number][0] if linked else rec["name"]  # type: ignore[index]
+            hot = seen.get(name)
+            if hot is None:  # once per store path, not per generation
+                if not is_store_name(name):
+                    return None  # layout.path_of refuses it: the full function says so
+                hot = seen[name] = os.path.isdir(f"{root}/store/{name}")
+            facts = paths.get(name) or rec or _NONE
+            out.append({
+                "number": number, "path": f"{root}/store/{name}", "name": name,
+                "created": _utc(links[number][1]) if linked else rec["created"],  # type: ignore[index]
+                "current": number == current,
+                "engine": facts["engine"], "version": facts["version"], "variant": facts["variant"],
+                "state": "hot" if hot else "cold", "record": rec is not None, "linked": linked,
+                "check": rec["check"] if rec else None, "rolled_back_to": rec["rolled_back_to"] if rec else None,
+                "comes_from": None if hot else _comes_from(rec, substituters, substitute_only),
+            })
+        history = _history(profiles, profile)
+        if history is None:
+            return None
+        return {"schema_version": 1, "profile": profile, "current": current, "generations": out,
+                "index_differs": [], "records_refused": [], "history": history, "held": None}
+
+    return _answer(root, work)
+
+
+def _link_number(target: str, profile: str) -> int | None:
+    """N of `<profile>-<N>-link` in ASCII digits (1 to 10^9); None for anything else."""
+    head = profile + "-"
+    if not (target.startswith(head) and target.endswith("-link")):
+        return None
+    digits = target[len(head):-5]
+    if not (0 < len(digits) <= 10 and digits.isascii() and digits.isdigit()):
+        return None
+    n = int(digits)
+    return n if 1 <= n <= 10**9 else None
+
+
+def _scan(profiles: int, profile: str) -> tuple[dict[int, tuple[str, float]], list[int]]:
+    """generations.scan_profile: one pass over profiles/ (_Leave where its `\\d` would read a name
+    this parser does not: non-ASCII digits, two spellings of one number)."""
+    links: dict[int, tuple[str, float]] = {}
+    numbers: list[int] = []
+    link_head, rec_head = profile + "-", "." + profile + "-"
+    with os.scandir(profiles) as it:
+        for entry in it:
+            n = entry.name
+            if n.startswith(rec_head) and n.endswith(".record"):
+                digits = n[len(rec_head):-7]
+                if digits.isdigit():
+                    if not digits.isascii():
+                        raise _Leave
+                    if len(digits) <= 10 and 1 <= int(digits) <= 10**9:
+                        numbers.append(int(digits))
+            elif n.startswith(link_head) and n.endswith("-link") and n[len(link_head):-5].isdigit():
+                digits = n[len(link_head):-5]
+                if not digits.isascii() or int(digits) in links:
+                    raise _Leave
+                if entry.is_symlink():
+                    try:
+                        target = os.readlink(n, dir_fd=profiles)
+                        mtime = entry.stat(follow_symlinks=False).st_mtime
+                    except FileNotFoundError:
+                        continue  # deleted meanwhile
+                    links[int(digits)] = (target.rpartition("/")[2], mtime)
+    return links, sorted(numbers)
+
+
+def _summarised(var: int, profiles: int, profile: str, numbers: list[int]) -> dict[int, dict] | None:
+    """records.summarised when every record's entry in the summary is current: number -> its
+    entry; None when one is not (the full function reads and checks that record)."""
+    if not numbers:
+        return {}
+    from llmgw_store.core import proofs
+    from llmgw_store.roots import summary
+
+    key = proofs.secret(var)
+    if key is None:
+        return None
+    known = summary.read(profiles, profile, key)
+    if known is None:
+        return None
+    out = {}
+    for n in numbers:
+        entry = known.get(n)
+        if entry is None or summary.record_stamp(profiles, f".{profile}-{n}.record") != entry["stamp"]:
+            return None
+        out[n] = entry  # its _SHOWN fields (summary.read checked they are there) and its stamp
+    return out
+
+
+def _held(root: str, profile: str) -> bool:
+    """Whether holds/<profile> may be a hold (the full function reads it); False when it is absent."""
+    try:
+        os.lstat(f"{root}/holds/{profile}")
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def _utc(mtime: float) -> str:
+    """profiles._time_of: datetime.fromtimestamp(mtime, UTC) (its microseconds rounded half to
+    even, a carry into the second) as %Y-%m-%dT%H:%M:%SZ, without datetime."""
+    if mtime < 0:
+        raise _Leave
+    seconds = int(mtime)
+    if round((mtime - seconds) * 1e6) >= 1_000_000:
+        seconds += 1
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
+
+
+def _comes_from(rec: dict | None, substituters: tuple[str, ...], substitute_only: bool) -> str:
+    """profiles.comes_from for a summary entry."""
+    if rec is None:
+        return "nowhere"
+    if substituters:
+        return "caches" if substitute_only or not rec["rebuildable"] else "caches, else record"
+    return "record" if rec["rebuildable"] and not substitute_only else "nowhere"
+
+
+def _history(profiles: int, profile: str) -> list[dict] | None:
+    """records.history(layout, profile, last=50), for a history that is a plain file of ours closed
+    to others (None otherwise: the full function tightens or refuses it, and says so), each line
+    one the C codec reads as json.loads reads it (None for one it might read otherwise)."""
+    try:
+        raw = files.read_bounded(f".{profile}.history", HISTORY_MAX_BYTES, dir_fd=profiles, owner=os.geteuid(),
+                                 deny_mode=0o077, one_link=True)
+    except FileNotFoundError:
+        return []
+    except OSError:
+        return None
+    events = []
+    for line in raw.split(b"\n")[-(HISTORY_LAST + 1):]:
+        try:
+            event = jsontext.loads(line)
+        except ValueError:
+            if b"\0" in line or line.startswith(b"\xef\xbb\xbf"):
+                return None  # json.loads would guess another encoding, or take the BOM
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError:
+                return None  # json.loads decodes with surrogatepass
+            continue
+        if isinstance(event, dict) and len(event) <= 16:
+            events.append(event)
+    return events[-HISTORY_LAST:]

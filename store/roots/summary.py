@@ -40,6 +40,7 @@ from llmgw_store.system import files, jsontext
 FORMAT = 1
 SUMMARY_MAX = 64 << 20  # 1,000 entries with full check tails are ~10 MB
 _FIELDS = ("name", "created", "engine", "version", "variant", "rebuildable", "check", "rolled_back_to")
+_FIELD_SET = frozenset(_FIELDS)
 
 
 def stamp(st: os.stat_result) -> list[int]:
@@ -85,7 +86,7 @@ def read(dir_fd: int, profile: str, key: bytes) -> dict[int, dict] | None:
     out: dict[int, dict] = {}
     for n, e in doc["entries"].items():
         if not (isinstance(n, str) and n.isdigit() and isinstance(e, dict) and isinstance(e.get("stamp"), list)
-                and all(f in e for f in _FIELDS)):
+                and _FIELD_SET <= e.keys()):
             return None
         out[int(n)] = e
     return out

@@ -43,7 +43,6 @@ import os
 import stat
 import time
 
-from llmgw_store.app import debug
 from llmgw_store.base.errors import StoreError
 from llmgw_store.core import indexsql, proofs
 from llmgw_store.core import locations as loc
@@ -73,6 +72,15 @@ class _Started:
     raised at once (`_raise_if_full`); after, every error is raised."""
 
     changing = False
+
+
+def _pause(point: str) -> None:
+    """app/debug.pause, loaded only when its variable is set (a test's barrier): unset, a point
+    costs a dict lookup here and no module."""
+    if os.environ.get("LLMGW_STORE_DEBUG_" + point):
+        from llmgw_store.app import debug
+
+        debug.pause(point)
 
 
 def _profile_ok(p: object) -> bool:
@@ -620,10 +628,10 @@ def _activate_locked(dirs: _Dirs, index: _Index, key: bytes, profile: str, name:
     from llmgw_store.roots import summary
 
     summary.note(dirs.profiles, profile, key, number, body, first=not scan.records)  # as records.write does
-    debug.pause("BEFORE_SWITCH")
+    _pause("BEFORE_SWITCH")
     _symlink(dirs, link, profile)
     os.fsync(dirs.profiles)  # the three names at once: the generation's link, its record, the switch
-    debug.pause("AFTER_SWITCH")
+    _pause("AFTER_SWITCH")
     _event(dirs, profile, "activate", **{"from": current}, to=number, name=name, check=None)
     said(f"profile {profile}: generation {number} -> {name}")
     return _result(profile, number, current, path, True), name
@@ -717,7 +725,7 @@ def _rollback_locked(dirs: _Dirs, profile: str, to: int | None, started: _Starte
     started.changing = True
     _symlink(dirs, loc.generation_link(profile, to), profile)
     os.fsync(dirs.profiles)
-    debug.pause("AFTER_SWITCH")
+    _pause("AFTER_SWITCH")
     _event(dirs, profile, "rollback", **{"from": current}, to=to, name=name, cold=False)
     said(f"profile {profile}: generation {current} -> {to} ({name})")
     return _result(profile, to, current, path, True)

@@ -24,7 +24,7 @@ from llmgw_store.build.plan import BuildOptions
 from llmgw_store.cli import config, spec
 from llmgw_store.cli.main import cli
 
-FAST = ("build", "activate", "rollback", "list", "info")
+FAST = ("build", "activate", "rollback", "list", "info", "env", "generations", "config", "verify")
 
 
 def _click_params(command: click.Command) -> dict[str, click.Parameter]:
@@ -44,7 +44,7 @@ def test_every_click_parameter_and_variable_is_declared(name):
         if isinstance(p, click.Option):
             assert tuple(p.opts + p.secondary_opts) == d.flags, pname
             assert p.envvar == d.env, f"{pname}: click reads {p.envvar!r}, the fast path {d.env!r}"
-            assert p.multiple == (d.kind == "list"), pname
+            assert p.multiple == (d.kind in ("list", "ints")), pname
             assert p.count == (d.kind == "count"), pname
             assert p.is_flag == (d.kind in ("flag", "bool")), pname
             if d.setting is not None:
@@ -146,7 +146,8 @@ TOKENS = ["build", "activate", "rollback", "r.toml", "p", "/x/y.toml", "--json",
           "--lock-timeout", "5", "-1", "nan", "--to", "3", "x", "--", "--check", "--check-timeout", "0", "9",
           "--progress", "json", "bogus", "--substituter", "s1", "--trusted-key", "k:x", "--version", "1.0",
           "--variant", "cpu", "--as-of", "2024-01-01", "--python-preference", "only-system", "--then-check",
-          "--no-check", "--keep-records", "2", "--help", "-h", "--frob", "--verbose", "--quiet", "-", "list"]
+          "--no-check", "--keep-records", "2", "--help", "-h", "--frob", "--verbose", "--quiet", "-", "list",
+          "generations", "config", "verify", "--repair", "--delete", "--forget", "--keep", "--older-than", "30d", "--history", "--dry-run"]
 
 
 @pytest.fixture(autouse=True)
@@ -166,7 +167,8 @@ def config_file(tmp_path, monkeypatch):
 
 VALUES = ["R", "/tmp", "/usr/bin/true", "/no/such", "", "5", "-1", "0", "nan", "x", "json", "only-system", "2",
           "http://i/simple/", "--json", "-v", "cpu", "2024-01-01", "true --x"]
-POSITIONAL = {"build": ["r.toml"], "activate": ["p", "/x/y"], "rollback": ["p"], "list": [], "info": ["p@1"]}
+POSITIONAL = {"build": ["r.toml"], "activate": ["p", "/x/y"], "rollback": ["p"], "list": [], "info": ["p@1"],
+              "env": ["p"], "generations": ["p"], "config": [], "verify": ["p", "q@2"]}
 
 
 def _random_line(rng: random.Random) -> list[str]:
@@ -223,6 +225,12 @@ def test_both_parsers_agree_on_random_command_lines(monkeypatch, tmp_path, with_
     ["activate", "--", "p", "t.toml"],
     ["activate", "p"],  # the follow of the config file's `releases`: TARGET left out
     ["--json", "activate", "p", "--release", "prod", "--substituter", "file:///c"],
+    ["generations", "p", "--history", "--substituter", "a", "--substitute-only"],
+    ["generations", "p", "--delete", "3", "--delete", "4", "--dry-run", "--keep-records", "2"],
+    ["--json", "config", "--root", "R"],
+    ["verify"],
+    ["verify", "p", "q@1", "--", "-x", "--repair"],
+    ["-v", "verify", "--repair", "p", "--uv", "/usr/bin/true", "--lock-timeout", "3"],
     ["build", "r.toml", "--index-url", "http://flag/simple/", "--uv", "/usr/bin/true"],
 ], ids=lambda a: " ".join(a))
 @pytest.mark.parametrize("env", [{}, {k: v[0] for k, v in ENV_VALUES.items()}], ids=["no-env", "env"])

@@ -186,3 +186,29 @@ def test_the_check_that_ran_is_said_on_the_fast_path(tmp_path, root, index, uv_b
     assert proc.returncode == 0 and fast and proc.stdout == f"p: generation 2 -> {b} (check passed)\n"
     want = full(root, "activate", "p", a)
     assert want.stdout == f"p: generation 3 -> {a} (check passed)\n"
+
+
+def test_verify_answers_as_the_full_command(root, two):
+    """`verify` without --repair runs the library's verify from the fast path (no click): the same
+    lines, document, progress and exit code as the click command, for an intact store and a damaged one."""
+    import re
+
+    a, b = two
+
+    def both(*args: str) -> tuple[int, bool]:
+        proc, fast = traced(root, *args)
+        want = full(root, *args)
+        untimed = [re.sub(r"\[ *[0-9.]+s\] ", "", s) for s in (proc.stderr, want.stderr)]
+        assert (proc.stdout, untimed[0], proc.returncode) == (want.stdout, untimed[1], want.returncode), args
+        return proc.returncode, fast
+
+    for args in (["verify"], ["--json", "verify"], ["-v", "verify", "p"], ["verify", a, "p@1"], ["verify", "nope"]):
+        code, fast = both(*args)
+        assert fast and code == (2 if "nope" in args else 0), (args, code)
+    victim = Path(b) / "bin" / "tinyengine"
+    victim.parent.chmod(0o755)
+    victim.chmod(0o755)
+    victim.write_text(victim.read_text() + "# changed\n")
+    for args in (["verify"], ["--json", "verify", b]):
+        code, fast = both(*args)
+        assert fast and code == 1, (args, code)

@@ -49,7 +49,7 @@ def store(tmp_path, root, recipe, index, uv_bin):
 HIT_NEVER = {"click", "_sqlite3", "re", "pathlib", "typing", "dataclasses", "inspect", "tomllib", "json", "threading",
              "hashlib", "contextlib", "enum", "importlib.util"}
 SWITCH_NEVER = {"click", "inspect", "ast", "tomllib", "_hashlib", "hmac", "secrets", "shlex",
-                "llmgw_store.supervise.procs", "llmgw_store.build.builder"}
+                "llmgw_store.app.debug", "llmgw_store.supervise.procs", "llmgw_store.build.builder"}
 
 
 FOLLOW_NEVER = SWITCH_NEVER | {"llmgw_store.cache.releases", "llmgw_store.cache.signing", "llmgw_store.cache.backends",

@@ -131,3 +131,104 @@ def test_env_quotes_as_shlex_does():
 
     for s in ("", "a", "/x/y-1.0_b+c@d%e=f:g,h", "a b", "it's", "$HOME", "a\nb", "é", "*", "-", "'", "\"", "a'b'c"):
         assert shell_quoted(s) == shlex.quote(s), s
+
+
+# -- generations PROFILE and config (the fast path's listing, issue 33) ---------------------------------
+
+
+def _generations(store: dict) -> list[list[str]]:
+    cases = [["generations", "p"], ["generations", "p", "--history"], ["-q", "generations", "p", "--dry-run"],
+             ["generations", "p", "--substituter", "http://127.0.0.1:9/c", "--substitute-only"]]
+    return cases + [["--json", *c] for c in cases]
+
+
+def test_generations_lists_as_the_full_command(root, store):
+    env = store["env"]
+    for args in _generations(store):
+        assert _both(root, *args, env=env), (args, "the fast path did not answer")
+    # A deleted generation (its record kept), then collected: cold, with its way back.
+    proc, answered = traced(root, "generations", "p", "--delete", "2", env=env)
+    assert proc.returncode == 0 and not answered, proc.stderr  # a deletion: the full command's
+    assert _both(root, "generations", "p", env=env)
+    run_cli(root, "gc", env=env, check=True)
+    for args in _generations(store):
+        assert _both(root, *args, env=env), (args, "the fast path did not answer")
+    # What the full command refuses, it refuses (from the full command).
+    for args in (["generations", "q"], ["--json", "generations", "nope"], ["generations", "P"],
+                 ["generations", "p-1-link"]):
+        assert not _both(root, *args, env=env), args
+
+
+def test_generations_leaves_what_is_not_the_common_case(root, store):
+    env = store["env"]
+    profiles = root / "profiles"
+    # A history others may read: the full command closes it up (and lists).
+    os.chmod(profiles / ".p.history", 0o644)
+    assert not _both(root, "generations", "p", "--history", env=env)
+    assert _both(root, "generations", "p", "--history", env=env)
+    # A torn last line of the history is skipped by both.
+    with open(profiles / ".p.history", "ab") as f:
+        f.write(b'{"event": "activate", "at": "2026')
+    assert _both(root, "--json", "generations", "p", "--history", env=env)
+    # A summary that is not the records key's: the full command reads the records themselves.
+    summary = profiles / ".p.summary"
+    summary.write_bytes(b"0" * 64 + summary.read_bytes()[64:])
+    assert not _both(root, "--json", "generations", "p", env=env)
+    # The index without a generation the links have: the full command says so on stderr.
+    db = sqlite3.connect(root / "var" / "db.sqlite")
+    with db:
+        db.execute("DELETE FROM generations WHERE profile = 'p' AND number = 2")
+    db.close()
+    assert not _both(root, "generations", "p", env=env)
+
+
+def test_config_shows_as_the_full_command(root, store, tmp_path):
+    env = store["env"]
+    for args in (["config"], ["--json", "config"], ["config", "--progress", "json"], ["-q", "config"],
+                 ["--containment", "subreaper", "config"]):
+        assert _both(root, *args, env=env), (args, "the fast path did not answer")
+    bad = {**env, "LLMGW_STORE_LOCK_TIMEOUT": "x", "LLMGW_STORE_INDEX_URL": "http://u:secret@127.0.0.1:9/simple"}
+    assert _both(root, "--json", "config", env=bad)
+    none = {**env, "LLMGW_STORE_CONFIG": ""}
+    assert _both(root, "config", env=none)
+    absent = {**env, "LLMGW_STORE_CONFIG": str(tmp_path / "absent.toml")}
+    assert not _both(root, "config", env=absent)  # a file named that is not there: the full command says so
+    unknown = tmp_path / "new.toml"
+    unknown.write_text('lock_timeout = 3\n')
+    assert not _both(root, "config", env={**env, "LLMGW_STORE_CONFIG": str(unknown)})  # parsed once by the full one
+    assert _both(root, "config", env={**env, "LLMGW_STORE_CONFIG": str(unknown)})
+
+
+def test_generations_and_config_load_what_a_read_needs(root, store, regular):
+    for args in (["generations", "p"], ["--json", "generations", "p", "--history"]):
+        proc, names = loaded(root, *args, env=store["env"], regular=regular)
+        assert proc.returncode == 0, proc.stderr
+        assert "llmgw_store.integrity.reads" in names, (args, "the fast path's read did not answer")
+        assert not names & READ_NEVER, (args, sorted(names & READ_NEVER))
+    proc, names = loaded(root, "config", env=store["env"], regular=regular)
+    assert proc.returncode == 0 and not names & READ_NEVER and "_sqlite3" not in names, sorted(names & READ_NEVER)
+
+
+def test_the_listing_agrees_with_the_modules_it_stands_in_for():
+    from llmgw_store.integrity import reads
+    from llmgw_store.roots import profiles, records
+
+    assert reads.COMES_FROM == profiles.COMES_FROM
+    assert reads.HISTORY_MAX_BYTES == records.HISTORY_MAX_BYTES
+    assert reads._SHOWN == tuple(records.Shown.__dataclass_fields__)
+    for t in (0.0, 1.5, 1700000000.9999996, 1700000000.4999995, 1733356800.000001, 1.9999994):
+        assert reads._utc(t) == profiles._time_of(t), t
+
+
+def test_jsontext_says_an_unterminated_string_is_not_json():
+    """Without json.decoder loaded, _json's scanner ends an unterminated string in a SystemError;
+    system/jsontext.loads says ValueError, as json.loads does (a torn history line is skipped)."""
+    code = ("import sys; from llmgw_store.system import jsontext\n"
+            "for text in (b'{\"at\": \"2026', b'\"abc', b'[\"x'):\n"
+            "    try:\n        jsontext.loads(text)\n    except ValueError:\n        pass\n"
+            "assert 'json.decoder' not in sys.modules; print('ok')")
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=60)
+    assert proc.stdout == "ok\n", proc.stderr

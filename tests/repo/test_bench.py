@@ -38,7 +38,8 @@ BENCHES = {
         *(["activate vs nix-env --set"] if HAVE_NIX else []),
         "rollback vs python -c pass", "rollback vs python -I -S -c pass",
         *(["rollback vs nix-env --switch-generation"] if HAVE_NIX else []),
-        "list vs python -c pass", "info vs python -c pass"]),
+        "list vs python -c pass", "info vs python -c pass", "env vs python -c pass",
+        "generations vs python -c pass", "config vs python -c pass"]),
     "gc": ([PY, BENCH / "bench_gc.py"], [
         "gc of 2 dead environments vs chmod -R u+w + rm -rf", "gc --dry-run, 20 paths vs 2 paths",
         "generations, 30 generations vs 10", "gc --dry-run, 30 generations vs 10",
