@@ -37,11 +37,9 @@ def loads(text: str | bytes) -> object:
     except StopIteration:
         raise ValueError("not a JSON value") from None
     except SystemError:
-        # _json raises a malformed value's error as json.decoder's JSONDecodeError, which it takes
-        # from sys.modules only: with json not loaded it fails without saying why. Loaded, it says.
-        import json.decoder  # noqa: F401
-
-        value, end = _scan(s, 0)
+        # The C scanner raises json.decoder.JSONDecodeError only when that module is loaded already
+        # (3.11 looks it up in sys.modules); without it an error (an unterminated string) is this.
+        raise ValueError("not a JSON value") from None
     if end != len(s):
         raise ValueError("extra data after the JSON value")
     return value
