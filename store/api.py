@@ -299,7 +299,9 @@ def held_at(profile: str, *, root: str | Path | None = None):
     from llmgw_store.core.names import check_profile
     from llmgw_store.roots import holds
 
-    return holds.held(Layout.at(root), check_profile(profile))
+    layout = Layout.at(root)
+    layout.check()  # holds/ of another user's, or one others may write: refused, never believed
+    return holds.held(layout, check_profile(profile))
 
 
 def hold(profile: str, target: str | None = None, *, root: str | Path | None = None,

@@ -136,8 +136,14 @@ class Layout:
         self._walk(create=False, fix=True)
         self._walk(create=True, fix=True, pool=not wheels, wheels=wheels)
 
-    def _walk(self, *, create: bool, fix: bool, pool: bool = False, wheels: bool = False, public_only: bool = False,
-              owner: int | None = None) -> None:
+    def ensure_holds(self) -> None:
+        """`ensure`, and make holds/ (the first hold): a hold another user could have planted or
+        could remove freezes a profile, or lets it move, behind the node's back."""
+        self._walk(create=False, fix=True)
+        self._walk(create=True, fix=True, holds=True)
+
+    def _walk(self, *, create: bool, fix: bool, pool: bool = False, wheels: bool = False, holds: bool = False,
+              public_only: bool = False, owner: int | None = None) -> None:
         if create:
             self.root.parent.mkdir(parents=True, exist_ok=True)
         fds: dict[Path, int] = {}
@@ -148,7 +154,7 @@ class Layout:
                     continue  # its parent is missing: checked once made
                 if public_only and mode != PUBLIC_DIR:
                     continue
-                on_demand = {self.links_pool: pool, self.wheel_home: wheels}.get(path, True)
+                on_demand = {self.links_pool: pool, self.wheel_home: wheels, self.holds: holds}.get(path, True)
                 fd = _own_dir(path, mode, parent, create and on_demand, fix, owner)
                 if fd is not None:
                     fds[path] = fd

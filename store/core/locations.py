@@ -46,11 +46,12 @@ PYC_CACHE = "cache/pyc"
 DOWNLOADS = "cache/downloads"
 
 # The directories `Layout.ensure` makes or checks, parents before children, with their modes. The
-# pool and the wheel home are made on demand (Layout.ensure_pool); holds/ by the first hold;
+# pool and the wheel home are made on demand (Layout.ensure_pool); holds/ by the first hold
+# (Layout.ensure_holds), and checked as the others on every open once it exists;
 # var/memo, var/used, var/ops and var/lockproofs by their first writer (private_dir, 0700).
 DIRS = (
     (ROOT, PUBLIC), (STORE, PUBLIC), (LINKS_POOL, PUBLIC), (WHEEL_HOME, PUBLIC), (PROFILES, PUBLIC),
-    (GCROOTS, PUBLIC), (PYTHON, PUBLIC),
+    (GCROOTS, PUBLIC), (HOLDS, PUBLIC), (PYTHON, PUBLIC),
     (VAR, PRIVATE), (LOCKS, PRIVATE), (TEMPROOTS, PRIVATE), (TMP, PRIVATE), (TRASH, PRIVATE), (LOG, PRIVATE),
     (WHEEL_SEALS, PRIVATE),
     # uv takes its cache lock in cache/uv: only the owner may open it.

@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from llmgw_store.app.results import Result
-from llmgw_store.base.errors import EX_OK, IntegrityError, LockTimeout, NotFoundError, StoreError
+from llmgw_store.base.errors import EX_OK, LockTimeout, NotFoundError, StoreError
 from llmgw_store.core import locks
 from llmgw_store.core.keys import key_of_name
 from llmgw_store.core.layout import Layout
@@ -72,11 +72,8 @@ def hold(profile: str, target: str | None = None, *, root: str | Path | None = N
         name = reference(store, profile if target is None else str(target)).name
         TempRoots(layout).add(name, lock_timeout)
         registered(store, name)  # still there now that gc cannot take it
-        folder = holds_dir(layout)
-        folder.mkdir(mode=0o755, exist_ok=True)
-        if folder.is_symlink() or not folder.is_dir():
-            raise IntegrityError(f"{folder} is not a directory of the store (a link?); move it away")
-        link = folder / profile
+        layout.ensure_holds()
+        link = holds_dir(layout) / profile
         # Under the profile's lock (roots/profiles.profile_lock): a follow checks for a hold under it
         # before it switches, so a hold made while a follow runs is seen by it.
         with locks.hold(layout.locks, profile_lock_name(profile), f"changing profile {profile}", lock_timeout):
@@ -90,6 +87,7 @@ def unhold(profile: str, *, root: str | Path | None = None) -> Hold:
     """Release the hold: the next follow moves the profile to its release again."""
     check_profile(profile)
     layout = Layout.at(root)
+    layout.check()
     link = holds_dir(layout) / profile
     if not link.is_symlink():
         raise NotFoundError(f"{profile} is not held (no {link})")

@@ -1,0 +1,76 @@
+"""The fifth round of attacks (an outsider's, from the docs alone): the no-op follow's fast path and
+the locations of README's "On disk" that another local user could have made before the store did.
+Each attack that worked is a test here, with the honest case beside it; docs/operations.md's
+threat table names them.
+
+Real parts: the builder store of tests/support/delta.py, a node store following `prod` from a
+file:// cache (tests/test_release_follow_fast.Fleet), the installed CLI in subprocesses, another
+user's files made with chown (as root)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.support.delta import delta_wheels, template, world  # noqa: F401  (fixtures)
+from tests.test_release_follow_fast import Fleet
+
+NOBODY = 65534
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="another user's files are made with chown, as root")
+
+
+def _fleet(w, tmp_path: Path) -> Fleet:
+    return Fleet(w, tmp_path, f"file://{tmp_path / 'cache'}")
+
+
+# --- holds/: another user's hold freezes a profile ---------------------------------------------
+
+@needs_root
+@pytest.mark.parametrize("planted", ["owned", "writable"])
+def test_a_holds_directory_another_user_could_write_is_refused(world, tmp_path, planted):
+    """holds/ of another user (or one every user may write), holding their `svc` link to the old
+    build: the node must not stay on it, "held", while the release moves on — the directory is
+    refused as profiles/ is (exit 2, naming it), and nothing is switched or held."""
+    w, (a, b) = world, world["names"]
+    f = _fleet(w, tmp_path)
+    f.set(a)
+    assert f.follow()[0].returncode == 0 and f.current() == a
+    holds = f.node / "holds"
+    holds.mkdir()
+    os.symlink(f"../store/{a}", holds / "svc")
+    if planted == "owned":
+        os.lchown(holds / "svc", NOBODY, NOBODY)
+        os.chown(holds, NOBODY, NOBODY)
+    else:
+        holds.chmod(0o777)
+    f.set(b)
+    proc, _ = f.follow()
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    assert "held at" not in proc.stdout and f"{holds}" in proc.stderr and "another user may have planted it" in proc.stderr
+    hold = f.node_cli("hold", "svc", check=False)
+    assert hold.returncode == 2 and f"{holds}" in hold.stderr
+    # Moved away, the follow takes the release again.
+    shutil.rmtree(holds)
+    proc, _ = f.follow()
+    assert proc.returncode == 0 and f.current() == b, proc.stderr
+
+
+def test_a_hold_the_store_made_is_kept_and_its_directory_is_the_stores(world, tmp_path):
+    """The honest case: `hold` makes holds/ (0755, the store owner's), the follow stays held while the
+    release moves, `unhold` lets it go."""
+    w, (a, b) = world, world["names"]
+    f = _fleet(w, tmp_path)
+    f.set(a)
+    assert f.follow()[0].returncode == 0
+    f.node_cli("hold", "svc")
+    st = os.stat(f.node / "holds", follow_symlinks=False)
+    assert (st.st_mode & 0o7777, st.st_uid) == (0o755, os.geteuid())
+    f.set(b)
+    proc, fast = f.follow()
+    assert proc.returncode == 0 and not fast and "held at" in proc.stdout and f.current() == a, proc.stderr
+    f.node_cli("unhold", "svc")
+    proc, _ = f.follow()
+    assert proc.returncode == 0 and f.current() == b, proc.stderr
