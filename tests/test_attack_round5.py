@@ -74,3 +74,28 @@ def test_a_hold_the_store_made_is_kept_and_its_directory_is_the_stores(world, tm
     f.node_cli("unhold", "svc")
     proc, _ = f.follow()
     assert proc.returncode == 0 and f.current() == b, proc.stderr
+
+
+@needs_root
+def test_the_fast_path_does_not_answer_past_a_holds_directory_it_would_refuse(world, tmp_path):
+    """A release that has not moved, and holds/ others may write (the hold the operator made taken
+    out of it by them): the fast path must not answer "already at" where the full command refuses
+    the directory — the answer is the full command's, exit 2."""
+    w, (a, _) = world, world["names"]
+    f = _fleet(w, tmp_path)
+    f.set(a)
+    assert f.follow()[0].returncode == 0
+    proc, fast = f.follow()
+    assert proc.returncode == 0 and fast, proc.stderr  # answered fast, before holds/ existed
+    (f.node / "holds").mkdir()
+    for planted in ("writable", "owned"):
+        if planted == "writable":
+            (f.node / "holds").chmod(0o777)
+        else:
+            (f.node / "holds").chmod(0o755)
+            os.chown(f.node / "holds", NOBODY, NOBODY)
+        proc, fast = f.follow()
+        assert proc.returncode == 2 and not fast, (planted, proc.stdout, proc.stderr)
+        assert "another user may have planted it" in proc.stderr
+    shutil.rmtree(f.node / "holds")
+    assert f.follow()[1]

@@ -107,7 +107,7 @@ def _key_ok(text: str) -> bool:
 # --- the store's directories, checked as Store.open checks them (without making or fixing any) ---
 
 class _Dirs:
-    """ROOT, store/, profiles/, var/, var/locks/ and var/temproots/ as descriptors, each a real
+    """ROOT, store/, profiles/, var/, var/locks/, var/temproots/ (and holds/ once made) as descriptors, each a real
     directory of this user's (or root's) that no one else may write (core/dirs.own_dir); the private
     ones with no group or other bits at all (a lax one is the full function's to tighten)."""
 
@@ -121,6 +121,8 @@ class _Dirs:
             self.var = self._open(loc.at(root, loc.VAR), PRIVATE_DIR, r)
             self.locks = self._open(loc.at(root, loc.LOCKS), PRIVATE_DIR, self.var)
             self.temproots = self._open(loc.at(root, loc.TEMPROOTS), PRIVATE_DIR, self.var)
+            if os.path.lexists(loc.at(root, loc.HOLDS)):  # made by the first hold; then checked as the rest
+                self._open(loc.at(root, loc.HOLDS), PUBLIC_DIR, r)
         except BaseException:
             self.close()
             raise
