@@ -99,3 +99,43 @@ def test_the_fast_path_does_not_answer_past_a_holds_directory_it_would_refuse(wo
         assert "another user may have planted it" in proc.stderr
     shutil.rmtree(f.node / "holds")
     assert f.follow()[1]
+
+
+# --- the pointer the first cache serves: what was tried and is refused, fast path or not ---------
+
+def _hostile_pointers(good: bytes) -> dict[str, bytes | None]:
+    """name -> the bytes put at releases/prod.json (None: a FIFO there)."""
+    return {
+        "non-utf8": good[:-2] + b"\xff\xfe" + good[-2:],
+        "nested": b"[" * 30000 + b"]" * 30000,
+        "huge int": b"1" * 60000,
+        "over the cap": good + b" " * (64 << 10),
+        "trailing bytes": good + b" {}",
+        "fifo": None,
+    }
+
+
+def test_hostile_pointers_are_refused_and_the_fast_path_answers_none_of_them(world, tmp_path):
+    """Each shape a cache writer can serve in place of the pointer the node follows: refused with
+    one line (a failure exit), never answered fast, the node where it was and its mark unchanged; the
+    genuine pointer put back is answered fast again."""
+    w, (a, _) = world, world["names"]
+    f = _fleet(w, tmp_path)
+    f.set(a)
+    assert f.follow()[0].returncode == 0
+    obj = tmp_path / "cache" / "releases" / "prod.json"
+    good, mark = obj.read_bytes(), (f.node / "var" / "seen.json").read_bytes()
+    for name, data in _hostile_pointers(good).items():
+        obj.unlink()
+        if data is None:
+            os.mkfifo(obj)
+        else:
+            obj.write_bytes(data)
+        proc, fast = f.follow()
+        assert proc.returncode != 0 and not fast and proc.stdout == "", (name, proc.stderr)
+        assert proc.stderr.startswith("llmgw-store: error: ") and proc.stderr.count("\n") == 1, (name, proc.stderr)
+        assert f.current() == a and (f.node / "var" / "seen.json").read_bytes() == mark, name
+    obj.unlink()
+    obj.write_bytes(good)
+    proc, fast = f.follow()
+    assert proc.returncode == 0 and fast, proc.stderr
