@@ -4,7 +4,7 @@ Each attack that worked is a test here, with the honest case beside it; docs/ope
 threat table names them.
 
 Real parts: the builder store of tests/support/delta.py, a node store following `prod` from a
-file:// cache (tests/test_release_follow_fast.Fleet), the installed CLI in subprocesses, another
+file:// cache (tests/roots/test_release_follow_fast.Fleet), the installed CLI in subprocesses, another
 user's files made with chown (as root)."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.roots.test_release_follow_fast import Fleet
 from tests.support.delta import delta_wheels, template, world  # noqa: F401  (fixtures)
-from tests.test_release_follow_fast import Fleet
 
 NOBODY = 65534
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="another user's files are made with chown, as root")
