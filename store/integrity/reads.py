@@ -339,9 +339,9 @@ def generations(root: str, profile: str, substituters: tuple[str, ...], substitu
 def _link_number(target: str, profile: str) -> int | None:
     """N of `<profile>-<N>-link` in ASCII digits (1 to 10^9); None for anything else."""
     head = profile + "-"
-    if not (target.startswith(head) and target.endswith("-link")):
+    if not (target.startswith(head) and target.endswith(loc.LINK_SUFFIX)):
         return None
-    digits = target[len(head):-5]
+    digits = target[len(head):-len(loc.LINK_SUFFIX)]
     if not (0 < len(digits) <= 10 and digits.isascii() and digits.isdigit()):
         return None
     n = int(digits)
@@ -364,8 +364,8 @@ def _scan(profiles: int, profile: str) -> tuple[dict[int, tuple[str, float]], li
                         raise _Leave
                     if len(digits) <= 10 and 1 <= int(digits) <= 10**9:
                         numbers.append(int(digits))
-            elif n.startswith(link_head) and n.endswith("-link") and n[len(link_head):-5].isdigit():
-                digits = n[len(link_head):-5]
+            elif n.startswith(link_head) and n.endswith(loc.LINK_SUFFIX) and n[len(link_head):-len(loc.LINK_SUFFIX)].isdigit():
+                digits = n[len(link_head):-len(loc.LINK_SUFFIX)]
                 if not digits.isascii() or int(digits) in links:
                     raise _Leave
                 if entry.is_symlink():
