@@ -532,3 +532,34 @@ def test_http_redirect_is_followed_and_a_cut_body_is_an_error():
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+def test_a_push_into_a_file_cache_never_opens_a_name_planted_before_it(tmp_path):
+    """A cache directory others can write (a shared NFS export) may hold a FIFO or a link at the
+    name a push writes its temporary file under: the push makes its own new file (O_EXCL, a name
+    nobody can guess), so it neither hangs on a FIFO nor writes through a link; the object lands."""
+    import subprocess
+    import sys
+
+    cache = tmp_path / "cache"
+    (cache / "releases").mkdir(parents=True)
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"keep")
+    code = (
+        "import os, sys, threading\n"
+        "from pathlib import Path\n"
+        "from llmgw_store.cache.backends.file import FileBackend\n"
+        "d = Path(sys.argv[1])\n"
+        "ident = f'.obj.{os.getpid()}.{threading.get_ident()}.tmp'\n"
+        "os.mkfifo(d / 'releases' / ident)\n"  # the name the old code opened, O_WRONLY: it blocked here
+        "os.symlink(sys.argv[2], d / 'releases' / ('.obj2' + ident[4:]))\n"
+        "FileBackend(d).put('releases/obj', b'payload')\n"
+        "FileBackend(d).put('releases/obj2', b'payload2')\n"
+        "print('ok')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code, str(cache), str(victim)], capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert proc.returncode == 0 and proc.stdout == "ok\n", proc.stderr
+    assert (cache / "releases" / "obj").read_bytes() == b"payload"
+    assert (cache / "releases" / "obj2").read_bytes() == b"payload2"
+    assert victim.read_bytes() == b"keep"

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import errno
 import os
+import secrets
 import stat
-import threading
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -111,9 +111,11 @@ class FileBackend(StreamingBackend):
     def put(self, name: str, src: Path | bytes) -> None:
         object_name(name)
         folder, _, base = name.rpartition("/")
-        tmp = f".{base}.{os.getpid()}.{threading.get_ident()}.tmp"
+        # A new file under a name nobody can guess (O_EXCL: never a FIFO, link or file planted in a
+        # cache directory others can write, whose open would block or write through).
+        tmp = f".{base}.{secrets.token_hex(8)}.tmp"
         with self._dir(folder, create=True) as dfd:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
                          dir_fd=dfd)
             try:
                 with os.fdopen(fd, "wb") as out:
