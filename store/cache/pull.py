@@ -27,7 +27,7 @@ import os
 import re
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,7 @@ from llmgw_store.core.fsutil import force_rmtree
 from llmgw_store.core.keys import KEY_RE, is_store_name, key_of_name
 from llmgw_store.core.local_store import Store
 from llmgw_store.core.oplog import recorded
+from llmgw_store.core.pathinfo import StorePathInfo
 from llmgw_store.core.report import say
 from llmgw_store.core.results import Result
 from llmgw_store.core.scratch import sweep_dead, to_trash
@@ -355,8 +356,14 @@ def served_by(caches: Caches, before: dict[str, int]) -> str:
 
 def _install(store: Store, tree: Path, doc: dict[str, Any], meta: Meta | MetaV2, build_id: int, started: float,
              stats: Stats) -> str:
+    """Register the pulled tree from its manifest (checked: StorePathInfo.from_manifest) with the
+    signed references."""
     t0 = time.monotonic()
-    how = store.install(tree, doc, list(meta.references), build_id=build_id,
+    try:
+        info = StorePathInfo.from_manifest(doc, meta.name)
+    except ValueError as exc:
+        raise IntegrityError(f"{meta.name}: {exc}; refusing it") from None
+    how = store.install(tree, replace(info, references=meta.references), build_id=build_id,
                         seconds=round(time.monotonic() - started, 3), outcome="substituted")
     # Registered from the signed manifest, whose time is the builder's: on this node the path was
     # first used now (gc's grace and `list` read last_used).

@@ -43,6 +43,7 @@ from llmgw_store.core.index import RegisteredPath
 from llmgw_store.core.keys import canonical_json
 from llmgw_store.core.local_store import Store
 from llmgw_store.core.names import check_signing_key_name
+from llmgw_store.core.pathinfo import StorePathInfo
 from llmgw_store.core.report import say
 from llmgw_store.core.results import Result
 from llmgw_store.core.temproots import TempRoots
@@ -198,7 +199,7 @@ def _push_v2(store: Store, backend, row: RegisteredPath, secret_key, lock_timeou
     for e in entries:
         if e.kind in "fx":
             by_digest.setdefault(e.digest, e)
-    references = store.index.references(name)
+    info = StorePathInfo.from_row(row, store.index.references(name))
     zc = zstandard.ZstdCompressor(level=ZSTD_LEVEL)
 
     def document(done: list[Blob]) -> tuple[bytes, list[tuple[str, bytes]]]:
@@ -210,8 +211,7 @@ def _push_v2(store: Store, backend, row: RegisteredPath, secret_key, lock_timeou
             refs.append({"digest": digest_of(data), "size": len(data), "csize": len(packed)})
         listing_ref, plan_ref, manifest_ref = refs
         meta = {
-            "format": FORMAT, "name": name, "key": key, "inputs": json.loads(row.inputs),
-            "content_hash": row.content_hash, "size": row.size, "files": row.files, "references": references,
+            "format": FORMAT, **info.cache_fields(),
             "listing": {"size": listing_ref["size"], "csize": listing_ref["csize"]},
             "plan": plan_ref, "manifest": manifest_ref,
             "blobs_csize": sum(b.csize for b in done) + sum(r["csize"] for r in refs),
@@ -344,11 +344,9 @@ def _push_v1(store: Store, backend, row: RegisteredPath, secret_key, lock_timeou
     try:
         _archive(store.layout.path_of(name), name, tmp)
         meta = {
-            "name": name, "key": key, "inputs": json.loads(row.inputs),
-            "content_hash": row.content_hash, "size": row.size, "files": row.files,
+            **StorePathInfo.from_row(row, store.index.references(name)).cache_fields(),
             "compression": "zstd", "archive": f"{key}.tar.zst", "archive_sha256": sha256_of(tmp),
             "archive_size": tmp.stat().st_size,
-            "references": store.index.references(name),
         }
         sign(meta, secret_key)
         signing.carry_signatures(meta, current, f"{key}.json", drop)  # a rotation: the other keys' signatures stay

@@ -26,7 +26,7 @@ import time
 import urllib.parse
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import astuple, dataclass, fields
+from dataclasses import dataclass, fields
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -96,7 +96,7 @@ class RegisteredPath:
     as_of: str | None
     uv_version: str | None
     python: str | None
-    inputs: str  # the key's inputs, canonical JSON
+    inputs: dict[str, Any]  # the key's inputs (the column holds them as sorted JSON: `_inputs`, `_values`)
     content_hash: str
     size: int
     files: int
@@ -155,10 +155,31 @@ def _row(cls, row: sqlite3.Row):
     return cls(**{f.name: row[f.name] for f in fields(cls)})
 
 
+def _inputs(text: Any) -> dict[str, Any]:
+    """The `inputs` column as a dict: {} for one that is not a JSON object (a damaged or edited row;
+    a rebuild checks the inputs hash to the key before using them)."""
+    try:
+        value = json.loads(text) if isinstance(text, str) else None
+    except (ValueError, RecursionError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _path_row(row: sqlite3.Row) -> RegisteredPath:
+    return RegisteredPath(**{f.name: _inputs(row["inputs"]) if f.name == "inputs" else row[f.name]
+                             for f in fields(RegisteredPath)})
+
+
+def _values(row: RegisteredPath) -> tuple:
+    """`row` as the `paths` columns hold it: the inputs as sorted JSON."""
+    return tuple(json.dumps(row.inputs, sort_keys=True) if f.name == "inputs" else getattr(row, f.name)
+                 for f in fields(RegisteredPath))
+
+
 def _well_formed(row: sqlite3.Row) -> RegisteredPath:
     if not is_store_name(row["name"]):
         raise malformed_name(row["name"])
-    return _row(RegisteredPath, row)
+    return _path_row(row)
 
 
 def now_iso() -> str:
@@ -192,29 +213,6 @@ def schema_steps(text: str | None = None) -> dict[int, list[str]]:
     if pending.strip():
         raise IndexError_(f"{SCHEMA_FILE}: the last statement does not end with ';'")
     return steps
-
-
-def row_from_manifest(doc: dict[str, Any]) -> RegisteredPath:
-    """The `paths` row of a store path, from its manifest (a build's, a pull's or doctor's)."""
-    inputs = doc.get("inputs") or {}
-    python = inputs.get("python") or {}
-    return RegisteredPath(
-        name=doc["name"],
-        key=doc["key"],
-        engine=doc["engine"],
-        version=doc["version"],
-        variant=doc["variant"],
-        as_of=inputs.get("as_of"),
-        uv_version=inputs.get("uv", inputs.get("version")),
-        python=python.get("version"),
-        inputs=json.dumps(inputs, sort_keys=True),
-        content_hash=doc["content_hash"],
-        size=doc["size"],
-        files=doc["files"],
-        build_seconds=doc["build_seconds"],
-        created=doc["installed"],
-        last_used=doc["installed"],
-    )
 
 
 def store_error(path: Path, what: str, exc: sqlite3.Error, busy_timeout: float = BUSY_TIMEOUT_S) -> StoreError:
@@ -418,7 +416,7 @@ class Index:
         out = []
         for r in self._sql("SELECT * FROM paths ORDER BY engine, version, variant, created"):
             if is_store_name(r["name"]):
-                out.append(_row(RegisteredPath, r))
+                out.append(_path_row(r))
             else:
                 say(f"skipping a malformed row of the index ({str(r['name'])[:80]!r}): "
                     "run `llmgw-store doctor --rebuild-index`")
@@ -445,7 +443,7 @@ class Index:
         Each reference must be registered already (references are registered first)."""
         cols = [f.name for f in fields(row)]
         with self.transaction(f"index {self.path}: cannot register {row.name}") as conn:
-            conn.execute(f"INSERT INTO paths ({', '.join(cols)}) VALUES ({', '.join('?' for _ in cols)})", astuple(row))
+            conn.execute(f"INSERT INTO paths ({', '.join(cols)}) VALUES ({', '.join('?' for _ in cols)})", _values(row))
             self._set_references(row.name, references)
             self._finish_build(build_id, outcome, seconds, None)
 
@@ -474,7 +472,7 @@ class Index:
         updates = ", ".join(f"{c} = excluded.{c}" for c in cols if c != "name")
         with self.transaction(f"index {self.path}: cannot register {row.name}") as conn:
             conn.execute(f"INSERT INTO paths ({', '.join(cols)}) VALUES ({', '.join('?' for _ in cols)}) "
-                         f"ON CONFLICT (name) DO UPDATE SET {updates}", astuple(row))
+                         f"ON CONFLICT (name) DO UPDATE SET {updates}", _values(row))
             self._set_references(row.name, references)
 
     def insert_paths(self, rows: Sequence[RegisteredPath]) -> None:
@@ -483,7 +481,7 @@ class Index:
         cols = [f.name for f in fields(RegisteredPath)]
         with self.transaction(f"index {self.path}: cannot register {len(rows)} paths") as conn:
             conn.executemany(f"INSERT INTO paths ({', '.join(cols)}) VALUES ({', '.join('?' for _ in cols)})",
-                             [astuple(r) for r in rows])
+                             [_values(r) for r in rows])
 
     def copy_history_from(self, other: Path, tables: tuple[str, ...] | list[str],
                           deadline_s: float = SALVAGE_DEADLINE_S) -> dict[str, int]:

@@ -25,12 +25,15 @@ import os
 import re
 import stat
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from blake3 import blake3
 
 from llmgw_store.core import debug, files
 from llmgw_store.core.report import progress
+
+if TYPE_CHECKING:
+    from llmgw_store.core.pathinfo import StorePathInfo
 
 MANIFEST_DIR = ".llmgw"
 MANIFEST = f"{MANIFEST_DIR}/manifest.json"
@@ -513,9 +516,10 @@ def compare(recorded: list[Entry], actual: list[Entry]) -> dict[str, list[str]]:
     }
 
 
-def write(env: Path, manifest: dict[str, Any]) -> None:
+def write(env: Path, info: StorePathInfo) -> None:
+    """`env`'s manifest: what is known of the store path (info.to_manifest), sorted, read-only."""
     (env / MANIFEST_DIR).mkdir(exist_ok=True)
-    (env / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    (env / MANIFEST).write_text(json.dumps(info.to_manifest(), indent=2, sort_keys=True) + "\n")
     os.chmod(env / MANIFEST, META_MODE)
 
 
@@ -571,7 +575,6 @@ def references_of(tree: Path, store_dir: Path) -> list[str]:
 
 MANIFEST_MAX = 16 << 20  # a manifest holds one lock file and the key's inputs
 CONTENTS_MAX = 512 << 20  # one line per entry: millions of files before this is reached
-REQUIRED = ("name", "key", "engine", "version", "variant", "content_hash", "size", "files", "build_seconds", "installed")
 
 
 def _read_meta_file(env: Path, name: str, limit: int) -> bytes:
@@ -602,14 +605,14 @@ def refused_entry(e: Entry) -> str | None:
     return None
 
 
-def check_complete(env: Path, name: str, *, rehash: bool) -> dict[str, Any]:
-    """The manifest of `env`, once `env` is shown to be the complete store path `name`: a real
-    directory whose manifest names `name` and its key and has every field the index records, whose
-    contents listing hashes to the manifest's content hash and, with `rehash`, whose tree is what
-    the listing says, byte for byte. Only a finished build writes that listing and that hash, so a
-    directory that passes is complete whether or not the index knows it. Raises ValueError saying
-    what is wrong."""
-    from llmgw_store.core.keys import key_of_name
+def check_complete(env: Path, name: str, *, rehash: bool) -> StorePathInfo:
+    """What the manifest of `env` says, once `env` is shown to be the complete store path `name`: a
+    real directory whose manifest names `name` and its key and has every field the index records
+    (core/pathinfo.StorePathInfo.from_manifest), whose contents listing hashes to the manifest's
+    content hash and, with `rehash`, whose tree is what the listing says, byte for byte. Only a
+    finished build writes that listing and that hash, so a directory that passes is complete
+    whether or not the index knows it. Raises ValueError saying what is wrong."""
+    from llmgw_store.core.pathinfo import StorePathInfo
 
     doc_bytes = _read_meta_file(env, "manifest.json", MANIFEST_MAX)
     raw = _read_meta_file(env, "contents", CONTENTS_MAX)
@@ -618,12 +621,8 @@ def check_complete(env: Path, name: str, *, rehash: bool) -> dict[str, Any]:
         entries = _parse_listing(raw.decode("utf-8", "surrogateescape"))
     except ValueError as exc:  # JSON, UTF-8 and listing lines alike
         raise ValueError(f"its manifest or contents listing is malformed ({exc})") from exc
-    if not isinstance(doc, dict) or doc.get("name") != name or doc.get("key") != key_of_name(name):
-        raise ValueError("its manifest names another store path")
-    missing = [f for f in REQUIRED if f not in doc]
-    if missing:
-        raise ValueError(f"its manifest lacks {', '.join(missing)}")
-    if content_hash(entries) != doc["content_hash"]:
+    info = StorePathInfo.from_manifest(doc, name)
+    if content_hash(entries) != info.content_hash:
         raise ValueError("its contents listing does not hash to the manifest's content hash")
     if rehash:
         try:
@@ -633,7 +632,7 @@ def check_complete(env: Path, name: str, *, rehash: bool) -> dict[str, Any]:
         for kind, paths in differs.items():
             if paths:
                 raise ValueError(f"its tree differs from its listing ({kind}: {paths[0]})")
-    return doc
+    return info
 
 
 def problems_of(doc: Any, name: str) -> list[str]:
