@@ -169,3 +169,33 @@ def test_an_index_row_whose_inputs_are_damaged_is_listed(store):
     assert proc.returncode == 0, proc.stderr
     (row,) = json.loads(proc.stdout)["paths"]
     assert row["name"] == path.name and row["inputs"] == {}
+
+
+def _signed() -> dict:
+    doc = _valid()
+    return {k: doc[k] for k in ("name", "key", "inputs", "content_hash", "size", "files", "references")}
+
+
+@pytest.mark.parametrize("change, why", [
+    ({"key": "1" * 32}, "signed for another key"),
+    ({"name": "1" * 32 + "-e-1.0-cpu"}, "not a store path name of that key"),
+    ({"name": "0" * 32 + "-../x"}, "not a store path name of that key"),
+    ({"references": ["../x"]}, "references are not a list"),
+    ({"references": [f"{'1' * 32}-py-3.11-cpu"] * 65}, "references are not a list of at most 64"),
+    ({"content_hash": "g" * 64}, "content hash is not 64 hex digits"),
+    ({"size": 1 << 43}, "sizes are not between"),
+    ({"files": -1}, "sizes are not between"),
+])
+def test_signed_cache_fields_are_bound_to_what_was_asked(change, why):
+    """cache/pull.py reads both object formats' path fields through StorePathInfo.from_cache_fields,
+    after the signature (the fields' types are checked before it)."""
+    doc = _signed()
+    assert StorePathInfo.from_cache_fields(doc, doc["key"], doc["name"]).cache_fields() == doc
+    with pytest.raises(ValueError, match=why):
+        StorePathInfo.from_cache_fields({**doc, **change}, doc["key"], None)
+
+
+def test_a_cache_object_asked_by_name_is_that_name():
+    doc = _signed()
+    with pytest.raises(ValueError, match="not " + "0" * 32 + "-e-2.0-cpu"):
+        StorePathInfo.from_cache_fields(doc, doc["key"], "0" * 32 + "-e-2.0-cpu")

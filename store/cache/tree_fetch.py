@@ -48,6 +48,7 @@ from llmgw_store.cache.objects import EMPTY, Blob, blob_name, digest_of, parse_l
 from llmgw_store.core import debug, dedupe, files, manifest
 from llmgw_store.core.errors import IntegrityError, StoreError
 from llmgw_store.core.manifest import MANIFEST_DIR, Entry
+from llmgw_store.core.pathinfo import OfPath, StorePathInfo
 from llmgw_store.core.report import say
 from llmgw_store.core.stamps import Stamps, record
 from llmgw_store.core.units import human_size
@@ -69,15 +70,11 @@ class BlobRef:
 
 
 @dataclass(frozen=True)
-class MetaV2:
-    """A v2 object's metadata after every check of cache/pull.py: signed by `signer`, for `key`."""
+class MetaV2(OfPath):
+    """A v2 object's metadata after every check of cache/pull.py: signed by `signer`, for the
+    store path `info` (its name, key, content hash, sizes, references: OfPath reads them)."""
 
-    key: str
-    name: str
-    content_hash: str
-    size: int
-    files: int
-    references: tuple[str, ...]
+    info: StorePathInfo
     listing: BlobRef
     plan: BlobRef
     manifest: BlobRef

@@ -43,17 +43,18 @@ _KNOWN = frozenset((*REQUIRED, "inputs", "references", "format"))
 class StorePathInfo:
     """One store path: its identity (name, key, engine, version, variant), the inputs its key is the
     hash of, its content hash, and, where recorded, its sizes, references and build facts.
-    `size` and `files` are None where nothing recorded them (a generation record); `references`
-    None where the manifest's were not a valid list (the caller reads them from pyvenv.cfg).
+    `engine`, `version` and `variant` are None where nothing recorded them (a cache object's
+    metadata); `size` and `files` None likewise (a generation record); `references` None where
+    the manifest's were not a valid list (the caller reads them from pyvenv.cfg).
     `extra` is the rest of a manifest (requirements, lock text, the recipe's metadata), kept as
     written so that `to_manifest(from_manifest(doc))` is `doc` with its format."""
 
     name: str
     key: str
-    engine: str
-    version: str
-    variant: str
     content_hash: str
+    engine: str | None = None
+    version: str | None = None
+    variant: str | None = None
     inputs: dict[str, Any] = field(default_factory=dict)
     size: int | None = None
     files: int | None = None
@@ -79,10 +80,13 @@ class StorePathInfo:
 
     # --- the manifest --------------------------------------------------------------------------
 
+    def _whole(self, what: str) -> None:
+        if None in (self.engine, self.version, self.variant, self.size, self.files, self.installed):
+            raise ValueError(f"{self.name}: {what} needs its engine, version, variant, size, files and install time")
+
     def to_manifest(self) -> dict[str, Any]:
         """The manifest document (core/manifest.write writes it sorted), in MANIFEST_FORMAT."""
-        if self.size is None or self.files is None or self.installed is None:
-            raise ValueError(f"{self.name}: a manifest needs its size, files and install time")
+        self._whole("a manifest")
         return {
             **self.extra,
             "format": MANIFEST_FORMAT,
@@ -139,8 +143,7 @@ class StorePathInfo:
         unless said."""
         from llmgw_store.core.index import RegisteredPath
 
-        if self.size is None or self.files is None or self.installed is None:
-            raise ValueError(f"{self.name}: an index row needs its size, files and install time")
+        self._whole("an index row")
         return RegisteredPath(
             name=self.name, key=self.key, engine=self.engine, version=self.version, variant=self.variant,
             as_of=self.as_of, uv_version=self.uv_version, python=self.python, inputs=self.inputs,
@@ -160,6 +163,29 @@ class StorePathInfo:
         )
 
     # --- a cache object's metadata -------------------------------------------------------------
+
+    @classmethod
+    def from_cache_fields(cls, doc: dict[str, Any], key: str, name: str | None) -> StorePathInfo:
+        """The path a cache object's metadata describes, once its signature is checked and its
+        fields have their types (cache/pull.py): bound to what was asked — the signed key is `key`,
+        the signed name a store path name of it (and `name`, when one was asked) — its references
+        store path names, its content hash 64 hex digits, its sizes bounded. ValueError saying what
+        is wrong. `inputs` are as signed (a rebuild checks them against the key before any use)."""
+        if doc["key"] != key:
+            raise ValueError("it is signed for another key")
+        if not is_store_name(doc["name"]) or key_of_name(doc["name"]) != key:
+            raise ValueError("its signed name is not a store path name of that key")
+        if name is not None and doc["name"] != name:
+            raise ValueError(f"it is signed for {doc['name']}, not {name}")
+        refs = _references(doc["references"])
+        if refs is None:
+            raise ValueError(f"its references are not a list of at most {MAX_REFERENCES} store path names")
+        if not _HEX64.fullmatch(doc["content_hash"]):
+            raise ValueError("its content hash is not 64 hex digits")
+        if not all(_count(doc[f]) for f in ("size", "files")):
+            raise ValueError(f"its sizes are not between 0 and {MAX_BYTES}")
+        return cls(name=doc["name"], key=key, content_hash=doc["content_hash"], inputs=doc.get("inputs") or {},
+                   size=doc["size"], files=doc["files"], references=refs)
 
     def cache_fields(self) -> dict[str, Any]:
         """The fields of this path that a cache object's metadata signs, in both formats
@@ -184,3 +210,34 @@ def _references(refs: Any) -> tuple[str, ...] | None:
     if isinstance(refs, list) and len(refs) <= MAX_REFERENCES and all(is_store_name(r) for r in refs):
         return tuple(refs)
     return None
+
+
+class OfPath:
+    """What a shape holding a StorePathInfo as `info` (a cache object's checked metadata) reads of
+    it by name, as its callers did when the shape had the fields itself."""
+
+    info: StorePathInfo
+
+    @property
+    def name(self) -> str:
+        return self.info.name
+
+    @property
+    def key(self) -> str:
+        return self.info.key
+
+    @property
+    def content_hash(self) -> str:
+        return self.info.content_hash
+
+    @property
+    def size(self) -> int:
+        return self.info.size or 0
+
+    @property
+    def files(self) -> int:
+        return self.info.files or 0
+
+    @property
+    def references(self) -> tuple[str, ...]:
+        return self.info.references or ()
