@@ -7,11 +7,14 @@ made from it, and read into it, here:
                     the same way.
     index row       core/index.RegisteredPath, the `paths` row: `to_row` / `from_row`
     cache metadata  the fields of a store path that a cache object's signed metadata holds (both
-                    formats, cache/push.py): `cache_fields`. The bytes a cache holds are the
-                    cache's own formats; this gives the values, never the encoding.
-    record          roots/records.Record and build/rebuild.Recorded hold or give one (identity,
-                    inputs and content hash; no sizes: a generation record has none)
-    query row       integrity/queries.PathRow: from `from_row`
+                    formats): `cache_fields` (cache/push.py) / `from_cache_fields` (cache/pull.py,
+                    after the signature; its Meta and MetaV2 hold the result, OfPath reads it).
+                    The bytes a cache holds are the cache's own formats, signed: this gives the
+                    values, never the encoding (tests/test_pathinfo.py pins the bytes).
+    record          build/rebuild.Recorded holds one; roots/records.Record gives one (`info`:
+                    identity, inputs and content hash; no sizes: a generation record has none),
+                    and records.describe makes a new record's from the index row
+    query row       integrity/queries.PathRow: the index row's columns and where the path lies
 
 Invariants: `inputs` is always a dict (the index keeps it as canonical JSON text, parsed and
 written at the SQL edge only); a StorePathInfo read from a manifest was checked field by field
