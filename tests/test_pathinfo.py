@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from llmgw_store.core import manifest
+from llmgw_store.core.index import RegisteredPath
 from llmgw_store.core.keys import canonical_json
 from llmgw_store.core.local_store import Store
 from llmgw_store.core.pathinfo import MANIFEST_FORMAT, REQUIRED, StorePathInfo
@@ -59,7 +60,7 @@ def test_a_build_writes_the_manifest_format_and_reads_it_back_whole(store):
     assert {"requirements", "binary"} <= set(info.extra)
     with Store.open(root, readonly=True) as s:
         row = s.index.path_by_name(path.name)
-        assert row == info.to_row(created=row.created, last_used=row.last_used)
+        assert row == RegisteredPath.of(info, created=row.created, last_used=row.last_used)
         assert StorePathInfo.from_row(row, s.index.references(path.name)).inputs == doc["inputs"]
 
 
@@ -135,7 +136,7 @@ def test_a_valid_manifest_makes_every_shape():
     info = StorePathInfo.from_manifest(doc, doc["name"])
     assert (info.as_of, info.uv_version, info.python) == ("2024-01-01", "0.9.0", "3.11.7")
     assert info.to_manifest() == {**doc, "format": MANIFEST_FORMAT}
-    row = info.to_row()
+    row = RegisteredPath.of(info)
     assert (row.created, row.last_used, row.inputs) == (doc["installed"], doc["installed"], doc["inputs"])
     with pytest.raises(ValueError, match="not a store path name of its key"):
         StorePathInfo.from_manifest({**doc, "name": "../" + doc["name"]})  # no name asked: its own is checked
@@ -143,7 +144,7 @@ def test_a_valid_manifest_makes_every_shape():
     assert StorePathInfo.from_manifest({**doc, "references": ["../x"]}).references is None
     # A record has no sizes: no manifest, no row is made from it.
     with pytest.raises(ValueError):
-        replace(info, size=None).to_row()
+        RegisteredPath.of(replace(info, size=None))
 
 
 def test_the_cache_fields_are_the_bytes_push_signed_before():

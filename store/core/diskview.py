@@ -50,7 +50,7 @@ class ManifestIndex:
         except (ValueError, OSError):
             return None
         try:
-            return StorePathInfo.from_manifest(doc, name).to_row()
+            return RegisteredPath.of(StorePathInfo.from_manifest(doc, name))
         except ValueError:
             return None
 

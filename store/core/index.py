@@ -29,12 +29,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from llmgw_store.core.errors import DiskFullError, IndexError_, LockTimeout, ReadOnlyError, StoreError, from_os_error
 from llmgw_store.core.keys import is_store_name
 from llmgw_store.core.layout import malformed_name
 from llmgw_store.core.report import say
+
+if TYPE_CHECKING:
+    from llmgw_store.core.pathinfo import StorePathInfo
 
 BUSY_TIMEOUT_S = 30.0
 DB_MODE = 0o600
@@ -103,6 +106,18 @@ class RegisteredPath:
     build_seconds: float
     created: str
     last_used: str
+
+    @classmethod
+    def of(cls, info: StorePathInfo, created: str | None = None, last_used: str | None = None) -> RegisteredPath:
+        """The row of what is known of a store path (core/pathinfo); created and last used when it
+        was installed, unless said. ValueError when `info` lacks a field the row needs."""
+        info.check_whole()
+        return cls(
+            name=info.name, key=info.key, engine=info.engine, version=info.version, variant=info.variant,
+            as_of=info.as_of, uv_version=info.uv_version, python=info.python, inputs=info.inputs,
+            content_hash=info.content_hash, size=info.size, files=info.files, build_seconds=info.build_seconds,
+            created=created or info.installed, last_used=last_used or info.installed,
+        )
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from pathlib import Path
 from llmgw_store.core import debug, footprint, manifest, reserve, uses
 from llmgw_store.core.errors import IntegrityError, NoStoreError, NotFoundError, StoreError
 from llmgw_store.core.fsutil import force_rmtree
-from llmgw_store.core.index import BUSY_TIMEOUT_S, Index
+from llmgw_store.core.index import BUSY_TIMEOUT_S, Index, RegisteredPath
 from llmgw_store.core.keys import is_store_name
 from llmgw_store.core.layout import Layout
 from llmgw_store.core.pathinfo import StorePathInfo
@@ -121,7 +121,7 @@ class Store:
                     # from creating `final` meanwhile.
                     os.rename(tree, final)
                     debug.pause("INSTALL_BEFORE_REGISTER")
-            row = info.to_row()
+            row = RegisteredPath.of(info)
             references = list(info.references or ())
             if build_id is None:
                 self.index.insert_path(row, references)

@@ -5,7 +5,7 @@ made from it, and read into it, here:
                     Format MANIFEST_FORMAT (the `format` field); a manifest without the field is
                     format 1 (written before the field existed: every store has them) and is read
                     the same way.
-    index row       core/index.RegisteredPath, the `paths` row: `to_row` / `from_row`
+    index row       core/index.RegisteredPath, the `paths` row: `RegisteredPath.of` / `from_row`
     cache metadata  the fields of a store path that a cache object's signed metadata holds (both
                     formats): `cache_fields` (cache/push.py) / `from_cache_fields` (cache/pull.py,
                     after the signature; its Meta and MetaV2 hold the result, OfPath reads it).
@@ -141,18 +141,12 @@ class StorePathInfo:
 
     # --- the index row -------------------------------------------------------------------------
 
-    def to_row(self, created: str | None = None, last_used: str | None = None):
-        """The `paths` row (core/index.RegisteredPath); created and last used when it was installed,
-        unless said."""
-        from llmgw_store.core.index import RegisteredPath
+    # The `paths` row is made by core/index.RegisteredPath.of(info): the index imports this
+    # module, never the other way (the index reads manifests: a cycle otherwise).
 
+    def check_whole(self) -> None:
+        """ValueError unless every field a manifest and an index row need is known."""
         self._whole("an index row")
-        return RegisteredPath(
-            name=self.name, key=self.key, engine=self.engine, version=self.version, variant=self.variant,
-            as_of=self.as_of, uv_version=self.uv_version, python=self.python, inputs=self.inputs,
-            content_hash=self.content_hash, size=self.size, files=self.files, build_seconds=self.build_seconds,
-            created=created or self.installed, last_used=last_used or self.installed,
-        )
 
     @classmethod
     def from_row(cls, row, references: tuple[str, ...] | list[str] | None = ()) -> StorePathInfo:
