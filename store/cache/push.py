@@ -78,12 +78,14 @@ class PushResult(Result):
 
 def _read_verified(path: Path, digest: str, size: int) -> bytes:
     """The bytes of a store file (never through a link), checked against its listing's digest."""
-    from blake3 import blake3
+    from llmgw_store.core.manifest import hasher
 
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     with os.fdopen(fd, "rb") as f:
         data = f.read(size + 1)
-    if len(data) != size or blake3(data).hexdigest() != digest:
+    h = hasher(size)  # the store's one threshold (core/manifest.py)
+    h.update(data)
+    if len(data) != size or h.hexdigest() != digest:
         raise IntegrityError(f"{path}: differs from its store path's contents listing; run `llmgw-store verify "
                              "--repair` before pushing it")
     return data
@@ -93,11 +95,12 @@ def _compress_file(path: Path, digest: str, size: int, tmp: Path) -> Path | byte
     """A large file as a zstd frame: in memory up to BIG_IN_MEMORY, else streamed into `tmp`
     (multithreaded zstd), hashed on the way and checked against its digest."""
     import zstandard
-    from blake3 import blake3
+
+    from llmgw_store.core.manifest import hasher
 
     if size <= BIG_IN_MEMORY:
         return zstandard.ZstdCompressor(level=ZSTD_LEVEL).compress(_read_verified(path, digest, size))
-    h, count = blake3(max_threads=blake3.AUTO), 0
+    h, count = hasher(size), 0
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     cctx = zstandard.ZstdCompressor(level=ZSTD_LEVEL, threads=-1)
     with os.fdopen(fd, "rb") as f, open(tmp, "wb") as raw, cctx.stream_writer(raw, size=size, closefd=False) as zw:

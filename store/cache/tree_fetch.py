@@ -412,12 +412,8 @@ def _link_local(src: LocalSource, tree: str, targets: list[Entry], digest: str, 
                 or dedupe.shareable(fd, st, kind) is not None or not dedupe.store_inode(src.pool, st, src.entry)):
             return None
         stamped = stamps is not None and stamps.verified(st, digest)
-        if not stamped:
-            h = blake3(max_threads=blake3.AUTO) if size >= 8 << 20 else blake3()
-            while chunk := os.read(fd, CHUNK):
-                h.update(chunk)
-            if h.hexdigest() != digest:
-                return None
+        if not stamped and manifest.digest_fd(fd, st) != digest:  # the store's one file hash
+            return None
         proc_fd = dedupe.open_proc_fd() if own_proc_fd else dirs.proc_fd
         if st.st_nlink == 1:
             # Shared from now on: it enters the pool first, so it stays one of the store's own
@@ -503,10 +499,7 @@ def _take_resumed(src: str, tree: str, targets: list[Entry], digest: str, size: 
         if (not stat.S_ISREG(st.st_mode) or st.st_mode & 0o7222 or bool(st.st_mode & stat.S_IXUSR) != executable
                 or st.st_size != size or st.st_uid != os.geteuid()):
             return False
-        h = blake3(max_threads=blake3.AUTO) if size >= 8 << 20 else blake3()
-        while chunk := os.read(fd, CHUNK):
-            h.update(chunk)
-        if h.hexdigest() != digest:
+        if manifest.digest_fd(fd, st) != digest:  # the store's one file hash
             return False
         first = f"{tree}/{targets[0].path}"
         os.rename(src, first)

@@ -40,7 +40,10 @@ MANIFEST = f"{MANIFEST_DIR}/manifest.json"
 CONTENTS = f"{MANIFEST_DIR}/contents"
 _EXCLUDED = {MANIFEST, CONTENTS}
 CHUNK = 1 << 20
-MMAP_MIN = 1 << 20  # files from this size up are hashed through mmap with blake3's threads
+# The one threshold of every blake3 the store computes over a file (manifest, wheel home, pull,
+# push: `hasher`, `digest_fd`): from this size up a whole file is hashed through mmap, and any
+# file's bytes with blake3's own threads; below it, in one read and one thread.
+MMAP_MIN = 1 << 20
 THREADS = min(2, os.cpu_count() or 1)  # large files hashed at once, each with blake3's own threads
 # Every file hashed is opened so: never through a link, never waiting on a FIFO.
 _OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -90,29 +93,34 @@ def _mappable(st: os.stat_result) -> bool:
     return st.st_uid in (0, os.geteuid()) and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
 
 
+def hasher(size: int, threads: bool = True) -> blake3:
+    """A blake3 for `size` bytes of a file (MMAP_MIN): with blake3's own threads from MMAP_MIN up,
+    unless `threads` is False (a forked process, where blake3's thread pool must not be used)."""
+    return blake3(max_threads=blake3.AUTO) if threads and size >= MMAP_MIN else blake3()
+
+
 def digest_fd(fd: int, st: os.stat_result, threads: bool = True) -> str:
     """blake3 of the open regular file `fd` (`st` its fstat): a small file in one read, a large one
     through mmap with blake3's own threads (no Python loop over chunks; the GIL is released while
     hashing, so the pool's other threads go on). `threads=False`: one thread (a forked process,
     where blake3's thread pool must not be used)."""
     size = st.st_size
-    auto = blake3.AUTO if threads else 1
     if size < MMAP_MIN:
         data = os.read(fd, size + 1)
         if len(data) == size:
             return blake3(data).hexdigest()
         h = blake3(data)  # a short read, or it grew since fstat: hash the rest too
     elif _mappable(st):
-        h = blake3(max_threads=auto)
+        h = hasher(size, threads)
         try:
             with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as m:
                 h.update(m)
             return h.hexdigest()
         except (OSError, ValueError):  # a filesystem without mmap: read it instead
-            h = blake3(max_threads=auto)
+            h = hasher(size, threads)
             os.lseek(fd, 0, os.SEEK_SET)
     else:
-        h = blake3(max_threads=auto)
+        h = hasher(size, threads)
     while chunk := os.read(fd, CHUNK):
         h.update(chunk)
     return h.hexdigest()
