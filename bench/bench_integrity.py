@@ -128,6 +128,7 @@ def register_tree(root: Path, tree_mb: int) -> str:
     from llmgw_store.core.index import now_iso
     from llmgw_store.core.keys import store_key
     from llmgw_store.core.local_store import Store
+    from llmgw_store.core.pathinfo import StorePathInfo
     from llmgw_store.system.trees import freeze
 
     with Store.open(root, create=True) as store:
@@ -143,11 +144,11 @@ def register_tree(root: Path, tree_mb: int) -> str:
         freeze(partial, keep_writable=partial / manifest.MANIFEST_DIR)
         entries = manifest.scan(partial)
         manifest.write_contents(partial, entries)
-        manifest.write(partial, {
-            "name": name, "key": key, "engine": "benchtree", "version": "1.0", "variant": "cpu", "inputs": inputs,
-            "content_hash": manifest.content_hash(entries), "size": sum(e.size for e in entries if e.kind in "fx"),
-            "files": len(entries), "build_seconds": 0.0, "installed": now_iso(), "references": [],
-        })
+        manifest.write(partial, StorePathInfo(
+            name=name, key=key, engine="benchtree", version="1.0", variant="cpu", inputs=inputs,
+            content_hash=manifest.content_hash(entries), size=sum(e.size for e in entries if e.kind in "fx"),
+            files=len(entries), build_seconds=0.0, installed=now_iso(), references=(),
+        ))
         freeze(partial)
         os.rename(partial, env)
         why = store.adopt(name, rehash=False)

@@ -7,7 +7,7 @@ import json
 import subprocess
 import sys
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from harness import CLI, PY, REPO, Meter, Run
@@ -140,6 +140,7 @@ def clone_registered(root: Path, src_name: str, n: int, tag: str = "") -> list[s
     from llmgw_store.core import manifest
     from llmgw_store.core.keys import store_key
     from llmgw_store.core.local_store import Store
+    from llmgw_store.core.pathinfo import StorePathInfo
 
     names = []
     with Store.open(root) as store:
@@ -151,6 +152,7 @@ def clone_registered(root: Path, src_name: str, n: int, tag: str = "") -> list[s
             scratch = store.layout.tmp / f"bench-clone-{name}"
             subprocess.run(["cp", "-a", str(store.layout.path_of(src_name)), str(scratch)], check=True)
             b = store.index.start_build(key, name)
-            store.install(scratch, {**doc, "name": name, "key": key}, refs, build_id=b)
+            info = StorePathInfo.from_manifest({**doc, "name": name, "key": key})
+            store.install(scratch, replace(info, references=tuple(refs)), build_id=b)
             names.append(name)
     return names

@@ -216,9 +216,7 @@ def _realise_record(rec: Record, substituters: tuple[str, ...], trusted_keys: tu
             say(f"{what}: its store path is still there, as recorded")
             return "hit"
     substituter = _substituter(substituters, trusted_keys, offline, cache_network, substitute_only)
-    recorded = rebuild.Recorded(key=rec.key, name=rec.name, inputs=rec.inputs, content_hash=rec.content_hash,
-                                engine=rec.engine, version=rec.version, variant=rec.variant, lock=rec.lock,
-                                lock_format=rec.lock_format, what=what)
+    recorded = rebuild.Recorded(rec.info, lock=rec.lock, lock_format=rec.lock_format, what=what)
     if not recorded.rebuildable and substituter is None:
         raise NotFoundError(f"{what} is cold and its record holds no lock to rebuild it from: pass --substituter "
                             "(and --trusted-key) to pull it from a binary cache")

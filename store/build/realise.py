@@ -35,6 +35,7 @@ from llmgw_store.base.report import say
 from llmgw_store.core import locks, manifest, uses
 from llmgw_store.core.dedupe import share
 from llmgw_store.core.index import now_iso
+from llmgw_store.core.pathinfo import StorePathInfo
 from llmgw_store.system.trees import force_rmtree, freeze
 
 if TYPE_CHECKING:
@@ -105,10 +106,10 @@ def realise(
         if substitute is not None and substitute():
             return final, "substituted"
         build_id = index.start_build(key, name)
-        doc = _produce(store, key, name, inputs, meta, make, verify, build_id)
+        info = _produce(store, key, name, inputs, meta, make, verify, build_id)
         share(layout, partial)  # identical files of other store paths, verified, linked (core/dedupe.py)
         try:
-            how = store.install(partial, doc, doc["references"], build_id=build_id, seconds=doc["build_seconds"])
+            how = store.install(partial, info, build_id=build_id, seconds=info.build_seconds)
         finally:
             force_rmtree(partial)  # left only when the rename did not happen (or another tree was adopted)
         keep_proof(store, name)
@@ -143,7 +144,7 @@ def replace(
     expect: str,
     verify: Callable[[Path], None] | None,
     lock_timeout: float = DEFAULT_LOCK_TIMEOUT_S,
-) -> dict[str, Any]:
+) -> StorePathInfo:
     """Rebuild a registered path in `.partial` and swap it in for the one in the store (repair),
     only once the new tree has passed every check a build makes AND hashes to `expect`, the content
     hash recorded when the path was built. A repair restores the recorded bytes or changes nothing:
@@ -159,23 +160,22 @@ def replace(
             _children_recorded(layout, key):
         force_rmtree(partial)
         build_id = index.start_build(key, name)
-        doc = _produce(store, key, name, inputs, meta, make, verify, build_id)
-        if doc["content_hash"] != expect:
+        info = _produce(store, key, name, inputs, meta, make, verify, build_id)
+        if info.content_hash != expect:
             differs = _differences(final, partial, expect)
             force_rmtree(partial)
-            index.fail_build(build_id, doc["build_seconds"],
-                             f"rebuilt content hash {doc['content_hash']} is not the recorded {expect}")
+            index.fail_build(build_id, info.build_seconds,
+                             f"rebuilt content hash {info.content_hash} is not the recorded {expect}")
             raise IntegrityError(
                 f"the rebuild of {name} gives different bytes ({differs}); the recorded hash is kept and the path "
                 "left as it was: remove the path (unpin it, `llmgw-store gc`) and build it again"
             )
         share(layout, partial)  # verified pool copies only: never the damaged inode being replaced
         try:
-            store.install(partial, doc, doc["references"], build_id=build_id, seconds=doc["build_seconds"],
-                          replacing=True)
+            store.install(partial, info, build_id=build_id, seconds=info.build_seconds, replacing=True)
         finally:
             force_rmtree(partial)
-        return doc
+        return info
 
 
 def _differences(final: Path, partial: Path, expect: str, limit: int = 5) -> str:
@@ -215,9 +215,11 @@ def _children_recorded(layout, key: str) -> Iterator[None]:
         yield
 
 
-def _produce(store: Store, key, name, inputs, meta, make, verify, build_id: int) -> dict[str, Any]:
+def _produce(store: Store, key, name, inputs, meta, make, verify, build_id: int) -> StorePathInfo:
     """Run `make` in a fresh `.partial`, freeze it, verify and hash it, write its manifest. On any
-    failure the `.partial` is removed and the build logged as failed."""
+    failure the `.partial` is removed and the build logged as failed. The recipe's `meta` and what
+    `make` returns are the manifest's other fields (StorePathInfo.extra); the manifest is read back
+    through the same check as any other (StorePathInfo.from_manifest)."""
     partial = store.layout.partial_of(name)
     started = time.monotonic()
     try:
@@ -245,9 +247,10 @@ def _produce(store: Store, key, name, inputs, meta, make, verify, build_id: int)
             "build_seconds": round(time.monotonic() - started, 3),
             "installed": now_iso(),
         }
-        manifest.write(partial, doc)
+        info = StorePathInfo.from_manifest(doc, name)
+        manifest.write(partial, info)
         freeze(meta_dir)
-        return doc
+        return info
     except BaseException as exc:
         force_rmtree(partial)
         store.index.fail_build(build_id, time.monotonic() - started, f"{type(exc).__name__}: {exc}")

@@ -1,9 +1,10 @@
 """Rebuilding a store path from what was recorded for it: the one way a cold rollback (api.py),
 `verify --repair` (integrity/verify.py) and `build --check` (build/check.py) bring its bytes back.
 
-    Recorded        its key, name, the key's inputs, its content hash and the lock it was installed
-                    from: from a generation record (roots/records.py proves that lock by the
-                    record's digests) or from the index and the manifest (`lockproof.proved_lock`)
+    Recorded        what is known of the path (core/pathinfo.StorePathInfo: key, name, the key's
+                    inputs, its content hash) and the lock it was installed from: from a
+                    generation record (roots/records.py proves that lock by the record's digests)
+                    or from the index and the manifest (`lockproof.proved_lock`)
     plan_for        the inputs must hash to the key; the recorded build table must be one a recipe
                     could have; the recorded uv version (the store's own, or --uv of that version)
                     and interpreter (implementation and version) must be found on this host
@@ -27,7 +28,6 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from llmgw_store.app import credentials
 from llmgw_store.base.errors import CommandError, IntegrityError, NotFoundError, RecipeError, UsageError
@@ -42,6 +42,7 @@ from llmgw_store.core import locks, manifest
 from llmgw_store.core.index import RegisteredPath
 from llmgw_store.core.keys import store_key
 from llmgw_store.core.local_store import Store
+from llmgw_store.core.pathinfo import StorePathInfo
 
 STORE = "store"
 REPLACE = "replace"
@@ -49,27 +50,22 @@ REPLACE = "replace"
 
 @dataclass(frozen=True)
 class Recorded:
-    """What was recorded of a store path: enough to rebuild it and to know the result is it."""
+    """What was recorded of a store path (its identity, the key's inputs, its content hash: `info`)
+    and the lock it was installed from: enough to rebuild it and to know the result is it."""
 
-    key: str
-    name: str
-    inputs: dict[str, Any]
-    content_hash: str
-    engine: str
-    version: str
-    variant: str
+    info: StorePathInfo
     lock: str | None = None
     lock_format: str | None = None
     what: str = ""  # how messages name it: "generation 3 of vllm (<name>)", else the name
 
     @property
     def shown(self) -> str:
-        return self.what or self.name
+        return self.what or self.info.name
 
     @property
     def rebuildable(self) -> bool:
         """A lock to install and a build table to install it with (else only a cache can bring it)."""
-        return self.lock is not None and isinstance(self.inputs.get("build"), dict)
+        return self.lock is not None and isinstance(self.info.inputs.get("build"), dict)
 
 
 @dataclass(frozen=True)
@@ -82,8 +78,6 @@ def recorded_in_store(store: Store, row: RegisteredPath, *, need_lock: bool) -> 
     """The record of a registered path: its index row and the lock its manifest proves. Without
     `need_lock` an unproved lock is None (a repair then resolves again, and its result must still
     hash to the recorded content hash); with it, the IntegrityError of `proved_lock`."""
-    import json
-
     name = row.name
     lock: str | None
     fmt: str | None
@@ -93,22 +87,21 @@ def recorded_in_store(store: Store, row: RegisteredPath, *, need_lock: bool) -> 
         if need_lock:
             raise
         lock = fmt = None
-    return Recorded(key=row.key, name=name, inputs=json.loads(row.inputs), content_hash=row.content_hash,
-                    engine=row.engine, version=row.version, variant=row.variant, lock=lock, lock_format=fmt)
+    return Recorded(StorePathInfo.from_row(row), lock=lock, lock_format=fmt)
 
 
 def plan_for(store: Store, rec: Recorded, *, uv_path: str | Path | None = None, python_preference: str | None = None,
              private: Path | None = None, offline: bool = False, index_url: str | None = None) -> BuildPlan:
     """The build plan that gives `rec` back: its recorded inputs, lock, uv and interpreter."""
-    what, inputs = rec.shown, rec.inputs
+    what, inputs = rec.shown, rec.info.inputs
     if not isinstance(inputs, dict) or not isinstance(inputs.get("build"), dict):
         tool = inputs.get("tool") if isinstance(inputs, dict) else None
         if tool:
             raise UsageError(f"{what} was not built from a recipe ({tool}); remove it and let the store make it again")
         raise IntegrityError(f"the record of {what} does not say how to rebuild it (no build table); pull it with "
                              "--substituter instead")
-    if store_key(inputs) != rec.key:
-        raise IntegrityError(f"the recorded inputs of {what} do not hash to its key {rec.key}; they are not used")
+    if store_key(inputs) != rec.info.key:
+        raise IntegrityError(f"the recorded inputs of {what} do not hash to its key {rec.info.key}; they are not used")
     origin = f"the record of {what}"
     try:
         engine = {k: inputs[k] for k in ("pypi", "binary", "repo") if inputs.get(k)}
@@ -132,10 +125,13 @@ def plan_for(store: Store, rec: Recorded, *, uv_path: str | Path | None = None, 
     if (interp.implementation, interp.version) != (implementation, version):
         raise NotFoundError(f"rebuilding {what} needs {implementation} {version}; found "
                             f"{interp.implementation} {interp.version}")
+    info = rec.info
+    if info.version is None:
+        raise NotFoundError(f"rebuilding {what} needs the engine version its record lacks")
     return BuildPlan(
-        key=rec.key, name=rec.name, inputs=inputs, version=rec.version, fields=inputs["build"], uv=uv,
+        key=info.key, name=info.name, inputs=inputs, version=info.version, fields=inputs["build"], uv=uv,
         interpreter=interp, index_url=index_url_recorded,
-        meta={"engine": rec.engine, "version": rec.version, "variant": rec.variant, "binary": inputs.get("binary")},
+        meta={"engine": info.engine, "version": info.version, "variant": info.variant, "binary": inputs.get("binary")},
         origin=origin, lock_text=rec.lock, offline=offline, index_auth=auth,
         uv_cache=private / "uv" if private else None, pyc_cache=private / "pyc" if private else None,
     )
@@ -162,11 +158,11 @@ def rebuild(store: Store, rec: Recorded, into: str | Path, *, uv_path: str | Pat
         return Rebuilt("rebuilt", None)
     if into == REPLACE:
         deadline = Deadline(plan)
-        doc = replace(store, plan.key, plan.name, plan.inputs, plan.meta,
+        info = replace(store, plan.key, plan.name, plan.inputs, plan.meta,
                       lambda partial: make_env(store, plan, partial, deadline),
-                      expect=rec.content_hash, verify=lambda tree: verify_env(store, plan, tree, deadline),
+                      expect=rec.info.content_hash, verify=lambda tree: verify_env(store, plan, tree, deadline),
                       lock_timeout=lock_timeout)
-        return Rebuilt("repaired", doc["content_hash"])
+        return Rebuilt("repaired", info.content_hash)
     if into != STORE:
         raise ValueError(f"rebuild into {into!r}")
 
@@ -175,10 +171,10 @@ def rebuild(store: Store, rec: Recorded, into: str | Path, *, uv_path: str | Pat
         # hash to the recorded content hash, or it never becomes a store path. The hash got is not
         # in the one line (a forger of records would need it); -v shows it.
         got = manifest.content_hash(manifest.scan(tree))
-        if got != rec.content_hash:
+        if got != rec.info.content_hash:
             err = IntegrityError(f"the rebuild of {rec.shown} gives a content hash other than the recorded one; "
                                  "it is not registered and nothing switched (-v shows both)")
-            err.output_tail = f"rebuilt: {got}\nrecorded: {rec.content_hash}"
+            err.output_tail = f"rebuilt: {got}\nrecorded: {rec.info.content_hash}"
             raise err
 
     def attempt(p: BuildPlan) -> str:
@@ -203,4 +199,4 @@ def rebuild(store: Store, rec: Recorded, into: str | Path, *, uv_path: str | Pat
         # uv's cache lacks a file the lock names: the recorded index, still the same hashes.
         say(f"offline rebuild failed ({exc}); trying again with {plan.index_url}")
         how = attempt(dataclasses.replace(plan, offline=False))
-    return Rebuilt(how, rec.content_hash)
+    return Rebuilt(how, rec.info.content_hash)

@@ -56,8 +56,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from blake3 import blake3
-
 from llmgw_store.base.errors import IntegrityError, LockTimeout, StoreError
 from llmgw_store.base.report import progress, say
 from llmgw_store.build.cacheuse import ARCHIVE_BUCKET, ARCHIVE_RE, DIST_INFO_RE, WHEEL_HOME_LINK, uv_cache_lock
@@ -79,7 +77,6 @@ SEAL_MAX = 512 << 20  # the bound manifest.CONTENTS_MAX puts on a listing
 # Digests a RECORD may give (PEP 427: sha256 or stronger).
 RECORD_ALGOS = {"sha256", "sha384", "sha512", "sha3_256", "sha3_384", "sha3_512", "blake2b", "blake2s"}
 UNHASHED = ("RECORD", "RECORD.jws", "RECORD.p7s")  # a dist-info's files its RECORD lists without a digest
-BIG = 1 << 20  # files from this size up are hashed through mmap
 THREADS = min(8, (os.cpu_count() or 1) * 2)
 BATCH_FILES, BATCH_BYTES = 64, 4 << 20
 ATTACH_LOCK_S = 10.0  # how long a build waits for uv's cache lock to make the bucket the wheel home
@@ -577,8 +574,8 @@ def _hash_one(path: Path, rel: str, want: tuple[str, str, int | None] | None) ->
         _canonical_fd(fd, kind)
         st = os.fstat(fd)  # after the chmod and utime: the identity the scan's memo is keyed by
         h = hashlib.new(want[0]) if want is not None else None
-        b = blake3(max_threads=blake3.AUTO) if st.st_size >= BIG else blake3()
-        if st.st_size >= BIG:
+        b = manifest.hasher(st.st_size)
+        if st.st_size >= manifest.MMAP_MIN:  # the store's one threshold (core/manifest.py)
             with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as m:
                 b.update(m)
                 if h is not None:

@@ -27,7 +27,7 @@ import os
 import re
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -46,14 +46,13 @@ from llmgw_store.core.keys import KEY_RE, is_store_name, key_of_name
 from llmgw_store.core.local_store import Store
 from llmgw_store.core.locations import TRASH, leaf
 from llmgw_store.core.oplog import recorded
+from llmgw_store.core.pathinfo import MAX_BYTES, OfPath, StorePathInfo
 from llmgw_store.core.scratch import sweep_dead, to_trash
 from llmgw_store.core.temproots import TempRoots
 from llmgw_store.system.signals import raising
 from llmgw_store.system.trees import force_rmtree
 
-MAX_REFERENCES = 64  # of one object
 MAX_OBJECTS = 256  # in one pull's closure
-MAX_BYTES = 1 << 42  # 4 TiB: no environment is larger; a larger signed size is a malformed object
 # A tar stream holds the regular files' bytes (the signed `size`) plus, per entry (the signed
 # `files`, and a few the manifest adds), a header, a long name and padding; plus the manifest and
 # contents listing, which `size` leaves out.
@@ -69,18 +68,14 @@ _OPTIONAL = {"inputs": dict, "compression": str}
 
 
 @dataclass(frozen=True)
-class Meta:
-    """A cache object's metadata after every check: signed by `signer`, for `key`, bounded."""
+class Meta(OfPath):
+    """A cache object's metadata after every check: signed by `signer`, for the store path `info`
+    (StorePathInfo.from_cache_fields: bound to the key asked, bounded; OfPath reads its fields)."""
 
-    key: str
-    name: str
-    content_hash: str
+    info: StorePathInfo
     archive: str
     archive_sha256: str
     archive_size: int
-    size: int
-    files: int
-    references: tuple[str, ...]
     signer: str
 
 
@@ -114,46 +109,36 @@ def _refusal(label: str):
     return refuse
 
 
-def _bind_name_and_references(doc: dict[str, Any], key: str, name: str | None, refuse) -> list[str]:
-    """What both formats bind: the signed key is the key asked for, the signed name a store path
-    name of it (and the name asked for, if one was); the references, store path names."""
-    if doc["key"] != key:
-        raise refuse("it is signed for another key")
-    if not is_store_name(doc["name"]) or key_of_name(doc["name"]) != key:
-        raise refuse("its signed name is not a store path name of that key")
-    if name is not None and doc["name"] != name:
-        raise refuse(f"it is signed for {doc['name']}, not {name}")
-    refs = doc["references"]
-    if len(refs) > MAX_REFERENCES or not all(is_store_name(r) for r in refs):
-        raise refuse(f"its references are not a list of at most {MAX_REFERENCES} store path names")
-    return refs
+def _signed_path(doc: dict[str, Any], key: str, name: str | None, refuse) -> StorePathInfo:
+    """What both formats bind (StorePathInfo.from_cache_fields): the signed key is the key asked
+    for, the signed name a store path name of it (and the name asked for, if one was); the
+    references, store path names; the content hash and sizes, well formed."""
+    try:
+        return StorePathInfo.from_cache_fields(doc, key, name)
+    except ValueError as exc:
+        raise refuse(str(exc)) from None
 
 
 def _bound(doc: dict[str, Any], key: str, name: str | None, signer: str, label: str) -> Meta:
     """Bind signed metadata to what was asked and check every value before it is used."""
     refuse = _refusal(label)
-    refs = _bind_name_and_references(doc, key, name, refuse)
+    info = _signed_path(doc, key, name, refuse)
     if doc["archive"] != f"{key}.tar.zst":
         raise refuse(f"its archive is not {key}.tar.zst")
-    if not _HEX64.fullmatch(doc["archive_sha256"]) or not _HEX64.fullmatch(doc["content_hash"]):
-        raise refuse("its digests are not 64 hex digits")
+    if not _HEX64.fullmatch(doc["archive_sha256"]):
+        raise refuse("its archive digest is not 64 hex digits")
     if doc.get("compression", "zstd") != "zstd":
         raise refuse("its archive is not zstd-compressed")
-    if not all(0 <= doc[f] <= MAX_BYTES for f in ("archive_size", "size", "files")):
+    if not 0 <= doc["archive_size"] <= MAX_BYTES:
         raise refuse(f"its sizes are not between 0 and {MAX_BYTES}")
-    return Meta(key=key, name=doc["name"], content_hash=doc["content_hash"], archive=doc["archive"],
-                archive_sha256=doc["archive_sha256"], archive_size=doc["archive_size"], size=doc["size"],
-                files=doc["files"], references=tuple(refs), signer=signer)
+    return Meta(info=info, archive=doc["archive"], archive_sha256=doc["archive_sha256"],
+                archive_size=doc["archive_size"], signer=signer)
 
 
 def _bound_v2(doc: dict[str, Any], key: str, name: str | None, signer: str, label: str) -> MetaV2:
     """`_bound` for a content-addressed (format 2) object: the same bindings, its blobs' digests."""
     refuse = _refusal(label)
-    refs = _bind_name_and_references(doc, key, name, refuse)
-    if not _HEX64.fullmatch(doc["content_hash"]):
-        raise refuse("its content hash is not 64 hex digits")
-    if not all(0 <= doc[f] <= MAX_BYTES for f in ("size", "files")):
-        raise refuse(f"its sizes are not between 0 and {MAX_BYTES}")
+    info = _signed_path(doc, key, name, refuse)
     if doc["listing"]["size"] > manifest.CONTENTS_MAX or doc["manifest"]["size"] > manifest.MANIFEST_MAX \
             or doc["plan"]["size"] > manifest.CONTENTS_MAX:
         raise refuse("its listing, plan or manifest is larger than a store path's can be")
@@ -161,8 +146,7 @@ def _bound_v2(doc: dict[str, Any], key: str, name: str | None, signer: str, labe
     def ref(part: str, digest: str) -> BlobRef:
         return BlobRef(digest, doc[part]["size"], doc[part]["csize"])
 
-    return MetaV2(key=key, name=doc["name"], content_hash=doc["content_hash"], size=doc["size"], files=doc["files"],
-                  references=tuple(refs), listing=ref("listing", doc["content_hash"]),
+    return MetaV2(info=info, listing=ref("listing", doc["content_hash"]),
                   plan=ref("plan", doc["plan"]["digest"]), manifest=ref("manifest", doc["manifest"]["digest"]),
                   signer=signer)
 
@@ -358,8 +342,14 @@ def served_by(caches: Caches, before: dict[str, int]) -> str:
 
 def _install(store: Store, tree: Path, doc: dict[str, Any], meta: Meta | MetaV2, build_id: int, started: float,
              stats: Stats) -> str:
+    """Register the pulled tree from its manifest (checked: StorePathInfo.from_manifest) with the
+    signed references."""
     t0 = time.monotonic()
-    how = store.install(tree, doc, list(meta.references), build_id=build_id,
+    try:
+        info = StorePathInfo.from_manifest(doc, meta.name)
+    except ValueError as exc:
+        raise IntegrityError(f"{meta.name}: {exc}; refusing it") from None
+    how = store.install(tree, replace(info, references=meta.references), build_id=build_id,
                         seconds=round(time.monotonic() - started, 3), outcome="substituted")
     # Registered from the signed manifest, whose time is the builder's: on this node the path was
     # first used now (gc's grace and `list` read last_used).

@@ -46,6 +46,7 @@ from llmgw_store.core.index import RegisteredPath
 from llmgw_store.core.keys import canonical_json
 from llmgw_store.core.local_store import Store
 from llmgw_store.core.names import check_signing_key_name
+from llmgw_store.core.pathinfo import StorePathInfo
 from llmgw_store.core.temproots import TempRoots
 from llmgw_store.system.trees import sha256_of
 
@@ -78,12 +79,14 @@ class PushResult(Result):
 
 def _read_verified(path: Path, digest: str, size: int) -> bytes:
     """The bytes of a store file (never through a link), checked against its listing's digest."""
-    from blake3 import blake3
+    from llmgw_store.core.manifest import hasher
 
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     with os.fdopen(fd, "rb") as f:
         data = f.read(size + 1)
-    if len(data) != size or blake3(data).hexdigest() != digest:
+    h = hasher(size)  # the store's one threshold (core/manifest.py)
+    h.update(data)
+    if len(data) != size or h.hexdigest() != digest:
         raise IntegrityError(f"{path}: differs from its store path's contents listing; run `llmgw-store verify "
                              "--repair` before pushing it")
     return data
@@ -93,11 +96,12 @@ def _compress_file(path: Path, digest: str, size: int, tmp: Path) -> Path | byte
     """A large file as a zstd frame: in memory up to BIG_IN_MEMORY, else streamed into `tmp`
     (multithreaded zstd), hashed on the way and checked against its digest."""
     import zstandard
-    from blake3 import blake3
+
+    from llmgw_store.core.manifest import hasher
 
     if size <= BIG_IN_MEMORY:
         return zstandard.ZstdCompressor(level=ZSTD_LEVEL).compress(_read_verified(path, digest, size))
-    h, count = blake3(max_threads=blake3.AUTO), 0
+    h, count = hasher(size), 0
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     cctx = zstandard.ZstdCompressor(level=ZSTD_LEVEL, threads=-1)
     with os.fdopen(fd, "rb") as f, open(tmp, "wb") as raw, cctx.stream_writer(raw, size=size, closefd=False) as zw:
@@ -199,7 +203,7 @@ def _push_v2(store: Store, backend, row: RegisteredPath, secret_key, lock_timeou
     for e in entries:
         if e.kind in "fx":
             by_digest.setdefault(e.digest, e)
-    references = store.index.references(name)
+    info = StorePathInfo.from_row(row, store.index.references(name))
     zc = zstandard.ZstdCompressor(level=ZSTD_LEVEL)
 
     def document(done: list[Blob]) -> tuple[bytes, list[tuple[str, bytes]]]:
@@ -212,8 +216,7 @@ def _push_v2(store: Store, backend, row: RegisteredPath, secret_key, lock_timeou
             refs.append({"digest": digest_of(data), "size": len(data), "csize": len(packed)})
         listing_ref, plan_ref, manifest_ref = refs
         meta = {
-            "format": FORMAT, "name": name, "key": key, "inputs": json.loads(row.inputs),
-            "content_hash": row.content_hash, "size": row.size, "files": row.files, "references": references,
+            "format": FORMAT, **info.cache_fields(),
             "listing": {"size": listing_ref["size"], "csize": listing_ref["csize"]},
             "plan": plan_ref, "manifest": manifest_ref,
             "blobs_csize": sum(b.csize for b in done) + sum(r["csize"] for r in refs),
@@ -347,11 +350,9 @@ def _push_v1(store: Store, backend, row: RegisteredPath, secret_key, lock_timeou
     try:
         _archive(store.layout.path_of(name), name, tmp)
         meta = {
-            "name": name, "key": key, "inputs": json.loads(row.inputs),
-            "content_hash": row.content_hash, "size": row.size, "files": row.files,
+            **StorePathInfo.from_row(row, store.index.references(name)).cache_fields(),
             "compression": "zstd", "archive": f"{key}.tar.zst", "archive_sha256": sha256_of(tmp),
             "archive_size": tmp.stat().st_size,
-            "references": store.index.references(name),
         }
         sign(meta, secret_key)
         signing.carry_signatures(meta, current, f"{key}.json", drop)  # a rotation: the other keys' signatures stay

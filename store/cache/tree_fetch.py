@@ -51,6 +51,7 @@ from llmgw_store.base.report import say
 from llmgw_store.cache.objects import EMPTY, Blob, blob_name, digest_of, parse_listing, parse_plan, read_listing
 from llmgw_store.core import dedupe, manifest
 from llmgw_store.core.manifest import MANIFEST_DIR, Entry
+from llmgw_store.core.pathinfo import OfPath, StorePathInfo
 from llmgw_store.core.stamps import Stamps, record
 from llmgw_store.system import files
 
@@ -71,15 +72,11 @@ class BlobRef:
 
 
 @dataclass(frozen=True)
-class MetaV2:
-    """A v2 object's metadata after every check of cache/pull.py: signed by `signer`, for `key`."""
+class MetaV2(OfPath):
+    """A v2 object's metadata after every check of cache/pull.py: signed by `signer`, for the
+    store path `info` (its name, key, content hash, sizes, references: OfPath reads them)."""
 
-    key: str
-    name: str
-    content_hash: str
-    size: int
-    files: int
-    references: tuple[str, ...]
+    info: StorePathInfo
     listing: BlobRef
     plan: BlobRef
     manifest: BlobRef
@@ -417,12 +414,8 @@ def _link_local(src: LocalSource, tree: str, targets: list[Entry], digest: str, 
                 or dedupe.shareable(fd, st, kind) is not None or not dedupe.store_inode(src.pool, st, src.entry)):
             return None
         stamped = stamps is not None and stamps.verified(st, digest)
-        if not stamped:
-            h = blake3(max_threads=blake3.AUTO) if size >= 8 << 20 else blake3()
-            while chunk := os.read(fd, CHUNK):
-                h.update(chunk)
-            if h.hexdigest() != digest:
-                return None
+        if not stamped and manifest.digest_fd(fd, st) != digest:  # the store's one file hash
+            return None
         proc_fd = dedupe.open_proc_fd() if dirs is None else dirs.proc_fd
         if st.st_nlink == 1:
             # Shared from now on: it enters the pool first, so it stays one of the store's own
@@ -508,10 +501,7 @@ def _take_resumed(src: str, tree: str, targets: list[Entry], digest: str, size: 
         if (not stat.S_ISREG(st.st_mode) or st.st_mode & 0o7222 or bool(st.st_mode & stat.S_IXUSR) != executable
                 or st.st_size != size or st.st_uid != os.geteuid()):
             return False
-        h = blake3(max_threads=blake3.AUTO) if size >= 8 << 20 else blake3()
-        while chunk := os.read(fd, CHUNK):
-            h.update(chunk)
-        if h.hexdigest() != digest:
+        if manifest.digest_fd(fd, st) != digest:  # the store's one file hash
             return False
         first = f"{tree}/{targets[0].path}"
         os.rename(src, first)

@@ -23,10 +23,11 @@ from pathlib import Path
 
 from llmgw_store.base.errors import AccessDeniedError, DiskFullError, ReadOnlyError
 from llmgw_store.core import manifest
-from llmgw_store.core.index import RegisteredPath, row_from_manifest
-from llmgw_store.core.keys import KEY_RE, is_store_name, key_of_name
+from llmgw_store.core.index import RegisteredPath
+from llmgw_store.core.keys import KEY_RE, is_store_name
 from llmgw_store.core.layout import Layout
 from llmgw_store.core.local_store import Store
+from llmgw_store.core.pathinfo import StorePathInfo
 
 MAX_SCAN = 100_000  # entries of store/ looked at for a bare key: a store holds far fewer
 
@@ -48,12 +49,9 @@ class ManifestIndex:
             doc = manifest.read(self.store_dir / name)
         except (ValueError, OSError):
             return None
-        if (not isinstance(doc, dict) or doc.get("name") != name or doc.get("key") != key_of_name(name)
-                or any(f not in doc for f in manifest.REQUIRED)):
-            return None
         try:
-            return row_from_manifest(doc)
-        except (TypeError, AttributeError, KeyError):
+            return RegisteredPath.of(StorePathInfo.from_manifest(doc, name))
+        except ValueError:
             return None
 
     def path_by_key(self, key: str) -> RegisteredPath | None:

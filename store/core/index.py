@@ -26,10 +26,10 @@ import time
 import urllib.parse
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import astuple, dataclass, fields
+from dataclasses import dataclass, fields
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from llmgw_store.base.errors import DiskFullError, IndexError_, LockTimeout, ReadOnlyError, StoreError, from_os_error
 from llmgw_store.base.report import say
@@ -45,6 +45,9 @@ from llmgw_store.core.indexsql import (
 )
 from llmgw_store.core.keys import is_store_name
 from llmgw_store.core.layout import malformed_name
+
+if TYPE_CHECKING:
+    from llmgw_store.core.pathinfo import StorePathInfo
 
 # What doctor copies from an old, possibly hostile, index file (copy_history_from).
 SALVAGE_MAX_ROWS = 200_000  # a table: far more history than a store keeps
@@ -103,13 +106,25 @@ class RegisteredPath:
     as_of: str | None
     uv_version: str | None
     python: str | None
-    inputs: str  # the key's inputs, canonical JSON
+    inputs: dict[str, Any]  # the key's inputs (the column holds them as sorted JSON: `_inputs`, `_values`)
     content_hash: str
     size: int
     files: int
     build_seconds: float
     created: str
     last_used: str
+
+    @classmethod
+    def of(cls, info: StorePathInfo, created: str | None = None, last_used: str | None = None) -> RegisteredPath:
+        """The row of what is known of a store path (core/pathinfo); created and last used when it
+        was installed, unless said. ValueError when `info` lacks a field the row needs."""
+        w = info.whole()
+        return cls(
+            name=info.name, key=info.key, engine=w.engine, version=w.version, variant=w.variant,
+            as_of=info.as_of, uv_version=info.uv_version, python=info.python, inputs=info.inputs,
+            content_hash=info.content_hash, size=w.size, files=w.files, build_seconds=info.build_seconds,
+            created=created or w.installed, last_used=last_used or w.installed,
+        )
 
 
 @dataclass(frozen=True)
@@ -162,10 +177,32 @@ def _row(cls, row: sqlite3.Row):
     return cls(**{f.name: row[f.name] for f in fields(cls)})
 
 
+def _inputs(text: Any) -> dict[str, Any]:
+    """The `inputs` column as a dict: {} for one that is not a JSON object (a damaged or edited row;
+    a rebuild checks the inputs hash to the key before using them)."""
+    try:
+        value = json.loads(text) if isinstance(text, str) else None
+    except (ValueError, RecursionError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _path_row(row: sqlite3.Row) -> RegisteredPath:
+    values: dict[str, Any] = {f.name: _inputs(row["inputs"]) if f.name == "inputs" else row[f.name]
+                              for f in fields(RegisteredPath)}
+    return RegisteredPath(**values)
+
+
+def _values(row: RegisteredPath) -> tuple:
+    """`row` as the `paths` columns hold it: the inputs as sorted JSON."""
+    return tuple(json.dumps(row.inputs, sort_keys=True) if f.name == "inputs" else getattr(row, f.name)
+                 for f in fields(RegisteredPath))
+
+
 def _well_formed(row: sqlite3.Row) -> RegisteredPath:
     if not is_store_name(row["name"]):
         raise malformed_name(row["name"])
-    return _row(RegisteredPath, row)
+    return _path_row(row)
 
 
 def now_iso() -> str:
@@ -199,29 +236,6 @@ def schema_steps(text: str | None = None) -> dict[int, list[str]]:
     if pending.strip():
         raise IndexError_(f"{SCHEMA_FILE}: the last statement does not end with ';'")
     return steps
-
-
-def row_from_manifest(doc: dict[str, Any]) -> RegisteredPath:
-    """The `paths` row of a store path, from its manifest (a build's, a pull's or doctor's)."""
-    inputs = doc.get("inputs") or {}
-    python = inputs.get("python") or {}
-    return RegisteredPath(
-        name=doc["name"],
-        key=doc["key"],
-        engine=doc["engine"],
-        version=doc["version"],
-        variant=doc["variant"],
-        as_of=inputs.get("as_of"),
-        uv_version=inputs.get("uv", inputs.get("version")),
-        python=python.get("version"),
-        inputs=json.dumps(inputs, sort_keys=True),
-        content_hash=doc["content_hash"],
-        size=doc["size"],
-        files=doc["files"],
-        build_seconds=doc["build_seconds"],
-        created=doc["installed"],
-        last_used=doc["installed"],
-    )
 
 
 def store_error(path: Path, what: str, exc: sqlite3.Error, busy_timeout: float = BUSY_TIMEOUT_S) -> StoreError:
@@ -425,7 +439,7 @@ class Index:
         out = []
         for r in self._sql(PATHS_IN_ORDER):
             if is_store_name(r["name"]):
-                out.append(_row(RegisteredPath, r))
+                out.append(_path_row(r))
             else:
                 say(f"skipping a malformed row of the index ({str(r['name'])[:80]!r}): "
                     "run `llmgw-store doctor --rebuild-index`")
@@ -452,7 +466,7 @@ class Index:
         Each reference must be registered already (references are registered first)."""
         cols = [f.name for f in fields(row)]
         with self.transaction(f"index {self.path}: cannot register {row.name}") as conn:
-            conn.execute(f"INSERT INTO paths ({', '.join(cols)}) VALUES ({', '.join('?' for _ in cols)})", astuple(row))
+            conn.execute(f"INSERT INTO paths ({', '.join(cols)}) VALUES ({', '.join('?' for _ in cols)})", _values(row))
             self._set_references(row.name, references)
             self._finish_build(build_id, outcome, seconds, None)
 
@@ -481,7 +495,7 @@ class Index:
         updates = ", ".join(f"{c} = excluded.{c}" for c in cols if c != "name")
         with self.transaction(f"index {self.path}: cannot register {row.name}") as conn:
             conn.execute(f"INSERT INTO paths ({', '.join(cols)}) VALUES ({', '.join('?' for _ in cols)}) "
-                         f"ON CONFLICT (name) DO UPDATE SET {updates}", astuple(row))
+                         f"ON CONFLICT (name) DO UPDATE SET {updates}", _values(row))
             self._set_references(row.name, references)
 
     def insert_paths(self, rows: Sequence[RegisteredPath]) -> None:
@@ -490,7 +504,7 @@ class Index:
         cols = [f.name for f in fields(RegisteredPath)]
         with self.transaction(f"index {self.path}: cannot register {len(rows)} paths") as conn:
             conn.executemany(f"INSERT INTO paths ({', '.join(cols)}) VALUES ({', '.join('?' for _ in cols)})",
-                             [astuple(r) for r in rows])
+                             [_values(r) for r in rows])
 
     def copy_history_from(self, other: Path, tables: tuple[str, ...] | list[str],
                           deadline_s: float = SALVAGE_DEADLINE_S) -> dict[str, int]:

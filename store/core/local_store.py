@@ -6,20 +6,18 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 from llmgw_store.app import debug
 from llmgw_store.base.errors import IntegrityError, NoStoreError, NotFoundError, StoreError
 from llmgw_store.base.report import say
 from llmgw_store.core import footprint, manifest, reserve, uses
-from llmgw_store.core.index import BUSY_TIMEOUT_S, Index, row_from_manifest
-from llmgw_store.core.keys import is_store_name, key_of_name
+from llmgw_store.core.index import BUSY_TIMEOUT_S, Index, RegisteredPath
+from llmgw_store.core.keys import is_store_name
 from llmgw_store.core.layout import Layout
+from llmgw_store.core.pathinfo import StorePathInfo
 from llmgw_store.system.trees import force_rmtree
-
-MAX_REFERENCES = 64
 
 
 @dataclass
@@ -73,7 +71,7 @@ class Store:
 
     # --- the one way in ---------------------------------------------------------------------------
 
-    def install(self, tree: Path, doc: dict[str, Any], references: Sequence[str], *, build_id: int | None = None,
+    def install(self, tree: Path, info: StorePathInfo, *, build_id: int | None = None,
                 seconds: float = 0.0, outcome: str = "built", replacing: bool = False) -> str:
         """The one way a tree becomes a store path: renamed into store/, then registered (path row,
         references and build-log entry in one transaction). Returns "installed"; or "adopted" when
@@ -82,8 +80,8 @@ class Store:
         (`tree` is then removed); or "replaced" (`replacing`, below).
 
         The caller holds the key's lock (only it creates, clears or registers the key's paths) and
-        has checked `tree` whole: built, frozen and hashed into `doc` (its manifest), or fetched
-        and verified against signed metadata. `tree` lies on the store's filesystem (a `.partial`
+        has checked `tree` whole: built, frozen and hashed into `info` (what its manifest says,
+        references included), or fetched and verified against signed metadata. `tree` lies on the store's filesystem (a `.partial`
         in store/, or a scratch tree in var/tmp), so the rename is atomic: store/<name> appears
         complete or not at all. `tree` may be store/<name> itself: a directory found in place,
         registered as it is (adoption, `adopt`).
@@ -98,7 +96,7 @@ class Store:
         the recorded content hash by the caller) takes its place in one renameat2(RENAME_EXCHANGE),
         so readers see the old tree or the new one and never a missing path; the old one goes to
         var/trash and is deleted, and the index records the new content."""
-        name = doc["name"]
+        name = info.name
         final = self.layout.path_of(name)
         try:
             if replacing:
@@ -107,14 +105,15 @@ class Store:
                 # `tree` now holds the damaged tree: out of store/ first, then deleted.
                 trash = self.layout.trash / f"{name}.{os.getpid()}.{time.monotonic_ns()}"
                 os.rename(tree, trash)
-                self.index.replace_content(name, doc["content_hash"], doc["size"], doc["files"], build_id, seconds)
+                w = info.whole()
+                self.index.replace_content(name, info.content_hash, w.size, w.files, build_id, seconds)
                 footprint.remember(self.index, name, final)
                 force_rmtree(trash)
                 return "replaced"
             how = "installed"
             if Path(tree) != final:
                 if os.path.lexists(final):
-                    doc, references = self._complete(name)
+                    info = self._complete(name)
                     force_rmtree(tree)
                     how, outcome = "adopted", "recovered"
                 else:
@@ -125,11 +124,12 @@ class Store:
                     # from creating `final` meanwhile.
                     os.rename(tree, final)
                     debug.pause("INSTALL_BEFORE_REGISTER")
-            row = row_from_manifest(doc)
+            row = RegisteredPath.of(info)
+            references = list(info.references or ())
             if build_id is None:
-                self.index.insert_path(row, list(references))
+                self.index.insert_path(row, references)
             else:
-                self.index.register(row, build_id, seconds, list(references), outcome=outcome)
+                self.index.register(row, build_id, seconds, references, outcome=outcome)
         except BaseException as exc:
             if build_id is not None:
                 try:
@@ -141,33 +141,29 @@ class Store:
         footprint.remember(self.index, name, final)  # what gc predicts its deletion frees
         return how
 
-    def _complete(self, name: str, *, rehash: bool = True) -> tuple[dict[str, Any], list[str]]:
-        """(manifest, references) of store/<name> when it is a complete store path
-        (manifest.check_complete); else IntegrityError saying why, and that it is kept."""
+    def _complete(self, name: str, *, rehash: bool = True) -> StorePathInfo:
+        """What the manifest of store/<name> says (its references found) when it is a complete
+        store path (manifest.check_complete); else IntegrityError saying why, and that it is kept."""
         try:
-            doc, refs = self._found(name, rehash)
-            self._register_references(name, refs, rehash=rehash)
-            return doc, refs
+            info = self._found(name, rehash)
+            self._register_references(name, info.references or (), rehash=rehash)
+            return info
         except ValueError as exc:
             raise IntegrityError(
                 f"{name} exists but does not match its manifest (damaged: {exc}); it is kept, since it may "
                 "be in use: remove the profiles and pins that hold it and let `llmgw-store gc` take it, then "
                 "build again") from None
 
-    def _found(self, name: str, rehash: bool) -> tuple[dict[str, Any], list[str]]:
+    def _found(self, name: str, rehash: bool) -> StorePathInfo:
+        """store/<name>'s checked manifest (ValueError otherwise), with its references: the
+        manifest's when they are a valid list (pathinfo.MAX_REFERENCES at most), else its pyvenv.cfg's."""
         if not is_store_name(name):
             raise ValueError("its name is not a store path name")
         env = self.layout.path_of(name)
-        doc = manifest.check_complete(env, name, rehash=rehash)
-        try:
-            row_from_manifest(doc)
-        except (TypeError, AttributeError):
-            raise ValueError("its manifest has a field of the wrong type") from None
-        refs = doc.get("references")
-        if not (isinstance(refs, list) and len(refs) <= MAX_REFERENCES
-                and all(isinstance(r, str) and "/" not in r and key_of_name(r) for r in refs)):
-            refs = manifest.references_of(env, self.layout.store)
-        return doc, refs
+        info = manifest.check_complete(env, name, rehash=rehash)
+        if info.references is None:
+            info = replace(info, references=tuple(manifest.references_of(env, self.layout.store)))
+        return info
 
     def _register_references(self, name: str, refs: Sequence[str], *, rehash: bool,
                              busy: frozenset[str] | set[str] = frozenset(), seen: frozenset[str] = frozenset()) -> None:
@@ -193,8 +189,7 @@ class Store:
         when there is nothing there; IntegrityError when what is there is damaged (kept)."""
         if not os.path.lexists(self.layout.path_of(name)):
             return False
-        doc, refs = self._complete(name)
-        self.install(self.layout.path_of(name), doc, refs)
+        self.install(self.layout.path_of(name), self._complete(name))
         say(f"{name} is complete on disk but was not in the index; registered it again from its manifest")
         return True
 
@@ -210,11 +205,11 @@ class Store:
         exclusively with no live temp root naming `name` (nor one of `busy`, the names live temp roots
         hold: a reference among them is left to the process that is bringing it in)."""
         try:
-            doc, refs = self._found(name, rehash)
-            self._register_references(name, refs, rehash=rehash, busy=busy, seen=_seen)
+            info = self._found(name, rehash)
+            self._register_references(name, info.references or (), rehash=rehash, busy=busy, seen=_seen)
         except ValueError as exc:
             return str(exc)
-        self.install(self.layout.path_of(name), doc, refs)
+        self.install(self.layout.path_of(name), info)
         return None
 
 

@@ -25,7 +25,7 @@ import os
 import re
 import stat
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from blake3 import blake3
 
@@ -33,12 +33,18 @@ from llmgw_store.app import debug
 from llmgw_store.base.report import progress
 from llmgw_store.system import files
 
+if TYPE_CHECKING:
+    from llmgw_store.core.pathinfo import StorePathInfo
+
 MANIFEST_DIR = ".llmgw"
 MANIFEST = f"{MANIFEST_DIR}/manifest.json"
 CONTENTS = f"{MANIFEST_DIR}/contents"
 _EXCLUDED = {MANIFEST, CONTENTS}
 CHUNK = 1 << 20
-MMAP_MIN = 1 << 20  # files from this size up are hashed through mmap with blake3's threads
+# The one threshold of every blake3 the store computes over a file (manifest, wheel home, pull,
+# push: `hasher`, `digest_fd`): from this size up a whole file is hashed through mmap, and any
+# file's bytes with blake3's own threads; below it, in one read and one thread.
+MMAP_MIN = 1 << 20
 THREADS = min(2, os.cpu_count() or 1)  # large files hashed at once, each with blake3's own threads
 # Every file hashed is opened so: never through a link, never waiting on a FIFO.
 _OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -88,29 +94,34 @@ def _mappable(st: os.stat_result) -> bool:
     return st.st_uid in (0, os.geteuid()) and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
 
 
+def hasher(size: int, threads: bool = True) -> blake3:
+    """A blake3 for `size` bytes of a file (MMAP_MIN): with blake3's own threads from MMAP_MIN up,
+    unless `threads` is False (a forked process, where blake3's thread pool must not be used)."""
+    return blake3(max_threads=blake3.AUTO) if threads and size >= MMAP_MIN else blake3()
+
+
 def digest_fd(fd: int, st: os.stat_result, threads: bool = True) -> str:
     """blake3 of the open regular file `fd` (`st` its fstat): a small file in one read, a large one
     through mmap with blake3's own threads (no Python loop over chunks; the GIL is released while
     hashing, so the pool's other threads go on). `threads=False`: one thread (a forked process,
     where blake3's thread pool must not be used)."""
     size = st.st_size
-    auto = blake3.AUTO if threads else 1
     if size < MMAP_MIN:
         data = os.read(fd, size + 1)
         if len(data) == size:
             return blake3(data).hexdigest()
         h = blake3(data)  # a short read, or it grew since fstat: hash the rest too
     elif _mappable(st):
-        h = blake3(max_threads=auto)
+        h = hasher(size, threads)
         try:
             with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as m:
                 h.update(m)
             return h.hexdigest()
         except (OSError, ValueError):  # a filesystem without mmap: read it instead
-            h = blake3(max_threads=auto)
+            h = hasher(size, threads)
             os.lseek(fd, 0, os.SEEK_SET)
     else:
-        h = blake3(max_threads=auto)
+        h = hasher(size, threads)
     while chunk := os.read(fd, CHUNK):
         h.update(chunk)
     return h.hexdigest()
@@ -544,9 +555,10 @@ def compare(recorded: list[Entry], actual: list[Entry]) -> dict[str, list[str]]:
     }
 
 
-def write(env: Path, manifest: dict[str, Any]) -> None:
+def write(env: Path, info: StorePathInfo) -> None:
+    """`env`'s manifest: what is known of the store path (info.to_manifest), sorted, read-only."""
     (env / MANIFEST_DIR).mkdir(exist_ok=True)
-    (env / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    (env / MANIFEST).write_text(json.dumps(info.to_manifest(), indent=2, sort_keys=True) + "\n")
     os.chmod(env / MANIFEST, META_MODE)
 
 
@@ -602,7 +614,6 @@ def references_of(tree: Path, store_dir: Path) -> list[str]:
 
 MANIFEST_MAX = 16 << 20  # a manifest holds one lock file and the key's inputs
 CONTENTS_MAX = 512 << 20  # one line per entry: millions of files before this is reached
-REQUIRED = ("name", "key", "engine", "version", "variant", "content_hash", "size", "files", "build_seconds", "installed")
 
 
 def _read_meta_file(env: Path, name: str, limit: int) -> bytes:
@@ -633,14 +644,14 @@ def refused_entry(e: Entry) -> str | None:
     return None
 
 
-def check_complete(env: Path, name: str, *, rehash: bool) -> dict[str, Any]:
-    """The manifest of `env`, once `env` is shown to be the complete store path `name`: a real
-    directory whose manifest names `name` and its key and has every field the index records, whose
-    contents listing hashes to the manifest's content hash and, with `rehash`, whose tree is what
-    the listing says, byte for byte. Only a finished build writes that listing and that hash, so a
-    directory that passes is complete whether or not the index knows it. Raises ValueError saying
-    what is wrong."""
-    from llmgw_store.core.keys import key_of_name
+def check_complete(env: Path, name: str, *, rehash: bool) -> StorePathInfo:
+    """What the manifest of `env` says, once `env` is shown to be the complete store path `name`: a
+    real directory whose manifest names `name` and its key and has every field the index records
+    (core/pathinfo.StorePathInfo.from_manifest), whose contents listing hashes to the manifest's
+    content hash and, with `rehash`, whose tree is what the listing says, byte for byte. Only a
+    finished build writes that listing and that hash, so a directory that passes is complete
+    whether or not the index knows it. Raises ValueError saying what is wrong."""
+    from llmgw_store.core.pathinfo import StorePathInfo
 
     doc_bytes = _read_meta_file(env, "manifest.json", MANIFEST_MAX)
     raw = _read_meta_file(env, "contents", CONTENTS_MAX)
@@ -649,12 +660,8 @@ def check_complete(env: Path, name: str, *, rehash: bool) -> dict[str, Any]:
         entries = _parse_listing(raw.decode("utf-8", "surrogateescape"))
     except ValueError as exc:  # JSON, UTF-8 and listing lines alike
         raise ValueError(f"its manifest or contents listing is malformed ({exc})") from exc
-    if not isinstance(doc, dict) or doc.get("name") != name or doc.get("key") != key_of_name(name):
-        raise ValueError("its manifest names another store path")
-    missing = [f for f in REQUIRED if f not in doc]
-    if missing:
-        raise ValueError(f"its manifest lacks {', '.join(missing)}")
-    if content_hash(entries) != doc["content_hash"]:
+    info = StorePathInfo.from_manifest(doc, name)
+    if content_hash(entries) != info.content_hash:
         raise ValueError("its contents listing does not hash to the manifest's content hash")
     if rehash:
         try:
@@ -664,7 +671,7 @@ def check_complete(env: Path, name: str, *, rehash: bool) -> dict[str, Any]:
         for kind, paths in differs.items():
             if paths:
                 raise ValueError(f"its tree differs from its listing ({kind}: {paths[0]})")
-    return doc
+    return info
 
 
 def problems_of(doc: Any, name: str) -> list[str]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,8 +38,9 @@ class PathRow(Result):
 
     @classmethod
     def of(cls, store: Store, row: RegisteredPath) -> PathRow:
-        fields = {k: getattr(row, k) for k in cls.__dataclass_fields__ if k not in ("path", "inputs")}
-        return cls(path=str(store.layout.path_of(row.name)), inputs=json.loads(row.inputs), **fields)
+        """The index row as `list` and `info` show it: every column, and where the path lies."""
+        fields = {k: getattr(row, k) for k in cls.__dataclass_fields__ if k != "path"}
+        return cls(path=str(store.layout.path_of(row.name)), **fields)
 
 
 @dataclass(frozen=True)

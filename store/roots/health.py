@@ -10,7 +10,6 @@ included), so a hung check never outlives the activation that started it.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from dataclasses import dataclass
@@ -75,7 +74,7 @@ def checked_argv(argv: Any, where: str) -> list[str]:
 def recipe_health(row: RegisteredPath) -> list[str] | None:
     """The `health` command the recipe recorded in the path's inputs (index row), if any."""
     try:
-        build = json.loads(row.inputs).get("build") or {}
+        build = row.inputs.get("build") or {}
     except (TypeError, ValueError, KeyError, AttributeError):
         return None
     health = build.get("health") if isinstance(build, dict) else None

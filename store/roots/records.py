@@ -60,6 +60,7 @@ from llmgw_store.core.keys import KEY_RE, canonical_json, is_store_name, path_na
 from llmgw_store.core.layout import Layout
 from llmgw_store.core.locations import RECORDS_KEY, history_file, is_generation_link, leaf, record_file
 from llmgw_store.core.names import check_generation, check_profile
+from llmgw_store.core.pathinfo import StorePathInfo
 from llmgw_store.roots import summary
 from llmgw_store.system import files
 
@@ -107,6 +108,12 @@ class Record:
     by: dict[str, Any]
     activation: dict[str, Any]
     digest: str
+
+    @property
+    def info(self) -> StorePathInfo:
+        """What the record says of its store path (no sizes: a record has none)."""
+        return StorePathInfo(name=self.name, key=self.key, engine=self.engine, version=self.version,
+                             variant=self.variant, content_hash=self.content_hash, inputs=self.inputs)
 
     def body(self) -> dict[str, Any]:
         """The fields the digest covers, as written."""
@@ -157,7 +164,17 @@ def numbers(layout: Layout, profile: str) -> list[int]:
 
 # --- making a record -------------------------------------------------------------------------
 
-def describe(layout: Layout, row: RegisteredPath) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Described:
+    """What a new record says of its store path (`describe`): the path, and the lock proved."""
+
+    info: StorePathInfo
+    requirements: tuple[str, ...]
+    lock_format: str | None
+    lock: str | None
+
+
+def describe(layout: Layout, row: RegisteredPath) -> Described:
     """What a record says of the registered store path `row` (an index row): its identity from the
     index, its inputs, requirements and lock from its manifest. The lock is taken only when it is
     proved to be the one installed: the contents listing hashes to the content hash the index
@@ -166,7 +183,6 @@ def describe(layout: Layout, row: RegisteredPath) -> dict[str, Any]:
     back only from a binary cache)."""
     name = row.name
     env = layout.path_of(name)
-    inputs = json.loads(row.inputs) if isinstance(row.inputs, str) else {}
     from llmgw_store.build.lockproof import proved_lock
 
     lock = lock_format = None
@@ -180,21 +196,18 @@ def describe(layout: Layout, row: RegisteredPath) -> dict[str, Any]:
         pass
     if lock is None:
         say(f"{name}: no lock proved by its manifest; its record cannot rebuild it (a binary cache still can)")
-    return {
-        "name": name, "key": row.key, "content_hash": row.content_hash, "engine": row.engine,
-        "version": row.version, "variant": row.variant, "inputs": inputs, "requirements": requirements,
-        "lock_format": lock_format, "lock": lock,
-    }
+    return Described(StorePathInfo.from_row(row), tuple(requirements), lock_format, lock)
 
 
-def make(profile: str, number: int, described: dict[str, Any], activation: dict[str, Any],
+def make(profile: str, number: int, described: Described, activation: dict[str, Any],
          created: str | None = None, by: dict[str, Any] | None = None) -> Record:
+    info = described.info
+    w = info.whole("a generation record")  # from the index row: every field known
     return Record(
-        profile=profile, generation=number, name=described["name"], key=described["key"],
-        content_hash=described["content_hash"], engine=described["engine"], version=described["version"],
-        variant=described["variant"], inputs=described["inputs"], requirements=tuple(described["requirements"]),
-        lock_format=described["lock_format"], lock=described["lock"], created=created or _now(),
-        by=by or who(), activation=activation, digest="",
+        profile=profile, generation=number, name=info.name, key=info.key, content_hash=info.content_hash,
+        engine=w.engine, version=w.version, variant=w.variant, inputs=info.inputs,
+        requirements=described.requirements, lock_format=described.lock_format, lock=described.lock,
+        created=created or _now(), by=by or who(), activation=activation, digest="",
     )
 
 

@@ -56,7 +56,7 @@ def test_newer_schema_is_refused(tmp_path):
 
 def _row(name: str, key: str) -> RegisteredPath:
     return RegisteredPath(name=name, key=key, engine="e", version="1", variant="cpu", as_of="x", uv_version="0.13.9",
-                          python="3.11.7", inputs="{}", content_hash="h", size=1, files=1, build_seconds=0.1,
+                          python="3.11.7", inputs={}, content_hash="h", size=1, files=1, build_seconds=0.1,
                           created="t", last_used="t")
 
 

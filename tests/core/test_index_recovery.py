@@ -193,7 +193,7 @@ def test_a_build_never_deletes_a_tampered_unregistered_path(store, template, tam
         _writable(meta / "manifest.json")
         doc = manifest.read(a)
         doc["name"] = doc["key"] + "-other-1.0-cpu"
-        manifest.write(a, doc)
+        (a / manifest.MANIFEST).write_text(json.dumps(doc))  # as a forger would: not through StorePathInfo
     elif tamper == "no_manifest":
         os.unlink(meta / "manifest.json")
     elif tamper == "manifest_is_link":  # the genuine manifest, but reached through a planted link
