@@ -45,7 +45,7 @@ from typing import Any
 from blake3 import blake3
 
 from llmgw_store.cache.objects import EMPTY, Blob, blob_name, digest_of, parse_listing, parse_plan, read_listing
-from llmgw_store.core import debug, dedupe, files, manifest
+from llmgw_store.core import debug, dedupe, files, manifest, report
 from llmgw_store.core.errors import IntegrityError, StoreError
 from llmgw_store.core.manifest import MANIFEST_DIR, Entry
 from llmgw_store.core.report import say
@@ -58,7 +58,6 @@ ONE_SHOT = 8 << 20  # blobs up to this size (and every pack) are inflated in one
 # Downloads in flight; decoding and writing run in the same workers (zstd and blake3 drop the GIL).
 THREADS = int(os.environ.get("LLMGW_STORE_PULL_THREADS", "8"))
 CHUNK = 1 << 20
-PROGRESS_EVERY = 1.0
 
 
 @dataclass(frozen=True)
@@ -100,26 +99,21 @@ class Stats:
 
 
 class Progress:
-    """At most one line a second: bytes and files done, rate, ETA."""
+    """A transfer's bytes and files done, from any thread, as one step of the process's reporter
+    (core/report.py: its rate limit, its --progress mode, JSON included)."""
 
     def __init__(self, name: str, total_bytes: int, total_files: int, verb: str = "pulling"):
-        self.name, self.total, self.total_files, self.verb = name, total_bytes, total_files, verb
+        self.step, self.total, self.total_files = f"{verb} {name}", total_bytes, total_files
         self.done = self.files = 0
-        self.started = self.last = time.monotonic()
+        self.started = time.monotonic()
         self.lock = threading.Lock()
 
     def add(self, nbytes: int, nfiles: int = 0) -> None:
         with self.lock:
             self.done += nbytes
             self.files += nfiles
-            now = time.monotonic()
-            if now - self.last < PROGRESS_EVERY:
-                return
-            self.last = now
-            rate = self.done / max(now - self.started, 1e-6)
-            eta = (self.total - self.done) / rate if rate > 0 else 0
-            say(f"{self.verb} {self.name}: {human_size(self.done)}/{human_size(self.total)}, {self.files}/{self.total_files} "
-                f"files, {human_size(rate)}/s, ETA {eta:.0f}s")
+            report.progress(self.step, self.done, self.total, "B", since=self.started,
+                     detail=f"{self.files}/{self.total_files} files")
 
 
 def _inflate(backend, ref: BlobRef, out: Callable[[bytes], None], label: str) -> int | None:
