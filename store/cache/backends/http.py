@@ -156,8 +156,12 @@ class HttpBackend(StreamingBackend):
     def where(self, name: str) -> str:
         return f"{self.base}/{name}"
 
+    def _prepare(self) -> None:
+        self._http()
+
     def _http(self):
-        """The cache's client, made at its first request (httpx is imported then, not before)."""
+        """The cache's client, made before its first request's first attempt (httpx is imported
+        then, not before, and outside the clock of an attempt)."""
         with self._client_lock:
             if self._client is None:
                 self._client = httpclient.client(tls=_needs_tls(self._allowed))
@@ -277,6 +281,7 @@ class HttpBackend(StreamingBackend):
             if resp.status_code not in (200, 201, 204):
                 raise _status("PUT", url, resp, write=True)
 
+        self._prepare()
         run(self.policy, f"PUT {url}", attempt)
 
     def size(self, name: str) -> int | None:
@@ -292,6 +297,7 @@ class HttpBackend(StreamingBackend):
             length = resp.headers.get("Content-Length", "")
             return int(length) if length.isdigit() else 0
 
+        self._prepare()
         return run(self.policy, f"HEAD {url}", attempt)
 
     def delete(self, name: str) -> None:
@@ -303,6 +309,7 @@ class HttpBackend(StreamingBackend):
             if resp.status_code not in (200, 202, 204, 404):
                 raise _status("DELETE", url, resp, write=True)
 
+        self._prepare()
         run(self.policy, f"DELETE {url}", attempt)
 
     def list(self, folder: str = "") -> list[Listed]:
