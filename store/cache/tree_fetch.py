@@ -55,6 +55,9 @@ from llmgw_store.core.units import human_size
 _local = threading.local()
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 ONE_SHOT = 8 << 20  # blobs up to this size (and every pack) are inflated in one call, checked, then written
+# The bytes all workers hold inflated whole at once (a larger blob takes all of it): the pull's
+# memory, which otherwise grows with THREADS packs; downloads are not held by it.
+INFLATED_AT_ONCE = 16 << 20
 # Downloads in flight; decoding and writing run in the same workers (zstd and blake3 drop the GIL).
 THREADS = int(os.environ.get("LLMGW_STORE_PULL_THREADS", "8"))
 CHUNK = 1 << 20
@@ -164,16 +167,61 @@ def _dctx():
     return dctx
 
 
-def inflate_whole(backend, ref: BlobRef, label: str) -> tuple[bytes, int] | None:
+class _Budget:
+    """Bytes that threads take before allocating them and give back after (at most `total` out)."""
+
+    def __init__(self, total: int):
+        self.total = self.left = total
+        self.cond = threading.Condition()
+
+    def take(self, n: int) -> int:
+        n = min(n, self.total)
+        with self.cond:
+            while self.left < n:
+                self.cond.wait()
+            self.left -= n
+        return n
+
+    def give(self, n: int) -> None:
+        if n:
+            with self.cond:
+                self.left += n
+                self.cond.notify_all()
+
+
+def _return_freed_buffers() -> None:
+    """Have glibc's malloc give a freed buffer of 256 KiB or more back to the system at once
+    (mmap it) instead of keeping it in the freeing thread's arena: each worker frees a blob's
+    buffers of several MiB, and with the adaptive threshold a pull's peak RSS grew by what every
+    arena kept (measured: docs/design-notes.md, "One HTTP stack"). Elsewhere, nothing."""
+    global _freed_returned
+    if _freed_returned:
+        return
+    _freed_returned = True
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).mallopt(-3, 256 << 10)  # M_MMAP_THRESHOLD (fixed: no adaptive rise)
+    except (OSError, AttributeError):  # not glibc
+        pass
+
+
+_freed_returned = False
+
+
+def inflate_whole(backend, ref: BlobRef, label: str, before: Callable[[], None] | None = None
+                  ) -> tuple[bytes, int] | None:
     """(the inflated bytes, the compressed size) of a blob of at most ONE_SHOT or PACK_MAX bytes,
     in one call, or None when the cache lacks it: at most ref.csize bytes read, and a frame whose
     header declares another size than the signed one is refused before anything is inflated (zstd
-    would allocate what it declares)."""
+    would allocate what it declares). `before` runs between the download and the inflation."""
     import zstandard
 
-    data = backend.get(blob_name(ref.digest), max_bytes=ref.csize)
-    if data is None:
+    data = bytearray()  # taken as it arrives, inflated from there: no copy of it is held
+    if backend.stream(blob_name(ref.digest), data.extend, max_bytes=ref.csize) is None:
         return None
+    if before is not None:
+        before()
     try:
         declared = zstandard.frame_content_size(data)
         if declared not in (-1, ref.size):
@@ -546,6 +594,7 @@ def build_tree(caches, meta: MetaV2, store, tree: Path, resumed: Path | None = N
     label = f"{meta.key}.json"
     stats = Stats()
     t0 = time.monotonic()
+    _return_freed_buffers()
 
     def small(ref: BlobRef) -> bytes:
         data = caches.first(lambda backend: _fetch_small(backend, ref, label))
@@ -640,6 +689,7 @@ def build_tree(caches, meta: MetaV2, store, tree: Path, resumed: Path | None = N
     # 4. the blobs still needed, each from the first cache that serves it checked
     t0 = time.monotonic()
     needed = [b for b in blobs if not all(m in have for m in b.members)]
+    budget = _Budget(INFLATED_AT_ONCE)
 
     def fetch_from(backend, blob: Blob) -> tuple[int, int, int] | None:
         """(compressed bytes read, file bytes written, files made) of `blob` from one cache; None
@@ -669,7 +719,19 @@ def build_tree(caches, meta: MetaV2, store, tree: Path, resumed: Path | None = N
                 return None
             return n, blob.size * len(targets[blob.digest]), len(targets[blob.digest])
         # Checked before written: each file's bytes hash to its digest, then go to its paths.
-        got = inflate_whole(backend, ref, label)
+        held = 0
+
+        def hold() -> None:
+            nonlocal held
+            held = budget.take(blob.size)
+
+        try:
+            return write_whole(backend, blob, ref, hold)
+        finally:
+            budget.give(held)
+
+    def write_whole(backend, blob: Blob, ref: BlobRef, hold: Callable[[], None]) -> tuple[int, int, int] | None:
+        got = inflate_whole(backend, ref, label, hold)
         if got is None:
             return None
         raw, n = got
