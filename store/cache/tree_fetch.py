@@ -189,24 +189,25 @@ class _Budget:
                 self.cond.notify_all()
 
 
-def _return_freed_buffers() -> None:
-    """Have glibc's malloc give a freed buffer of 256 KiB or more back to the system at once
-    (mmap it) instead of keeping it in the freeing thread's arena: each worker frees a blob's
-    buffers of several MiB, and with the adaptive threshold a pull's peak RSS grew by what every
-    arena kept (measured: docs/design-notes.md, "One HTTP stack"). Elsewhere, nothing."""
-    global _freed_returned
-    if _freed_returned:
+def _one_malloc_arena() -> None:
+    """Have glibc's malloc make no arena per worker thread: each worker frees a blob's buffers of
+    several MiB, which with an arena per thread stayed in the freeing thread's arena, unused by the
+    others, so a pull's peak RSS grew by what every arena kept (docs/design-notes.md, "One HTTP
+    stack", has the figures; fixing the mmap threshold instead saved a little more memory for twice
+    the page faults). Elsewhere, nothing."""
+    global _one_arena
+    if _one_arena:
         return
-    _freed_returned = True
+    _one_arena = True
     try:
         import ctypes
 
-        ctypes.CDLL(None).mallopt(-3, 256 << 10)  # M_MMAP_THRESHOLD (fixed: no adaptive rise)
+        ctypes.CDLL(None).mallopt(-8, 1)  # M_ARENA_MAX: no new arena for the threads started after this
     except (OSError, AttributeError):  # not glibc
         pass
 
 
-_freed_returned = False
+_one_arena = False
 
 
 def inflate_whole(backend, ref: BlobRef, label: str, before: Callable[[], None] | None = None
@@ -594,7 +595,7 @@ def build_tree(caches, meta: MetaV2, store, tree: Path, resumed: Path | None = N
     label = f"{meta.key}.json"
     stats = Stats()
     t0 = time.monotonic()
-    _return_freed_buffers()
+    _one_malloc_arena()
 
     def small(ref: BlobRef) -> bytes:
         data = caches.first(lambda backend: _fetch_small(backend, ref, label))
