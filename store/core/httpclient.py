@@ -10,10 +10,10 @@ One rule for each of:
     credentials  never httpx's own: the caller's (a URL's userinfo), else the host's netrc entry
                  (`credentials.netrc_login`, the one netrc reader, which refuses a netrc others can
                  read), sent as HTTP Basic to that origin only (docs/operations.md, "Credentials").
-    clocks       `clock(watch)`: each connect, write and read of an attempt waits at most what its
-                 `Watch` (core/retry.py) has left when it starts, so a stalled transfer fails within
-                 its stall time of its last progress, at most twice that for a body that stops
-                 right before a refill of the clock.
+    clocks       `clock(watch)`: each connect, upload, answer and body of an attempt waits at most
+                 what its `Watch` (core/retry.py) has left when httpx asks (once per phase, not per
+                 read): a body that stops is abandoned within the stall time of its last bytes,
+                 one that drips within twice the stall time of its last progress.
     failures     `failed`: which transport errors another attempt may get past (core/retry.py runs
                  the attempts); a certificate that does not verify or a host that does not exist
                  is final.
