@@ -394,3 +394,19 @@ def test_a_cache_is_reached_through_the_proxy_the_environment_names(pushed, tmp_
         assert past.returncode == 0, past.stderr
         assert len(proxy.seen) == carried  # asked directly
     assert_pulled_whole(pushed, name)
+
+
+def test_an_upload_that_moves_is_not_abandoned_however_long_it_takes(tmp_path, servers):
+    """A PUT longer than the stall time, whose every block is taken in time, is a transfer that
+    moves: its answer is waited for a stall time after the last block, not after the request's
+    start. The cache reads 48 MiB at 8 MiB/s through a small receive buffer (about 6 s) against a
+    3 s stall, with one attempt."""
+    from llmgw_store.cache.backends.http import HttpBackend
+    from llmgw_store.cache.backends.retry import RetryPolicy
+
+    srv = servers(tmp_path / "cache", read_pace_s=0.125)
+    backend = HttpBackend(srv.url, RetryPolicy(stall=3, attempts=1))
+    data = os.urandom(48 << 20)
+    name = "blobs/" + "ab" * 32
+    backend.put(name, data)
+    assert (tmp_path / "cache" / name).read_bytes() == data

@@ -125,15 +125,19 @@ def _status(method: str, shown: str, resp, *, write: bool = False) -> NetworkErr
     return NetworkError(f"{method} {shown}: HTTP {code}{hint}")
 
 
-def _chunks(src: Path | bytes):
-    """A PUT's body, a block at a time (each send bounded by the attempt's clock)."""
+def _chunks(src: Path | bytes, watch: Watch):
+    """A PUT's body, a block at a time: each send is bounded by the attempt's clock, and each block
+    sent is progress (so the answer is waited for a stall time after the last one, however long
+    the upload took)."""
     if isinstance(src, bytes):
         for at in range(0, len(src), CHUNK):
             yield src[at:at + CHUNK]
+            watch.got(min(CHUNK, len(src) - at))
         return
     with open(src, "rb") as f:
         while block := f.read(CHUNK):
             yield block
+            watch.got(len(block))
 
 
 class HttpBackend(StreamingBackend):
@@ -225,6 +229,7 @@ class HttpBackend(StreamingBackend):
         resp = self._send("GET", url, watch, headers={"Range": f"bytes={offset}-"} if offset else None)
         try:
             if resp.status_code == 404:
+                self._finish(resp)  # its connection serves the next request (a fallback asks many)
                 yield None
                 return
             if resp.status_code not in (200, 206):
@@ -276,7 +281,8 @@ class HttpBackend(StreamingBackend):
         size = len(src) if isinstance(src, bytes) else src.stat().st_size
 
         def attempt(watch: Watch) -> None:
-            resp = self._send("PUT", url, watch, headers={"Content-Length": str(size)}, body=_chunks(src), write=True)
+            resp = self._send("PUT", url, watch, headers={"Content-Length": str(size)}, body=_chunks(src, watch),
+                              write=True)
             self._finish(resp)
             if resp.status_code not in (200, 201, 204):
                 raise _status("PUT", url, resp, write=True)
