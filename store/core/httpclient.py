@@ -57,11 +57,20 @@ def client(*, auth=None, follow_redirects: bool = False, timeout=None, tls: bool
     httpx's, for requests that do not carry a `clock`."""
     import httpx
 
-    return httpx.Client(
-        verify=tls_context(tls), trust_env=True, follow_redirects=follow_redirects, auth=auth,
-        headers={"User-Agent": USER_AGENT}, timeout=timeout,
-        limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
-    )
+    from llmgw_store.core.errors import UsageError
+
+    try:
+        return httpx.Client(
+            verify=tls_context(tls), trust_env=True, follow_redirects=follow_redirects, auth=auth,
+            headers={"User-Agent": USER_AGENT}, timeout=timeout,
+            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+        )
+    except ImportError:
+        raise UsageError("the environment names a SOCKS proxy (all_proxy, https_proxy or http_proxy): that "
+                         "needs httpx's socks extra (pip install 'httpx[socks]')") from None
+    except ValueError:  # its text would show the proxy's URL, and its user name
+        raise UsageError("the environment's proxy (all_proxy, https_proxy or http_proxy) is not an http://, "
+                         "https:// or socks5:// URL") from None
 
 
 def basic(user: str, password: str) -> str:
