@@ -6,7 +6,8 @@ One rule for each of:
                  SSL_CERT_FILE or SSL_CERT_DIR override it), made once per process and only when
                  a request may need it (a plain-http cache never loads it).
     proxies      the environment's, as httpx reads them (`trust_env`): http_proxy, https_proxy,
-                 all_proxy, no_proxy, upper-case too; an http:// or https:// proxy.
+                 all_proxy, no_proxy, upper-case too; an http:// or https:// proxy (socks5://
+                 with httpx's socks extra); one it cannot use is a UsageError.
     credentials  never httpx's own: the caller's (a URL's userinfo), else the host's netrc entry
                  (`credentials.netrc_login`, the one netrc reader, which refuses a netrc others can
                  read), sent as HTTP Basic to that origin only (docs/operations.md, "Credentials").
