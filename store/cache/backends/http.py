@@ -190,7 +190,11 @@ class HttpBackend(StreamingBackend):
                 resp = http.send(request, stream=True)
             except httpx.TransportError as exc:
                 raise httpclient.failed(f"{method} {_shown(url)}", exc, watch) from None
-            watch.got(0)
+            try:
+                watch.got(0)
+            except BaseException:  # answered past the attempt's clock: its connection is not kept
+                resp.close()
+                raise
             if resp.status_code not in REDIRECT_STATUS or method not in ("GET", "HEAD"):
                 return resp
             location = resp.headers.get("Location") or ""
