@@ -10,6 +10,9 @@ the credential in a netrc file. Either way the credential reaches exactly two pl
 - the store's own index queries (a release's date, the latest version, the uv wheel), as httpx
   basic auth sent to the index's origin only.
 
+A credential in netrc is read by `netrc_login`, the one netrc reader of every request the store
+makes (index and caches; docs/operations.md, "HTTP: one stack ...").
+
 Everything else — the key's inputs, the manifest, generation records, cache metadata, the index's
 memo tables, logs, progress and error lines, a child's argv — sees `public_url(url)`, the URL with
 its userinfo removed. So a token rotation changes no key, and no store path depends on a secret.
@@ -103,3 +106,60 @@ def netrc_file() -> str | None:
     """The netrc file uv and the store read: `$NETRC`, else `~/.netrc`, if it exists."""
     path = os.environ.get("NETRC") or os.path.join(os.path.expanduser("~"), ".netrc")
     return path if os.path.isfile(path) else None
+
+
+def netrc_login(host: str) -> tuple[str, str] | None:
+    """(login, password) of the netrc entry for `host` (`machine HOST`, else `default`), if any: the
+    one netrc rule of every request the store makes (the package index, binary caches). A netrc
+    others could read or write, or owned by someone else, is refused with UsageError (Python's
+    netrc does so for ~/.netrc only): its passwords are not secrets any more, or not ours."""
+    import stat
+
+    from llmgw_store.base.errors import UsageError
+
+    path = netrc_file()
+    if path is None:
+        return None
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot read this netrc file ({exc.strerror})") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > 1 << 20:
+            raise UsageError(f"{path}: the netrc file is not a regular file of at most 1 MiB; refusing it")
+        if st.st_uid != os.geteuid() or st.st_mode & 0o077:
+            raise UsageError(f"{path}: the netrc file must be owned by this user and private to it (chmod 600)")
+        text = os.read(fd, st.st_size + 1).decode("utf-8", "replace")
+    finally:
+        os.close(fd)
+    entry = _netrc_entry(text, host.lower())
+    return entry if entry is not None and entry[0] else None
+
+
+def _netrc_entry(text: str, host: str) -> tuple[str, str] | None:
+    """(login, password) of `machine host` in a netrc text, else of its `default` entry."""
+    kept, in_macro = [], False
+    for line in text.splitlines():  # a macdef runs to the next blank line: its words are no entries
+        if in_macro:
+            in_macro = bool(line.strip())
+        elif line.split()[:1] == ["macdef"]:
+            in_macro = True
+        else:
+            kept.append(line)
+    tokens = iter(" ".join(kept).split())
+    found: dict[str, tuple[str, str]] = {}
+    current: str | None = None
+    fields: dict[str, str] = {}
+    for tok in tokens:
+        if tok in ("machine", "default"):
+            if current is not None and current not in found:
+                found[current] = (fields.get("login", ""), fields.get("password", ""))
+            current, fields = (next(tokens, "").lower() if tok == "machine" else "\0default"), {}
+        elif tok in ("login", "password", "account") and current is not None:
+            fields[tok] = next(tokens, "")
+    if current is not None and current not in found:
+        found[current] = (fields.get("login", ""), fields.get("password", ""))
+    return found.get(host) or found.get("\0default")

@@ -117,12 +117,14 @@ def said(message: str) -> None:
         _reporter.message(message)
 
 
-def progress(step: str, done: int, total: int | None, unit: str = "", *, since: float | None = None) -> None:
+def progress(step: str, done: int, total: int | None, unit: str = "", *, since: float | None = None,
+             detail: str = "") -> None:
     """Report that `step` has done `done` of `total` (None: unknown) `unit`s ("files", "modules";
     "B" for bytes, shown in IEC units). Cheap enough to call per item: updates closer together than
     the renderer's interval are dropped, except the first and the last. `done == total` ends the
     step (its last line says how long it took); a `done` lower than the previous one starts it
-    again (a retry). `since` is when the step began (time.monotonic()), if before its first report."""
+    again (a retry). `since` is when the step began (time.monotonic()), if before its first report;
+    `detail` is a second count the line carries ("3/10 files")."""
     now = time.monotonic()
     with _lock:
         if not _reporter.active:
@@ -150,7 +152,7 @@ def progress(step: str, done: int, total: int | None, unit: str = "", *, since: 
                 eta = max(0.0, (total - done) / rate)
         if final:
             del _steps[step]
-        _reporter.show(Update(step, done, total, unit, elapsed, rate, eta, final=final))
+        _reporter.show(Update(step, done, total, unit, elapsed, rate, eta, detail, final=final))
 
 
 class heartbeat:
@@ -310,7 +312,7 @@ def describe(u: Update) -> str:
         text = f"{u.step}: {_amount(u.done, 'B')} of {_amount(u.total, 'B')}"
     else:
         text = f"{u.step}: {u.done:,}/{u.total:,}" + (f" {u.unit}" if u.unit else "")
-    extra = []
+    extra = [u.detail] if u.detail else []
     if u.rate is not None:
         extra.append(f"{_amount(u.rate, u.unit)}/s" if u.unit == "B" else f"{u.rate:,.0f}/s")
     if u.eta is not None:

@@ -5,7 +5,8 @@ version) is memoised in the store's SQLite index by the caller, so a cache hit a
 
 `index_url` is always the public URL (app/credentials.py: no userinfo), which is what messages
 name; credentials come as `auth` (from the URL the user gave) or from netrc, and are sent to the
-index's origin only (httpx drops them on a redirect to another origin).
+index's origin only (httpx drops them on a redirect to another origin). Requests go through the
+store's one HTTP stack (app/httpclient.py: its TLS, proxy and netrc rules).
 
 Every request runs under the store's one retry policy (app/retry.py, the command's `cache.*`
 settings): a connect error, a reset, a read that stalls, HTTP 408, 429 or 5xx is tried again until
@@ -19,11 +20,12 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from llmgw_store.app import credentials, network, retry
+from llmgw_store.app import credentials, httpclient, network, retry
 from llmgw_store.app.credentials import IndexAuth
 from llmgw_store.app.retry import Transient
 from llmgw_store.base.errors import IntegrityError, NetworkError, UsageError
@@ -50,32 +52,33 @@ class IndexFile:
 
 
 def client(auth: IndexAuth | None = None, *, netrc: bool = True):
-    """An httpx client sending `auth` (else, with `netrc`, what netrc holds for the host, if
-    anything), whose reads wait at most the command's stall time (app/retry.py). httpx reads no
-    netrc by itself (trust_env covers proxies only here)."""
+    """A client of the store's one HTTP stack (app/httpclient.py) sending `auth` (else, with
+    `netrc`, the netrc entry of the request's host, if any: credentials.netrc_login), whose reads
+    wait at most the command's stall time (app/retry.py). It follows redirects; httpx drops the
+    credentials on one to another origin."""
     import httpx
 
     policy = retry.current()
-    how: httpx.Auth | None = None
+    how: httpx.Auth | Callable[[httpx.Request], httpx.Request] | None = None
     if auth is not None:
         how = httpx.BasicAuth(auth.username, auth.password)
-    elif netrc and (path := credentials.netrc_file()) is not None:
-        how = httpx.NetRCAuth(path)
+    elif netrc:
+        how = httpclient.netrc_auth
     timeout = httpx.Timeout(policy.stall, connect=min(policy.stall, CONNECT_TIMEOUT_S))
-    return httpx.Client(timeout=timeout, follow_redirects=True, headers={"User-Agent": "llmgw-store"}, auth=how)
+    return httpclient.client(auth=how, follow_redirects=True, timeout=timeout, max_connections=8)
 
 
 def attempted(what: str, op):
-    """op(watch) under the command's retry policy: an httpx transport error (connect, reset, a
-    timeout, a body cut short) is another attempt's business, as `check_transient` says of
-    an answer; NetworkError once the policy gives up."""
+    """op(watch) under the command's retry policy: a transport error another attempt may get past
+    (connect, reset, a timeout, a body cut short: httpclient.failed) is retried, as
+    `check_transient` says of an answer; NetworkError once the policy gives up."""
     import httpx
 
     def attempt(watch):
         try:
             return op(watch)
         except httpx.TransportError as exc:
-            raise Transient(f"{what}: {exc or type(exc).__name__}") from None
+            raise httpclient.failed(what, exc) from None
 
     return retry.run(retry.current(), what, attempt)
 

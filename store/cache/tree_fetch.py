@@ -46,6 +46,7 @@ from blake3 import blake3
 
 from llmgw_store.app import debug
 from llmgw_store.app.units import human_size
+from llmgw_store.base import report
 from llmgw_store.base.errors import IntegrityError, StoreError
 from llmgw_store.base.report import say
 from llmgw_store.cache.objects import EMPTY, Blob, blob_name, digest_of, parse_listing, parse_plan, read_listing
@@ -58,10 +59,12 @@ from llmgw_store.system import files
 _local = threading.local()
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 ONE_SHOT = 8 << 20  # blobs up to this size (and every pack) are inflated in one call, checked, then written
+# The bytes all workers hold inflated whole at once (a larger blob takes all of it): the pull's
+# memory, which otherwise grows with THREADS packs; downloads are not held by it.
+INFLATED_AT_ONCE = 16 << 20
 # Downloads in flight; decoding and writing run in the same workers (zstd and blake3 drop the GIL).
 THREADS = int(os.environ.get("LLMGW_STORE_PULL_THREADS", "8"))
 CHUNK = 1 << 20
-PROGRESS_EVERY = 1.0
 
 
 @dataclass(frozen=True)
@@ -99,26 +102,21 @@ class Stats:
 
 
 class Progress:
-    """At most one line a second: bytes and files done, rate, ETA."""
+    """A transfer's bytes and files done, from any thread, as one step of the process's reporter
+    (base/report.py: its rate limit, its --progress mode, JSON included)."""
 
     def __init__(self, name: str, total_bytes: int, total_files: int, verb: str = "pulling"):
-        self.name, self.total, self.total_files, self.verb = name, total_bytes, total_files, verb
+        self.step, self.total, self.total_files = f"{verb} {name}", total_bytes, total_files
         self.done = self.files = 0
-        self.started = self.last = time.monotonic()
+        self.started = time.monotonic()
         self.lock = threading.Lock()
 
     def add(self, nbytes: int, nfiles: int = 0) -> None:
         with self.lock:
             self.done += nbytes
             self.files += nfiles
-            now = time.monotonic()
-            if now - self.last < PROGRESS_EVERY:
-                return
-            self.last = now
-            rate = self.done / max(now - self.started, 1e-6)
-            eta = (self.total - self.done) / rate if rate > 0 else 0
-            say(f"{self.verb} {self.name}: {human_size(self.done)}/{human_size(self.total)}, {self.files}/{self.total_files} "
-                f"files, {human_size(rate)}/s, ETA {eta:.0f}s")
+            report.progress(self.step, self.done, self.total, "B", since=self.started,
+                     detail=f"{self.files}/{self.total_files} files")
 
 
 def _inflate(backend, ref: BlobRef, out: Callable[[bytes], object], label: str) -> int | None:
@@ -169,16 +167,62 @@ def _dctx():
     return dctx
 
 
-def inflate_whole(backend, ref: BlobRef, label: str) -> tuple[bytes, int] | None:
+class _Budget:
+    """Bytes that threads take before allocating them and give back after (at most `total` out)."""
+
+    def __init__(self, total: int):
+        self.total = self.left = total
+        self.cond = threading.Condition()
+
+    def take(self, n: int) -> int:
+        n = min(n, self.total)
+        with self.cond:
+            while self.left < n:
+                self.cond.wait()
+            self.left -= n
+        return n
+
+    def give(self, n: int) -> None:
+        if n:
+            with self.cond:
+                self.left += n
+                self.cond.notify_all()
+
+
+def _one_malloc_arena() -> None:
+    """Have glibc's malloc make no arena per worker thread: each worker frees a blob's buffers of
+    several MiB, which with an arena per thread stayed in the freeing thread's arena, unused by the
+    others, so a pull's peak RSS grew by what every arena kept (docs/design-notes.md, "One HTTP
+    stack", has the figures; fixing the mmap threshold instead saved a little more memory for twice
+    the page faults). Elsewhere, nothing."""
+    global _one_arena
+    if _one_arena:
+        return
+    _one_arena = True
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).mallopt(-8, 1)  # M_ARENA_MAX: no new arena for the threads started after this
+    except (OSError, AttributeError):  # not glibc
+        pass
+
+
+_one_arena = False
+
+
+def inflate_whole(backend, ref: BlobRef, label: str, before: Callable[[], None] | None = None
+                  ) -> tuple[bytes, int] | None:
     """(the inflated bytes, the compressed size) of a blob of at most ONE_SHOT or PACK_MAX bytes,
     in one call, or None when the cache lacks it: at most ref.csize bytes read, and a frame whose
     header declares another size than the signed one is refused before anything is inflated (zstd
-    would allocate what it declares)."""
+    would allocate what it declares). `before` runs between the download and the inflation."""
     import zstandard
 
-    data = backend.get(blob_name(ref.digest), max_bytes=ref.csize)
-    if data is None:
+    data = bytearray()  # taken as it arrives, inflated from there: no copy of it is held
+    if backend.stream(blob_name(ref.digest), data.extend, max_bytes=ref.csize) is None:
         return None
+    if before is not None:
+        before()
     try:
         declared = zstandard.frame_content_size(data)
         if declared not in (-1, ref.size):
@@ -569,6 +613,7 @@ class _Fill:
 
     def __init__(self, tree_s: str, entries: list[Entry], label: str, stats: Stats, progress: Progress) -> None:
         self.tree_s, self.label, self.stats, self.progress = tree_s, label, stats, progress
+        self.budget = _Budget(INFLATED_AT_ONCE)
         self.targets: dict[str, list[Entry]] = {}
         for e in entries:
             if e.kind == "d":
@@ -676,7 +721,19 @@ class _Fill:
         if not blob.is_pack and blob.size > ONE_SHOT:
             return self._stream(backend, blob, ref)
         # Checked before written: each file's bytes hash to its digest, then go to its paths.
-        got = inflate_whole(backend, ref, self.label)
+        held = 0
+
+        def hold() -> None:
+            nonlocal held
+            held = self.budget.take(blob.size)
+
+        try:
+            return self._write_whole(backend, blob, ref, hold)
+        finally:
+            self.budget.give(held)
+
+    def _write_whole(self, backend, blob: Blob, ref: BlobRef, hold: Callable[[], None]) -> tuple[int, int, int] | None:
+        got = inflate_whole(backend, ref, self.label, hold)
         if got is None:
             return None
         raw, n = got
@@ -770,6 +827,7 @@ def build_tree(caches, meta: MetaV2, store, tree: Path, resumed: Path | None = N
     network; the files in it that still hash right are taken instead of fetched."""
     label = f"{meta.key}.json"
     stats = Stats()
+    _one_malloc_arena()
     listing, entries, blobs, manifest_bytes = _fetch_metadata(caches, meta, label, stats)
 
     t0 = time.monotonic()

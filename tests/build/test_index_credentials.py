@@ -166,6 +166,21 @@ def test_netrc_gives_the_token_to_uv_and_to_the_store(tmp_path, mirror):
     assert _files_holding(root, TOKEN) == []
 
 
+def test_a_netrc_others_can_read_is_refused_for_the_index_as_for_a_cache(tmp_path, mirror):
+    """One netrc rule for every request the store makes (app/credentials.netrc_login): a netrc
+    file others can read is refused by the index's queries as by a cache's (test_nginx_cache), with
+    one line that names the file and not the token."""
+    netrc = tmp_path / "netrc"
+    netrc.write_text(f"machine 127.0.0.1 login __token__ password {TOKEN}\n")
+    netrc.chmod(0o644)
+    recipe = write_recipe(tmp_path, 'version = "1.0"')
+    loose = run_cli(tmp_path / "root", "build", str(recipe), "--index-url", mirror.url, env={"NETRC": str(netrc)})
+    assert loose.returncode != 0 and "private to it (chmod 600)" in loose.stderr, loose.stderr
+    assert str(netrc) in loose.stderr and TOKEN not in loose.stderr + loose.stdout
+    netrc.chmod(0o600)
+    run_cli(tmp_path / "root", "build", str(recipe), "--index-url", mirror.url, env={"NETRC": str(netrc)}, check=True)
+
+
 def test_the_configured_url_lends_its_token_to_a_repair_of_the_same_index(tmp_path, mirror):
     root = tmp_path / "root"
     recipe = write_recipe(tmp_path, 'version = "1.0"')

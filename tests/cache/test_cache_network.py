@@ -372,3 +372,41 @@ def test_a_format_1_pull_killed_at_its_install_blocks_no_later_pull(world, tmp_p
     got, _ = pull(w, a, url)
     assert (got["pulled"] + got["already_present"]) == [a]
     assert_pulled_whole(w, a)
+
+
+def test_a_cache_is_reached_through_the_proxy_the_environment_names(pushed, tmp_path, servers):
+    """The one proxy rule (docs/operations.md, "HTTP: one stack ..."): http_proxy leads a cache's
+    every request through the proxy, no_proxy naming the cache's host leads them past it."""
+    from tests.support.proxy import ForwardProxy
+
+    name = pushed["names"][0]
+    srv = servers(tmp_path / "cache")
+    through = {"http_proxy": "", "HTTP_PROXY": "", "no_proxy": "", "NO_PROXY": "", "all_proxy": "", "ALL_PROXY": ""}
+    with ForwardProxy() as proxy:
+        got, _ = pull(pushed, name, srv.url, env={**through, "http_proxy": proxy.url})
+        assert got["pulled"] == [name]
+        assert proxy.seen and all(u.startswith(f"{srv.url}/") for u in proxy.seen), proxy.seen
+        assert f"{srv.url}/{name[:32]}.json" in proxy.seen
+        carried = len(proxy.seen)
+        past = run_cli(tmp_path / "node-2", "--json", "pull", name, "--from", srv.url, "--trusted-key",
+                       str(pushed["keys"] / "builder-1.public"),
+                       env={**FAST, **through, "http_proxy": proxy.url, "no_proxy": "127.0.0.1"})
+        assert past.returncode == 0, past.stderr
+        assert len(proxy.seen) == carried  # asked directly
+    assert_pulled_whole(pushed, name)
+
+
+def test_an_upload_that_moves_is_not_abandoned_however_long_it_takes(tmp_path, servers):
+    """A PUT longer than the stall time, whose every block is taken in time, is a transfer that
+    moves: its answer is waited for a stall time after the last block, not after the request's
+    start. The cache reads 48 MiB at 8 MiB/s through a small receive buffer (about 6 s) against a
+    3 s stall, with one attempt."""
+    from llmgw_store.cache.backends.http import HttpBackend
+    from llmgw_store.cache.backends.retry import RetryPolicy
+
+    srv = servers(tmp_path / "cache", read_pace_s=0.125)
+    backend = HttpBackend(srv.url, RetryPolicy(stall=3, attempts=1))
+    data = os.urandom(48 << 20)
+    name = "blobs/" + "ab" * 32
+    backend.put(name, data)
+    assert (tmp_path / "cache" / name).read_bytes() == data

@@ -464,3 +464,45 @@ def test_a_pull_stopped_by_sigterm_keeps_what_it_fetched_for_the_next(world, tmp
     assert [p for p in (world["node"] / "var" / "trash").iterdir() if p.name.startswith("pull-")]
     assert run_cli(world["node"], "verify").returncode == 0
     assert run_cli(world["node"], "gc").returncode == 0 and list((world["node"] / "var" / "trash").iterdir()) == []
+
+
+def test_a_pull_reports_its_bytes_as_json_progress(world, tmp_path):
+    """`--progress json` covers a pull: its transfer is a step of the one reporter (base/report.py),
+    {"step": "pulling NAME", "done", "total", "unit": "B", "detail": "N/M files"}, not text lines of
+    its own. The pull is held after its first blob until the reporter's interval has passed, so the
+    next blob's update is shown."""
+    import os
+    import subprocess
+    import time
+
+    from tests.conftest import cli_cmd
+
+    a, _ = world["names"]
+    url = f"file://{tmp_path / 'cache'}"
+    push2(world, a, url)
+    run_cli(world["node"], "verify")  # creates the node's store
+    gate = Barrier(tmp_path)
+    proc = subprocess.Popen(cli_cmd(world["node"], "--progress=json", "pull", a, "--from", url, "--trusted-key",
+                                    str(world["keys"] / "builder-1.public")),
+                            env={**os.environ, **gate.env("PULL_BLOB_WRITTEN"), "LLMGW_STORE_PULL_THREADS": "1"},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        gate.reached("PULL_BLOB_WRITTEN", proc)
+        # Not a race: the step began before the barrier, and what must pass is the reporter's
+        # interval (1 s) on the clock both processes read.
+        held = time.monotonic()
+        while time.monotonic() < held + 1.5:
+            time.sleep(0.05)
+        gate.go("PULL_BLOB_WRITTEN")
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 0, err
+    events = [json.loads(line) for line in err.splitlines()]
+    size = _meta(world, a)["size"]
+    steps = [e for e in events if e.get("step") == f"pulling {a}"]
+    assert steps and all(e["unit"] == "B" and e["total"] == size for e in steps), events
+    assert steps[-1].get("end") and steps[-1]["done"] == size, steps
+    assert any(e.get("detail", "").endswith(" files") for e in steps), steps
+    assert not any("msg" in e and e["msg"].startswith(f"pulling {a}:") for e in events)  # no text line of its own

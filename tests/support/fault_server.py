@@ -22,6 +22,8 @@ Faults:
                connections it had, until the test calls `come_back()` (the same port again): a
                restart whose length the test decides (`went_down` is set when it happens)
 
+`read_pace_s`: a PUT's body is read a MiB per that many seconds (a slow uplink).
+
 `rules` (regex over the request path, fault[, how many times]) apply to the matching requests (all of
 them, or the first n); `rate` picks one of
 `faults` at random for a share of the others (GET and HEAD only, unless `writes`). Range requests
@@ -39,6 +41,7 @@ import re
 import socket
 import struct
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -49,12 +52,13 @@ ALIAS = "/alias/"
 class FaultyCache:
     def __init__(self, root: Path, *, rate: float = 0.0, faults: tuple[str, ...] = ("503",), seed: int = 0,
                  rules: list[tuple] | None = None, ranges: bool = True, writes: bool = False,
-                 drip_s: float = 1.0, offsite: str | None = None):
+                 drip_s: float = 1.0, offsite: str | None = None, read_pace_s: float = 0.0):
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.rate, self.faults = rate, tuple(faults)
         self.rules = [[re.compile(r[0]), r[1], r[2] if len(r) > 2 else None] for r in (rules or [])]
         self.ranges, self.writes, self.drip_s, self.offsite = ranges, writes, drip_s, offsite
+        self.read_pace_s = read_pace_s  # > 0: a PUT's body is read a MiB per this many seconds
         self.counts: dict[str, int] = {}
         self.requests: list[tuple[str, str]] = []
         self.ranged = 0  # GETs that asked for a range (a read resumed where it stopped)
@@ -135,6 +139,21 @@ class FaultyCache:
                     if self.path.startswith(prefix):
                         return self.path[len(prefix):]
                 return None
+
+            def _body(self, length: int) -> bytes:
+                """A request's body; with `read_pace_s`, taken a MiB at a time at that pace, through
+                a small receive buffer (so the sender's progress is the pace)."""
+                if not srv.read_pace_s:
+                    return self.rfile.read(length)
+                self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 10)
+                body = bytearray()
+                while len(body) < length and not srv._stopping.is_set():
+                    piece = self.rfile.read(min(1 << 20, length - len(body)))
+                    if not piece:
+                        break
+                    body += piece
+                    time.sleep(srv.read_pace_s)
+                return bytes(body)
 
             def _file(self, name: str) -> Path | None:
                 if ".." in name.split("/") or name.startswith("/"):
@@ -242,7 +261,7 @@ class FaultyCache:
 
             def do_PUT(self) -> None:
                 srv.requests.append(("PUT", self.path))
-                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                body = self._body(int(self.headers.get("Content-Length", 0)))
                 if srv.down:
                     return self._hang_up(reset=True)
                 fault = srv._fault("PUT", self.path)

@@ -121,6 +121,10 @@ class StreamingBackend:
     def where(self, name: str) -> str:
         raise NotImplementedError
 
+    def _prepare(self) -> None:
+        """Whatever a backend makes once before its first request (a client), outside the clocks
+        of the attempts."""
+
     def _read(self, name: str, write: Callable[[bytes], object], max_bytes: int | None,
               opener=None, what: str | None = None) -> int | None:
         """Stream the object into `write`; its length, or None when absent. At most max_bytes + 1
@@ -129,6 +133,7 @@ class StreamingBackend:
         start again, which is skipped), so `write` sees each byte once, in order."""
         opener = opener or self._open
         delivered = 0
+        self._prepare()
 
         def attempt(watch: Watch) -> int | None:
             nonlocal delivered

@@ -1,0 +1,32 @@
+"""The store's one HTTP stack (app/httpclient.py): what it refuses before any request, and what
+it costs a command that makes none."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from llmgw_store.base.errors import UsageError
+from llmgw_store.cache.backends.http import HttpBackend
+
+PROXY_VARS = ("http_proxy", "https_proxy", "all_proxy", "no_proxy")
+
+
+@pytest.mark.parametrize("proxy", ["ftp://alice:s3cret@proxy.example:21", "socks5://alice:s3cret@proxy.example:1080"])
+def test_a_proxy_the_stack_cannot_use_is_one_line_without_its_credentials(monkeypatch, proxy):
+    for var in PROXY_VARS:
+        monkeypatch.delenv(var, raising=False)
+        monkeypatch.delenv(var.upper(), raising=False)
+    monkeypatch.setenv("ALL_PROXY", proxy)
+    with pytest.raises(UsageError) as err:
+        HttpBackend("http://127.0.0.1:9/cache")._prepare()
+    assert "proxy" in str(err.value) and "s3cret" not in str(err.value) and "alice" not in str(err.value)
+
+
+def test_a_cache_backend_imports_httpx_only_for_its_first_request():
+    code = ("import sys; from llmgw_store.cache.backends import backend_for; b = backend_for('http://127.0.0.1:9/c');"
+            "assert 'httpx' not in sys.modules, 'imported by making the backend'; b._prepare();"
+            "assert 'httpx' in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
