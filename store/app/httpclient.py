@@ -26,10 +26,27 @@ cli/fast.py) never loads it (about 60 ms of CPU and 12 MiB).
 from __future__ import annotations
 
 import socket
+import sys
 import threading
 import time
 
 from llmgw_store.base.errors import NetworkError
+
+# httpx/__init__ imports httpx._main, its `python -m httpx` command, only to offer it: with click and
+# rich installed that loads both (35 ms of every request's command, and their memory). Marked
+# absent before the store's first `import httpx` (this module is imported first: every caller of
+# httpx goes through it), httpx defines its stub instead; the store never runs that command.
+if "httpx" not in sys.modules:
+    sys.modules.setdefault("httpx._main", None)  # type: ignore[arg-type]
+
+
+
+def httpx_module():
+    """httpx, loaded as this module says (for a caller that imports it only inside a function)."""
+    import httpx
+
+    return httpx
+
 
 USER_AGENT = "llmgw-store"
 _contexts: dict[bool, object] = {}

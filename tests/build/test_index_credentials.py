@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -21,8 +22,10 @@ import pytest
 
 from tests.conftest import cli_cmd, run_cli, start_index, write_recipe
 
-TOKEN = "tok-5f1c9a2e77d04b3c"
-ROTATED = "tok-0b8e44d19a6c2f75"
+# Fresh per run: the /proc scans below look for the token machine-wide, so another run of this
+# suite on the same machine (another checkout) must not hold the same one.
+TOKEN = "tok-" + secrets.token_hex(8)
+ROTATED = "tok-" + secrets.token_hex(8)
 
 
 @pytest.fixture
