@@ -134,14 +134,18 @@ def _found_where_others_reach(store: Store, uv: UvTool | PendingUv, request: str
     public = [d for d in dirs if d.startswith("/") and _why_closed(os.path.normpath(d), want_file=False) is None]
     if len(public) == len(dirs):
         return None  # the full search is the same search
-    path, _skipped = _uv_find(store, uv, request, preference, search_path=os.pathsep.join(public))
+    path, skipped = _uv_find(store, uv, request, preference, search_path=os.pathsep.join(public), tell=False)
     if path is None or why_others_cannot_run(path) is not None:
-        return None
+        return None  # the full search follows, and says which shims it passed over
     try:
         found = _probe(store, path, request, preference)
     except UsageError:
-        return None  # the full search reports it
-    return found if why_others_cannot_run(found.path) is None else None
+        return None
+    if why_others_cannot_run(found.path) is not None:
+        return None
+    for said in skipped:
+        say(f"passing over {said}")
+    return found
 
 
 def _probe(store: Store, path: str, request: str, preference: str) -> Interpreter:
@@ -277,9 +281,9 @@ def _install_managed(store: Store, uv: UvTool | PendingUv, request: str, prefere
 
 
 def _uv_find(store: Store, uv: UvTool | PendingUv, request: str, preference: str,
-             search_path: str | None = None) -> tuple[str | None, list[str]]:
+             search_path: str | None = None, tell: bool = True) -> tuple[str | None, list[str]]:
     """(the interpreter uv finds, the failing shims passed over with what they said); `search_path`
-    in place of PATH."""
+    in place of PATH; `tell` False: the shims passed over are not said."""
     env = _env(store, downloads="never")
     if search_path is not None:
         env = {**env, "PATH": search_path}
@@ -296,7 +300,8 @@ def _uv_find(store: Store, uv: UvTool | PendingUv, request: str, preference: str
             shims = os.path.realpath(store.layout.tmp / shim[0]).rsplit("/", 1)[0]  # uv may name it relative to cwd
             path = [d for d in env.get("PATH", "").split(os.pathsep) if d and os.path.realpath(d) != shims]
             env = {**env, "PATH": os.pathsep.join(path)}
-            say(f"passing over {shim[1]}")
+            if tell:
+                say(f"passing over {shim[1]}")
             continue
         lines = out.strip().splitlines()
         return (lines[-1].strip() if lines else None), skipped

@@ -248,3 +248,32 @@ def test_a_private_store_still_finds_the_interpreter_first_on_path(tmp_path, ind
     assert not others_reach(root.parent)  # pytest's tmp_path is private to its user
     mark, _doc = _shim_build(root, tmp_path, index, uv_bin)
     assert mark.exists()
+
+
+def test_a_shared_store_says_a_failing_shim_once(shared, index, uv_bin, tmp_path):
+    """A failing pyenv shim in a directory every user can enter, for a version nothing else has:
+    both searches (other users' directories first, then the full PATH) pass over it; it is said
+    once, and the error names it."""
+    shims = shared / f"pyenv-{tmp_path.name}" / "shims"
+    shims.mkdir(mode=0o755, parents=True)
+    shim = shims / "python3.98"
+    shim.write_text('#!/bin/sh\necho "pyenv: python3.98: command not found" >&2\necho >&2\n'
+                    'echo "The \\`python3.98\' command exists in these Python versions:" >&2\necho "  3.98.1" >&2\n'
+                    'exit 127\n')
+    shim.chmod(0o755)
+    root = shared / f"shim-{tmp_path.name}"
+    recipe = write_recipe(tmp_path, 'version = "1.0"')
+    recipe.write_text(recipe.read_text().replace(f'python = "{PYTHON}"', 'python = "3.98"'))
+    try:
+        if not others_reach(shims):
+            pytest.skip(f"{shared} is not reachable by other users here")
+        proc = run_cli(root, "--progress=plain", "build", str(recipe), "--index-url", index.url, "--uv", str(uv_bin),
+                       "--as-of", "2024-02-02",
+                       env={"PATH": f"{shims}{os.pathsep}{os.environ['PATH']}",
+                            "LLMGW_STORE_PYTHON_PREFERENCE": "only-system"})
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr.count("passing over") == 1, proc.stderr
+        assert f"{shim} is a pyenv shim for 3.98.1" in proc.stderr.splitlines()[-1]
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(shims.parent, ignore_errors=True)
