@@ -9,6 +9,10 @@ command to measure (the hot path's figures are an interpreter's start: an editab
     MEASURE_EXES=after=/tmp/reg/bin/llmgw-store MEASURE_ROUNDS=21 MEASURE_OUT=/tmp/follow.json \
         .venv/bin/python -m pytest bench/follow_figures.py -q -s -p no:cacheprovider
 
+MEASURE_QUICK=1 is its quick mode (2 rounds, 2 switching follows, ROUNDS unless MEASURE_ROUNDS says
+otherwise): tests/repo/test_bench.py runs it with the other benches' quick modes, so it keeps
+working; a quick run's figures are not the record.
+
 MEASURE_EXES: tag=path of each install to compare, comma-separated (`before=…,after=…`: two
 checkouts, each side run on the same node store); the cache hit and the switching follow are run
 with `after`'s. Each round runs every side once, in a fresh process, the order rotating; the
@@ -37,7 +41,9 @@ from tests.support.nginx import AUTH, NODES, start_nginx  # noqa: F401
 
 EXES = dict(x.split("=", 1) for x in os.environ.get(
     "MEASURE_EXES", f"after={Path(sys.executable).with_name('llmgw-store')}").split(","))
-ROUNDS = int(os.environ.get("MEASURE_ROUNDS", "15"))
+QUICK = os.environ.get("MEASURE_QUICK") == "1"
+ROUNDS = int(os.environ.get("MEASURE_ROUNDS", "2" if QUICK else "15"))
+SWITCH_ROUNDS = max(2 if QUICK else 5, ROUNDS // 2)
 OUT = Path(os.environ.get("MEASURE_OUT", "follow-figures.json"))
 
 
@@ -119,7 +125,7 @@ def test_follow_figures(world, template, start_nginx, tmp_path):  # noqa: F811  
     template_node = tmp_path / "node-template"
     shutil.copytree(node, template_node, symlinks=True)
     switch_runs, push_runs = [], []
-    for _ in range(max(5, ROUNDS // 2)):
+    for _ in range(SWITCH_ROUNDS):
         run_cli(w["root"], "release", "set", "prod", a, "--to", ngx.url, "--secret-key", secret, env=AUTH, check=True)
         shutil.rmtree(node)
         shutil.copytree(template_node, node, symlinks=True)
@@ -138,5 +144,6 @@ def test_follow_figures(world, template, start_nginx, tmp_path):  # noqa: F811  
     res["switching-follow-nginx"] = summary(switch_runs)
     res["push-roots-nginx"] = summary(push_runs)
     OUT.write_text(json.dumps({"results": res, "imports": imports, "load": os.getloadavg(),
-                               "exes": EXES, "rounds": ROUNDS}, indent=1))
+                               "exes": EXES, "rounds": ROUNDS, "switch_rounds": SWITCH_ROUNDS,
+                               "quick": QUICK}, indent=1))
     print(json.dumps(res, indent=1))

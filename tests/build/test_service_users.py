@@ -81,8 +81,8 @@ def test_a_store_others_read_gets_an_interpreter_they_can_run(template):
     env = Path(template["doc"]["path"])
     assert why_others_cannot_run(env / "bin" / "python") is None
     if why_others_cannot_run(PRIVATE_PYTHON) is not None:
-        # uv finds root's private one first here; the build said why it took another
-        assert "which other users cannot run" in template["stderr"], template["stderr"]
+        # uv finds root's private one first on the full PATH here; the shared store took another
+        assert os.path.realpath(env / "bin" / "python") != PRIVATE_PYTHON
     assert "warning: other users cannot run" not in template["stderr"]
 
 
@@ -204,3 +204,76 @@ def test_who_can_run_what(tmp_path):
     link.symlink_to(exe)
     assert why_others_cannot_run(link) == why_others_cannot_run(exe)
     assert stat.S_IMODE(os.stat(tmp_path).st_mode)  # the walk changed no mode
+
+
+# --- discovery in a shared store does not start what a private PATH directory holds ----------------
+
+def _shim_build(root: Path, tmp_path: Path, index, uv_bin) -> tuple[Path, dict]:
+    """Build with a private directory first on PATH holding a python shim that leaves a mark each
+    time it is started (as root's pyenv shims do work each time); (the mark, the build's JSON)."""
+    private = tmp_path / "private-bin"
+    private.mkdir(mode=0o700)
+    os.chmod(private, 0o700)
+    mark = tmp_path / "shim-started"
+    shim = private / f"python{PYTHON}"
+    shim.write_text(f'#!/bin/sh\necho x >> "{mark}"\nexec "{system_python()}" "$@"\n')
+    shim.chmod(0o755)
+    recipe = write_recipe(tmp_path, 'version = "1.0"')
+    doc = build_json(root, recipe, index, uv_bin, "--as-of", "2024-02-02",
+                     env={"PATH": f"{private}{os.pathsep}{os.environ.get('PATH', '')}",
+                          "LLMGW_STORE_PYTHON_PREFERENCE": "only-system"})
+    return mark, doc
+
+
+def test_a_shared_store_does_not_start_an_interpreter_from_a_private_path_dir(shared, index, uv_bin, tmp_path):
+    if system_python() is None:
+        pytest.skip(f"no world-runnable python{PYTHON} on this machine")
+    root = shared / f"pathdirs-{tmp_path.name}"
+    try:
+        if not others_reach(root.parent):
+            pytest.skip(f"{shared} is not reachable by other users here")
+        mark, doc = _shim_build(root, tmp_path, index, uv_bin)
+        assert not mark.exists(), "discovery started the shim in a directory other users cannot enter"
+        assert why_others_cannot_run(Path(doc["path"]) / "bin" / "python") is None
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_private_store_still_finds_the_interpreter_first_on_path(tmp_path, index, uv_bin):
+    """The positive case beside it: a store only its owner reads searches PATH as it stands, so
+    the shim first on it is what uv starts."""
+    if system_python() is None:
+        pytest.skip(f"no world-runnable python{PYTHON} on this machine")
+    root = tmp_path / "root"
+    assert not others_reach(root.parent)  # pytest's tmp_path is private to its user
+    mark, _doc = _shim_build(root, tmp_path, index, uv_bin)
+    assert mark.exists()
+
+
+def test_a_shared_store_says_a_failing_shim_once(shared, index, uv_bin, tmp_path):
+    """A failing pyenv shim in a directory every user can enter, for a version nothing else has:
+    both searches (other users' directories first, then the full PATH) pass over it; it is said
+    once, and the error names it."""
+    shims = shared / f"pyenv-{tmp_path.name}" / "shims"
+    shims.mkdir(mode=0o755, parents=True)
+    shim = shims / "python3.98"
+    shim.write_text('#!/bin/sh\necho "pyenv: python3.98: command not found" >&2\necho >&2\n'
+                    'echo "The \\`python3.98\' command exists in these Python versions:" >&2\necho "  3.98.1" >&2\n'
+                    'exit 127\n')
+    shim.chmod(0o755)
+    root = shared / f"shim-{tmp_path.name}"
+    recipe = write_recipe(tmp_path, 'version = "1.0"')
+    recipe.write_text(recipe.read_text().replace(f'python = "{PYTHON}"', 'python = "3.98"'))
+    try:
+        if not others_reach(shims):
+            pytest.skip(f"{shared} is not reachable by other users here")
+        proc = run_cli(root, "--progress=plain", "build", str(recipe), "--index-url", index.url, "--uv", str(uv_bin),
+                       "--as-of", "2024-02-02",
+                       env={"PATH": f"{shims}{os.pathsep}{os.environ['PATH']}",
+                            "LLMGW_STORE_PYTHON_PREFERENCE": "only-system"})
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr.count("passing over") == 1, proc.stderr
+        assert f"{shim} is a pyenv shim for 3.98.1" in proc.stderr.splitlines()[-1]
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(shims.parent, ignore_errors=True)

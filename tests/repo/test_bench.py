@@ -1,5 +1,6 @@
 """Every bench keeps running (issue 28): each one's quick mode runs here, offline, and its result
-document must hold every row it promises, each with a figure and a ratio. The six quick runs start
+document must hold every row it promises, each with a figure and a ratio (bench/follow_figures.py's
+quick mode too: every side it reports). The seven quick runs start
 together (one module fixture) and each test waits for its own, so they take about the time of the
 longest. Figures are never asserted: a quick run's numbers are not the record (bench/README.md).
 
@@ -63,6 +64,12 @@ BENCHES = {
 }
 
 
+# bench/follow_figures.py (issue 35's figures) is a pytest module on the tests' fixtures, not a
+# harness bench: its quick mode (MEASURE_QUICK=1) runs beside the others, in a pytest of its own,
+# measuring the llmgw-store installed beside this interpreter. The sides it must report:
+FOLLOW_SIDES = ["hit", "follow-file-after", "follow-nginx-after", "switching-follow-nginx", "push-roots-nginx"]
+
+
 # bench -> the rows that measure an environment: each must name the built one it measured (issue 33:
 # a bench's record on a generated tree or empty directories is not what a user runs)
 ON_BUILT = {
@@ -89,6 +96,13 @@ class QuickRuns:
                                    start_new_session=True)
             for name, (argv, _) in BENCHES.items()
         }
+        follow = out / "follow"
+        follow.mkdir()
+        self.procs["follow"] = subprocess.Popen(
+            [PY, "-m", "pytest", str(BENCH / "follow_figures.py"), "-q", "-p", "no:cacheprovider", "-n", "0"],
+            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+            env={**env, "MEASURE_QUICK": "1", "MEASURE_OUT": str(follow / "follow.json"),
+                 "MEASURE_EXES": f"after={Path(PY).with_name('llmgw-store')}"})
 
     def result(self, name: str) -> tuple[dict, str]:
         proc = self.procs[name]
@@ -110,6 +124,22 @@ def quick(tmp_path_factory):
     runs = QuickRuns(tmp_path_factory.mktemp("bench-quick"))
     yield runs
     runs.stop()
+
+
+def test_follow_figures_quick_mode_gives_every_side(quick):
+    proc = quick.procs["follow"]
+    stdout, stderr = proc.communicate(timeout=600)
+    assert proc.returncode == 0, f"follow_figures quick run exited {proc.returncode}:\n{stdout[-4000:]}{stderr[-2000:]}"
+    if " skipped" in stdout and not (quick.out / "follow" / "follow.json").exists():
+        pytest.skip(f"follow_figures skipped itself: {stdout.strip().splitlines()[-1]}")
+    doc = json.loads((quick.out / "follow" / "follow.json").read_text())
+    assert doc["quick"] is True and doc["rounds"] == 2 and doc["switch_rounds"] == 2
+    assert sorted(doc["results"]) == sorted(FOLLOW_SIDES)
+    for side, fig in doc["results"].items():
+        assert fig["n"] == (2 if side in ("switching-follow-nginx", "push-roots-nginx") else doc["rounds"]), side
+        assert number(fig["wall_median"]) and fig["wall_median"] > 0, side
+        assert number(fig["cpu_median"]) and fig["cpu_median"] >= 0, side
+    assert all(n > 0 for n in doc["imports"].values()) and set(doc["imports"]) == {"hit", *FOLLOW_SIDES[1:3]}
 
 
 def number(x) -> bool:
