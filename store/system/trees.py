@@ -35,6 +35,10 @@ class TreeTooLarge(StoreError):
         super().__init__(f"{root} {what}; refusing to walk it further")
 
 
+class Replaced(OSError):
+    """A directory the walk was to open is no longer the inode its lstat showed."""
+
+
 def _open_dir(parent_fd: int | None, name: str, st: os.stat_result) -> int:
     """A descriptor of directory `name`, never through a link, and only if it is still the inode `st`."""
     fd = os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
@@ -45,7 +49,7 @@ def _open_dir(parent_fd: int | None, name: str, st: os.stat_result) -> int:
         raise
     if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
         os.close(fd)
-        raise OSError(f"{name}: replaced by another directory during the walk")
+        raise Replaced(f"{name}: replaced by another directory during the walk")
     return fd
 
 
@@ -57,8 +61,9 @@ def walk(root: str | os.PathLike[str], *, sort: bool = True, max_depth: int | No
     a missing `root` yields nothing, a `root` that is not a directory yields itself only.
     `max_depth` is the deepest directory listed (root is 0: a directory "a/b" is 2) and
     `max_entries` the entries yielded (root counted); past either, TreeTooLarge.
-    An entry gone between its directory's listing and its lstat, and a directory that cannot be
-    opened (unreadable, replaced), are skipped; with `strict`, they raise OSError instead.
+    An entry gone between its directory's listing and its lstat, and a directory below `root` that
+    cannot be opened (unreadable, replaced: Replaced), are skipped; with `strict`, they raise
+    OSError instead. A `root` that cannot be opened always raises.
     The caller may stop early: the descriptors are closed when the generator is."""
     try:
         st = os.lstat(root)
