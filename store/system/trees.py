@@ -157,8 +157,11 @@ def force_rmtree(root: Path) -> None:
     from llmgw_store.base.report import heartbeat
 
     with heartbeat(f"deleting {Path(root).name}"):  # a vLLM tree is 100k entries: seconds
-        for dirpath, _, _ in os.walk(root):
-            os.chmod(dirpath, stat.S_IMODE(os.lstat(dirpath).st_mode) | stat.S_IWUSR | stat.S_IXUSR | stat.S_IRUSR)
+        # each directory gets u+rwx as the walk meets it, before the walk opens it
+        for rel, st in walk(root, sort=False):
+            if stat.S_ISDIR(st.st_mode):
+                os.chmod(os.path.join(root, rel) if rel else root,
+                         stat.S_IMODE(st.st_mode) | stat.S_IWUSR | stat.S_IXUSR | stat.S_IRUSR)
         shutil.rmtree(root)
 
 

@@ -13,7 +13,7 @@ from contextlib import nullcontext
 
 import pytest
 
-from llmgw_store.system.trees import TreeTooLarge, walk, walk_files
+from llmgw_store.system.trees import TreeTooLarge, force_rmtree, walk, walk_files
 
 
 def _tree(root):
@@ -191,3 +191,18 @@ def test_walk_files_yields_every_non_directory_by_path(tmp_path):
     got = {p: st for p, st in walk_files(root)}
     assert sorted(got) == sorted(os.path.join(root, r) for r in ("a", "aa", "b", "c/a", "c/z", "d/e/f/g", "link"))
 
+
+
+def test_force_rmtree_removes_a_frozen_tree_and_leaves_what_its_links_point_to(tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "kept").write_text("k")
+    os.chmod(outside, 0o555)
+    root = _tree(tmp_path / "t")
+    (root / "c" / "link").symlink_to(outside)
+    for d in (root / "d" / "e" / "f", root / "d" / "e", root / "d", root / "c", root):
+        os.chmod(d, 0o500)  # frozen, and not even listable by the group
+    force_rmtree(root)
+    assert not os.path.lexists(root)
+    assert stat.S_IMODE(os.lstat(outside).st_mode) == 0o555 and (outside / "kept").exists()
+    force_rmtree(root)  # a missing tree is not an error
