@@ -61,7 +61,7 @@ from llmgw_store.base.report import progress, say
 from llmgw_store.build.cacheuse import ARCHIVE_BUCKET, ARCHIVE_RE, DIST_INFO_RE, WHEEL_HOME_LINK, uv_cache_lock
 from llmgw_store.core import manifest
 from llmgw_store.system import files
-from llmgw_store.system.trees import force_rmtree
+from llmgw_store.system.trees import TreeTooLarge, force_rmtree, walk
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
@@ -294,23 +294,16 @@ def _map_tree(tree: Path, inode_map: dict[tuple[int, int], tuple[str, str, str]]
     something the store does not own."""
     others: dict[tuple[int, int], list[str]] = {}
     nlinks: dict[tuple[int, int], int] = {}
-    stack = [(os.fspath(tree), "")]
-    while stack:
-        path, prefix = stack.pop()
-        with os.scandir(path) as it:
-            for e in it:
-                st = e.stat(follow_symlinks=False)
-                if stat.S_ISDIR(st.st_mode):
-                    stack.append((e.path, prefix + e.name + "/"))
-                elif stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
-                    ino = (st.st_dev, st.st_ino)
-                    hit = inode_map.get(ino)
-                    if hit is not None:
-                        handoff.expected[prefix + e.name] = (hit[0], hit[2], ino)
-                        handoff.inodes.add(ino)
-                    else:
-                        others.setdefault(ino, []).append(prefix + e.name)
-                        nlinks[ino] = st.st_nlink
+    for rel, st in walk(tree, sort=False, strict=True):
+        if rel and stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
+            ino = (st.st_dev, st.st_ino)
+            hit = inode_map.get(ino)
+            if hit is not None:
+                handoff.expected[rel] = (hit[0], hit[2], ino)
+                handoff.inodes.add(ino)
+            else:
+                others.setdefault(ino, []).append(rel)
+                nlinks[ino] = st.st_nlink
     for ino, names in others.items():
         if len(names) != nlinks[ino]:  # all its links inside the tree: a source archive's own hardlink
             raise StoreError(f"{tree.name}/{names[0]} shares its inode with a file outside the environment that "
@@ -326,34 +319,25 @@ class _Damage(Exception):
 def _walk(root: Path) -> list[tuple[str, os.stat_result]]:
     """(path, lstat) of every entry under `root` (itself as ""), depth first over sorted names: the
     order of a listing. Raises _Damage for anything but plain files and directories of the store's
-    user, and past MAX_ENTRIES or MAX_DEPTH."""
+    user, and past MAX_ENTRIES or MAX_DEPTH; OSError for an entry gone or replaced meanwhile."""
+    out: list[tuple[str, os.stat_result]] = []
     try:
-        top = os.lstat(root)
-    except FileNotFoundError:
-        raise _Damage("it is gone") from None
-    out: list[tuple[str, os.stat_result]] = [("", top)]
-    if not stat.S_ISDIR(top.st_mode) or top.st_uid != _EUID:
-        raise _Damage("it is not a directory of the store's user")
-
-    def walk(path: str, prefix: str, depth: int) -> None:
-        if depth > MAX_DEPTH:
-            raise _Damage(f"it is nested deeper than {MAX_DEPTH} directories")
-        with os.scandir(path) as it:
-            children = sorted(it, key=lambda e: e.name)
-        for e in children:
-            st = e.stat(follow_symlinks=False)
-            rel = prefix + e.name
-            if st.st_uid != _EUID:
+        for rel, st in walk(root, max_depth=MAX_DEPTH, max_entries=MAX_ENTRIES, strict=True):
+            if not rel:
+                if not stat.S_ISDIR(st.st_mode) or st.st_uid != _EUID:
+                    raise _Damage("it is not a directory of the store's user")
+            elif st.st_uid != _EUID:
                 raise _Damage(f"{rel} is owned by uid {st.st_uid}, not by the store's user")
-            out.append((rel, st))
-            if len(out) > MAX_ENTRIES:
-                raise _Damage(f"it holds more than {MAX_ENTRIES} entries")
-            if stat.S_ISDIR(st.st_mode):
-                walk(e.path, rel + "/", depth + 1)
-            elif not stat.S_ISREG(st.st_mode):
+            elif not stat.S_ISDIR(st.st_mode) and not stat.S_ISREG(st.st_mode):
                 raise _Damage(f"{rel} is {'a symlink' if stat.S_ISLNK(st.st_mode) else 'not a plain file'}")
-
-    walk(os.fspath(root), "", 0)
+            out.append((rel, st))
+    except FileNotFoundError:
+        if not out:
+            raise _Damage("it is gone") from None
+        raise
+    except TreeTooLarge as exc:
+        raise _Damage(f"it is nested deeper than {MAX_DEPTH} directories" if exc.bound == "depth"
+                      else f"it holds more than {MAX_ENTRIES} entries") from None
     return out
 
 
@@ -669,12 +653,4 @@ def linked(entry: str | os.PathLike[str]) -> bool:
                 return True
         except OSError:
             pass
-    for dirpath, _, filenames in os.walk(entry):
-        for n in filenames:
-            try:
-                st = os.lstat(os.path.join(dirpath, n))
-            except OSError:
-                continue
-            if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
-                return True
-    return False
+    return any(rel and stat.S_ISREG(st.st_mode) and st.st_nlink > 1 for rel, st in walk(entry, sort=False))

@@ -55,6 +55,7 @@ from llmgw_store.core.manifest import MANIFEST_DIR, Entry
 from llmgw_store.core.pathinfo import OfPath, StorePathInfo
 from llmgw_store.core.stamps import Stamps, record
 from llmgw_store.system import files
+from llmgw_store.system.trees import walk
 
 _local = threading.local()
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -503,23 +504,18 @@ def _copy_local(src: LocalSource, w: _Writer, dirs: _LocalDirs | None = None) ->
 
 def _structure(tree: str) -> list[tuple[str, str, int, str]]:
     """(path, kind, size, link target) of every entry below `tree`, .llmgw's files left out, sorted.
-    Never follows a link (a link is an entry, not a directory to enter)."""
+    Never follows a link (a link is an entry, not a directory to enter: system/trees.walk)."""
     out: list[tuple[str, str, int, str]] = []
-    todo = [("", tree)]
-    while todo:
-        prefix, path = todo.pop()
-        with os.scandir(path) as it:
-            for d in it:
-                rel = prefix + d.name
-                if d.is_symlink():
-                    out.append((rel, "l", 0, os.readlink(d.path)))
-                elif d.is_dir(follow_symlinks=False):
-                    out.append((rel, "d", 0, ""))
-                    todo.append((rel + "/", d.path))
-                elif rel not in (manifest.MANIFEST, manifest.CONTENTS):
-                    st = d.stat(follow_symlinks=False)
-                    kind = ("x" if st.st_mode & stat.S_IXUSR else "f") if stat.S_ISREG(st.st_mode) else "o"
-                    out.append((rel, kind, st.st_size if kind != "o" else 0, ""))
+    for rel, st in walk(tree, sort=False, strict=True):
+        if not rel:
+            continue
+        if stat.S_ISLNK(st.st_mode):
+            out.append((rel, "l", 0, os.readlink(os.path.join(tree, rel))))
+        elif stat.S_ISDIR(st.st_mode):
+            out.append((rel, "d", 0, ""))
+        elif rel not in (manifest.MANIFEST, manifest.CONTENTS):
+            kind = ("x" if st.st_mode & stat.S_IXUSR else "f") if stat.S_ISREG(st.st_mode) else "o"
+            out.append((rel, kind, st.st_size if kind != "o" else 0, ""))
     out.sort()
     return out
 

@@ -17,67 +17,49 @@ was the tree's own (optimise sharing a newer path's copy with it, a delta pull l
 Until the record is made again, a prediction then counts that inode as freed; gc's deletion itself
 counts what it frees (remove_tree), and a byte budget is measured again after each round.
 
-The walk opens directories O_NOFOLLOW and never follows a link; it is bounded by the tree.
+The walk (system/trees.walk) opens directories O_NOFOLLOW and never follows a link; it is bounded
+by the tree.
 """
 
 from __future__ import annotations
 
 import os
 import stat
-from pathlib import Path
 from typing import Any
+
+from llmgw_store.system import trees
 
 KIND = "footprint"  # the index's tools-table kind of the records; the ident is the path's name
 SHARED_MAX = 1 << 18  # inodes a record lists at most (a few MB in the index): a larger tree is walked
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def measure(tree: str | os.PathLike) -> dict[str, Any] | None:
     """The record of `tree` (see above); None when it is not a directory, or shares more than
     SHARED_MAX inodes."""
-    tree = Path(tree)
-    try:
-        top = os.lstat(tree)
-    except FileNotFoundError:
-        return None
-    if not stat.S_ISDIR(top.st_mode):
-        return None
-    own = top.st_blocks * 512
-    apparent = 0
+    top: os.stat_result | None = None
+    own = apparent = 0
     inside: dict[int, list[int]] = {}  # inode -> [st_nlink, blocks, links met]
-    stack = [os.open(tree, _DIR_FLAGS)]
-    if (os.fstat(stack[0]).st_ino) != top.st_ino:
-        os.close(stack[0])
-        return None
     try:
-        while stack:
-            fd = stack.pop()
-            try:
-                with os.scandir(fd) as it:
-                    for e in it:
-                        try:
-                            st = e.stat(follow_symlinks=False)
-                        except FileNotFoundError:
-                            continue
-                        if stat.S_ISDIR(st.st_mode):
-                            own += st.st_blocks * 512
-                            try:
-                                stack.append(os.open(e.name, _DIR_FLAGS, dir_fd=fd))
-                            except OSError:
-                                continue
-                            continue
-                        if stat.S_ISREG(st.st_mode):
-                            apparent += st.st_size
-                        if st.st_nlink <= 1:
-                            own += st.st_blocks * 512
-                            continue
-                        seen = inside.setdefault(st.st_ino, [st.st_nlink, st.st_blocks * 512, 0])
-                        seen[2] += 1
-            finally:
-                os.close(fd)
-    finally:
-        for fd in stack:
-            os.close(fd)
+        for rel, st in trees.walk(tree, sort=False):
+            if not rel:
+                if not stat.S_ISDIR(st.st_mode):
+                    return None
+                top = st
+                own += st.st_blocks * 512
+            elif stat.S_ISDIR(st.st_mode):
+                own += st.st_blocks * 512
+            else:
+                if stat.S_ISREG(st.st_mode):
+                    apparent += st.st_size
+                if st.st_nlink <= 1:
+                    own += st.st_blocks * 512
+                    continue
+                seen = inside.setdefault(st.st_ino, [st.st_nlink, st.st_blocks * 512, 0])
+                seen[2] += 1
+    except trees.Replaced:
+        return None  # the tree was swapped between its lstat and its opening
+    if top is None:
+        return None
     shared = []
     for ino, (nlink, blocks, met) in inside.items():
         if met >= nlink:
