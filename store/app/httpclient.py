@@ -19,8 +19,9 @@ One rule for each of:
                  the attempts); a certificate that does not verify or a host that does not exist
                  is final.
 
-httpx is imported inside functions only: a command that makes no request (the hot paths,
-cli/fast.py) never loads it (about 60 ms of CPU and 12 MiB).
+httpx is imported inside functions only, through `load()`: a command that makes no request (the
+hot paths, cli/fast.py) never loads it (about 60 ms of CPU and 12 MiB), and one that does loads
+it without httpx's own command-line tool (`httpx._main`: click, pygments, rich).
 """
 
 from __future__ import annotations
@@ -33,6 +34,24 @@ from llmgw_store.base.errors import NetworkError
 
 USER_AGENT = "llmgw-store"
 _contexts: dict[bool, object] = {}
+
+
+def load():
+    """The httpx module, imported without `httpx._main`, httpx's command-line tool: its package
+    imports it and falls back to a stub `main` when that raises ImportError (httpx without its
+    `cli` extra). The tool imports click (a dependency here, so the import succeeds) and pygments
+    before failing on rich: about 11 ms of a follow's 150 ms of CPU, and click on the fast
+    follow's path (tests/roots/test_release_follow_fast.py). The store never runs `httpx.main`."""
+    import sys
+
+    if "httpx" not in sys.modules:
+        blocked = sys.modules.setdefault("httpx._main", None) is None  # None: its import raises ImportError
+        try:
+            import httpx  # noqa: F401
+        finally:
+            if blocked and sys.modules.get("httpx._main", 0) is None:
+                del sys.modules["httpx._main"]
+    return sys.modules["httpx"]
 _contexts_lock = threading.Lock()
 
 
@@ -56,7 +75,7 @@ def tls_context(needed: bool = True):
 def client(*, auth=None, follow_redirects: bool = False, timeout=None, tls: bool = True, max_connections: int = 32):
     """An httpx client under the rules above. `auth`: an httpx auth (else none is sent); `timeout`:
     httpx's, for requests that do not carry a `clock`."""
-    import httpx
+    httpx = load()
 
     from llmgw_store.base.errors import UsageError
 
@@ -114,7 +133,7 @@ def failed(what: str, exc: BaseException, watch=None) -> NetworkError:
     verify, a host name that does not exist)."""
     import ssl
 
-    import httpx
+    httpx = load()
 
     from llmgw_store.app.retry import Transient
 

@@ -233,10 +233,10 @@ def release(repo: str, tag: str) -> list[dict[str, Any]]:
     a malformed one, a URL that is not plain http(s)) that makes `pick` refuse it. The answer is
     untrusted: an asset whose name is not a plain file name is dropped, and the URL, which becomes a
     requirement line, may hold no space, newline or `#`."""
-    import httpx
-
-    from llmgw_store.app import network
+    from llmgw_store.app import httpclient, network
     from llmgw_store.build import pypi
+
+    httpx = httpclient.load()
 
     url = f"{api_base()}/repos/{repo}/releases/tags/{tag}"
     network.require(f"asking {url} for the assets of release {tag}")

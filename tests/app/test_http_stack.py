@@ -30,3 +30,13 @@ def test_a_cache_backend_imports_httpx_only_for_its_first_request():
             "assert 'httpx' not in sys.modules, 'imported by making the backend'; b._prepare();"
             "assert 'httpx' in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_httpx_is_loaded_without_its_command_line_tool():
+    """httpx's package imports its CLI (click, pygments; rich missing: a stub `main`): the stack
+    loads httpx without it, so a request costs no click (the fast follow's path has none)."""
+    code = ("import sys; from llmgw_store.app import httpclient; c = httpclient.client(tls=False); c.close();"
+            "httpx = httpclient.load(); assert httpx is sys.modules['httpx'] and httpx.Client;"
+            "loaded = [m for m in ('click', 'pygments', 'rich', 'httpx._main') if m in sys.modules];"
+            "assert not loaded, loaded; assert 'httpx._main' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
