@@ -34,25 +34,33 @@ from llmgw_store.base.errors import NetworkError
 
 USER_AGENT = "llmgw-store"
 _contexts: dict[bool, object] = {}
+_contexts_lock = threading.Lock()
+_load_lock = threading.Lock()
 
 
 def load():
     """The httpx module, imported without `httpx._main`, httpx's command-line tool: its package
     imports it and falls back to a stub `main` when that raises ImportError (httpx without its
     `cli` extra). The tool imports click (a dependency here, so the import succeeds) and pygments
-    before failing on rich: about 11 ms of a follow's 150 ms of CPU, and click on the fast
-    follow's path (tests/roots/test_release_follow_fast.py). The store never runs `httpx.main`."""
+    before failing on rich: 17 modules, 4–6 ms of the nginx follow's 110 ms of CPU (bench/README.md),
+    and click on the fast follow's path (tests/roots/test_release_follow_fast.py). The store never
+    runs `httpx.main`."""
     import sys
 
     if "httpx" not in sys.modules:
-        blocked = sys.modules.setdefault("httpx._main", None) is None  # None: its import raises ImportError
-        try:
-            import httpx  # noqa: F401
-        finally:
-            if blocked and sys.modules.get("httpx._main", 0) is None:
-                del sys.modules["httpx._main"]
-    return sys.modules["httpx"]
-_contexts_lock = threading.Lock()
+        with _load_lock:  # one thread blocks and unblocks httpx._main
+            if "httpx" not in sys.modules:
+                blocked = sys.modules.setdefault("httpx._main", None) is None  # None: its import raises ImportError
+                try:
+                    import httpx
+                finally:
+                    if blocked and sys.modules.get("httpx._main", 0) is None:
+                        del sys.modules["httpx._main"]
+    # Always the import statement: another thread's import still under way is waited for (its
+    # module lock), never handed out half made from sys.modules.
+    import httpx
+
+    return httpx
 
 
 def tls_context(needed: bool = True):
