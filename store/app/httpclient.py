@@ -19,8 +19,9 @@ One rule for each of:
                  the attempts); a certificate that does not verify or a host that does not exist
                  is final.
 
-httpx is imported inside functions only: a command that makes no request (the hot paths,
-cli/fast.py) never loads it (about 60 ms of CPU and 12 MiB).
+httpx is imported inside functions only, through `load()`: a command that makes no request (the
+hot paths, cli/fast.py) never loads it (about 60 ms of CPU and 12 MiB), and one that does loads
+it without httpx's own command-line tool (`httpx._main`: click, pygments, rich).
 """
 
 from __future__ import annotations
@@ -32,25 +33,34 @@ import time
 
 from llmgw_store.base.errors import NetworkError
 
-# httpx/__init__ imports httpx._main, its `python -m httpx` command, only to offer it: with click and
-# rich installed that loads both (35 ms of every request's command, and their memory). Marked
-# absent before the store's first `import httpx` (this module is imported first: every caller of
-# httpx goes through it), httpx defines its stub instead; the store never runs that command.
-if "httpx" not in sys.modules:
-    sys.modules.setdefault("httpx._main", None)  # type: ignore[arg-type]
-
-
-
-def httpx_module():
-    """httpx, loaded as this module says (for a caller that imports it only inside a function)."""
-    import httpx
-
-    return httpx
-
-
 USER_AGENT = "llmgw-store"
 _contexts: dict[bool, object] = {}
 _contexts_lock = threading.Lock()
+_load_lock = threading.Lock()
+
+
+def load():
+    """The httpx module, imported without `httpx._main`, httpx's command-line tool: its package
+    imports it and falls back to a stub `main` when that raises ImportError (httpx without its
+    `cli` extra). The tool imports click (a dependency here, so the import succeeds) and pygments
+    before failing on rich: 17 modules, 4–6 ms of the nginx follow's 110 ms of CPU (bench/README.md),
+    and click on the fast follow's path (tests/roots/test_release_follow_fast.py). The store never
+    runs `httpx.main`."""
+
+    if "httpx" not in sys.modules:
+        with _load_lock:  # one thread blocks and unblocks httpx._main
+            if "httpx" not in sys.modules:
+                blocked = sys.modules.setdefault("httpx._main", None) is None  # type: ignore[arg-type]  # None: its import fails
+                try:
+                    import httpx
+                finally:
+                    if blocked and sys.modules.get("httpx._main", 0) is None:
+                        del sys.modules["httpx._main"]
+    # Always the import statement: another thread's import still under way is waited for (its
+    # module lock), never handed out half made from sys.modules.
+    import httpx
+
+    return httpx
 
 
 def tls_context(needed: bool = True):
@@ -73,7 +83,7 @@ def tls_context(needed: bool = True):
 def client(*, auth=None, follow_redirects: bool = False, timeout=None, tls: bool = True, max_connections: int = 32):
     """An httpx client under the rules above. `auth`: an httpx auth (else none is sent); `timeout`:
     httpx's, for requests that do not carry a `clock`."""
-    import httpx
+    httpx = load()
 
     from llmgw_store.base.errors import UsageError
 
@@ -131,7 +141,7 @@ def failed(what: str, exc: BaseException, watch=None) -> NetworkError:
     verify, a host name that does not exist)."""
     import ssl
 
-    import httpx
+    httpx = load()
 
     from llmgw_store.app.retry import Transient
 

@@ -236,7 +236,7 @@ def release(repo: str, tag: str) -> list[dict[str, Any]]:
     from llmgw_store.app import httpclient, network
     from llmgw_store.build import pypi
 
-    httpx = httpclient.httpx_module()
+    httpx = httpclient.load()
 
     url = f"{api_base()}/repos/{repo}/releases/tags/{tag}"
     network.require(f"asking {url} for the assets of release {tag}")

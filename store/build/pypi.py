@@ -20,7 +20,6 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -56,10 +55,10 @@ def client(auth: IndexAuth | None = None, *, netrc: bool = True):
     `netrc`, the netrc entry of the request's host, if any: credentials.netrc_login), whose reads
     wait at most the command's stall time (app/retry.py). It follows redirects; httpx drops the
     credentials on one to another origin."""
-    import httpx
+    httpx = httpclient.load()
 
     policy = retry.current()
-    how: httpx.Auth | Callable[[httpx.Request], httpx.Request] | None = None
+    how: object = None  # httpx.BasicAuth, or a function that signs a request
     if auth is not None:
         how = httpx.BasicAuth(auth.username, auth.password)
     elif netrc:
@@ -72,7 +71,7 @@ def attempted(what: str, op):
     """op(watch) under the command's retry policy: a transport error another attempt may get past
     (connect, reset, a timeout, a body cut short: httpclient.failed) is retried, as
     `check_transient` says of an answer; NetworkError once the policy gives up."""
-    import httpx
+    httpx = httpclient.load()
 
     def attempt(watch):
         try:
@@ -91,7 +90,7 @@ def check_transient(what: str, resp) -> None:
 
 def project_files(index_url: str, project: str, auth: IndexAuth | None = None) -> list[IndexFile]:
     """Every file the index lists for `project`, with its version parsed from the file name."""
-    import httpx
+    httpx = httpclient.load()
     from packaging.utils import InvalidSdistFilename, InvalidWheelFilename, parse_sdist_filename, parse_wheel_filename
 
     base = credentials.public_url(index_url).rstrip("/")
@@ -204,7 +203,7 @@ def download(url: str, dest: Path, sha256: str, auth: IndexAuth | None = None, i
     """Stream `url` to `dest`, checking its sha256. The bytes land under a temporary name and are
     renamed to `dest` only after the digest matched, so `dest` is either absent or verified.
     `auth` is sent only when `url` is on the origin of `index_url` (the index it was listed by)."""
-    import httpx
+    httpx = httpclient.load()
 
     shown_url = credentials.public_url(url)
     network.require(f"downloading {shown_url}")

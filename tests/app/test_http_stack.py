@@ -30,3 +30,41 @@ def test_a_cache_backend_imports_httpx_only_for_its_first_request():
             "assert 'httpx' not in sys.modules, 'imported by making the backend'; b._prepare();"
             "assert 'httpx' in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_httpx_is_loaded_without_its_command_line_tool():
+    """httpx's package imports its CLI (click, pygments; rich missing: a stub `main`): the stack
+    loads httpx without it, so a request costs no click (the fast follow's path has none)."""
+    code = ("import sys; from llmgw_store.app import httpclient; c = httpclient.client(tls=False); c.close();"
+            "httpx = httpclient.load(); assert httpx is sys.modules['httpx'] and httpx.Client;"
+            "loaded = [m for m in ('click', 'pygments', 'rich', 'httpx._main') if m in sys.modules];"
+            "assert not loaded, loaded; assert 'httpx._main' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_a_thread_that_loads_httpx_while_another_imports_it_waits_for_the_whole_module():
+    """Pull workers make their first requests at once: a second thread's `load()` while the first
+    one's import of httpx is under way (paused at httpx._api by a finder) gets the finished module,
+    not the half-made one sys.modules already holds."""
+    code = """if True:
+        import sys, threading
+        from llmgw_store.app import httpclient
+        got, started = {}, threading.Event()
+        def second():
+            started.set()
+            got["mod"] = httpclient.load()
+            got["whole"] = hasattr(got["mod"], "Client")  # as it was handed out (the same object fills later)
+        class Pause:
+            def find_spec(self, name, path=None, target=None):
+                if name == "httpx._api" and "t" not in got:
+                    t = got["t"] = threading.Thread(target=second)
+                    t.start()
+                    started.wait()
+                    t.join(1)  # a half-made module would be handed out at once; the whole one only after us
+                return None
+        sys.meta_path.insert(0, Pause())
+        mod = httpclient.load()
+        got["t"].join()
+        assert got["mod"] is mod and got["whole"], "the second thread got httpx half made"
+        """
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
+from tests.support.delta import delta_wheels, template, world  # noqa: F401  (fixtures)
 
 BENCH = REPO / "bench"
 sys.path.insert(0, str(BENCH))
@@ -268,3 +269,32 @@ def test_a_failed_command_is_one_error_naming_it():
         assert meter.run(["/bin/sh", "-c", "exit 3"], check=False).code == 3
     finally:
         meter.close()
+
+
+def test_pull_figures_runs_on_a_pushed_environment(world, tmp_path):
+    """bench/pull_figures.py (issue 33's pull row from the documented nginx) on a tiny pushed
+    environment, one round: both sides run and every figure of the row is there, so the script
+    the record cites does not rot."""
+    from tests.support.nginx import NGINX
+
+    if NGINX is None:
+        pytest.skip("nginx is not installed (apt-get install nginx)")
+    from tests.conftest import run_cli
+
+    name, keys = world["names"][0], world["keys"]
+    cache, v1 = tmp_path / "cache", tmp_path / "v1"
+    for where, fmt in ((cache, "2"), (v1, "1")):
+        run_cli(world["root"], "push", name, "--to", f"file://{where}", "--format", fmt, "--secret-key",
+                str(keys / "builder-1.secret"), check=True)
+    archive = next(v1.rglob("*.tar.zst"))
+    out = tmp_path / "pull.json"
+    proc = subprocess.run([sys.executable, str(REPO / "bench" / "pull_figures.py"),
+                           "--cli", str(Path(sys.executable).with_name("llmgw-store")), "--cache", str(cache),
+                           "--archive", str(archive), "--key", name[:32], "--trusted-key",
+                           str(keys / "builder-1.public"), "--work", str(tmp_path / "work"), "--rounds", "1",
+                           "--json", str(out)], capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    assert set(doc["medians"]) == {"pull", "pipe"}
+    assert all(doc["medians"][k]["wall_s"] > 0 and doc["medians"][k]["cpu_s"] > 0 for k in ("pull", "pipe"))
+    assert doc["wall_ratio"] > 0 and doc["cpu_ratio"] > 0 and doc["rss_ratio"] > 0

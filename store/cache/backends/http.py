@@ -175,7 +175,7 @@ class HttpBackend(StreamingBackend):
               body=None, write: bool = False):
         """One attempt: the answer, its body still to be read (close it), read redirects followed
         (see the module docstring)."""
-        import httpx
+        httpx = httpclient.load()
 
         http = self._http()
         for _ in range(MAX_REDIRECTS + 1):
@@ -227,7 +227,7 @@ class HttpBackend(StreamingBackend):
 
     @contextmanager
     def _open_url(self, url: str, offset: int, watch: Watch):
-        import httpx
+        httpx = httpclient.load()
 
         shown = _shown(url)
         resp = self._send("GET", url, watch, headers={"Range": f"bytes={offset}-"} if offset else None)
