@@ -158,10 +158,6 @@ class StorePathInfo:
     # The `paths` row is made by core/index.RegisteredPath.of(info): the index imports this
     # module, never the other way (the index reads manifests: a cycle otherwise).
 
-    def check_whole(self) -> None:
-        """ValueError unless every field a manifest and an index row need is known."""
-        self.whole()
-
     @classmethod
     def from_row(cls, row, references: tuple[str, ...] | list[str] | None = ()) -> StorePathInfo:
         """What the index row `row` (core/index.RegisteredPath) records; its references, as the
