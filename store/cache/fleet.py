@@ -20,7 +20,7 @@ from typing import Any
 from llmgw_store.app.credentials import public_url
 from llmgw_store.app.results import Result, fields_of
 from llmgw_store.base.errors import IntegrityError, StoreError, UsageError
-from llmgw_store.cache import releases
+from llmgw_store.cache import pointer, releases
 from llmgw_store.cache.backends import RetryPolicy, backend_for
 from llmgw_store.cache.cache_gc import PROFILE_RE, read_roots
 from llmgw_store.cache.signing import trusted_keys
@@ -106,8 +106,7 @@ def _followed(data: bytes | None) -> dict[str, str]:
         return {}
     out = {}
     for p, r in value.items():
-        if isinstance(p, str) and PROFILE_RE.fullmatch(p) and isinstance(r, str) and releases.RELEASE_RE.fullmatch(r) \
-                and ".." not in r and len(r) <= releases.RELEASE_NAME_MAX:
+        if isinstance(p, str) and PROFILE_RE.fullmatch(p) and pointer.release_name_ok(r):
             out[p] = r
     return out
 

@@ -26,7 +26,7 @@ HISTORY_MAX = 16
 SEQ_MAX = (1 << 63) - 1
 FIELD_MAX = 200  # engine, version, variant, signer: short words
 _ALNUM = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789")
-_NAME_CHARS = _ALNUM | frozenset("._-")  # releases.RELEASE_RE's, and a signer's
+_NAME_CHARS = _ALNUM | frozenset("._-")  # a release name's (release_name_ok), and a signer's
 _WORD_CHARS = _ALNUM | frozenset("._+!-")
 _FIELDS = frozenset({"format", "release", "key", "name", "engine", "version", "variant", "signer", "time", "seq",
                      "history", "signatures"})

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import base64
 import json
-import re
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -50,7 +49,6 @@ from llmgw_store.cache.pointer import (  # noqa: F401  (HISTORY_MAX, RELEASE_NAM
 from llmgw_store.cache.signing import SecretKey, load_secret, sign, trusted_keys
 from llmgw_store.core.keys import canonical_json
 
-RELEASE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # pointer.release_name_ok's, for those that match
 KIND = "release"  # the kind of document in cache/seen.py
 
 
