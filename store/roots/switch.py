@@ -237,6 +237,12 @@ class _Scan:
                         if number is not None:
                             self.records.append(number)
 
+    def agrees(self, rows: dict[int, tuple[str, object]]) -> bool:
+        """Whether the index's generations (`_Index.generations`) are these links: each link a
+        live row of its name, each live row a link. When not, the full function repairs it."""
+        return (all(n in rows and rows[n][1] is None and rows[n][0] == g for n, g in self.gens.items())
+                and all(n in self.gens or deleted is not None for n, (_, deleted) in rows.items()))
+
 
 def _current(dirs: _Dirs, profile: str) -> int | None:
     """The profile's current generation; None when there is no profile yet. _Leave when its link is
@@ -562,9 +568,7 @@ def unchanged(root: str, profile: str, name: str, *, no_check: bool, unless_held
             if unless_held and os.path.lexists(f"{root}/holds/{profile}"):
                 return None  # held: the full function says so
             scan = _Scan(dirs, profile)
-            rows = index.generations(profile)
-            if any(n not in rows or rows[n][1] is not None or rows[n][0] != g for n, g in scan.gens.items()) \
-                    or any(n not in scan.gens and deleted is None for n, (_, deleted) in rows.items()):
+            if not scan.agrees(index.generations(profile)):
                 return None
             current = _current(dirs, profile)
             _no_pending_check(dirs, profile, current)
@@ -597,8 +601,7 @@ def _activate_locked(dirs: _Dirs, index: _Index, key: bytes, profile: str, name:
 
     scan = _Scan(dirs, profile)
     rows = index.generations(profile)
-    if any(n not in rows or rows[n][1] is not None or rows[n][0] != g for n, g in scan.gens.items()) \
-            or any(n not in scan.gens and deleted is None for n, (_, deleted) in rows.items()):
+    if not scan.agrees(rows):
         return None  # the index differs from the links: the full function repairs it
     current = _current(dirs, profile)
     _no_pending_check(dirs, profile, current)
